@@ -1,0 +1,102 @@
+"""The autograd functions behind the primitives, mirroring ``torch/nn/parallel/_functions.py``.
+
+Each forward is a move between devices; each backward is the mirror move:
+
+=================  ==========================  ==============================
+function           forward                     backward
+=================  ==========================  ==============================
+``Broadcast``      copy tensors to devices     ``ReduceAddCoalesced`` of grads
+``ReduceAdd...``   sum tensors onto a device   ``Broadcast`` (double backward)
+``Scatter``        split onto devices          ``Gather`` of grads
+``Gather``         concatenate onto a device   ``Scatter`` of grads
+=================  ==========================  ==============================
+"""
+
+from __future__ import annotations
+
+import warnings
+from itertools import chain
+
+from torch.autograd import Function
+
+from dpkit import comm
+
+
+class Broadcast(Function):
+    @staticmethod
+    def forward(ctx, devices, *inputs):
+        ctx.devices = devices
+        if len(inputs) == 0:
+            return ()
+        ctx.num_inputs = len(inputs)
+        outputs = comm.broadcast(inputs, devices)
+        non_differentiables = []
+        for index, input_requires_grad in enumerate(ctx.needs_input_grad[1:]):
+            if not input_requires_grad:
+                non_differentiables.extend(output[index] for output in outputs)
+        ctx.mark_non_differentiable(*non_differentiables)
+        return tuple(chain.from_iterable(outputs))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None,) + ReduceAddCoalesced.apply(ctx.devices, ctx.num_inputs, *grad_outputs)
+
+
+class ReduceAddCoalesced(Function):
+    @staticmethod
+    def forward(ctx, devices, num_inputs, *grads):
+        ctx.devices = devices
+        per_device = [grads[i : i + num_inputs] for i in range(0, len(grads), num_inputs)]
+        return tuple(comm.reduce_add(per_device, devices[0]))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None) + Broadcast.apply(ctx.devices, *grad_outputs)
+
+
+class Scatter(Function):
+    @staticmethod
+    def forward(ctx, devices, chunk_sizes, dim, source, input):
+        ctx.devices = devices
+        ctx.dim = dim
+        ctx.source = source
+        return comm.scatter(input, devices, chunk_sizes, dim)
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        gathered = Gather.apply(ctx.source, ctx.dim, ctx.devices[: len(grad_output)], *grad_output)
+        return None, None, None, None, gathered
+
+
+_SCALAR_WARNING = (
+    "Was asked to gather along dimension 0, but all input tensors were scalars; "
+    "will instead unsqueeze and return a vector."
+)
+
+
+class Gather(Function):
+    @staticmethod
+    def forward(ctx, destination, dim, input_devices, *inputs):
+        # Gradients carry no lane tag, so the lanes the inputs came from are passed in: the
+        # backward scatters each gradient slice back to its own lane.
+        ctx.dim = dim
+        ctx.destination = destination
+        ctx.input_devices = input_devices
+        if all(t.dim() == 0 for t in inputs) and dim == 0:
+            inputs = tuple(t.view(1) for t in inputs)
+            warnings.warn(_SCALAR_WARNING, stacklevel=2)
+            ctx.unsqueezed_scalar = True
+        else:
+            ctx.unsqueezed_scalar = False
+        ctx.input_sizes = tuple(t.size(ctx.dim) for t in inputs)
+        return comm.gather(inputs, ctx.dim, destination)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        scattered = Scatter.apply(
+            ctx.input_devices, ctx.input_sizes, ctx.dim, ctx.destination, grad_output
+        )
+        if ctx.unsqueezed_scalar:
+            scattered = tuple(g[0] for g in scattered)
+        return (None, None, None) + tuple(scattered)
+

@@ -1,0 +1,149 @@
+"""DataParallel and data_parallel: scatter, replicate, parallel_apply and gather composed.
+
+The surprises first, as in ``torch.nn.DataParallel``:
+
+- The module is replicated on **every** forward; replicas are thrown away afterwards, so
+  anything a forward writes to them (a counter attribute, say) is lost. Replica 0 shares
+  storage with the module, so its in-place updates survive: BatchNorm's running statistics
+  come from the chunk of ``device_ids[0]`` only.
+- Hooks on the module run once per replica, each with that replica's chunk.
+- A module returning a scalar (a loss) returns a vector with one entry per used device.
+- A batch smaller than the number of devices leaves devices idle: only devices that got a
+  chunk get a replica.
+- The module must sit on ``device_ids[0]`` (for virtual lanes: lane 0, the plain memory).
+
+Unlike ``torch.nn.DataParallel``, this one runs without an accelerator: on a laptop
+``device_ids=dpkit.devices(4)`` gives four virtual CPU lanes. Its one opt-in addition is
+``chunk_sizes=`` (see :mod:`dpkit.scatter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import nn
+
+from dpkit.devices import Device, DeviceLike, as_device, as_devices, devices, resides_on
+from dpkit.gather import gather
+from dpkit.parallel_apply import parallel_apply
+from dpkit.replicate import replicate
+from dpkit.scatter import ChunkSizes, scatter_kwargs
+
+T = TypeVar("T", bound=nn.Module)
+
+
+def _check_module(module: Any) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"module must be a torch.nn.Module, got {type(module).__name__}; wrap the "
+            "computation in an nn.Module"
+        )
+
+
+def _check_on_source(module: nn.Module, source: Device) -> None:
+    for tensor in chain(module.parameters(), module.buffers()):
+        if not resides_on(tensor, source):
+            raise RuntimeError(
+                "module must have its parameters and buffers on device "
+                f"{source} (device_ids[0]) but found one of them on device: {tensor.device}; "
+                f"move it there first with module.to({str(source.torch_device)!r})"
+            )
+
+
+def _resolve(
+    device_ids: Sequence[DeviceLike] | None, output_device: DeviceLike | None
+) -> tuple[list[Device], Device]:
+    resolved = devices() if device_ids is None else as_devices(device_ids, argument="device_ids")
+    output = resolved[0] if output_device is None else as_device(
+        output_device, like=resolved[0], argument="output_device"
+    )
+    return resolved, output
+
+
+class DataParallel(nn.Module, Generic[T]):
+    """Split the input across devices, run a replica of ``module`` on each, gather outputs."""
+
+    def __init__(
+        self,
+        module: T,
+        device_ids: Sequence[DeviceLike] | None = None,
+        output_device: DeviceLike | None = None,
+        dim: int = 0,
+        *,
+        chunk_sizes: ChunkSizes = None,
+    ) -> None:
+        super().__init__()
+        _check_module(module)
+        self.module = module
+        self.dim = dim
+        self.chunk_sizes = chunk_sizes
+        self.device_ids, self.output_device = _resolve(device_ids, output_device)
+        self.src_device_obj = self.device_ids[0]
+        if len(self.device_ids) == 1:
+            self.module.to(self.src_device_obj.torch_device)
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        with torch.autograd.profiler.record_function("DataParallel.forward"):
+            _check_on_source(self.module, self.src_device_obj)
+            inputs, module_kwargs = self.scatter(inputs, kwargs, self.device_ids)
+            # A forward without inputs still runs once, on device_ids[0].
+            if not inputs and not module_kwargs:
+                inputs = ((),)
+                module_kwargs = ({},)
+            if len(self.device_ids) == 1:
+                return self.module(*inputs[0], **module_kwargs[0])
+            replicas = self.replicate(self.module, self.device_ids[: len(inputs)])
+            outputs = self.parallel_apply(replicas, inputs, module_kwargs)
+            return self.gather(outputs, self.output_device)
+
+    def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
+        return replicate(module, device_ids, not torch.is_grad_enabled())
+
+    def scatter(
+        self,
+        inputs: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        device_ids: Sequence[DeviceLike],
+    ) -> Any:
+        return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim, chunk_sizes=self.chunk_sizes)
+
+    def parallel_apply(self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any) -> list[Any]:
+        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)])
+
+    def gather(self, outputs: Any, output_device: DeviceLike) -> Any:
+        return gather(outputs, output_device, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        names = ", ".join(d.name for d in self.device_ids)
+        return f"device_ids=[{names}], output_device={self.output_device}, dim={self.dim}"
+
+
+def data_parallel(
+    module: nn.Module,
+    inputs: Any,
+    device_ids: Sequence[DeviceLike] | None = None,
+    output_device: DeviceLike | None = None,
+    dim: int = 0,
+    module_kwargs: Any | None = None,
+    *,
+    chunk_sizes: ChunkSizes = None,
+) -> Any:
+    """Evaluate ``module(*inputs)`` in parallel across ``device_ids``: DataParallel as a function."""
+    _check_module(module)
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,) if inputs is not None else ()
+    resolved, output = _resolve(device_ids, output_device)
+    _check_on_source(module, resolved[0])
+    inputs, module_kwargs = scatter_kwargs(inputs, module_kwargs, resolved, dim, chunk_sizes)
+    if not inputs and not module_kwargs:
+        inputs = ((),)
+        module_kwargs = ({},)
+    if len(resolved) == 1:
+        return module(*inputs[0], **module_kwargs[0])
+    used = resolved[: len(inputs)]
+    replicas = replicate(module, used)
+    outputs = parallel_apply(replicas, inputs, module_kwargs, used)
+    return gather(outputs, output, dim)

@@ -1,0 +1,322 @@
+"""Devices: one handle for real accelerators, virtual lanes on one GPU and virtual lanes on CPU.
+
+The surprise first: a *virtual* device is not a different ``torch.device``. Every CPU lane
+lives in the same CPU memory and every GPU lane on the same GPU; what makes a lane a lane
+is that dpkit gives it its own tensor copies (moving a tensor to another lane is a real
+copy, with real bytes and real time), its own worker thread, and on a GPU its own CUDA
+stream. Plain tensors that dpkit did not place belong to the *home lane*, lane 0, just as
+a model that sits on ``cuda:0`` belongs to ``device_ids[0]`` in ``nn.DataParallel``.
+
+Kinds of :class:`Device`:
+
+==============  ===================================================  ===============
+kind            what it is                                           ``torch_device``
+==============  ===================================================  ===============
+``real``        an accelerator, e.g. ``cuda:1``                      ``cuda:1``
+``virtual-gpu`` lane *i* on one GPU, with its own CUDA stream        ``cuda:0``
+``virtual-cpu`` lane *i* on the CPU, with its own thread and copies  ``cpu``
+``host``        plain CPU memory as a source or gather target        ``cpu``
+==============  ===================================================  ===============
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+REAL = "real"
+VIRTUAL_GPU = "virtual-gpu"
+VIRTUAL_CPU = "virtual-cpu"
+HOST = "host"
+
+# Where a tensor that dpkit copied onto a virtual lane records its lane.
+_LANE_ATTRIBUTE = "_dpkit_lane"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A place where a replica runs: a real accelerator, a virtual lane, or the host CPU."""
+
+    index: int
+    kind: str
+    torch_device: torch.device
+
+    @property
+    def is_virtual(self) -> bool:
+        return self.kind in (VIRTUAL_GPU, VIRTUAL_CPU)
+
+    @property
+    def name(self) -> str:
+        if self.kind == REAL:
+            return str(self.torch_device)
+        if self.kind == HOST:
+            return "cpu"
+        where = "cpu" if self.kind == VIRTUAL_CPU else str(self.torch_device)
+        return f"virtual:{self.index} ({where})"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"Device({self.name!r})"
+
+
+DeviceLike = Union[Device, int, str, torch.device]
+
+HOST_DEVICE = Device(-1, HOST, torch.device("cpu"))
+
+
+def accelerator_type() -> str | None:
+    """The accelerator torch can use here ("cuda", "xpu", ...), or None on a CPU-only machine.
+
+    MPS is left out, as ``nn.DataParallel`` leaves it out: it has one device and no streams
+    that DataParallel could use.
+    """
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None and accelerator.is_available():
+        kind = accelerator.current_accelerator().type
+        return None if kind == "mps" else kind
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def accelerator_count() -> int:
+    kind = accelerator_type()
+    return 0 if kind is None else torch.get_device_module(kind).device_count()
+
+
+def _check_count(n: Any, argument: str = "n") -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{argument} must be a positive int (a device count), got {n!r}")
+    if n < 1:
+        raise ValueError(
+            f"{argument} must be at least 1, got {n}: data parallelism needs one device per "
+            f"replica; pass e.g. {argument}=4"
+        )
+    return n
+
+
+def real_devices(n: int | None = None) -> list[Device]:
+    """The first ``n`` real accelerators (all of them when ``n`` is None)."""
+    count = accelerator_count()
+    n = count if n is None else _check_count(n)
+    if n > count:
+        raise ValueError(
+            f"n={n} real accelerators were asked for but this machine has {count}; "
+            f"use dpkit.virtual_devices({n}) for virtual lanes, or dpkit.devices({n}) "
+            "to fall back to them automatically"
+        )
+    kind = accelerator_type()
+    return [Device(i, REAL, torch.device(kind, i)) for i in range(n)]
+
+
+def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device]:
+    """``n`` virtual lanes: on the single GPU when there is one (or ``on="cuda"``), else on CPU.
+
+    ``on="cpu"`` forces CPU lanes even on a machine with a GPU.
+    """
+    n = _check_count(n)
+    if on is None:
+        kind = accelerator_type()
+        on = torch.device(kind, 0) if kind is not None else torch.device("cpu")
+    on = torch.device(on)
+    if on.type == "cpu":
+        return [Device(i, VIRTUAL_CPU, torch.device("cpu")) for i in range(n)]
+    if on.type != accelerator_type():
+        raise ValueError(
+            f"on={str(on)!r}: no {on.type} accelerator is available here; use on='cpu'"
+        )
+    if on.index is None:
+        on = torch.device(on.type, 0)
+    return [Device(i, VIRTUAL_GPU, on) for i in range(n)]
+
+
+def devices(n: int | None = None) -> list[Device]:
+    """``n`` real accelerators where that many exist, else ``n`` virtual lanes.
+
+    The lanes are on the one GPU if there is one, else on the CPU. With ``n=None``: every
+    real accelerator, or four virtual CPU lanes on a machine without one.
+    """
+    count = accelerator_count()
+    if n is None:
+        return real_devices() if count > 0 else virtual_devices(4)
+    n = _check_count(n)
+    return real_devices(n) if n <= count else virtual_devices(n)
+
+
+def describe_choice(n: int) -> str:
+    """One line saying which kind of device ``devices(n)`` gives on this machine, and why."""
+    chosen = devices(n)
+    count = accelerator_count()
+    kind = chosen[0].kind
+    if kind == REAL:
+        return f"devices({n}) -> {n} real accelerators: " + ", ".join(d.name for d in chosen)
+    have = f"{count} real accelerator" + ("" if count == 1 else "s")
+    where = "the GPU, one CUDA stream each" if kind == VIRTUAL_GPU else "the CPU, a thread each"
+    return f"devices({n}) -> {n} virtual lanes on {where} (this machine has {have})"
+
+
+# --------------------------------------------------------------------------------------
+# Resolving what users pass (handles, ints, strings, torch.device) into Device handles.
+
+
+def _resolve_int(index: int, like: Device | None) -> Device:
+    if like is not None and like.is_virtual:
+        return Device(index, like.kind, like.torch_device)
+    if index < 0:
+        return HOST_DEVICE  # torch's convention: -1 means the CPU
+    if index < accelerator_count():
+        return real_devices(index + 1)[index]
+    return virtual_devices(index + 1)[index]
+
+
+def as_device(spec: DeviceLike, like: Device | None = None, argument: str = "device") -> Device:
+    """Resolve one device spec. Ints follow ``like`` (the kind of the devices in use)."""
+    if isinstance(spec, Device):
+        return spec
+    if isinstance(spec, bool):
+        raise TypeError(f"{argument} must be a device, got {spec!r}")
+    if isinstance(spec, int):
+        return _resolve_int(spec, like)
+    if isinstance(spec, (str, torch.device)):
+        try:
+            device = torch.device(spec)
+        except RuntimeError as error:
+            raise ValueError(f"{argument}={spec!r} is not a device name: {error}") from None
+        if device.type == "cpu":
+            return HOST_DEVICE
+        index = 0 if device.index is None else device.index
+        if device.type != accelerator_type() or index >= accelerator_count():
+            raise ValueError(
+                f"{argument}={str(spec)!r} does not exist on this machine "
+                f"({accelerator_count()} accelerators); use dpkit.virtual_devices(n) for "
+                "virtual lanes or dpkit.devices(n) to pick what exists"
+            )
+        return Device(index, REAL, torch.device(device.type, index))
+    raise TypeError(
+        f"{argument} must be a dpkit.Device, an int, a string like 'cuda:0' or a "
+        f"torch.device, got {type(spec).__name__}"
+    )
+
+
+def as_devices(specs: Iterable[DeviceLike] | None, argument: str = "devices") -> list[Device]:
+    """Resolve a list of device specs into distinct Device handles of one kind.
+
+    A list of ints names real accelerators when all of them exist, else virtual lanes (so
+    ``device_ids=[0, 1, 2, 3]`` works on a laptop, on lanes that say they are virtual).
+    """
+    if specs is None:
+        raise ValueError(f"{argument} is None; pass e.g. {argument}=dpkit.devices(4)")
+    if isinstance(specs, (Device, int, str, torch.device)):
+        raise TypeError(
+            f"{argument} must be a list of devices, got a single {type(specs).__name__}; "
+            f"wrap it in a list: [{specs!r}]"
+        )
+    specs = list(specs)
+    if not specs:
+        raise ValueError(f"{argument} is empty; pass at least one device, e.g. dpkit.devices(2)")
+    like = None
+    plain_ints = [s for s in specs if isinstance(s, int) and not isinstance(s, bool)]
+    if len(plain_ints) == len(specs) and max(plain_ints) >= accelerator_count():
+        like = virtual_devices(1)[0]
+    resolved = [as_device(s, like=like, argument=argument) for s in specs]
+    kinds = {d.kind for d in resolved}
+    if len(kinds) > 1:
+        raise ValueError(
+            f"{argument} mixes kinds of device ({', '.join(sorted(kinds))}); use one kind, "
+            "e.g. dpkit.devices(n) or dpkit.virtual_devices(n)"
+        )
+    if HOST in kinds:
+        raise ValueError(
+            f"{argument} contains the host CPU, which cannot run a replica; for CPU lanes "
+            "use dpkit.virtual_devices(n, on='cpu')"
+        )
+    duplicates = sorted({d.name for d in resolved if resolved.count(d) > 1})
+    if duplicates:
+        raise ValueError(
+            f"{argument} lists {', '.join(duplicates)} more than once; each replica needs its "
+            "own device, e.g. dpkit.devices(4)"
+        )
+    return resolved
+
+
+# --------------------------------------------------------------------------------------
+# Where a tensor lives.
+
+
+def place(tensor: torch.Tensor, device: Device) -> torch.Tensor:
+    """Record that ``tensor``, a new tensor dpkit made for ``device``, lives on that lane."""
+    if device.is_virtual:
+        setattr(tensor, _LANE_ATTRIBUTE, device)
+    return tensor
+
+
+def device_of(tensor: torch.Tensor) -> Device:
+    """The dpkit device a tensor lives on: its lane, its accelerator, or the host."""
+    lane = getattr(tensor, _LANE_ATTRIBUTE, None)
+    if lane is not None:
+        return lane
+    if tensor.device.type == "cpu":
+        return HOST_DEVICE
+    if tensor.device.type == "meta":
+        raise ValueError("a tensor on the meta device holds no data to move between devices")
+    return Device(tensor.device.index or 0, REAL, tensor.device)
+
+
+def resides_on(tensor: torch.Tensor, device: Device) -> bool:
+    """True when ``tensor`` is already on ``device``, so moving it there needs no copy.
+
+    Lane 0 is the home lane: its memory is the plain memory of its torch device. So a tensor
+    dpkit never placed is on lane 0 (and on the host, for a CPU tensor), and a tensor placed
+    on lane 0 is still in that plain memory; only lanes 1, 2, ... hold copies of their own.
+    """
+    if tensor.device != device.torch_device:
+        return False
+    lane = getattr(tensor, _LANE_ATTRIBUTE, None)
+    if device.is_virtual and device.index != 0:
+        return lane == device
+    return lane is None or lane.index == 0
+
+
+# --------------------------------------------------------------------------------------
+# Streams: each GPU lane runs on its own CUDA stream; a real device on its current stream.
+
+_lane_streams: dict[Device, Any] = {}
+_lane_streams_lock = threading.Lock()
+
+
+def stream_of(device: Device) -> Any | None:
+    """The stream work for ``device`` runs on (None on CPU)."""
+    if device.torch_device.type == "cpu":
+        return None
+    module = torch.get_device_module(device.torch_device.type)
+    if device.kind == REAL:
+        return module.current_stream(device.torch_device)
+    with _lane_streams_lock:
+        if device not in _lane_streams:
+            _lane_streams[device] = module.Stream(device.torch_device)
+        return _lane_streams[device]
+
+
+def synchronize(devices_to_wait_for: Sequence[Device]) -> None:
+    """Block until all queued work on these devices is done (a no-op on CPU)."""
+    for device in devices_to_wait_for:
+        stream = stream_of(device)
+        if stream is not None:
+            stream.synchronize()
+
+
+# The lane the current worker thread runs on, for code that wants to know (dpkit.current_device).
+_current = threading.local()
+
+
+def current_device() -> Device | None:
+    """The device the calling replica runs on inside ``parallel_apply``, else None."""
+    return getattr(_current, "device", None)
+
+
+def _set_current_device(device: Device | None) -> None:
+    _current.device = device

@@ -1,0 +1,179 @@
+"""parallel_apply: run replica *i* on input *i*, each in its own thread, on its own device.
+
+The surprises first, as in ``torch.nn.parallel.parallel_apply``:
+
+- One Python thread per replica. Threads overlap only while torch runs kernels without the
+  GIL; a forward made of many small Python steps runs one replica at a time.
+- Grad mode and autocast are thread-local in torch, so the caller's settings are carried
+  into every worker explicitly.
+- An exception in one replica is re-raised in the caller with its original type, the words
+  "in replica i on device d" and the worker's original traceback in the message.
+- A single replica runs in the calling thread.
+
+On a GPU lane the replica runs on that lane's own CUDA stream, which first waits for the
+caller's stream (where scatter and replicate queued their copies); the caller's stream
+waits for every lane before the outputs are used.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+from torch._utils import ExceptionWrapper
+
+from dpkit.devices import (
+    VIRTUAL_GPU,
+    Device,
+    DeviceLike,
+    _set_current_device,
+    as_devices,
+    device_of,
+    place,
+    stream_of,
+)
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``obj``: a tensor, or lists, tuples and dicts holding tensors."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors_in(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors_in(item)
+
+
+def get_a_var(obj: Any) -> torch.Tensor | None:
+    """The first tensor found in ``obj`` (a tensor, or a list, tuple or dict holding one)."""
+    return next(_tensors_in(obj), None)
+
+
+def _check_lengths(modules, inputs, kwargs_tup, devices) -> None:
+    for name, other in (("inputs", inputs), ("kwargs_tup", kwargs_tup), ("devices", devices)):
+        if other is not None and len(other) != len(modules):
+            raise ValueError(
+                f"parallel_apply got {len(modules)} modules but {len(other)} {name}; pass one "
+                f"entry of {name} per replica (e.g. from dpkit.scatter_kwargs)"
+            )
+
+
+def _autocast_state() -> dict[str, bool]:
+    states = {}
+    for device_type in ("cpu", "cuda"):
+        try:
+            states[device_type] = torch.is_autocast_enabled(device_type)
+        except TypeError:  # torch < 2.4 took no device type
+            states[device_type] = torch.is_autocast_enabled() if device_type == "cuda" else False
+    return states
+
+
+def _caller_stream(devices: Sequence[Device]) -> Any | None:
+    """The stream the caller queued its copies on, when lanes share one GPU (else None)."""
+    if devices[0].kind != VIRTUAL_GPU:
+        return None  # real devices: each replica uses its device's current stream, as torch
+    return torch.get_device_module(devices[0].torch_device.type).current_stream(
+        devices[0].torch_device
+    )
+
+
+def _worker_context(
+    stack: ExitStack, device: Device, autocast: dict[str, bool], caller_stream: Any | None
+) -> None:
+    torch_device = device.torch_device
+    if torch_device.type != "cpu":
+        module = torch.get_device_module(torch_device.type)
+        stack.enter_context(module.device(torch_device))
+        stream = stream_of(device)
+        if caller_stream is not None:
+            stream.wait_stream(caller_stream)  # the lane's inputs were copied on the caller's
+        stack.enter_context(module.stream(stream))
+    autocast_type = torch_device.type if torch_device.type in autocast else "cpu"
+    stack.enter_context(torch.autocast(autocast_type, enabled=autocast[autocast_type]))
+
+
+def parallel_apply(
+    modules: Sequence[nn.Module],
+    inputs: Sequence[Any],
+    kwargs_tup: Sequence[dict[str, Any]] | None = None,
+    devices: Sequence[DeviceLike | None] | None = None,
+) -> list[Any]:
+    """Apply ``modules[i]`` to ``inputs[i]`` (and ``kwargs_tup[i]``) on ``devices[i]``.
+
+    Each input is either the single argument or a tuple/list of positional arguments. With
+    ``devices=None`` each replica runs where its first input tensor lives.
+    """
+    _check_lengths(modules, inputs, kwargs_tup, devices)
+    kwargs_tup = kwargs_tup if kwargs_tup is not None else ({},) * len(modules)
+    devices = devices if devices is not None else [None] * len(modules)
+    devices = [
+        _device_of_input(i, input) if device is None else device
+        for i, (input, device) in enumerate(zip(inputs, devices))
+    ]
+    resolved = as_devices(devices, argument="devices")
+    caller_stream = _caller_stream(resolved)
+    lock = threading.Lock()
+    results: dict[int, Any] = {}
+    grad_enabled, autocast = torch.is_grad_enabled(), _autocast_state()
+
+    def worker(index: int, module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device):
+        torch.set_grad_enabled(grad_enabled)
+        _set_current_device(device)
+        try:
+            with ExitStack() as stack:
+                _worker_context(stack, device, autocast, caller_stream)
+                # Wrapping a lone tensor avoids unpacking it into rows.
+                if not isinstance(input, (list, tuple)):
+                    input = (input,)
+                output = module(*input, **kwargs)
+            for tensor in _tensors_in(output):
+                if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
+                    place(tensor, device)
+            with lock:
+                results[index] = output
+        except Exception:
+            with lock:
+                results[index] = ExceptionWrapper(where=f"in replica {index} on device {device}")
+        finally:
+            _set_current_device(None)
+
+    work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, resolved))
+    if len(work) > 1:
+        threads = [threading.Thread(target=worker, args=args) for args in work]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    else:
+        worker(*work[0])
+
+    if caller_stream is not None:
+        for device in resolved:
+            caller_stream.wait_stream(stream_of(device))
+        for tensor in _tensors_in(list(results.values())):
+            # Made on a lane's stream, used on the caller's: keep the allocator from reusing it.
+            tensor.record_stream(caller_stream)
+
+    outputs = []
+    for index in range(len(inputs)):
+        output = results[index]
+        if isinstance(output, ExceptionWrapper):
+            output.reraise()
+        outputs.append(output)
+    return outputs
+
+
+def _device_of_input(index: int, input: Any) -> Device:
+    tensor = get_a_var(input)
+    if tensor is None:
+        raise ValueError(
+            f"in replica {index}, no device was given and no tensor input was found, so the "
+            "device cannot be resolved; pass devices=[...] to parallel_apply"
+        )
+    return device_of(tensor)

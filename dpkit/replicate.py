@@ -1,0 +1,123 @@
+"""replicate: one copy of a module per device, rebuilt on every forward of DataParallel.
+
+The surprises first, all as in ``torch.nn.parallel.replicate``:
+
+- Replica 0 *shares storage* with the original module: its parameters and buffers are the
+  original tensors (seen through the broadcast's autograd node), so in-place updates such
+  as BatchNorm's running statistics made by replica 0 land in the original module. Every
+  other replica holds its own copies, and what it writes to them is lost.
+- Replica parameters are not ``nn.Parameter`` leaves: they are outputs of a broadcast, set
+  as plain attributes, so ``replica.parameters()`` is empty. Gradients flow back through
+  the broadcast, whose backward reduce-adds them onto the source device.
+- Buffers that require grad go through autograd too; the others are detached copies.
+- With ``detach=True`` (DataParallel uses it when grad mode is off) nothing is tracked.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+from dpkit import comm
+from dpkit._functions import Broadcast
+from dpkit.devices import Device, DeviceLike, as_devices
+
+T = TypeVar("T", bound=nn.Module)
+
+
+def _check_replicable(network: nn.Module) -> None:
+    if not isinstance(network, nn.Module):
+        raise TypeError(
+            f"module must be a torch.nn.Module, got {type(network).__name__}; to run a plain "
+            "function on every device, wrap it in an nn.Module"
+        )
+    for name, param in network.named_parameters():
+        if isinstance(param, nn.parameter.UninitializedParameter):
+            raise ValueError(
+                f"module has an uninitialised (lazy) parameter {name!r}; run one forward on a "
+                "single device first (e.g. model(x[:1])) so its shape is known, then replicate"
+            )
+    try:  # torch's check that no Python module hides under a ScriptModule (private API)
+        from torch.nn.parallel.replicate import _replicatable_module
+    except ImportError:  # pragma: no cover - depends on the torch version
+        return
+    if not _replicatable_module(network):
+        raise RuntimeError(
+            "Cannot replicate network where python modules are children of ScriptModule"
+        )
+
+
+def _broadcast(
+    tensors: Sequence[torch.Tensor], devices: Sequence[Device], detach: bool
+) -> list[list[torch.Tensor]]:
+    if len(tensors) == 0:
+        return [[] for _ in devices]
+    if detach:
+        return comm.broadcast(tensors, devices)
+    copies = Broadcast.apply(devices, *tensors)
+    return [list(copies[i : i + len(tensors)]) for i in range(0, len(copies), len(tensors))]
+
+
+def replicate(
+    network: T, devices: Sequence[DeviceLike], detach: bool = False
+) -> list[T]:
+    """One replica of ``network`` per device; replica 0 shares storage with ``network``."""
+    _check_replicable(network)
+    devices = as_devices(devices)
+    num_replicas = len(devices)
+
+    params = list(network.parameters())
+    param_indices = {param: index for index, param in enumerate(params)}
+    param_copies = _broadcast(params, devices, detach)
+
+    buffers = list(network.buffers())
+    buffers_rg = [b for b in buffers if b.requires_grad and not detach]
+    buffers_not_rg = [b for b in buffers if not (b.requires_grad and not detach)]
+    buffer_indices_rg = {buf: index for index, buf in enumerate(buffers_rg)}
+    buffer_indices_not_rg = {buf: index for index, buf in enumerate(buffers_not_rg)}
+    buffer_copies_rg = _broadcast(buffers_rg, devices, detach)
+    buffer_copies_not_rg = _broadcast(buffers_not_rg, devices, detach=True)
+
+    modules = list(network.modules())
+    module_copies: list[list[nn.Module]] = [[] for _ in devices]
+    module_indices: dict[nn.Module, int] = {}
+    for index, module in enumerate(modules):
+        module_indices[module] = index
+        for copies in module_copies:
+            replica = module._replicate_for_data_parallel()
+            # DDP reads replicated parameters from here (torch PR #33907 hid them).
+            replica._former_parameters = OrderedDict()
+            copies.append(replica)
+
+    for index, module in enumerate(modules):
+        for key, child in module._modules.items():
+            for copies in module_copies:
+                if child is None:
+                    copies[index]._modules[key] = None
+                else:
+                    setattr(copies[index], key, copies[module_indices[child]])
+        for key, param in module._parameters.items():
+            for replica_index, copies in enumerate(module_copies):
+                if param is None:
+                    copies[index]._parameters[key] = None
+                    continue
+                param_copy = param_copies[replica_index][param_indices[param]]
+                # Replica parameters are no longer leaves: set them as plain attributes.
+                setattr(copies[index], key, param_copy)
+                copies[index]._former_parameters[key] = param_copy
+        for key, buf in module._buffers.items():
+            for replica_index, copies in enumerate(module_copies):
+                if buf is None:
+                    copies[index]._buffers[key] = None
+                elif buf.requires_grad and not detach:
+                    copy = buffer_copies_rg[replica_index][buffer_indices_rg[buf]]
+                    setattr(copies[index], key, copy)
+                else:
+                    copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
+                    setattr(copies[index], key, copy)
+
+    return [copies[0] for copies in module_copies]  # type: ignore[misc]
