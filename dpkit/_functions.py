@@ -99,4 +99,3 @@ class Gather(Function):
         if ctx.unsqueezed_scalar:
             scattered = tuple(g[0] for g in scattered)
         return (None, None, None) + tuple(scattered)
-

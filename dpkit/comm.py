@@ -83,7 +83,9 @@ def scatter(
     )
 
 
-def broadcast(tensors: Sequence[torch.Tensor], devices: Sequence[Device]) -> list[list[torch.Tensor]]:
+def broadcast(
+    tensors: Sequence[torch.Tensor], devices: Sequence[Device]
+) -> list[list[torch.Tensor]]:
     """One list of ``tensors`` per device; ``devices[0]`` gets the originals themselves.
 
     Runs without autograd: the ``Broadcast`` function, not this copy, carries gradients.

@@ -57,8 +57,10 @@ def _resolve(
     device_ids: Sequence[DeviceLike] | None, output_device: DeviceLike | None
 ) -> tuple[list[Device], Device]:
     resolved = devices() if device_ids is None else as_devices(device_ids, argument="device_ids")
-    output = resolved[0] if output_device is None else as_device(
-        output_device, like=resolved[0], argument="output_device"
+    output = (
+        resolved[0]
+        if output_device is None
+        else as_device(output_device, like=resolved[0], argument="output_device")
     )
     return resolved, output
 
@@ -108,9 +110,13 @@ class DataParallel(nn.Module, Generic[T]):
         kwargs: dict[str, Any] | None,
         device_ids: Sequence[DeviceLike],
     ) -> Any:
-        return scatter_kwargs(inputs, kwargs, device_ids, dim=self.dim, chunk_sizes=self.chunk_sizes)
+        return scatter_kwargs(
+            inputs, kwargs, device_ids, dim=self.dim, chunk_sizes=self.chunk_sizes
+        )
 
-    def parallel_apply(self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any) -> list[Any]:
+    def parallel_apply(
+        self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any
+    ) -> list[Any]:
         return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)])
 
     def gather(self, outputs: Any, output_device: DeviceLike) -> Any:
@@ -131,7 +137,7 @@ def data_parallel(
     *,
     chunk_sizes: ChunkSizes = None,
 ) -> Any:
-    """Evaluate ``module(*inputs)`` in parallel across ``device_ids``: DataParallel as a function."""
+    """Evaluate ``module(*inputs)`` in parallel on ``device_ids``: DataParallel as a function."""
     _check_module(module)
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -65,7 +65,7 @@ class Device:
         return f"Device({self.name!r})"
 
 
-DeviceLike = Union[Device, int, str, torch.device]
+DeviceLike = Device | int | str | torch.device
 
 HOST_DEVICE = Device(-1, HOST, torch.device("cpu"))
 
@@ -153,10 +153,12 @@ def describe_choice(n: int) -> str:
     count = accelerator_count()
     kind = chosen[0].kind
     if kind == REAL:
-        return f"devices({n}) -> {n} real accelerators: " + ", ".join(d.name for d in chosen)
+        real = f"{n} real accelerator" + ("" if n == 1 else "s")
+        return f"devices({n}) -> {real}: " + ", ".join(d.name for d in chosen)
     have = f"{count} real accelerator" + ("" if count == 1 else "s")
-    where = "the GPU, one CUDA stream each" if kind == VIRTUAL_GPU else "the CPU, a thread each"
-    return f"devices({n}) -> {n} virtual lanes on {where} (this machine has {have})"
+    lanes = f"{n} virtual lane" + ("" if n == 1 else "s")
+    where = "the GPU, a CUDA stream each" if kind == VIRTUAL_GPU else "the CPU, a thread each"
+    return f"devices({n}) -> {lanes} on {where} (this machine has {have})"
 
 
 # --------------------------------------------------------------------------------------

@@ -62,13 +62,10 @@ def _broadcast(
     return [list(copies[i : i + len(tensors)]) for i in range(0, len(copies), len(tensors))]
 
 
-def replicate(
-    network: T, devices: Sequence[DeviceLike], detach: bool = False
-) -> list[T]:
+def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -> list[T]:
     """One replica of ``network`` per device; replica 0 shares storage with ``network``."""
     _check_replicable(network)
     devices = as_devices(devices)
-    num_replicas = len(devices)
 
     params = list(network.parameters())
     param_indices = {param: index for index, param in enumerate(params)}

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch
 
 from dpkit._functions import Scatter
 from dpkit.devices import DeviceLike, as_devices, device_of
 
-ChunkSizes = Union[None, str, Sequence[int], Callable[[int, int], Sequence[int]]]
+ChunkSizes = str | Sequence[int] | Callable[[int, int], Sequence[int]] | None
 
 
 def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
@@ -55,7 +55,9 @@ def weighted_chunk_sizes(size: int, num_devices: int, weights: Sequence[float]) 
     spare = size - floor * num_devices
     shares = [spare * w / sum(weights) for w in weights]
     sizes = [floor + int(share) for share in shares]
-    by_remainder = sorted(range(num_devices), key=lambda i: shares[i] - int(shares[i]), reverse=True)
+    by_remainder = sorted(
+        range(num_devices), key=lambda i: shares[i] - int(shares[i]), reverse=True
+    )
     for i in by_remainder[: size - sum(sizes)]:
         sizes[i] += 1
     return [s for s in sizes if s > 0] if floor == 0 else sizes

@@ -1,0 +1,51 @@
+"""The README's example runs on a machine without a GPU and shows what it promises."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _example_code() -> str:
+    text = README.read_text()
+    section = text.split("## Example", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_example_is_short():
+    assert len(_example_code().strip().splitlines()) <= 14
+
+
+def test_example_splits_10_as_3_3_3_1_and_matches_the_plain_model():
+    result = subprocess.run(
+        [sys.executable, "-c", _example_code()], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[3, 3, 3, 1]", "True True"]
+
+
+def test_cli_devices_names_the_choice():
+    result = subprocess.run(
+        [sys.executable, "-m", "dpkit", "devices", "-n", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "devices(4) ->" in result.stdout
+    assert "torch" in result.stdout
+
+
+def test_cli_rejects_zero_devices_with_a_clear_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "dpkit", "devices", "-n", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "n must be at least 1" in result.stderr
