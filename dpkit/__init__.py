@@ -28,12 +28,15 @@ from dpkit.scatter import (
     torch_chunk_sizes,
     weighted_chunk_sizes,
 )
+from dpkit.trace import Event, Trace, register_phase_hook, trace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataParallel",
     "Device",
+    "Event",
+    "Trace",
     "Transfer",
     "add_transfer_listener",
     "as_device",
@@ -46,10 +49,12 @@ __all__ = [
     "gather",
     "parallel_apply",
     "plan_chunks",
+    "register_phase_hook",
     "replicate",
     "scatter",
     "scatter_kwargs",
     "torch_chunk_sizes",
+    "trace",
     "virtual_devices",
     "weighted_chunk_sizes",
 ]

@@ -11,12 +11,14 @@ own streams (see ``parallel_apply``), which wait for these copies before they st
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from dpkit import trace
 from dpkit.devices import Device, device_of, place, resides_on
 
 
@@ -30,7 +32,7 @@ class Transfer:
     nbytes: int
 
 
-_listeners: dict[int, Callable[[Transfer], None]] = {}
+_listeners: OrderedDict[int, Callable[[Transfer], None]] = OrderedDict()
 
 
 def add_transfer_listener(listener: Callable[[Transfer], None]) -> RemovableHandle:
@@ -56,35 +58,57 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)
 
 
-def _count(op: str, tensor: torch.Tensor, destination: Device) -> None:
+def _count(op: str, tensor: torch.Tensor, source: Device, destination: Device) -> None:
     if _listeners:
-        transfer = Transfer(op, device_of(tensor), destination, tensor_nbytes(tensor))
+        transfer = Transfer(op, source, destination, tensor_nbytes(tensor))
         for listener in list(_listeners.values()):
             listener(transfer)
 
 
-def copy_to(tensor: torch.Tensor, destination: Device, op: str) -> torch.Tensor:
-    """``tensor`` on ``destination``: itself if it is already there, else a counted copy."""
-    if resides_on(tensor, destination):
+def _same_memory(source: Device, destination: Device) -> bool:
+    """Whether two devices share memory: the same device, or lane 0 and its plain memory."""
+    if source.torch_device != destination.torch_device:
+        return False
+    home = [not d.is_virtual or d.index == 0 for d in (source, destination)]
+    return source == destination or all(home)
+
+
+def copy_to(
+    tensor: torch.Tensor, destination: Device, op: str, source: Device | None = None
+) -> torch.Tensor:
+    """``tensor`` on ``destination``: itself if it is already there, else a counted copy.
+
+    ``source`` says where the tensor is when its tag cannot (gradients carry no lane tag).
+    """
+    there = resides_on(tensor, destination) if source is None else _same_memory(source, destination)
+    if there:
         return tensor  # the caller's own object: never tagged, never copied
-    _count(op, tensor, destination)
+    _count(op, tensor, device_of(tensor) if source is None else source, destination)
     return place(_copy_data(tensor, destination), destination)
 
 
 def scatter(
-    tensor: torch.Tensor, devices: Sequence[Device], chunk_sizes: Sequence[int], dim: int
+    tensor: torch.Tensor,
+    devices: Sequence[Device],
+    chunk_sizes: Sequence[int],
+    dim: int,
+    phase: str = "scatter",
+    step: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Split ``tensor`` along ``dim`` into ``chunk_sizes`` and put chunk *i* on ``devices[i]``."""
-    chunks = tensor.split(list(chunk_sizes), dim)
-    # The chunks are new views, so tagging one that stays home touches no caller's object.
-    return tuple(
-        place(copy_to(chunk, device, "scatter"), device)
-        for chunk, device in zip(chunks, devices, strict=True)
-    )
+    results = []
+    for chunk, device in zip(tensor.split(list(chunk_sizes), dim), devices, strict=True):
+        with trace.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
+            # A new view: tagging one that stays home touches no caller's object.
+            results.append(place(copy_to(chunk, device, "scatter"), device))
+    return tuple(results)
 
 
 def broadcast(
-    tensors: Sequence[torch.Tensor], devices: Sequence[Device]
+    tensors: Sequence[torch.Tensor],
+    devices: Sequence[Device],
+    phase: str = "replicate",
+    step: int | None = None,
 ) -> list[list[torch.Tensor]]:
     """One list of ``tensors`` per device; ``devices[0]`` gets the originals themselves.
 
@@ -96,33 +120,54 @@ def broadcast(
                 f"broadcast source must be on devices[0] ({devices[0]}), found a tensor on "
                 f"{device_of(tensor)}; move the module to devices[0] first"
             )
+    copies = []
     with torch.no_grad():
-        return [[copy_to(t, device, "broadcast") for t in tensors] for device in devices]
+        for device in devices:
+            with trace.span(phase, device, step, tensors=len(tensors)):
+                copies.append([copy_to(t, device, "broadcast") for t in tensors])
+    return copies
 
 
 def reduce_add(
-    per_device: Sequence[Sequence[torch.Tensor]], destination: Device
+    per_device: Sequence[Sequence[torch.Tensor]],
+    destination: Device,
+    devices: Sequence[Device],
+    phase: str = "reduce",
+    step: int | None = None,
 ) -> list[torch.Tensor]:
     """Sum the i-th tensor of every device's list onto ``destination``, as torch's reduce_add.
 
-    The sum starts from the copy already on ``destination`` (when there is one) and adds the
-    others in device order, so only the tensors from other devices are copied.
+    ``per_device[j]`` comes from ``devices[j]``. Each device's tensors are first copied to
+    ``destination`` (those already there are not), then summed in device order starting
+    from the one on ``destination``, as torch does.
     """
+    on_destination = []
+    for tensors, device in zip(per_device, devices, strict=True):
+        with trace.span(phase, device, step, tensors=len(tensors), destination=destination.name):
+            on_destination.append([copy_to(t, destination, "reduce", device) for t in tensors])
+    root = next((j for j, d in enumerate(devices) if d == destination), 0)
+    order = [root] + [j for j in range(len(devices)) if j != root]
     results = []
-    for same_tensor in zip(*per_device, strict=True):
-        root = next((i for i, t in enumerate(same_tensor) if resides_on(t, destination)), 0)
-        total = copy_to(same_tensor[root], destination, "reduce")
-        others = [copy_to(t, destination, "reduce") for i, t in enumerate(same_tensor) if i != root]
-        if others:
-            total = total + others[0]  # a new tensor: the inputs stay untouched
-            for other in others[1:]:
-                total.add_(other)
-        results.append(place(total, destination))
+    with trace.span(phase, destination, step, what="sum", tensors=len(on_destination[0])):
+        for same_tensor in zip(*on_destination, strict=True):
+            total = same_tensor[order[0]]
+            if len(order) > 1:
+                total = total + same_tensor[order[1]]  # a new tensor: the inputs stay untouched
+                for j in order[2:]:
+                    total.add_(same_tensor[j])
+            results.append(place(total, destination))
     return results
 
 
-def gather(tensors: Sequence[torch.Tensor], dim: int, destination: Device) -> torch.Tensor:
-    """Concatenate ``tensors`` along ``dim`` into one tensor on ``destination``.
+def gather(
+    tensors: Sequence[torch.Tensor],
+    dim: int,
+    destination: Device,
+    sources: Sequence[Device],
+    phase: str = "gather",
+    step: int | None = None,
+) -> torch.Tensor:
+    """Concatenate ``tensors`` (``tensors[i]`` on ``sources[i]``) into one on ``destination``.
 
     As in torch, the result is allocated once on the destination and every piece is copied
     straight into its slice; only pieces from other devices count as bytes moved.
@@ -143,9 +188,11 @@ def gather(tensors: Sequence[torch.Tensor], dim: int, destination: Device) -> to
     result = torch.empty(shape, dtype=first.dtype, device=destination.torch_device)
     non_blocking = destination.torch_device.type != "cpu"
     offset = 0
-    for tensor in tensors:
-        if not resides_on(tensor, destination):
-            _count("gather", tensor, destination)
-        result.narrow(dim, offset, tensor.shape[dim]).copy_(tensor, non_blocking=non_blocking)
-        offset += tensor.shape[dim]
+    for tensor, source in zip(tensors, sources, strict=True):
+        rows = tensor.shape[dim]
+        with trace.span(phase, source, step, rows=rows, destination=destination.name):
+            if not _same_memory(source, destination):
+                _count("gather", tensor, source, destination)
+            result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
+        offset += rows
     return place(result, destination)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
+from dpkit import trace
 from dpkit.devices import (
     VIRTUAL_GPU,
     Device,
@@ -131,7 +132,8 @@ def parallel_apply(
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
-                output = module(*input, **kwargs)
+                with trace.span("apply", device, replica=index):
+                    output = module(*input, **kwargs)
             for tensor in _tensors_in(output):
                 if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
                     place(tensor, device)

@@ -58,7 +58,7 @@ def _broadcast(
         return [[] for _ in devices]
     if detach:
         return comm.broadcast(tensors, devices)
-    copies = Broadcast.apply(devices, *tensors)
+    copies = Broadcast.apply(devices, "replicate", None, *tensors)
     return [list(copies[i : i + len(tensors)]) for i in range(0, len(copies), len(tensors))]
 
 

@@ -121,7 +121,8 @@ def scatter(
         if isinstance(obj, torch.Tensor):
             _check_dim(obj, dim)
             sizes = plan_chunks(obj.shape[dim], len(devices), chunk_sizes)
-            return Scatter.apply(devices[: len(sizes)], sizes, dim, device_of(obj), obj)
+            used = devices[: len(sizes)]
+            return Scatter.apply(used, sizes, dim, device_of(obj), "scatter", None, obj)
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj))]
         if isinstance(obj, tuple) and len(obj) > 0:

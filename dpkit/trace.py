@@ -1,0 +1,251 @@
+"""Trace: an event for every phase of every step on every device, and hooks to watch them.
+
+The surprise first: recording is off by default and then costs one test of a list per
+phase; nothing is timed, counted or stored. Inside ``with dpkit.trace() as tr:`` every
+primitive emits :class:`Event` records, and hooks registered with
+:func:`register_phase_hook` see the same events as they happen.
+
+Phases: ``scatter``, ``replicate``, ``apply`` (one per device), ``gather``, and in backward
+``grad_scatter`` (gather's backward) and ``reduce`` (replicate's backward: the reduce-add of
+gradients onto the source device). Each event has ``phase``, ``device``, ``start`` and
+``end`` (seconds of ``time.perf_counter``, one clock for every device), ``nbytes`` moved
+between devices, ``step`` and free-form ``details``.
+
+Timing: on the CPU from the monotonic clock inside the thread doing the work; on CUDA from
+CUDA events recorded on the work's stream and resolved after synchronisation (an event's
+times are NaN until then; ``tr.events`` resolves them).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from dpkit.devices import Device
+
+FORWARD_PHASES = ("scatter", "replicate", "apply", "gather")
+BACKWARD_PHASES = ("grad_scatter", "reduce", "grad_gather", "grad_broadcast")
+
+
+@dataclass
+class Event:
+    """One phase on one device: when it ran, how many bytes it moved, in which step."""
+
+    phase: str
+    device: str
+    start: float
+    end: float
+    nbytes: int = 0
+    step: int = 0
+    kind: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+_recorders: list[Trace] = []
+_hooks: OrderedDict[int, tuple[frozenset[str] | None, Callable[[Event], None]]] = OrderedDict()
+_state_lock = threading.Lock()
+_current = threading.local()  # the span open in this thread, which collects its bytes
+_step = 0
+_transfer_handle: RemovableHandle | None = None
+
+
+def enabled() -> bool:
+    """True while a trace records or a hook listens: only then do primitives emit events."""
+    return bool(_recorders or _hooks)
+
+
+def current_step() -> int:
+    return _step
+
+
+def begin_step() -> int:
+    """Start a new step (DataParallel calls this at every forward while tracing)."""
+    global _step
+    _step += 1
+    return _step
+
+
+def _count_transfer(transfer: Any) -> None:
+    span = getattr(_current, "span", None)
+    if span is not None:
+        span.nbytes += transfer.nbytes
+
+
+def _update_transfer_listener() -> None:
+    # Bytes are counted in comm, the one place they move; listen there only while enabled.
+    from dpkit import comm  # comm imports this module to open spans
+
+    global _transfer_handle
+    if enabled() and _transfer_handle is None:
+        _transfer_handle = comm.add_transfer_listener(_count_transfer)
+    elif not enabled() and _transfer_handle is not None:
+        _transfer_handle.remove()
+        _transfer_handle = None
+
+
+def register_phase_hook(
+    hook: Callable[[Event], None], phases: Iterable[str] | str | None = None
+) -> RemovableHandle:
+    """Call ``hook(event)`` for every event (or only for ``phases``) until the handle is removed.
+
+    Hooks run in the thread that did the work (a worker thread for ``apply``).
+    """
+    wanted = frozenset([phases] if isinstance(phases, str) else phases) if phases else None
+    with _state_lock:
+        handle = RemovableHandle(_hooks)
+        _hooks[handle.id] = (wanted, hook)
+        _update_transfer_listener()
+    original_remove = handle.remove
+
+    def remove() -> None:
+        with _state_lock:
+            original_remove()
+            _update_transfer_listener()
+
+    handle.remove = remove  # type: ignore[method-assign]
+    return handle
+
+
+# --------------------------------------------------------------------------------------
+# Clocks: CPU work is timed in its own thread; CUDA work by events on its stream.
+
+_cuda_origins: dict[torch.device, tuple[Any, float]] = {}
+
+
+def _cuda_origin(device: torch.device) -> tuple[Any, float]:
+    """A CUDA event and the perf_counter time it completed: maps GPU times onto one clock."""
+    if device not in _cuda_origins:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        event.synchronize()
+        _cuda_origins[device] = (event, time.perf_counter())
+    return _cuda_origins[device]
+
+
+class _Span:
+    """Times one phase on one device and counts the bytes copied while it is open."""
+
+    def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any]):
+        self.phase, self.device, self.step, self.details = phase, device, step, details
+        self.nbytes = 0
+        self.cuda = device.torch_device.type == "cuda"
+        self.profiler_range = (
+            torch.autograd.profiler.record_function(f"dpkit.{phase}")
+            if torch.autograd._profiler_enabled()
+            else nullcontext()
+        )
+
+    def __enter__(self) -> _Span:
+        self.profiler_range.__enter__()
+        self.outer = getattr(_current, "span", None)
+        _current.span = self
+        if self.cuda:
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        end = time.perf_counter()
+        _current.span = self.outer
+        self.profiler_range.__exit__(*exc_info)
+        event = Event(
+            self.phase,
+            self.device.name,
+            self.start,
+            end,
+            self.nbytes,
+            self.step,
+            self.device.kind,
+            self.details,
+        )
+        if self.cuda:
+            end_event = torch.cuda.Event(enable_timing=True)
+            end_event.record()
+            event.start = event.end = math.nan
+            _pending.append((event, self.device.torch_device, self.start_event, end_event))
+        _emit(event)
+
+
+_pending: list[tuple[Event, torch.device, Any, Any]] = []
+
+
+def resolve_pending() -> None:
+    """Fill in the times of CUDA events: wait for the GPU, then read its clocks."""
+    while _pending:
+        event, device, start_event, end_event = _pending.pop()
+        end_event.synchronize()
+        origin, origin_time = _cuda_origin(device)
+        event.start = origin_time + origin.elapsed_time(start_event) / 1000
+        event.end = origin_time + origin.elapsed_time(end_event) / 1000
+
+
+def _emit(event: Event) -> None:
+    for recorder in list(_recorders):
+        recorder._append(event)
+    for wanted, hook in list(_hooks.values()):
+        if wanted is None or event.phase in wanted:
+            hook(event)
+
+
+_OFF = nullcontext()
+
+
+def span(phase: str, device: Device, step: int | None = None, **details: Any) -> Any:
+    """A context that records ``phase`` on ``device``; a shared no-op when nothing listens."""
+    if not (_recorders or _hooks):
+        return _OFF
+    if device.torch_device.type == "cuda":
+        _cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work starts
+    return _Span(phase, device, _step if step is None else step, details)
+
+
+class Trace:
+    """The events recorded inside one ``with dpkit.trace():`` block."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._lock = threading.Lock()
+        self.origin = time.perf_counter()
+
+    def _append(self, event: Event) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event in the order it finished (CUDA times resolved first)."""
+        resolve_pending()
+        with self._lock:
+            return list(self._events)
+
+    def __enter__(self) -> Trace:
+        with _state_lock:
+            _recorders.append(self)
+            _update_transfer_listener()
+        self.origin = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        with _state_lock:
+            _recorders.remove(self)
+            _update_transfer_listener()
+        resolve_pending()
+
+
+def trace() -> Trace:
+    """Record every phase of every step inside a ``with`` block: ``with dpkit.trace() as tr:``."""
+    return Trace()
