@@ -101,6 +101,8 @@ def scatter(
         with trace.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
             # A new view: tagging one that stays home touches no caller's object.
             results.append(place(copy_to(chunk, device, "scatter"), device))
+        if phase == "scatter":
+            trace.record_memory(device, "input", tensor_nbytes(chunk), step)
     return tuple(results)
 
 
@@ -125,6 +127,9 @@ def broadcast(
         for device in devices:
             with trace.span(phase, device, step, tensors=len(tensors)):
                 copies.append([copy_to(t, device, "broadcast") for t in tensors])
+            if phase == "replicate":
+                held = sum(tensor_nbytes(t) for t in tensors)
+                trace.record_memory(device, "parameters", held, step)
     return copies
 
 
@@ -195,4 +200,6 @@ def gather(
                 _count("gather", tensor, source, destination)
             result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
         offset += rows
+    if phase == "gather":
+        trace.record_memory(destination, "gathered", tensor_nbytes(result), step)
     return place(result, destination)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from dpkit import trace
+from dpkit import comm, trace
 from dpkit.devices import (
     VIRTUAL_GPU,
     Device,
@@ -49,6 +49,14 @@ def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, dict):
         for item in obj.values():
             yield from _tensors_in(item)
+
+
+def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    """A module's parameters and buffers, for a replica too (whose parameters are attributes)."""
+    for submodule in module.modules():
+        params = getattr(submodule, "_former_parameters", None) or submodule._parameters
+        yield from (t for t in params.values() if t is not None)
+        yield from (t for t in submodule._buffers.values() if t is not None)
 
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
@@ -132,8 +140,15 @@ def parallel_apply(
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
-                with trace.span("apply", device, replica=index):
+                held = [*_module_tensors(module), *_tensors_in((input, kwargs))]
+                with (
+                    trace.span("apply", device, replica=index),
+                    trace.count_saved_tensors(device, held),
+                ):
                     output = module(*input, **kwargs)
+                if trace.enabled():
+                    outputs_nbytes = sum(comm.tensor_nbytes(t) for t in _tensors_in(output))
+                    trace.record_memory(device, "outputs", outputs_nbytes)
             for tensor in _tensors_in(output):
                 if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
                     place(tensor, device)

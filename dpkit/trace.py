@@ -54,6 +54,23 @@ class Event:
         return self.end - self.start
 
 
+@dataclass
+class MemoryRecord:
+    """Bytes one device holds in one category during one step.
+
+    Categories: ``parameters`` (the replica's parameters and buffers; lane 0's are the
+    module's own), ``input`` (its chunk), ``activations`` (tensors autograd saved for
+    backward in that replica), ``outputs`` (what the replica returned) and ``gathered``
+    (the combined output on the output device).
+    """
+
+    device: str
+    category: str
+    nbytes: int
+    step: int = 0
+    kind: str = ""
+
+
 _recorders: list[Trace] = []
 _hooks: OrderedDict[int, tuple[frozenset[str] | None, Callable[[Event], None]]] = OrderedDict()
 _state_lock = threading.Lock()
@@ -201,7 +218,57 @@ def _emit(event: Event) -> None:
             hook(event)
 
 
+def record_memory(device: Device, category: str, nbytes: int, step: int | None = None) -> None:
+    """Note that ``device`` holds ``nbytes`` in ``category`` this step (kept while tracing)."""
+    if _recorders:
+        record = MemoryRecord(device.name, category, nbytes, _step if step is None else step)
+        record.kind = device.kind
+        for recorder in list(_recorders):
+            recorder._append_memory(record)
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+
+
+class _SavedTensorBytes:
+    """Counts the bytes autograd saves for backward inside one replica (its activations).
+
+    Each storage counts once; storages the replica already holds (its parameters, buffers
+    and input) are left out, as they are counted in their own categories.
+    """
+
+    def __init__(self, device: Device, already_counted: Iterable[torch.Tensor]):
+        self.device = device
+        self.seen = {_storage_key(t) for t in already_counted if not t.is_sparse}
+        self.nbytes = 0
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_sparse and tensor.layout == torch.strided:
+            key = _storage_key(tensor)
+            if key not in self.seen:
+                self.seen.add(key)
+                self.nbytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    def __enter__(self) -> _SavedTensorBytes:
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.hooks.__exit__(*exc_info)
+        record_memory(self.device, "activations", self.nbytes)
+
+
 _OFF = nullcontext()
+
+
+def count_saved_tensors(device: Device, already_counted: Iterable[torch.Tensor]) -> Any:
+    """While tracing, a context counting the activations a replica saves; else a no-op."""
+    if not _recorders:
+        return _OFF
+    return _SavedTensorBytes(device, already_counted)
 
 
 def span(phase: str, device: Device, step: int | None = None, **details: Any) -> Any:
@@ -218,6 +285,7 @@ class Trace:
 
     def __init__(self) -> None:
         self._events: list[Event] = []
+        self._memory: list[MemoryRecord] = []
         self._lock = threading.Lock()
         self.origin = time.perf_counter()
 
@@ -225,12 +293,53 @@ class Trace:
         with self._lock:
             self._events.append(event)
 
+    def _append_memory(self, record: MemoryRecord) -> None:
+        with self._lock:
+            self._memory.append(record)
+
+    @property
+    def memory(self) -> list[MemoryRecord]:
+        """What each device held, by category and step."""
+        with self._lock:
+            return list(self._memory)
+
     @property
     def events(self) -> list[Event]:
         """Every event in the order it finished (CUDA times resolved first)."""
         resolve_pending()
         with self._lock:
             return list(self._events)
+
+    def rows(self) -> Any:
+        """One row per event: a pandas DataFrame where pandas is installed, else a list of dicts."""
+        from dpkit import trace_export
+
+        return trace_export.as_dataframe(trace_export.rows(self.events, self.origin))
+
+    def memory_rows(self) -> Any:
+        """One row per memory record (device, category, bytes, step), like :meth:`rows`."""
+        from dpkit import trace_export
+
+        return trace_export.as_dataframe([vars(record) for record in self.memory])
+
+    def summary(self) -> Any:
+        """Time per step, bytes per step and share of the step, per phase; prints as a table."""
+        from dpkit import trace_export
+
+        return trace_export.summary(self.events)
+
+    def to_chrome_trace(self, path: str | Any) -> Any:
+        """Write Chrome trace JSON (opens in Perfetto and chrome://tracing); returns the path."""
+        from dpkit import trace_export
+
+        return trace_export.write_chrome_trace(self.events, self.origin, path)
+
+    @property
+    def hardware(self) -> str:
+        """What the events ran on, in words (for titles): e.g. "virtual devices on the CPU"."""
+        from dpkit import trace_export
+
+        return trace_export.hardware_label(self.events)
 
     def __enter__(self) -> Trace:
         with _state_lock:

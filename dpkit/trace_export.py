@@ -1,0 +1,138 @@
+"""Exports of a Trace: rows for pandas, a per-phase summary, and Chrome trace JSON.
+
+The Chrome trace opens in https://ui.perfetto.dev and chrome://tracing with one track per
+device; its process name says whether the devices were real, virtual or predicted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dpkit.trace import BACKWARD_PHASES, Event
+
+KIND_LABELS = {
+    "real": "real devices",
+    "virtual-gpu": "virtual devices on one GPU",
+    "virtual-cpu": "virtual devices on the CPU",
+    "host": "host CPU",
+    "predicted": "predicted devices (cost model)",
+}
+
+
+def hardware_label(events: Sequence[Event]) -> str:
+    """What the events ran on, in words: "virtual devices on the CPU", "real devices", ..."""
+    kinds = sorted({e.kind for e in events if e.kind != "host"}) or ["host"]
+    return " + ".join(KIND_LABELS.get(kind, kind) for kind in kinds)
+
+
+def rows(events: Sequence[Event], origin: float) -> list[dict[str, Any]]:
+    """One flat dict per event, times in seconds since ``origin``."""
+    return [
+        {
+            "step": e.step,
+            "phase": e.phase,
+            "device": e.device,
+            "kind": e.kind,
+            "start_s": e.start - origin,
+            "end_s": e.end - origin,
+            "duration_s": e.duration,
+            "nbytes": e.nbytes,
+            **{f"detail_{key}": value for key, value in e.details.items()},
+        }
+        for e in events
+    ]
+
+
+def as_dataframe(table: list[dict[str, Any]]) -> Any:
+    """A pandas DataFrame of ``table`` where pandas is installed, else the list itself."""
+    try:
+        import pandas
+    except ImportError:
+        return table
+    return pandas.DataFrame(table)
+
+
+class Summary(list):
+    """Per-phase rows (time per step, bytes per step, share of the step) that print as a table."""
+
+    def __str__(self) -> str:
+        header = f"{'phase':<14}{'time/step':>12}{'bytes/step':>14}{'share':>8}"
+        lines = [header, "-" * len(header)]
+        for row in self:
+            lines.append(
+                f"{row['phase']:<14}{row['time_s'] * 1e3:>9.3f} ms"
+                f"{row['nbytes']:>14,d}{row['share']:>8.1%}"
+            )
+        return "\n".join(lines)
+
+
+def summary(events: Sequence[Event]) -> Summary:
+    """Wall time of each phase per step (first start to last end, across devices), its bytes,
+    and its share of the step's wall time, averaged over steps.
+
+    Phases overlap across devices (apply runs in parallel), so the time of a phase is its
+    span, not the sum over devices; shares need not add up to 100%.
+    """
+    by_step: dict[int, list[Event]] = defaultdict(list)
+    for event in events:
+        by_step[event.step].append(event)
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: {"time_s": 0.0, "nbytes": 0.0})
+    shares: dict[str, float] = defaultdict(float)
+    for step_events in by_step.values():
+        step_span = max(e.end for e in step_events) - min(e.start for e in step_events)
+        by_phase: dict[str, list[Event]] = defaultdict(list)
+        for event in step_events:
+            by_phase[event.phase].append(event)
+        for phase, phase_events in by_phase.items():
+            span = max(e.end for e in phase_events) - min(e.start for e in phase_events)
+            totals[phase]["time_s"] += span
+            totals[phase]["nbytes"] += sum(e.nbytes for e in phase_events)
+            shares[phase] += span / step_span if step_span > 0 else 0.0
+    steps = max(len(by_step), 1)
+    order = {phase: i for i, phase in enumerate(dict.fromkeys(e.phase for e in events))}
+    return Summary(
+        {
+            "phase": phase,
+            "time_s": totals[phase]["time_s"] / steps,
+            "nbytes": int(totals[phase]["nbytes"] / steps),
+            "share": shares[phase] / steps,
+        }
+        for phase in sorted(totals, key=order.get)
+    )
+
+
+def chrome_trace(events: Sequence[Event], origin: float) -> dict[str, Any]:
+    """The Trace Event Format: one process, one thread (track) per device, "X" events."""
+    tracks = {name: i for i, name in enumerate(dict.fromkeys(e.device for e in events))}
+    trace_events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": hardware_label(events)}}
+    ]
+    trace_events += [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
+        for name, tid in tracks.items()
+    ]
+    trace_events += [
+        {
+            "name": e.phase,
+            "cat": "backward" if e.phase in BACKWARD_PHASES else "forward",
+            "ph": "X",
+            "ts": (e.start - origin) * 1e6,
+            "dur": e.duration * 1e6,
+            "pid": 1,
+            "tid": tracks[e.device],
+            "args": {"step": e.step, "nbytes": e.nbytes, "kind": e.kind, **e.details},
+        }
+        for e in events
+    ]
+    return {"traceEvents": trace_events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(events: Sequence[Event], origin: float, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(events, origin), default=str))
+    return path
