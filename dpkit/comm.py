@@ -52,7 +52,7 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
 def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
     if tensor.device == destination.torch_device:
         # Another lane of the same physical device: a real copy in the same memory.
-        return tensor.clone(memory_format=torch.preserve_format)
+        return tensor.clone()  # keeps strides; sparse tensors take no memory_format
     # Copies into CPU memory block, so the result is ready when it is returned.
     non_blocking = destination.torch_device.type != "cpu"
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)

@@ -5,7 +5,9 @@ The surprises first, as in ``torch.nn.parallel.parallel_apply``:
 - One Python thread per replica. Threads overlap only while torch runs kernels without the
   GIL; a forward made of many small Python steps runs one replica at a time.
 - Grad mode and autocast are thread-local in torch, so the caller's settings are carried
-  into every worker explicitly.
+  into every worker explicitly. dpkit also carries autocast's dtype and inference mode,
+  which torch's own parallel_apply drops (a float16 autocast becomes the CPU default
+  bfloat16 in its workers; a BatchNorm under inference_mode fails on lanes 1 and up).
 - An exception in one replica is re-raised in the caller with its original type, the words
   "in replica i on device d" and the worker's original traceback in the message.
 - A single replica runs in the calling thread.
@@ -73,13 +75,18 @@ def _check_lengths(modules, inputs, kwargs_tup, devices) -> None:
             )
 
 
-def _autocast_state() -> dict[str, bool]:
+def _autocast_state() -> dict[str, tuple[bool, torch.dtype]]:
+    """Whether autocast is on, and at which dtype, for each device type, in this thread."""
     states = {}
     for device_type in ("cpu", "cuda"):
         try:
-            states[device_type] = torch.is_autocast_enabled(device_type)
-        except TypeError:  # torch < 2.4 took no device type
-            states[device_type] = torch.is_autocast_enabled() if device_type == "cuda" else False
+            enabled = torch.is_autocast_enabled(device_type)
+            dtype = torch.get_autocast_dtype(device_type)
+        except (TypeError, AttributeError):  # torch < 2.4 spelled these per device type
+            cpu = device_type == "cpu"
+            enabled = torch.is_autocast_cpu_enabled() if cpu else torch.is_autocast_enabled()
+            dtype = torch.get_autocast_cpu_dtype() if cpu else torch.get_autocast_gpu_dtype()
+        states[device_type] = (enabled, dtype)
     return states
 
 
@@ -93,7 +100,11 @@ def _caller_stream(devices: Sequence[Device]) -> Any | None:
 
 
 def _worker_context(
-    stack: ExitStack, device: Device, autocast: dict[str, bool], caller_stream: Any | None
+    stack: ExitStack,
+    device: Device,
+    autocast: dict[str, tuple[bool, torch.dtype]],
+    inference_mode: bool,
+    caller_stream: Any | None,
 ) -> None:
     torch_device = device.torch_device
     if torch_device.type != "cpu":
@@ -104,7 +115,10 @@ def _worker_context(
             stream.wait_stream(caller_stream)  # the lane's inputs were copied on the caller's
         stack.enter_context(module.stream(stream))
     autocast_type = torch_device.type if torch_device.type in autocast else "cpu"
-    stack.enter_context(torch.autocast(autocast_type, enabled=autocast[autocast_type]))
+    enabled, dtype = autocast[autocast_type]
+    stack.enter_context(torch.autocast(autocast_type, dtype=dtype, enabled=enabled))
+    if inference_mode:
+        stack.enter_context(torch.inference_mode())
 
 
 def parallel_apply(
@@ -129,14 +143,16 @@ def parallel_apply(
     caller_stream = _caller_stream(resolved)
     lock = threading.Lock()
     results: dict[int, Any] = {}
+    # These modes are thread-local in torch, so each worker must be told the caller's.
     grad_enabled, autocast = torch.is_grad_enabled(), _autocast_state()
+    inference_mode = torch.is_inference_mode_enabled()
 
     def worker(index: int, module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device):
         torch.set_grad_enabled(grad_enabled)
         _set_current_device(device)
         try:
             with ExitStack() as stack:
-                _worker_context(stack, device, autocast, caller_stream)
+                _worker_context(stack, device, autocast, inference_mode, caller_stream)
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
