@@ -39,8 +39,11 @@ test: venv
 	echo "$(BIN)/python -m pytest $(PYTEST_ARGS)" && \
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Jupyter refuses to run as root (containers, CI boxes) unless told it may.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: venv
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)

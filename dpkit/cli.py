@@ -2,6 +2,7 @@
 
 dpkit devices            what hardware is here and which kind of device dpkit uses
 dpkit devices -n 2 -n 8  the same, for chosen device counts
+dpkit demo               a few traced training steps: summary, timeline.png, trace.json
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ def _devices_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an int >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from dpkit import demo
+
+    result = demo.run_demo(args.devices, args.batch, args.model, args.steps, args.out)
+    print(demo.report(result, args.devices, args.batch, args.model, args.steps))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpkit", description="Data parallelism in PyTorch, on real or virtual devices."
@@ -52,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", type=int, action="append", metavar="N", help="a device count (repeatable)"
     )
     devices.set_defaults(run=_devices_command)
+    demo = commands.add_parser(
+        "demo",
+        help="train a tiny model for a few traced steps; print the summary, write a timeline "
+        "and a Chrome trace",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument("--devices", type=_at_least_one, default=4, help="number of devices")
+    demo.add_argument("--batch", type=_at_least_one, default=256, help="batch size per step")
+    demo.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="model on 1x28x28")
+    demo.add_argument("--steps", type=_at_least_one, default=3, help="training steps to trace")
+    demo.add_argument("--out", default=".", help="folder for timeline.png and trace.json")
+    demo.set_defaults(run=_demo_command)
     return parser
 
 

@@ -27,7 +27,15 @@ import torch
 from torch import nn
 
 from dpkit import trace
-from dpkit.devices import Device, DeviceLike, as_device, as_devices, devices, resides_on
+from dpkit.devices import (
+    Device,
+    DeviceLike,
+    as_device,
+    as_devices,
+    device_of,
+    devices,
+    resides_on,
+)
 from dpkit.gather import gather
 from dpkit.parallel_apply import parallel_apply
 from dpkit.replicate import replicate
@@ -46,12 +54,20 @@ def _check_module(module: Any) -> None:
 
 def _check_on_source(module: nn.Module, source: Device) -> None:
     for tensor in chain(module.parameters(), module.buffers()):
-        if not resides_on(tensor, source):
-            raise RuntimeError(
-                "module must have its parameters and buffers on device "
-                f"{source} (device_ids[0]) but found one of them on device: {tensor.device}; "
-                f"move it there first with module.to({str(source.torch_device)!r})"
+        if resides_on(tensor, source):
+            continue
+        found = device_of(tensor)
+        if source.is_virtual and source.index != 0 and tensor.device == source.torch_device:
+            fix = (
+                f"a module you create sits on lane 0 (the plain {source.torch_device} memory), "
+                "so list lane 0 first: use device_ids=dpkit.virtual_devices(n)"
             )
+        else:
+            fix = f"move it there first with module.to({str(source.torch_device)!r})"
+        raise RuntimeError(
+            "module must have its parameters and buffers on device "
+            f"{source} (device_ids[0]) but found one of them on device: {found}; {fix}"
+        )
 
 
 def _resolve(

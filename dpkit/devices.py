@@ -166,10 +166,10 @@ def describe_choice(n: int) -> str:
 
 
 def _resolve_int(index: int, like: Device | None) -> Device:
-    if like is not None and like.is_virtual:
-        return Device(index, like.kind, like.torch_device)
     if index < 0:
         return HOST_DEVICE  # torch's convention: -1 means the CPU
+    if like is not None and like.is_virtual:
+        return Device(index, like.kind, like.torch_device)
     if index < accelerator_count():
         return real_devices(index + 1)[index]
     return virtual_devices(index + 1)[index]

@@ -45,22 +45,25 @@ def balanced_chunk_sizes(size: int, num_devices: int) -> list[int]:
 def weighted_chunk_sizes(size: int, num_devices: int, weights: Sequence[float]) -> list[int]:
     """Sizes proportional to ``weights`` (e.g. device speeds), rounded by largest remainder.
 
-    Every device gets at least one row while there are rows enough for all.
+    Every device gets at least one row while there are rows enough for all (a row is then
+    moved from the largest chunk); with fewer rows than devices, the first devices get one.
     """
     if len(weights) != num_devices:
         raise ValueError(f"weights has {len(weights)} entries for {num_devices} devices")
     if any(w <= 0 for w in weights):
         raise ValueError(f"weights must all be positive, got {list(weights)}")
-    floor = 1 if size >= num_devices else 0
-    spare = size - floor * num_devices
-    shares = [spare * w / sum(weights) for w in weights]
-    sizes = [floor + int(share) for share in shares]
-    by_remainder = sorted(
-        range(num_devices), key=lambda i: shares[i] - int(shares[i]), reverse=True
-    )
+    if size < num_devices:
+        return [1] * size
+    shares = [size * w / sum(weights) for w in weights]
+    sizes = [int(share) for share in shares]
+    by_remainder = sorted(range(num_devices), key=lambda i: sizes[i] - shares[i])
     for i in by_remainder[: size - sum(sizes)]:
         sizes[i] += 1
-    return [s for s in sizes if s > 0] if floor == 0 else sizes
+    for i in range(num_devices):
+        if sizes[i] == 0:
+            sizes[max(range(num_devices), key=sizes.__getitem__)] -= 1
+            sizes[i] = 1
+    return sizes
 
 
 def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> list[int]:
