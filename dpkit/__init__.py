@@ -6,6 +6,7 @@ parallel_apply the replicas, gather the outputs. dpkit implements each of them w
 stream each) and on virtual lanes on the CPU (a thread and real copies each).
 """
 
+from dpkit.check import check
 from dpkit.comm import Transfer, add_transfer_listener
 from dpkit.data_parallel import DataParallel, data_parallel
 from dpkit.devices import (
@@ -42,6 +43,7 @@ __all__ = [
     "as_device",
     "as_devices",
     "balanced_chunk_sizes",
+    "check",
     "current_device",
     "data_parallel",
     "device_of",

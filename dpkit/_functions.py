@@ -72,7 +72,7 @@ class Scatter(Function):
         ctx.dim = dim
         ctx.source = source
         ctx.step = _step(step)
-        return comm.scatter(input, devices, chunk_sizes, dim, phase, ctx.step)
+        return comm.scatter(input, devices, chunk_sizes, dim, source, phase, ctx.step)
 
     @staticmethod
     def backward(ctx, *grad_output):

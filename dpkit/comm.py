@@ -92,15 +92,19 @@ def scatter(
     devices: Sequence[Device],
     chunk_sizes: Sequence[int],
     dim: int,
+    source: Device | None = None,
     phase: str = "scatter",
     step: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Split ``tensor`` along ``dim`` into ``chunk_sizes`` and put chunk *i* on ``devices[i]``."""
+    """Split ``tensor`` along ``dim`` into ``chunk_sizes`` and put chunk *i* on ``devices[i]``.
+
+    ``source`` says where ``tensor`` is when its tag cannot (a gradient carries no tag).
+    """
     results = []
     for chunk, device in zip(tensor.split(list(chunk_sizes), dim), devices, strict=True):
         with trace.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
             # A new view: tagging one that stays home touches no caller's object.
-            results.append(place(copy_to(chunk, device, "scatter"), device))
+            results.append(place(copy_to(chunk, device, "scatter", source), device))
         if phase == "scatter":
             trace.record_memory(device, "input", tensor_nbytes(chunk), step)
     return tuple(results)

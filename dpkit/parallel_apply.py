@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -177,14 +177,12 @@ def parallel_apply(
             _set_current_device(None)
 
     work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, resolved))
-    if len(work) > 1:
-        threads = [threading.Thread(target=worker, args=args) for args in work]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    else:
-        worker(*work[0])
+    with (
+        torch.autograd.profiler.record_function("dpkit.apply")
+        if trace.enabled() and torch.autograd._profiler_enabled()
+        else nullcontext()
+    ):
+        _run_workers(worker, work)
 
     if caller_stream is not None:
         for device in resolved:
@@ -200,6 +198,18 @@ def parallel_apply(
             output.reraise()
         outputs.append(output)
     return outputs
+
+
+def _run_workers(worker: Any, work: list[tuple[Any, ...]]) -> None:
+    """One thread per replica; a single replica runs in the calling thread, as in torch."""
+    if len(work) == 1:
+        worker(*work[0])
+        return
+    threads = [threading.Thread(target=worker, args=args) for args in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _device_of_input(index: int, input: Any) -> Device:

@@ -159,9 +159,11 @@ class _Span:
         self.phase, self.device, self.step, self.details = phase, device, step, details
         self.nbytes = 0
         self.cuda = device.torch_device.type == "cuda"
+        # The profiler sees only the thread that started it, so worker threads' apply spans
+        # open no range; parallel_apply opens dpkit.apply in the caller's thread instead.
         self.profiler_range = (
             torch.autograd.profiler.record_function(f"dpkit.{phase}")
-            if torch.autograd._profiler_enabled()
+            if phase != "apply" and torch.autograd._profiler_enabled()
             else nullcontext()
         )
 

@@ -1,0 +1,85 @@
+"""dpkit.check(): is this environment ready for the course? One line per thing checked.
+
+The usual trouble it catches: ipywidgets without its JupyterLab extension, or the two at
+versions that do not fit ("Error displaying widget" in the browser while the kernel is
+fine), and a torch too old for dpkit.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dpkit.devices import accelerator_count, accelerator_type, describe_choice
+
+MIN_TORCH = (2, 4)
+
+
+@dataclass
+class CheckReport:
+    """What ``check()`` found: a line per item, and whether everything needed is there."""
+
+    lines: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    def add(self, passed: bool, text: str, required: bool = True) -> None:
+        self.lines.append(f"{'ok  ' if passed else ('FAIL' if required else 'note')}  {text}")
+        self.ok = self.ok and (passed or not required)
+
+    def __str__(self) -> str:
+        verdict = "ready for the course" if self.ok else "not ready: fix the FAIL lines above"
+        return "\n".join([*self.lines, "", verdict])
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _major(version: str | None) -> int | None:
+    return int(version.split(".")[0]) if version else None
+
+
+def _torch_ok() -> bool:
+    release = torch.__version__.split("+")[0].split(".")
+    return tuple(int(part) for part in release[:2]) >= MIN_TORCH
+
+
+def _widget_extension_installed() -> bool:
+    share = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "@jupyter-widgets"
+    return (share / "jupyterlab-manager").exists()
+
+
+def check(verbose: bool = True) -> CheckReport:
+    """Check torch, the devices dpkit will use, and the widget stack; print and return it."""
+    report = CheckReport()
+    report.add(sys.version_info >= (3, 10), f"python {platform.python_version()} (needs >= 3.10)")
+    report.add(_torch_ok(), f"torch {torch.__version__} (needs >= 2.4)")
+    kind, count = accelerator_type(), accelerator_count()
+    found = f"{count} x {kind}" if kind else "none: virtual CPU lanes will stand in"
+    report.add(True, f"accelerators: {found}")
+    report.add(True, describe_choice(4))
+    ipywidgets, lab_widgets = _version("ipywidgets"), _version("jupyterlab_widgets")
+    report.add(ipywidgets is not None, f"ipywidgets {ipywidgets or 'missing: pip install it'}")
+    matching = _major(ipywidgets) == 8 and _major(lab_widgets) == 3
+    report.add(
+        matching,
+        f"jupyterlab_widgets {lab_widgets or 'missing'} "
+        "(ipywidgets 8 needs jupyterlab_widgets 3, else 'Error displaying widget')",
+    )
+    report.add(
+        _widget_extension_installed(),
+        "widget extension for JupyterLab in this environment",
+        required=False,
+    )
+    report.add(_version("matplotlib") is not None, f"matplotlib {_version('matplotlib')}")
+    if verbose:
+        print(report)
+    return report

@@ -1,0 +1,556 @@
+"""The trace: which events DataParallel emits, their bytes, order, steps, exports and hooks.
+
+Expected values are computed here from shapes and dtypes (rows x features x element size,
+parameter numel x element size); dpkit's own output is never used as the expectation.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import math
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+from torch import nn
+
+import dpkit
+
+# ``dpkit.trace`` is the public *function* (``with dpkit.trace() as tr``), which shadows the
+# module of the same name on the package; the module is reached through importlib.
+trace_mod = importlib.import_module("dpkit.trace")
+comm = importlib.import_module("dpkit.comm")
+
+F, H, OUT = 5, 7, 3  # features in, hidden, features out
+FORWARD = ("scatter", "replicate", "apply", "gather")
+BACKWARD = ("grad_scatter", "reduce")
+ALL_PHASES = set(FORWARD) | set(BACKWARD)
+CHUNKS = {10: [3, 3, 3, 1], 6: [2, 2, 2]}  # torch.chunk sizes over 4 devices, written out
+
+
+def lanes(n: int = 4) -> list[dpkit.Device]:
+    return dpkit.virtual_devices(n, on="cpu")
+
+
+def mlp(dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(F, H), nn.ReLU(), nn.Linear(H, OUT)).to(dtype)
+
+
+def esize(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def param_bytes(model: nn.Module) -> int:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def grad_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def step_of_training(model, devs, batch, dtype=torch.float32, output_device=None, seed=1):
+    torch.manual_seed(seed)
+    x = torch.randn(batch, F, dtype=dtype)
+    dp = dpkit.DataParallel(model, device_ids=devs, output_device=output_device)
+    y = dp(x)
+    y.sum().backward()
+    return x, y
+
+
+def per_step(events):
+    steps = defaultdict(list)
+    for event in events:
+        steps[event.step].append(event)
+    return steps
+
+
+def one(events, phase, device, what=None):
+    """The single event of ``phase`` on ``device`` (reduce: the per-device one, not the sum)."""
+    found = [
+        e
+        for e in events
+        if e.phase == phase and e.device == device and e.details.get("what") == what
+    ]
+    assert len(found) == 1, f"expected one {phase} event on {device}, got {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_listening():
+    """Every test starts and ends with no trace and no hook active."""
+    assert not trace_mod._recorders and not trace_mod._hooks
+    yield
+    assert not trace_mod._recorders and not trace_mod._hooks
+    assert not trace_mod.enabled()
+
+
+# --------------------------------------------------------------------------------------
+# completeness
+
+
+@pytest.mark.parametrize("batch", [10, 6])
+def test_every_used_device_has_each_phase_once_per_step(batch):
+    devs = lanes(4)
+    used = [d.name for d in devs[: len(CHUNKS[batch])]]
+    with dpkit.trace() as tr:
+        step_of_training(mlp(), devs, batch)
+    steps = per_step(tr.events)
+    assert len(steps) == 1
+    (events,) = steps.values()
+    assert {e.phase for e in events} == ALL_PHASES
+    for phase in ("scatter", "replicate", "apply", "gather", "grad_scatter"):
+        devices = Counter(e.device for e in events if e.phase == phase)
+        assert devices == Counter(used), phase
+    per_device_reduce = Counter(
+        e.device for e in events if e.phase == "reduce" and e.details.get("what") != "sum"
+    )
+    assert per_device_reduce == Counter(used)
+    sums = [e for e in events if e.phase == "reduce" and e.details.get("what") == "sum"]
+    assert [e.device for e in sums] == [devs[0].name]
+    # the idle fourth device of a batch of 6 appears nowhere
+    assert {e.device for e in events} == set(used)
+    assert all(e.kind == "virtual-cpu" for e in events)
+
+
+# --------------------------------------------------------------------------------------
+# bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [10, 6])
+def test_bytes_of_forward_phases(batch, dtype):
+    devs = lanes(4)
+    model = mlp(dtype)
+    size = esize(dtype)
+    expected_params = param_bytes(model)
+    assert expected_params == (F * H + H + H * OUT + OUT) * size
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, batch, dtype)
+    events = tr.events
+    for index, rows in enumerate(CHUNKS[batch]):
+        name = devs[index].name
+        moved = index != 0  # lane 0 is the plain memory the batch and module live in
+        assert one(events, "scatter", name).nbytes == (rows * F * size if moved else 0)
+        replicate = sum(e.nbytes for e in events if e.phase == "replicate" and e.device == name)
+        assert replicate == (expected_params if moved else 0)
+        assert one(events, "gather", name).nbytes == (rows * OUT * size if moved else 0)
+        assert one(events, "apply", name).nbytes == 0
+
+
+@pytest.mark.parametrize("batch", [10, 6])
+def test_bytes_of_backward_phases(batch):
+    devs = lanes(4)
+    model = mlp()
+    size = esize(torch.float32)
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, batch)
+    events = tr.events
+    for index, rows in enumerate(CHUNKS[batch]):
+        name = devs[index].name
+        moved = index != 0
+        assert one(events, "grad_scatter", name).nbytes == (rows * OUT * size if moved else 0)
+        assert one(events, "reduce", name).nbytes == (grad_bytes(model) if moved else 0)
+    assert one(events, "reduce", devs[0].name, what="sum").nbytes == 0
+
+
+def test_bytes_with_output_device_other_than_lane_0():
+    """Output on lane 2: gather moves every piece except lane 2's own; the gradient of the
+    output lives on lane 2, so grad_scatter moves every slice except lane 2's."""
+    devs = lanes(4)
+    size = esize(torch.float32)
+    with dpkit.trace() as tr:
+        _, y = step_of_training(mlp(), devs, 10, output_device=2)
+    assert dpkit.device_of(y) == devs[2]
+    events = tr.events
+    gather, grad_scatter = {}, {}
+    expected = {}
+    for index, rows in enumerate(CHUNKS[10]):
+        name = devs[index].name
+        gather[name] = one(events, "gather", name).nbytes
+        grad_scatter[name] = one(events, "grad_scatter", name).nbytes
+        expected[name] = 0 if index == 2 else rows * OUT * size
+    assert gather == expected
+    assert grad_scatter == expected
+
+
+def test_replicate_bytes_include_buffers():
+    devs = lanes(4)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(F, H), nn.BatchNorm1d(H), nn.Linear(H, OUT))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert buffers > 0
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, 8)  # 2 rows each: BatchNorm needs more than one
+    for index, device in enumerate(devs):
+        moved = sum(
+            e.nbytes for e in tr.events if e.phase == "replicate" and e.device == device.name
+        )
+        assert moved == (param_bytes(model) if index else 0)
+
+
+# --------------------------------------------------------------------------------------
+# order and times
+
+
+@pytest.mark.parametrize("batch", [10, 6])
+def test_phases_are_ordered_on_each_device(batch):
+    devs = lanes(4)
+    with dpkit.trace() as tr:
+        step_of_training(mlp(), devs, batch)
+    events = tr.events
+    for e in events:
+        assert math.isfinite(e.start) and math.isfinite(e.end)
+        assert e.end >= e.start
+        assert e.duration >= 0
+    sum_event = one(events, "reduce", devs[0].name, what="sum")
+    for device in devs[: len(CHUNKS[batch])]:
+        name = device.name
+        scatter, replicate = one(events, "scatter", name), one(events, "replicate", name)
+        apply, gather = one(events, "apply", name), one(events, "gather", name)
+        grad_scatter, reduce = one(events, "grad_scatter", name), one(events, "reduce", name)
+        assert scatter.end <= apply.start
+        assert replicate.end <= apply.start
+        assert apply.end <= gather.start
+        assert gather.end <= grad_scatter.start
+        assert grad_scatter.end <= reduce.start
+        assert reduce.end <= sum_event.start
+
+
+# --------------------------------------------------------------------------------------
+# steps
+
+
+def test_two_iterations_give_two_consecutive_steps():
+    devs = lanes(4)
+    model = mlp()
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, 10)
+        first = {e.step for e in tr.events}
+        step_of_training(model, devs, 10)
+    events = tr.events
+    assert len(first) == 1
+    (s,) = first
+    assert {e.step for e in events} == {s, s + 1}
+    for step in (s, s + 1):
+        in_step = [e for e in events if e.step == step]
+        assert {e.phase for e in in_step} == ALL_PHASES
+        assert Counter(e.device for e in in_step if e.phase == "apply") == Counter(
+            d.name for d in devs
+        )
+    assert {r.step for r in tr.memory} == {s, s + 1}
+
+
+def test_backward_events_carry_the_step_of_their_forward():
+    """Two forwards, then one backward through both: each backward event belongs to its own
+    forward's step, not to the step current when backward runs."""
+    devs = lanes(4)
+    dp = dpkit.DataParallel(mlp(), device_ids=devs)
+    torch.manual_seed(3)
+    x1, x2 = torch.randn(10, F), torch.randn(6, F)
+    with dpkit.trace() as tr:
+        y1 = dp(x1)
+        y2 = dp(x2)
+        forward_steps = sorted({e.step for e in tr.events})
+        (y1.sum() + y2.sum()).backward()
+    assert len(forward_steps) == 2
+    s1, s2 = forward_steps
+    assert s2 == s1 + 1
+    events = tr.events
+    for step, batch in ((s1, 10), (s2, 6)):
+        used = Counter(d.name for d in devs[: len(CHUNKS[batch])])
+        backward = [e for e in events if e.step == step and e.phase in BACKWARD]
+        assert Counter(e.device for e in backward if e.phase == "grad_scatter") == used
+        rows = sorted(e.details["rows"] for e in backward if e.phase == "grad_scatter")
+        assert rows == sorted(CHUNKS[batch])
+        per_device = [e for e in backward if e.phase == "reduce" and "what" not in e.details]
+        assert Counter(e.device for e in per_device) == used
+
+
+# --------------------------------------------------------------------------------------
+# off by default
+
+
+def test_nothing_is_recorded_outside_the_block():
+    devs = lanes(4)
+    model = mlp()
+    listeners_before = dict(comm._listeners)
+    assert not trace_mod.enabled()
+    step_of_training(model, devs, 10)  # before: nobody listens
+    with dpkit.trace() as tr:
+        assert trace_mod.enabled()
+        assert len(comm._listeners) == len(listeners_before) + 1
+        step_of_training(model, devs, 10)
+    assert not trace_mod.enabled()
+    assert trace_mod._transfer_handle is None
+    assert comm._listeners == listeners_before
+    assert len(comm._listeners) == 0
+    inside_events, inside_memory = len(tr.events), len(tr.memory)
+    # one step: 4 scatter, 4 replicate, 4 apply, 4 gather, 4 grad_scatter, 4 + 1 reduce
+    assert inside_events == 4 * 6 + 1
+    assert len({e.step for e in tr.events}) == 1
+    step_of_training(model, devs, 10)  # after: nothing more arrives
+    assert len(tr.events) == inside_events
+    assert len(tr.memory) == inside_memory
+
+
+def test_off_costs_nothing():
+    """With no trace and no hook, spans and activation counting are one shared no-op and no
+    transfer listener is installed."""
+    device = lanes(2)[1]
+    assert not trace_mod.enabled()
+    assert len(comm._listeners) == 0
+    assert trace_mod.span("apply", device) is trace_mod.span("scatter", device)
+    assert trace_mod.count_saved_tensors(device, []) is trace_mod.span("apply", device)
+    step = trace_mod.current_step()
+    step_of_training(mlp(), lanes(4), 10)
+    assert trace_mod.current_step() == step  # no step counted while off
+
+
+# --------------------------------------------------------------------------------------
+# hooks
+
+
+def test_scatter_hook_sees_only_scatter_events():
+    devs = lanes(4)
+    seen = []
+    handle = dpkit.register_phase_hook(seen.append, phases="scatter")
+    try:
+        assert trace_mod.enabled()
+        step_of_training(mlp(), devs, 10)  # no trace block: the hook alone listens
+    finally:
+        handle.remove()
+    assert [e.phase for e in seen] == ["scatter"] * 4
+    assert sum(e.details["rows"] for e in seen) == 10
+    assert [e.details["rows"] for e in seen] == CHUNKS[10]
+    assert [e.nbytes for e in seen] == [0] + [r * F * 4 for r in CHUNKS[10][1:]]
+
+
+def test_hook_for_all_phases_then_removed():
+    devs = lanes(4)
+    model = mlp()
+    seen, lock = [], threading.Lock()
+
+    def hook(event):
+        with lock:  # apply events arrive from the worker threads
+            seen.append(event)
+
+    handle = dpkit.register_phase_hook(hook)
+    assert trace_mod.enabled()
+    step_of_training(model, devs, 10)
+    assert {e.phase for e in seen} == ALL_PHASES
+    assert len(seen) == 4 * 6 + 1
+    assert Counter(e.phase for e in seen)["apply"] == 4
+    assert all(e.end >= e.start for e in seen)
+    handle.remove()
+    assert not trace_mod.enabled()
+    assert len(comm._listeners) == 0
+    count = len(seen)
+    step_of_training(model, devs, 10)
+    assert len(seen) == count
+
+
+def test_hook_with_several_phases_and_a_trace_see_the_same_events():
+    devs = lanes(4)
+    seen = []
+    handle = dpkit.register_phase_hook(seen.append, phases=["gather", "reduce"])
+    try:
+        with dpkit.trace() as tr:
+            step_of_training(mlp(), devs, 6)
+    finally:
+        handle.remove()
+    assert Counter(e.phase for e in seen) == {"gather": 3, "reduce": 4}
+    traced = [e for e in tr.events if e.phase in ("gather", "reduce")]
+    assert sorted(id(e) for e in seen) == sorted(id(e) for e in traced)
+
+
+# --------------------------------------------------------------------------------------
+# memory
+
+
+@pytest.mark.parametrize("output_device", [0, 2])
+@pytest.mark.parametrize("batch", [10, 6])
+def test_memory_per_device(batch, output_device):
+    devs = lanes(4)
+    model = mlp()
+    size = esize(torch.float32)
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, batch, output_device=output_device)
+    held = defaultdict(int)
+    categories = defaultdict(set)
+    for record in tr.memory:
+        held[record.device, record.category] += record.nbytes
+        categories[record.device].add(record.category)
+        assert record.kind == "virtual-cpu"
+    used = devs[: len(CHUNKS[batch])]
+    out_name = devs[output_device].name
+    assert set(categories) == {d.name for d in used}
+    for device, rows in zip(used, CHUNKS[batch]):
+        name = device.name
+        expected = {"parameters", "input", "activations", "outputs"}
+        assert categories[name] == (expected | {"gathered"} if name == out_name else expected)
+        assert held[name, "input"] == rows * F * size  # lane 0 holds its chunk too
+        assert held[name, "parameters"] == param_bytes(model)
+        assert held[name, "outputs"] == rows * OUT * size
+        # the ReLU between the Linears saves its (rows x hidden) output for backward
+        assert held[name, "activations"] >= rows * H * size > 0
+    assert held[out_name, "gathered"] == batch * OUT * size
+
+
+def test_activations_leave_out_parameters_and_input():
+    """A lone Linear saves only its input and weight, which are counted elsewhere."""
+    devs = lanes(4)
+    torch.manual_seed(0)
+    with dpkit.trace() as tr:
+        dp = dpkit.DataParallel(nn.Linear(F, OUT), device_ids=devs)
+        dp(torch.randn(8, F)).sum().backward()
+    activations = {r.device: r.nbytes for r in tr.memory if r.category == "activations"}
+    assert activations == {d.name: 0 for d in devs}
+
+
+# --------------------------------------------------------------------------------------
+# torch.profiler
+
+
+def test_profiler_sees_dpkit_ranges():
+    devs = lanes(4)
+    with torch.profiler.profile() as prof:
+        with dpkit.trace():
+            step_of_training(mlp(), devs, 10)
+    names = Counter(e.name for e in prof.events() if e.name.startswith("dpkit."))
+    assert names["dpkit.scatter"] == 4
+    assert names["dpkit.gather"] == 4
+    # The profiler sees only its own thread: one dpkit.apply range spans the 4 workers.
+    assert names["dpkit.apply"] == 1
+
+
+# --------------------------------------------------------------------------------------
+# exports
+
+
+def test_chrome_trace(tmp_path):
+    devs = lanes(4)
+    before = time.perf_counter()
+    with dpkit.trace() as tr:
+        step_of_training(mlp(), devs, 10)
+        step_of_training(mlp(), devs, 6)
+    wall_us = (time.perf_counter() - before) * 1e6
+    events = tr.events
+    path = tr.to_chrome_trace(tmp_path / "sub" / "t.json")
+    data = json.loads((tmp_path / "sub" / "t.json").read_text())
+    assert str(path).endswith("t.json")
+    trace_events = data["traceEvents"]
+    process = [e for e in trace_events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert len(process) == 1 and "virtual" in process[0]["args"]["name"]
+    threads = [e for e in trace_events if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert sorted(t["args"]["name"] for t in threads) == sorted(d.name for d in devs)
+    assert len({t["tid"] for t in threads}) == len(devs)
+    tid_of = {t["args"]["name"]: t["tid"] for t in threads}
+    spans = [e for e in trace_events if e["ph"] == "X"]
+    assert len(spans) == len(events) == (4 * 6 + 1) + (3 * 6 + 1)
+    for span, event in zip(spans, events, strict=True):
+        assert {"name", "ph", "ts", "dur", "pid", "tid", "args"} <= span.keys()
+        assert span["name"] == event.phase
+        assert span["tid"] == tid_of[event.device]
+        # microseconds since the block began
+        assert 0 <= span["ts"] <= span["ts"] + span["dur"] <= wall_us
+        assert span["dur"] == pytest.approx(event.duration * 1e6)
+        assert span["args"]["step"] == event.step
+        assert span["args"]["nbytes"] == event.nbytes
+        assert span["cat"] == ("backward" if event.phase in BACKWARD else "forward")
+
+
+def test_summary_bytes_and_shares():
+    devs = lanes(4)
+    model = mlp()
+    size = esize(torch.float32)
+    with dpkit.trace() as tr:
+        for _ in range(2):
+            step_of_training(model, devs, 10)
+    table = tr.summary()
+    assert [row["phase"] for row in table] == list(FORWARD + BACKWARD)
+    moved = CHUNKS[10][1:]  # the chunks of lanes 1..3
+    expected = {
+        "scatter": sum(moved) * F * size,
+        "replicate": 3 * param_bytes(model),
+        "apply": 0,
+        "gather": sum(moved) * OUT * size,
+        "grad_scatter": sum(moved) * OUT * size,
+        "reduce": 3 * grad_bytes(model),
+    }
+    by_step = defaultdict(Counter)
+    for event in tr.events:
+        by_step[event.step][event.phase] += event.nbytes
+    assert len(by_step) == 2
+    for counts in by_step.values():
+        assert {phase: counts[phase] for phase in expected} == expected
+    # time of a phase in a step: first start to last end across devices; share: of the step
+    spans, shares = defaultdict(list), defaultdict(list)
+    for events in per_step(tr.events).values():
+        step_span = max(e.end for e in events) - min(e.start for e in events)
+        for phase in expected:
+            mine = [e for e in events if e.phase == phase]
+            span = max(e.end for e in mine) - min(e.start for e in mine)
+            spans[phase].append(span)
+            shares[phase].append(span / step_span)
+    for row in table:
+        phase = row["phase"]
+        assert row["nbytes"] == expected[phase]
+        assert 0.0 <= row["share"] <= 1.0
+        assert row["share"] == pytest.approx(sum(shares[phase]) / 2)
+        assert row["time_s"] == pytest.approx(sum(spans[phase]) / 2)
+    text = str(table)
+    assert all(phase in text for phase in expected)
+
+
+def test_rows_one_per_event():
+    devs = lanes(4)
+    before = time.perf_counter()
+    with dpkit.trace() as tr:
+        step_of_training(mlp(), devs, 6)
+    wall = time.perf_counter() - before
+    table = tr.rows()
+    if hasattr(table, "to_dict"):  # a pandas DataFrame where pandas is installed
+        table = table.to_dict("records")
+    events = tr.events
+    assert len(table) == len(events) == 3 * 6 + 1
+    for row, event in zip(table, events, strict=True):
+        assert row["phase"] == event.phase and row["device"] == event.device
+        assert row["nbytes"] == event.nbytes and row["step"] == event.step
+        assert 0 <= row["start_s"] <= row["end_s"] <= wall  # seconds since the block began
+        assert row["duration_s"] == pytest.approx(event.end - event.start)
+
+
+def test_hardware_label():
+    with dpkit.trace() as tr:
+        step_of_training(mlp(), lanes(4), 6)
+    assert tr.hardware == "virtual devices on the CPU"
+
+
+# --------------------------------------------------------------------------------------
+# tracing changes nothing
+
+
+@pytest.mark.parametrize("batch", [10, 6])
+def test_tracing_does_not_change_results(batch):
+    devs = lanes(4)
+    plain, traced = mlp(), mlp()
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), traced.parameters()))
+    hooked = copy.deepcopy(plain)
+    _, y_plain = step_of_training(plain, devs, batch)
+    with dpkit.trace():
+        _, y_traced = step_of_training(traced, devs, batch)
+    handle = dpkit.register_phase_hook(lambda event: None)
+    try:
+        _, y_hooked = step_of_training(hooked, devs, batch)
+    finally:
+        handle.remove()
+    for other, y in ((traced, y_traced), (hooked, y_hooked)):
+        assert torch.equal(y_plain, y)
+        for p, q in zip(plain.parameters(), other.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad)
