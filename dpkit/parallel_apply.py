@@ -165,6 +165,7 @@ def parallel_apply(
                 if trace.enabled():
                     outputs_nbytes = sum(comm.tensor_nbytes(t) for t in _tensors_in(output))
                     trace.record_memory(device, "outputs", outputs_nbytes)
+                    trace.time_backward(device, _tensors_in(output), _module_tensors(module))
             for tensor in _tensors_in(output):
                 if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
                     place(tensor, device)

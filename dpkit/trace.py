@@ -6,8 +6,11 @@ primitive emits :class:`Event` records, and hooks registered with
 :func:`register_phase_hook` see the same events as they happen.
 
 Phases: ``scatter``, ``replicate``, ``apply`` (one per device), ``gather``, and in backward
-``grad_scatter`` (gather's backward) and ``reduce`` (replicate's backward: the reduce-add of
-gradients onto the source device). Each event has ``phase``, ``device``, ``start`` and
+``grad_scatter`` (gather's backward), ``backward`` (one per device: a replica's own backward,
+from its output gradient arriving to its last parameter gradient) and ``reduce``
+(replicate's backward: the reduce-add of gradients onto the source device). On the CPU,
+autograd runs every replica's backward in one thread, one after another; on GPUs each
+device has its own backward thread. Each event has ``phase``, ``device``, ``start`` and
 ``end`` (seconds of ``time.perf_counter``, one clock for every device), ``nbytes`` moved
 between devices, ``step`` and free-form ``details``.
 
@@ -33,7 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from dpkit.devices import Device
 
 FORWARD_PHASES = ("scatter", "replicate", "apply", "gather")
-BACKWARD_PHASES = ("grad_scatter", "reduce", "grad_gather", "grad_broadcast")
+BACKWARD_PHASES = ("grad_scatter", "backward", "reduce", "grad_gather", "grad_broadcast")
 
 
 @dataclass
@@ -280,6 +283,54 @@ def span(phase: str, device: Device, step: int | None = None, **details: Any) ->
     if device.torch_device.type == "cuda":
         _cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work starts
     return _Span(phase, device, _step if step is None else step, details)
+
+
+class _BackwardTimer:
+    """Times one replica's backward: from its outputs' gradients arriving to its last
+    parameter gradient, using autograd hooks (the backward runs in autograd's threads).
+    """
+
+    def __init__(self, device: Device, step: int, outputs: list, params: list):
+        self.device, self.step = device, step
+        self.remaining = len(params)
+        self.start: float | None = None
+        self.start_event: Any = None
+        for tensor in outputs:
+            tensor.register_hook(self._on_output_grad)
+        for tensor in params:
+            tensor.register_hook(self._on_param_grad)
+
+    def _now(self) -> tuple[float, Any]:
+        if self.device.torch_device.type != "cuda":
+            return time.perf_counter(), None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return time.perf_counter(), event
+
+    def _on_output_grad(self, grad: torch.Tensor) -> None:
+        if self.start is None:
+            self.start, self.start_event = self._now()
+
+    def _on_param_grad(self, grad: torch.Tensor) -> None:
+        self.remaining -= 1
+        if self.remaining or self.start is None:
+            return
+        end, end_event = self._now()
+        event = Event("backward", self.device.name, self.start, end, 0, self.step, self.device.kind)
+        if end_event is not None:
+            event.start = event.end = math.nan
+            _pending.append((event, self.device.torch_device, self.start_event, end_event))
+        _emit(event)
+
+
+def time_backward(device: Device, outputs: Iterable[torch.Tensor], params: Iterable[torch.Tensor]):
+    """While tracing, emit a ``backward`` event for this replica when its backward is done."""
+    if not (_recorders or _hooks):
+        return
+    outputs = [t for t in outputs if t.requires_grad]
+    unique = {id(t): t for t in params if t.requires_grad and t.grad_fn is not None}
+    if outputs and unique:
+        _BackwardTimer(device, _step, outputs, list(unique.values()))
 
 
 class Trace:

@@ -27,7 +27,7 @@ comm = importlib.import_module("dpkit.comm")
 
 F, H, OUT = 5, 7, 3  # features in, hidden, features out
 FORWARD = ("scatter", "replicate", "apply", "gather")
-BACKWARD = ("grad_scatter", "reduce")
+BACKWARD = ("grad_scatter", "backward", "reduce")
 ALL_PHASES = set(FORWARD) | set(BACKWARD)
 CHUNKS = {10: [3, 3, 3, 1], 6: [2, 2, 2]}  # torch.chunk sizes over 4 devices, written out
 
@@ -291,8 +291,8 @@ def test_nothing_is_recorded_outside_the_block():
     assert comm._listeners == listeners_before
     assert len(comm._listeners) == 0
     inside_events, inside_memory = len(tr.events), len(tr.memory)
-    # one step: 4 scatter, 4 replicate, 4 apply, 4 gather, 4 grad_scatter, 4 + 1 reduce
-    assert inside_events == 4 * 6 + 1
+    # one step: 4 each of scatter, replicate, apply, gather, grad_scatter, backward; 4 + 1 reduce
+    assert inside_events == 4 * 7 + 1
     assert len({e.step for e in tr.events}) == 1
     step_of_training(model, devs, 10)  # after: nothing more arrives
     assert len(tr.events) == inside_events
@@ -344,7 +344,7 @@ def test_hook_for_all_phases_then_removed():
     assert trace_mod.enabled()
     step_of_training(model, devs, 10)
     assert {e.phase for e in seen} == ALL_PHASES
-    assert len(seen) == 4 * 6 + 1
+    assert len(seen) == 4 * 7 + 1
     assert Counter(e.phase for e in seen)["apply"] == 4
     assert all(e.end >= e.start for e in seen)
     handle.remove()
@@ -452,7 +452,7 @@ def test_chrome_trace(tmp_path):
     assert len({t["tid"] for t in threads}) == len(devs)
     tid_of = {t["args"]["name"]: t["tid"] for t in threads}
     spans = [e for e in trace_events if e["ph"] == "X"]
-    assert len(spans) == len(events) == (4 * 6 + 1) + (3 * 6 + 1)
+    assert len(spans) == len(events) == (4 * 7 + 1) + (3 * 7 + 1)
     for span, event in zip(spans, events, strict=True):
         assert {"name", "ph", "ts", "dur", "pid", "tid", "args"} <= span.keys()
         assert span["name"] == event.phase
@@ -479,6 +479,7 @@ def test_summary_bytes_and_shares():
         "scatter": sum(moved) * F * size,
         "replicate": 3 * param_bytes(model),
         "apply": 0,
+        "backward": 0,
         "gather": sum(moved) * OUT * size,
         "grad_scatter": sum(moved) * OUT * size,
         "reduce": 3 * grad_bytes(model),
@@ -518,7 +519,7 @@ def test_rows_one_per_event():
     if hasattr(table, "to_dict"):  # a pandas DataFrame where pandas is installed
         table = table.to_dict("records")
     events = tr.events
-    assert len(table) == len(events) == 3 * 6 + 1
+    assert len(table) == len(events) == 3 * 7 + 1
     for row, event in zip(table, events, strict=True):
         assert row["phase"] == event.phase and row["device"] == event.device
         assert row["nbytes"] == event.nbytes and row["step"] == event.step
