@@ -29,7 +29,7 @@ from dpkit.scatter import (
     torch_chunk_sizes,
     weighted_chunk_sizes,
 )
-from dpkit.trace import Event, Trace, register_phase_hook, trace
+from dpkit.tracing import Event, Trace, register_phase_hook, trace
 
 __version__ = "0.1.0"
 

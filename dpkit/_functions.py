@@ -22,11 +22,11 @@ from itertools import chain
 
 from torch.autograd import Function
 
-from dpkit import comm, trace
+from dpkit import comm, tracing
 
 
 def _step(step):
-    return trace.current_step() if step is None else step
+    return tracing.current_step() if step is None else step
 
 
 class Broadcast(Function):

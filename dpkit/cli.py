@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="train a tiny model for a few traced steps; print the summary, write a timeline "
         "and a Chrome trace",
+        description="Train a tiny model on random 1x28x28 images for a few SGD steps with "
+        "dpkit.DataParallel, traced: print the devices used and the time and bytes of every "
+        "phase, write timeline.png (the last step) and trace.json (open it in "
+        "https://ui.perfetto.dev or chrome://tracing).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     demo.add_argument("--devices", type=_at_least_one, default=4, help="number of devices")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from dpkit import trace
+from dpkit import tracing
 from dpkit.devices import Device, device_of, place, resides_on
 
 
@@ -102,11 +102,11 @@ def scatter(
     """
     results = []
     for chunk, device in zip(tensor.split(list(chunk_sizes), dim), devices, strict=True):
-        with trace.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
+        with tracing.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
             # A new view: tagging one that stays home touches no caller's object.
             results.append(place(copy_to(chunk, device, "scatter", source), device))
         if phase == "scatter":
-            trace.record_memory(device, "input", tensor_nbytes(chunk), step)
+            tracing.record_memory(device, "input", tensor_nbytes(chunk), step)
     return tuple(results)
 
 
@@ -129,11 +129,11 @@ def broadcast(
     copies = []
     with torch.no_grad():
         for device in devices:
-            with trace.span(phase, device, step, tensors=len(tensors)):
+            with tracing.span(phase, device, step, tensors=len(tensors)):
                 copies.append([copy_to(t, device, "broadcast") for t in tensors])
             if phase == "replicate":
                 held = sum(tensor_nbytes(t) for t in tensors)
-                trace.record_memory(device, "parameters", held, step)
+                tracing.record_memory(device, "parameters", held, step)
     return copies
 
 
@@ -152,12 +152,12 @@ def reduce_add(
     """
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
-        with trace.span(phase, device, step, tensors=len(tensors), destination=destination.name):
+        with tracing.span(phase, device, step, tensors=len(tensors), destination=destination.name):
             on_destination.append([copy_to(t, destination, "reduce", device) for t in tensors])
     root = next((j for j, d in enumerate(devices) if d == destination), 0)
     order = [root] + [j for j in range(len(devices)) if j != root]
     results = []
-    with trace.span(phase, destination, step, what="sum", tensors=len(on_destination[0])):
+    with tracing.span(phase, destination, step, what="sum", tensors=len(on_destination[0])):
         for same_tensor in zip(*on_destination, strict=True):
             total = same_tensor[order[0]]
             if len(order) > 1:
@@ -199,11 +199,11 @@ def gather(
     offset = 0
     for tensor, source in zip(tensors, sources, strict=True):
         rows = tensor.shape[dim]
-        with trace.span(phase, source, step, rows=rows, destination=destination.name):
+        with tracing.span(phase, source, step, rows=rows, destination=destination.name):
             if not _same_memory(source, destination):
                 _count("gather", tensor, source, destination)
             result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
         offset += rows
     if phase == "gather":
-        trace.record_memory(destination, "gathered", tensor_nbytes(result), step)
+        tracing.record_memory(destination, "gathered", tensor_nbytes(result), step)
     return place(result, destination)

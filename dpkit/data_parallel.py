@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import nn
 
-from dpkit import trace
+from dpkit import tracing
 from dpkit.devices import (
     Device,
     DeviceLike,
@@ -106,8 +106,8 @@ class DataParallel(nn.Module, Generic[T]):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("DataParallel.forward"):
-            if trace.enabled():
-                trace.begin_step()
+            if tracing.enabled():
+                tracing.begin_step()
             _check_on_source(self.module, self.src_device_obj)
             inputs, module_kwargs = self.scatter(inputs, kwargs, self.device_ids)
             # A forward without inputs still runs once, on device_ids[0].
@@ -162,8 +162,8 @@ def data_parallel(
         inputs = (inputs,) if inputs is not None else ()
     resolved, output = _resolve(device_ids, output_device)
     _check_on_source(module, resolved[0])
-    if trace.enabled():
-        trace.begin_step()
+    if tracing.enabled():
+        tracing.begin_step()
     inputs, module_kwargs = scatter_kwargs(inputs, module_kwargs, resolved, dim, chunk_sizes)
     if not inputs and not module_kwargs:
         inputs = ((),)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from dpkit import comm, trace
+from dpkit import comm, tracing
 from dpkit.devices import (
     VIRTUAL_GPU,
     Device,
@@ -158,14 +158,14 @@ def parallel_apply(
                     input = (input,)
                 held = [*_module_tensors(module), *_tensors_in((input, kwargs))]
                 with (
-                    trace.span("apply", device, replica=index),
-                    trace.count_saved_tensors(device, held),
+                    tracing.span("apply", device, replica=index),
+                    tracing.count_saved_tensors(device, held),
                 ):
                     output = module(*input, **kwargs)
-                if trace.enabled():
+                if tracing.enabled():
                     outputs_nbytes = sum(comm.tensor_nbytes(t) for t in _tensors_in(output))
-                    trace.record_memory(device, "outputs", outputs_nbytes)
-                    trace.time_backward(device, _tensors_in(output), _module_tensors(module))
+                    tracing.record_memory(device, "outputs", outputs_nbytes)
+                    tracing.time_backward(device, _tensors_in(output), _module_tensors(module))
             for tensor in _tensors_in(output):
                 if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
                     place(tensor, device)
@@ -180,7 +180,7 @@ def parallel_apply(
     work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, resolved))
     with (
         torch.autograd.profiler.record_function("dpkit.apply")
-        if trace.enabled() and torch.autograd._profiler_enabled()
+        if tracing.enabled() and torch.autograd._profiler_enabled()
         else nullcontext()
     ):
         _run_workers(worker, work)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpkit.trace import BACKWARD_PHASES, Event
+from dpkit.tracing import BACKWARD_PHASES, Event
 
 KIND_LABELS = {
     "real": "real devices",

@@ -7,7 +7,6 @@ parameter numel x element size); dpkit's own output is never used as the expecta
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import math
 import threading
@@ -19,11 +18,8 @@ import torch
 from torch import nn
 
 import dpkit
-
-# ``dpkit.trace`` is the public *function* (``with dpkit.trace() as tr``), which shadows the
-# module of the same name on the package; the module is reached through importlib.
-trace_mod = importlib.import_module("dpkit.trace")
-comm = importlib.import_module("dpkit.comm")
+from dpkit import comm
+from dpkit import tracing as trace_mod
 
 F, H, OUT = 5, 7, 3  # features in, hidden, features out
 FORWARD = ("scatter", "replicate", "apply", "gather")

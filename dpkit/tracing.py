@@ -395,7 +395,10 @@ class Trace:
         return trace_export.hardware_label(self.events)
 
     def __enter__(self) -> Trace:
+        global _step
         with _state_lock:
+            if not _recorders:
+                _step = 0  # steps count from 1 in each outermost trace
             _recorders.append(self)
             _update_transfer_listener()
         self.origin = time.perf_counter()

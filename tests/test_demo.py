@@ -1,0 +1,76 @@
+"""``dpkit demo`` end to end in a subprocess: it trains, prints, writes its files, and
+rejects bad options with exit status 2 and the option's name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _demo(*options: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "dpkit", "demo", *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def test_demo_writes_a_timeline_and_a_chrome_trace(tmp_path):
+    result = _demo("--steps", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+
+    timeline, trace_json = tmp_path / "timeline.png", tmp_path / "trace.json"
+    assert timeline.read_bytes().startswith(b"\x89PNG")
+    events = json.loads(trace_json.read_text())["traceEvents"]
+    phases = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"scatter", "replicate", "apply", "gather", "reduce"} <= phases
+
+    out = result.stdout
+    assert "virtual" in out  # this machine's lanes say what they are
+    assert "devices(4) ->" in out
+    assert "time/step" in out and "apply" in out  # the summary table
+    assert str(timeline) in out and str(trace_json) in out
+    assert "perfetto" in out.lower() and "chrome://tracing" in out
+
+
+def test_demo_cnn_on_two_devices(tmp_path):
+    result = _demo(
+        "--model", "cnn", "--devices", "2", "--batch", "8", "--steps", "1", "--out", str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    devices = {
+        e["args"]["name"]
+        for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+        if e["name"] == "thread_name"
+    }
+    assert len(devices) == 2
+
+
+def test_demo_rejects_zero_devices_naming_the_option(tmp_path):
+    result = _demo("--devices", "0", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert "--devices" in result.stderr and "at least 1" in result.stderr
+    assert not (tmp_path / "trace.json").exists()
+
+
+def test_demo_rejects_zero_batch_naming_the_option(tmp_path):
+    result = _demo("--batch", "0", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert "--batch" in result.stderr
+
+
+def test_demo_help_lists_the_options():
+    result = _demo("--help")
+    assert result.returncode == 0
+    for option in ("--devices", "--batch", "--model", "--steps", "--out", "cnn"):
+        assert option in result.stdout
