@@ -232,8 +232,9 @@ def record_memory(device: Device, category: str, nbytes: int, step: int | None =
             recorder._append_memory(record)
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
-    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+def _storage_key(tensor: torch.Tensor) -> int:
+    # One replica's tensors share one device, so the storage address alone identifies them.
+    return tensor.untyped_storage().data_ptr()
 
 
 class _SavedTensorBytes:
