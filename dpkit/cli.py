@@ -3,6 +3,7 @@
 dpkit devices            what hardware is here and which kind of device dpkit uses
 dpkit devices -n 2 -n 8  the same, for chosen device counts
 dpkit demo               a few traced training steps: summary, timeline.png, trace.json
+dpkit grade N            grade exercise N (see exercises/README.md)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from dpkit.devices import accelerator_count, accelerator_type, describe_choice
+from dpkit.grading import add_grade_command
 
 
 def hardware_report(counts: Sequence[int]) -> str:
@@ -88,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_at_least_one, default=3, help="training steps to trace")
     demo.add_argument("--out", default=".", help="folder for timeline.png and trace.json")
     demo.set_defaults(run=_demo_command)
+    add_grade_command(commands)
     return parser
 
 

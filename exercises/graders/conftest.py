@@ -1,0 +1,222 @@
+"""Grader plumbing: which file is graded, a time limit per check, and results for the report.
+
+The surprise first: the graders never import the student's file at collection time. Each
+check loads it through the ``exercise`` fixture, in a thread with a time limit, so a file
+that loops forever on import fails every check with a clear message instead of hanging.
+
+Which file is graded (first match wins):
+
+- ``DPKIT_EXERCISE_FILE``: that file (for a run of one grader);
+- ``DPKIT_EXERCISE_DIR``: the task's file name in that folder (``solutions/``, a submission);
+- otherwise the student file next to this folder, e.g. ``exercises/task1_scatter.py``.
+
+``DPKIT_CHECK_TIMEOUT`` (seconds, default 10) bounds each check. When
+``DPKIT_GRADE_RESULTS`` names a file, every collected check and every outcome is appended
+to it as one JSON line, which ``dpkit.grading`` turns into the friendly report; a run that
+is killed part-way still leaves the lines written so far.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import dpkit
+from dpkit.devices import Device
+
+EXERCISES = Path(__file__).resolve().parent.parent
+TASKS = 7
+
+
+def check_timeout() -> float:
+    return float(os.environ.get("DPKIT_CHECK_TIMEOUT", "10"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for task in range(1, TASKS + 1):
+        config.addinivalue_line("markers", f"task{task}: the grader checks of exercise task {task}")
+
+
+# --------------------------------------------------------------------------------------
+# Loading the file under test.
+
+
+def exercise_path(file_name: str) -> Path:
+    """Where the file named ``file_name`` (e.g. ``task1_scatter.py``) is graded from.
+
+    In ``DPKIT_EXERCISE_DIR`` a lone ``task1_*.py`` or ``task1.py`` also counts, for
+    submissions whose file was renamed.
+    """
+    if os.environ.get("DPKIT_EXERCISE_FILE"):
+        return Path(os.environ["DPKIT_EXERCISE_FILE"])
+    folder = Path(os.environ.get("DPKIT_EXERCISE_DIR") or EXERCISES)
+    exact = folder / file_name
+    prefix = file_name.split("_")[0]
+    others = sorted({*folder.glob(f"{prefix}_*.py"), *folder.glob(f"{prefix}.py")})
+    return others[0] if not exact.is_file() and len(others) == 1 else exact
+
+
+def run_with_timeout(function: Any, seconds: float, what: str) -> Any:
+    """``function()`` in a daemon thread; its result, its exception, or a failure on timeout.
+
+    Python cannot stop a thread, so a timed-out one is left behind (a daemon, it dies with
+    the grading process); the check fails now instead of waiting for it.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = function()
+        except BaseException as error:  # noqa: B036 - carried back to the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True, name=f"dpkit-grader: {what}")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(
+            f"{what} timed out after {seconds:g} s: look for a loop that never ends, a thread "
+            "that is never joined, or a lock that is never released",
+            pytrace=False,
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+_loaded: dict[Path, Any] = {}
+_loading = threading.Lock()
+
+
+def _import(path: Path) -> ModuleType:
+    name = f"dpkit_exercise_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and namedtuples look their module up here
+    sys.dont_write_bytecode = True  # leave no __pycache__ in a student's folder
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_exercise(path: Path) -> ModuleType:
+    """The module at ``path``, imported once per grading run; fails the check if it cannot be."""
+    with _loading:
+        if path not in _loaded:
+            if not path.is_file():
+                _loaded[path] = (
+                    f"file missing: no {path.name} in {path.parent}; start from the stub in "
+                    "exercises/"
+                )
+            else:
+                try:
+                    _loaded[path] = run_with_timeout(
+                        lambda: _import(path), check_timeout(), f"importing {path.name}"
+                    )
+                except pytest.fail.Exception as failure:
+                    _loaded[path] = str(failure.msg)
+                except BaseException as error:  # noqa: B036 - a student's file may raise anything
+                    where = traceback.format_exception_only(type(error), error)[-1].strip()
+                    _loaded[path] = f"{path.name} could not be imported: {where}"
+        loaded = _loaded[path]
+    if isinstance(loaded, str):
+        pytest.fail(loaded, pytrace=False)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def exercise(request: pytest.FixtureRequest) -> ModuleType:
+    """The module under test: the file named by the grader's ``EXERCISE``, found as above."""
+    return load_exercise(exercise_path(request.module.EXERCISE))
+
+
+@pytest.fixture
+def lanes() -> list[Device]:
+    """Four virtual lanes on the CPU (lane 0 is plain CPU memory; lanes 1-3 hold copies)."""
+    return dpkit.virtual_devices(4, on="cpu")
+
+
+@pytest.fixture
+def transfers() -> Any:
+    """Every copy between devices made while the check runs, as ``dpkit.Transfer`` records."""
+    seen: list[dpkit.Transfer] = []
+    handle = dpkit.add_transfer_listener(seen.append)
+    yield seen
+    handle.remove()
+
+
+# --------------------------------------------------------------------------------------
+# Every check runs in a thread with a time limit, so student code that hangs cannot hang us.
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool:
+    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    run_with_timeout(lambda: pyfuncitem.obj(**arguments), check_timeout(), "this check")
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# Results for dpkit.grading: one JSON line per collected check and per outcome.
+
+
+def _write(record: dict[str, Any]) -> None:
+    results = os.environ.get("DPKIT_GRADE_RESULTS")
+    if results:
+        with open(results, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+
+
+def check_name(item: pytest.Item) -> str:
+    doc = getattr(getattr(item, "obj", None), "__doc__", None)
+    name = doc.strip().splitlines()[0] if doc else item.name
+    callspec = getattr(item, "callspec", None)
+    return f"{name} ({callspec.id})" if callspec is not None else name
+
+
+def task_of(item: pytest.Item) -> int:
+    marker = next((m.name for m in item.iter_markers() if m.name.startswith("task")), "task0")
+    return int(marker[len("task") :])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        record = {"nodeid": item.nodeid, "task": task_of(item), "check": check_name(item)}
+        _write({"event": "collected", **record})
+
+
+def hint_for(error: BaseException) -> str:
+    """One line a student can act on, from what a check raised."""
+    message = str(error).strip()
+    first_line = message.splitlines()[0] if message else ""
+    if isinstance(error, pytest.fail.Exception):
+        return first_line
+    if isinstance(error, NotImplementedError):
+        return f"not implemented yet ({first_line})" if first_line else "not implemented yet"
+    if isinstance(error, AssertionError):
+        return first_line or "an assertion failed"
+    return f"your code raised {type(error).__name__}: {first_line}".rstrip(": ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        error = call.excinfo.value if call.excinfo is not None else None
+        hint = hint_for(error) if error is not None else "failed"
+        _write({"event": "failed", "nodeid": item.nodeid, "when": report.when, "hint": hint})
+    elif report.skipped:
+        _write({"event": "failed", "nodeid": item.nodeid, "when": report.when, "hint": "skipped"})
+    elif report.when == "call":
+        _write({"event": "passed", "nodeid": item.nodeid})

@@ -1,0 +1,132 @@
+"""Grader for task 1: chunk planning and scatter of nested inputs."""
+
+from collections import OrderedDict, namedtuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpkit.devices import resides_on
+
+pytestmark = pytest.mark.task1
+EXERCISE = "task1_scatter.py"
+
+Pair = namedtuple("Pair", ["image", "label"])
+
+
+def torch_sizes(batch: int, num_devices: int) -> list[int]:
+    return [len(chunk) for chunk in torch.empty(batch).chunk(num_devices)] if batch else []
+
+
+def test_chunk_sizes_examples(exercise):
+    """chunk_sizes matches torch.chunk on the classic examples"""
+    for batch, num_devices in [(10, 4), (6, 4), (8, 4), (1, 4), (3, 1), (0, 4)]:
+        got = exercise.chunk_sizes(batch, num_devices)
+        want = torch_sizes(batch, num_devices)
+        assert list(got) == want, (
+            f"chunk_sizes({batch}, {num_devices}) returned {got}, torch.chunk gives {want}: "
+            "chunks hold ceil(batch / num_devices) rows, the last one what is left"
+        )
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(batch=st.integers(1, 300), num_devices=st.integers(1, 16))
+def test_chunk_sizes_property(exercise, batch, num_devices):
+    """chunk_sizes matches torch.chunk for any batch and device count"""
+    got = exercise.chunk_sizes(batch, num_devices)
+    want = torch_sizes(batch, num_devices)
+    assert list(got) == want, (
+        f"chunk_sizes({batch}, {num_devices}) returned {got}, torch.chunk gives {want}; "
+        "note there may be fewer chunks than devices (6 rows over 4 devices: 2, 2, 2)"
+    )
+
+
+def test_scatter_tensor_places_chunks(exercise, lanes):
+    """scatter_tensor puts chunk i on lane i with the right rows"""
+    x = torch.arange(30.0).reshape(10, 3)
+    chunks = exercise.scatter_tensor(x, lanes)
+    assert len(chunks) == 4, f"10 rows over 4 lanes make 4 chunks, got {len(chunks)}"
+    for index, (chunk, want) in enumerate(zip(chunks, x.chunk(4))):
+        assert torch.equal(chunk, want), (
+            f"chunk {index} holds rows {chunk[:, 0].div(3).long().tolist()}, torch.chunk's "
+            f"has rows {want[:, 0].div(3).long().tolist()}"
+        )
+        assert resides_on(chunk, lanes[index]), (
+            f"chunk {index} is not on lane {index}: move it with copy_to(chunk, devices[i], "
+            "'scatter')"
+        )
+    for index in range(1, 4):
+        assert chunks[index].untyped_storage().data_ptr() != x.untyped_storage().data_ptr(), (
+            f"chunk {index} shares memory with the input; lanes 1.. need a real copy"
+        )
+
+
+def test_scatter_tensor_counts_bytes(exercise, lanes, transfers):
+    """scatter_tensor copies every chunk except lane 0's, once"""
+    x = torch.randn(10, 5)
+    exercise.scatter_tensor(x, lanes)
+    moved = {t.destination.index: t.nbytes for t in transfers}
+    want = {1: 3 * 5 * 4, 2: 3 * 5 * 4, 3: 1 * 5 * 4}
+    assert moved == want, (
+        f"bytes moved per lane were {moved}, expected {want}: copy each chunk once with "
+        "copy_to, and leave lane 0's chunk where it is"
+    )
+
+
+def test_scatter_tensor_dim_and_small_batch(exercise, lanes):
+    """scatter_tensor splits along dim and leaves devices idle for a small batch"""
+    x = torch.randn(2, 6, 3)
+    chunks = exercise.scatter_tensor(x, lanes, dim=1)
+    shapes = [tuple(c.shape) for c in chunks]
+    assert shapes == [(2, 2, 3)] * 3, (
+        f"6 columns over 4 lanes along dim=1 should give 3 chunks of shape (2, 2, 3), got "
+        f"{shapes}; split along dim, not along rows"
+    )
+    small = exercise.scatter_tensor(torch.randn(3, 2), lanes)
+    assert len(small) == 3, f"3 rows over 4 lanes make 3 chunks, got {len(small)}"
+
+
+def test_scatter_tensor_gradients(exercise, lanes):
+    """gradients flow back from the chunks to the input"""
+    x = torch.randn(10, 2, requires_grad=True)
+    chunks = exercise.scatter_tensor(x, lanes)
+    sum((i + 1) * chunk.sum() for i, chunk in enumerate(chunks)).backward()
+    want = torch.cat([torch.full((n, 2), float(i + 1)) for i, n in enumerate([3, 3, 3, 1])])
+    assert x.grad is not None, "x.grad is None: do not detach the chunks"
+    assert torch.equal(x.grad, want), "x.grad is wrong: each row's gradient comes from its chunk"
+
+
+def test_scatter_containers(exercise, lanes):
+    """scatter splits tuples, lists and dicts element by element"""
+    x, y = torch.randn(8, 2), torch.randn(8)
+    per_device = exercise.scatter((x, [y, x]), lanes)
+    assert len(per_device) == 4, f"expected 4 entries (one per lane), got {len(per_device)}"
+    for index, entry in enumerate(per_device):
+        assert isinstance(entry, tuple) and isinstance(entry[1], list), (
+            f"entry {index} is {type(entry).__name__}; a tuple input gives a tuple per device, "
+            "a list a list"
+        )
+        assert torch.equal(entry[0], x[2 * index : 2 * index + 2])
+        assert torch.equal(entry[1][0], y[2 * index : 2 * index + 2])
+    dicts = exercise.scatter(OrderedDict(a=x, b=y), lanes)
+    assert all(type(d) is OrderedDict and list(d) == ["a", "b"] for d in dicts), (
+        "a dict gives one dict per device, of the same type and with the same keys"
+    )
+    assert torch.equal(dicts[3]["b"], y[6:]), "dict values are split like any tensor"
+
+
+def test_scatter_namedtuple_and_shared_objects(exercise, lanes):
+    """scatter keeps namedtuples and shares other objects by reference"""
+    note = {"not": "a tensor"}.keys()  # any non-container object
+    batch = Pair(image=torch.randn(5, 3), label="cat")
+    per_device = exercise.scatter((batch, note), lanes)
+    assert len(per_device) == 3, (
+        f"5 rows over 4 lanes make 3 chunks (2, 2, 1), so 3 entries; got {len(per_device)}"
+    )
+    for entry in per_device:
+        pair, shared = entry
+        assert type(pair) is Pair, f"a namedtuple must stay a Pair, got {type(pair).__name__}"
+        assert pair.label == "cat", "a string inside a namedtuple is shared, not split"
+        assert shared is note, "objects that are not tensors or containers are shared as-is"
+    assert [len(e[0].image) for e in per_device] == [2, 2, 1]

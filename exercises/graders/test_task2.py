@@ -1,0 +1,119 @@
+"""Grader for task 2: replicate, with a broadcast whose backward reduce-adds gradients."""
+
+import pytest
+import torch
+from torch import nn
+
+from dpkit.devices import resides_on
+
+pytestmark = pytest.mark.task2
+EXERCISE = "task2_replicate.py"
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def test_broadcast_forward_layout(exercise, lanes):
+    """Broadcast.forward returns every tensor on every lane, device by device"""
+    a, b = torch.randn(3), torch.randn(2, 2)
+    copies = exercise.Broadcast.apply(lanes, a, b)
+    assert len(copies) == 8, f"2 tensors on 4 lanes make 8 copies, got {len(copies)}"
+    for position, copy in enumerate(copies):
+        lane, original = divmod(position, 2)
+        source = (a, b)[original]
+        assert torch.equal(copy, source), (
+            f"output {position} should be tensor {original} on lane {lane}: lay the copies out "
+            "device by device, (a on d0, b on d0, a on d1, ...)"
+        )
+        assert resides_on(copy, lanes[lane]), f"output {position} is not on lane {lane}"
+    assert copies[0].data_ptr() == a.data_ptr(), "lane 0's copy must share storage: no copy"
+    assert copies[2].data_ptr() != a.data_ptr(), "lanes 1.. need real copies (use copy_to)"
+
+
+def test_broadcast_forward_bytes(exercise, lanes, transfers):
+    """Broadcast.forward copies each tensor once to each lane but lane 0"""
+    weight = torch.randn(10, 10, requires_grad=True)
+    exercise.Broadcast.apply(lanes, weight)
+    moved = sorted((t.destination.index, t.nbytes) for t in transfers)
+    assert moved == [(1, 400), (2, 400), (3, 400)], (
+        f"copies made (lane, bytes): {moved}; expected 400 bytes to each of lanes 1-3 and "
+        "nothing to lane 0"
+    )
+
+
+def test_broadcast_backward_reduce_adds(exercise, lanes):
+    """Broadcast.backward sums the gradients of all copies"""
+    a = torch.randn(3, requires_grad=True)
+    b = torch.randn(2, requires_grad=True)
+    copies = exercise.Broadcast.apply(lanes, a, b)
+    loss = sum((position + 1) * copy.sum() for position, copy in enumerate(copies))
+    loss.backward()
+    assert a.grad is not None, "a.grad is None: the copies must keep their autograd history"
+    # a's copies are outputs 0, 2, 4, 6 with weights 1, 3, 5, 7; b's are 1, 3, 5, 7 -> 2, 4, 6, 8
+    assert torch.allclose(a.grad, torch.full((3,), 16.0)), (
+        f"a.grad is {a.grad.tolist()}, expected 16 everywhere: backward must add the "
+        "gradients of a's copies on every lane (and pick them from the flat layout)"
+    )
+    assert torch.allclose(b.grad, torch.full((2,), 20.0)), f"b.grad is {b.grad.tolist()}"
+
+
+def test_broadcast_backward_moves_to_lane0(exercise, lanes, transfers):
+    """Broadcast.backward moves each lane's gradient to lane 0 once"""
+    weight = torch.randn(5, 5, requires_grad=True)
+    copies = exercise.Broadcast.apply(lanes, weight)
+    transfers.clear()
+    sum(copy.sum() for copy in copies).backward()
+    moved = sorted((t.source.index, t.destination.index, t.nbytes) for t in transfers)
+    assert moved == [(1, 0, 100), (2, 0, 100), (3, 0, 100)], (
+        f"backward copies (from, to, bytes): {moved}; expected one 100-byte copy from each of "
+        "lanes 1-3 to lane 0: use copy_to(grad, devices[0], 'reduce', source=that_lane)"
+    )
+
+
+def test_replicate_places_replicas(exercise, lanes):
+    """replicate makes one working replica per lane, parameters on that lane"""
+    model = small_model()
+    replicas = exercise.replicate(model, lanes)
+    assert len(replicas) == 4, f"expected 4 replicas, got {len(replicas)}"
+    x = torch.randn(5, 3)
+    for index, replica in enumerate(replicas):
+        assert replica is not model, "replicas must be new modules, not the model itself"
+        assert torch.allclose(replica(x), model(x)), f"replica {index} computes something else"
+        weight = replica[0].weight
+        assert resides_on(weight, lanes[index]), (
+            f"replica {index}'s weight is not on lane {index}: swap in the Broadcast copies"
+        )
+    assert replicas[0][0].weight.data_ptr() == model[0].weight.data_ptr(), (
+        "replica 0 must share storage with the module (copy_to onto lane 0 copies nothing)"
+    )
+
+
+def test_replicate_gradients(exercise, lanes):
+    """gradients of every replica add up in the original module"""
+    model = small_model()
+    x = torch.randn(6, 3)
+    replicas = exercise.replicate(model, lanes[:3])
+    sum(replica(x).pow(2).sum() for replica in replicas).backward()
+    got = [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
+    model.zero_grad()
+    (3 * model(x).pow(2).sum()).backward()
+    for (name, param), grad in zip(model.named_parameters(), got):
+        assert grad is not None, (
+            f"{name}.grad is None: replica parameters must be outputs of Broadcast.apply"
+        )
+        assert torch.allclose(grad, param.grad, atol=1e-5), (
+            f"{name}.grad is not the sum over the 3 replicas: one Broadcast.apply over all "
+            "parameters, whose backward reduce-adds"
+        )
+
+
+def test_replicate_leaves_module_alone(exercise, lanes):
+    """replicate leaves the module's own parameters in place"""
+    model = small_model()
+    before = [(name, id(param)) for name, param in model.named_parameters()]
+    exercise.replicate(model, lanes)
+    after = [(name, id(param)) for name, param in model.named_parameters()]
+    assert after == before, "the module's parameters changed: swap them in the replicas only"
+    assert all(isinstance(p, nn.Parameter) for p in model.parameters())

@@ -1,0 +1,139 @@
+"""Grader for task 3: parallel_apply, one thread per replica."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = pytest.mark.task3
+EXERCISE = "task3_parallel_apply.py"
+
+
+class Recorder(nn.Module):
+    """Multiplies by ``factor`` and remembers the thread and grad mode it ran under."""
+
+    def __init__(self, factor: float, barrier: threading.Barrier | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor(factor))
+        self.barrier = barrier
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        self.thread = threading.get_ident()
+        self.grad_enabled = torch.is_grad_enabled()
+        if self.barrier is not None:
+            self.barrier.wait()  # passes only when every replica is running at the same time
+        return self.weight * x if y is None else self.weight * x + y
+
+
+class Failing(nn.Module):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise self.error
+
+
+def test_apply_replica_stores_output(exercise, lanes):
+    """apply_replica stores the output under the replica's index"""
+    results = {}
+    exercise.apply_replica(2, Recorder(3.0), torch.ones(2), lanes[2], True, results)
+    assert list(results) == [2], f"results should have key 2 only, got {list(results)}"
+    assert torch.allclose(results[2], torch.full((2,), 3.0)), "results[2] is not module(input)"
+    exercise.apply_replica(
+        1, Recorder(2.0), (torch.ones(2), torch.ones(2)), lanes[1], True, results
+    )
+    assert torch.allclose(results[1], torch.full((2,), 3.0)), (
+        "a tuple input holds the positional arguments: call module(*input)"
+    )
+
+
+def test_apply_replica_catches(exercise, lanes):
+    """apply_replica stores a ReplicaFailure instead of raising"""
+    results = {}
+    try:
+        exercise.apply_replica(
+            1, Failing(ValueError("boom")), torch.ones(1), lanes[1], True, results
+        )
+    except ValueError:
+        pytest.fail("apply_replica let the exception escape; catch it and store it", pytrace=False)
+    failure = results.get(1)
+    assert isinstance(failure, exercise.ReplicaFailure), (
+        f"results[1] should be a ReplicaFailure, got {type(failure).__name__}"
+    )
+    assert failure.index == 1 and failure.device == lanes[1], "record the index and the device"
+    assert isinstance(failure.exception, ValueError), "keep the original exception"
+    assert "boom" in failure.traceback, "store traceback.format_exc() as the traceback text"
+
+
+def test_reraise_names_replica(exercise, lanes):
+    """reraise keeps the exception type and names the replica and device"""
+    try:
+        raise KeyError("missing")
+    except KeyError as error:
+        failure = exercise.ReplicaFailure(3, lanes[3], error, "Traceback: the worker's text")
+    with pytest.raises(KeyError) as raised:
+        exercise.reraise(failure)
+    message = str(raised.value)
+    assert f"in replica 3 on device {lanes[3]}" in message, (
+        f"the message should say 'in replica 3 on device {lanes[3]}', got {message!r}"
+    )
+    assert "the worker's text" in message, "include the worker's traceback in the message"
+
+
+def test_outputs_in_order(exercise, lanes):
+    """parallel_apply returns each replica's output, in replica order"""
+    modules = [Recorder(float(i + 1)) for i in range(4)]
+    inputs = [torch.full((2,), 10.0 * i) for i in range(4)]
+    outputs = exercise.parallel_apply(modules, inputs, lanes)
+    assert isinstance(outputs, list) and len(outputs) == 4, "return a list with 4 outputs"
+    for index, output in enumerate(outputs):
+        want = (index + 1) * 10.0 * index
+        assert torch.allclose(output, torch.full((2,), want)), (
+            f"output {index} is {output.tolist()}, expected {want}: keep outputs in replica "
+            "order, not in the order the threads finished"
+        )
+
+
+def test_one_thread_per_replica(exercise, lanes):
+    """parallel_apply runs every replica at the same time, each in its own thread"""
+    barrier = threading.Barrier(4, timeout=3)
+    modules = [Recorder(1.0, barrier) for _ in range(4)]
+    try:
+        exercise.parallel_apply(modules, [torch.ones(1)] * 4, lanes)
+    except threading.BrokenBarrierError:
+        pytest.fail(
+            "the replicas did not all run at the same time: start every thread before joining any",
+            pytrace=False,
+        )
+    threads = {module.thread for module in modules}
+    assert len(threads) == 4, f"4 replicas ran in {len(threads)} thread(s); use one each"
+
+
+def test_grad_mode_carried(exercise, lanes):
+    """parallel_apply carries the caller's grad mode into the threads"""
+    modules = [Recorder(1.0) for _ in range(3)]
+    with torch.no_grad():
+        outputs = exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
+    assert not any(module.grad_enabled for module in modules), (
+        "replicas ran with grad enabled under torch.no_grad(): grad mode is thread-local, "
+        "pass torch.is_grad_enabled() to the workers"
+    )
+    assert not any(output.requires_grad for output in outputs)
+    outputs = exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
+    assert all(output.requires_grad for output in outputs), "with grad on, outputs need grad"
+
+
+def test_exception_carried_back(exercise, lanes):
+    """an exception in a replica is raised in the caller, naming the replica"""
+    modules = [Recorder(1.0), Failing(ValueError("bad shape")), Recorder(1.0), Recorder(1.0)]
+    with pytest.raises(ValueError) as raised:
+        exercise.parallel_apply(modules, [torch.ones(1)] * 4, lanes)
+    message = str(raised.value)
+    assert "in replica 1" in message and "bad shape" in message, (
+        f"the error should name replica 1 and keep the original message, got {message!r}"
+    )
+    modules = [Recorder(1.0), Failing(TypeError("late")), Failing(KeyError("early?"))]
+    with pytest.raises(TypeError, match="in replica 1"):
+        exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])

@@ -1,0 +1,123 @@
+"""Grader for task 4: gather, with a backward that scatters the gradient back."""
+
+from collections import namedtuple
+
+import pytest
+import torch
+
+from dpkit.comm import copy_to
+from dpkit.devices import resides_on
+
+pytestmark = pytest.mark.task4
+EXERCISE = "task4_gather.py"
+
+Result = namedtuple("Result", ["logits", "loss"])
+
+
+def on_lanes(tensors, lanes, requires_grad=False):
+    """Each tensor as a leaf on its lane (lane 0's stays in plain memory)."""
+    return [
+        copy_to(t, lane, "setup").requires_grad_(requires_grad) for t, lane in zip(tensors, lanes)
+    ]
+
+
+def test_gather_concatenates(exercise, lanes):
+    """Gather concatenates the pieces in order on the destination"""
+    values = [torch.randn(n, 3) for n in (3, 3, 3, 1)]
+    pieces = on_lanes(values, lanes)
+    result = exercise.Gather.apply(lanes[0], 0, *pieces)
+    assert torch.equal(result, torch.cat(values)), "the result is not torch.cat of the pieces"
+    assert resides_on(result, lanes[0]), "the result must be on the destination (lane 0)"
+    columns = exercise.Gather.apply(
+        lanes[0], 1, *on_lanes([torch.randn(2, n) for n in (1, 2)], lanes)
+    )
+    assert columns.shape == (2, 3), f"gathering along dim=1 gave shape {tuple(columns.shape)}"
+
+
+def test_gather_bytes(exercise, lanes, transfers):
+    """Gather copies only the pieces that are not on the destination"""
+    pieces = on_lanes([torch.randn(2, 5) for _ in range(4)], lanes)
+    transfers.clear()
+    exercise.Gather.apply(lanes[0], 0, *pieces)
+    moved = sorted((t.source.index, t.destination.index, t.nbytes) for t in transfers)
+    assert moved == [(1, 0, 40), (2, 0, 40), (3, 0, 40)], (
+        f"copies (from, to, bytes): {moved}; move each piece with copy_to(piece, "
+        "destination, 'gather'), which does not copy lane 0's piece"
+    )
+
+
+def test_gather_scalars(exercise, lanes, transfers):
+    """scalars from the replicas gather into a vector"""
+    pieces = on_lanes([torch.tensor(float(i)) for i in range(4)], lanes)
+    transfers.clear()
+    result = exercise.Gather.apply(lanes[0], 0, *pieces)
+    assert len(transfers) == 3, (
+        f"{len(transfers)} copies were made for scalars from lanes 0-3, expected 3: move each "
+        "piece with copy_to before reshaping it (a new view carries no lane tag)"
+    )
+    assert result.shape == (4,), (
+        f"4 scalars should gather into a vector of shape (4,), got {tuple(result.shape)}: "
+        "view each scalar as a 1-element vector first"
+    )
+    assert result.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_gather_backward(exercise, lanes):
+    """gradients flow back to every piece, the matching slice each"""
+    values = [torch.randn(n, 2) for n in (3, 3, 3, 1)]
+    pieces = on_lanes(values, lanes, requires_grad=True)
+    weights = torch.arange(20.0).reshape(10, 2)
+    (exercise.Gather.apply(lanes[0], 0, *pieces) * weights).sum().backward()
+    for index, (piece, want) in enumerate(zip(pieces, weights.split([3, 3, 3, 1]))):
+        assert piece.grad is not None, f"piece {index} got no gradient"
+        assert torch.equal(piece.grad, want), (
+            f"piece {index}'s gradient is not its slice of the output gradient: split by the "
+            "sizes saved in forward"
+        )
+
+
+def test_gather_backward_to_lanes(exercise, lanes, transfers):
+    """the backward sends each gradient slice back to its piece's lane"""
+    pieces = on_lanes([torch.randn(2, 5) for _ in range(4)], lanes, requires_grad=True)
+    result = exercise.Gather.apply(lanes[0], 0, *pieces)
+    transfers.clear()
+    result.sum().backward()
+    moved = sorted((t.source.index, t.destination.index, t.nbytes) for t in transfers)
+    assert moved == [(0, 1, 40), (0, 2, 40), (0, 3, 40)], (
+        f"backward copies (from, to, bytes): {moved}; send slice i to piece i's device with "
+        "copy_to(slice, device, 'grad_scatter', source=destination)"
+    )
+
+
+def test_gather_scalar_backward(exercise, lanes):
+    """a scalar piece gets a scalar gradient"""
+    pieces = on_lanes([torch.tensor(1.0), torch.tensor(2.0)], lanes, requires_grad=True)
+    (exercise.Gather.apply(lanes[0], 0, *pieces) * torch.tensor([3.0, 4.0])).sum().backward()
+    grads = [None if p.grad is None else (tuple(p.grad.shape), p.grad.item()) for p in pieces]
+    assert grads == [((), 3.0), ((), 4.0)], (
+        f"(shape, value) of the gradients: {grads}; a scalar piece needs a gradient of shape ()"
+    )
+
+
+def test_gather_containers(exercise, lanes):
+    """gather handles dicts, lists, tuples, namedtuples and None"""
+    outputs = [
+        {
+            "out": [torch.ones(2, 1) * i, None],
+            "extra": Result(torch.ones(1, 3) * i, torch.tensor(1.0)),
+        }
+        for i in range(3)
+    ]
+    gathered = exercise.gather(outputs, lanes[0])
+    assert isinstance(gathered, dict) and set(gathered) == {"out", "extra"}, (
+        "a dict of outputs gathers into a dict with the same keys"
+    )
+    out, missing = gathered["out"]
+    assert isinstance(gathered["out"], list), "a list gathers into a list"
+    assert missing is None, "None gathers into None"
+    assert out.shape == (6, 1) and out[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    extra = gathered["extra"]
+    assert type(extra) is Result, f"a namedtuple must stay a Result, got {type(extra).__name__}"
+    assert extra.logits.shape == (3, 3) and extra.loss.shape == (3,)
+    with pytest.raises(TypeError):
+        exercise.gather(["a string", "b"], lanes[0])

@@ -1,0 +1,115 @@
+"""Grader for task 5: compose DataParallel and prove gradient equivalence."""
+
+import pytest
+import torch
+from torch import nn
+
+import dpkit
+
+pytestmark = pytest.mark.task5
+EXERCISE = "task5_data_parallel.py"
+
+
+def make_module() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+class Pairwise(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * b
+
+
+def batch(rows: int = 10):
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(rows, 4, generator=generator), torch.randn(rows, 2, generator=generator)
+
+
+def test_forward_matches_module(exercise, lanes):
+    """the data-parallel forward computes module(x)"""
+    module = make_module()
+    x, _ = batch(10)
+    out = exercise.data_parallel_forward(module, (x,), lanes)
+    assert isinstance(out, torch.Tensor) and out.shape == (10, 2), (
+        "expected one (10, 2) output gathered from the replicas"
+    )
+    assert torch.allclose(out, module(x), atol=1e-6), "the output differs from module(x)"
+    a, b = torch.randn(6, 3), torch.randn(6, 3)
+    assert torch.allclose(exercise.data_parallel_forward(Pairwise(), (a, b), lanes), a * b), (
+        "every positional input must be scattered, and the chunks passed as arguments"
+    )
+
+
+def test_forward_uses_lanes(exercise, lanes):
+    """one replica runs per lane that got a chunk, on that lane"""
+    module = make_module()
+    seen = []
+    module.register_forward_hook(lambda *_: seen.append(dpkit.current_device()))
+    exercise.data_parallel_forward(module, (batch(10)[0],), lanes)
+    assert sorted(d.index for d in seen if d is not None) == [0, 1, 2, 3], (
+        f"replicas ran on lanes {sorted(str(d) for d in seen)}; expected one on each of the 4 "
+        "lanes (through dpkit.parallel_apply)"
+    )
+    seen.clear()
+    exercise.data_parallel_forward(module, (batch(3)[0],), lanes)
+    assert len(seen) == 3, (
+        f"3 rows over 4 lanes should run 3 replicas, ran {len(seen)}: replicate only onto "
+        "the devices that got a chunk"
+    )
+    seen.clear()
+    exercise.data_parallel_forward(module, (batch(3)[0],), lanes[:1])
+    assert len(seen) == 1, "with one device, run the module once, directly"
+
+
+def test_gradients_match_single_device(exercise, lanes):
+    """data-parallel gradients equal single-device gradients"""
+    x, y = batch(10)
+    single, parallel = make_module(), make_module()
+    nn.functional.mse_loss(single(x), y).backward()
+    nn.functional.mse_loss(exercise.data_parallel_forward(parallel, (x,), lanes), y).backward()
+    for (name, a), b in zip(single.named_parameters(), parallel.parameters()):
+        assert b.grad is not None, f"{name} got no gradient through the data-parallel forward"
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), f"{name}.grad differs from one device"
+
+
+def test_train_step(exercise, lanes):
+    """three data-parallel SGD steps train exactly like one device"""
+    x, y = batch(12)
+    single, parallel = make_module(), make_module()
+    single_sgd = torch.optim.SGD(single.parameters(), lr=0.1)
+    parallel_sgd = torch.optim.SGD(parallel.parameters(), lr=0.1)
+    for step in range(3):
+        single_sgd.zero_grad()
+        want = nn.functional.mse_loss(single(x), y)
+        want.backward()
+        single_sgd.step()
+        got = exercise.train_step(parallel, parallel_sgd, x, y, lanes)
+        assert isinstance(got, float), f"train_step should return a float, got {type(got)}"
+        assert abs(got - want.item()) < 1e-5, (
+            f"step {step}: loss {got} differs from one device's {want.item()}; zero the "
+            "gradients first and use mse_loss on the gathered output"
+        )
+    for a, b in zip(single.parameters(), parallel.parameters()):
+        assert torch.allclose(a, b, atol=1e-5), "after 3 steps the parameters differ"
+
+
+def test_gradient_difference_small(exercise, lanes):
+    """max_gradient_difference is tiny for a correct data-parallel forward"""
+    x, y = batch(10)
+    difference = exercise.max_gradient_difference(make_module, x, y, lanes)
+    assert isinstance(difference, float), f"return a float, got {type(difference).__name__}"
+    assert 0.0 <= difference < 1e-5, f"got {difference}; equal gradients differ by ~1e-7 at most"
+
+
+def test_gradient_difference_detects_errors(exercise, lanes):
+    """max_gradient_difference detects a wrong forward"""
+    x, y = batch(10)
+
+    def only_first_chunk(module, inputs, devices):  # forgets the other devices' rows
+        return torch.cat([module(inputs[0][:3]), module(inputs[0][3:]).detach()])
+
+    difference = exercise.max_gradient_difference(make_module, x, y, lanes, only_first_chunk)
+    assert difference > 1e-3, (
+        f"a forward that drops 7 of 10 rows from backward gave a difference of {difference}; "
+        "compare the .grad of every parameter, using the forward you are given"
+    )

@@ -1,0 +1,123 @@
+"""Grader for task 7: gradient all-reduce by hand against DataParallel's reduce-add."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dpkit
+from dpkit.comm import copy_to
+
+pytestmark = pytest.mark.task7
+EXERCISE = "task7_allreduce.py"
+
+
+def lane_tensors(shape, lanes, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    values = [torch.randn(shape, generator=generator) for _ in lanes]
+    return values, [copy_to(v.clone(), lane, "setup") for v, lane in zip(values, lanes)]
+
+
+def test_ring_sums_in_place(exercise, lanes):
+    """ring_allreduce_ leaves the sum on every lane, in place"""
+    values, tensors = lane_tensors((4, 6), lanes)
+    pointers = [t.data_ptr() for t in tensors]
+    result = exercise.ring_allreduce_(tensors, lanes)
+    assert result is None, "ring_allreduce_ works in place and returns None"
+    total = sum(values)
+    for index, tensor in enumerate(tensors):
+        assert torch.allclose(tensor, total, atol=1e-5), (
+            f"lane {index} does not hold the sum: after n - 1 reduce-scatter steps lane i "
+            "holds chunk (i + 1) % n summed; n - 1 all-gather steps pass those on"
+        )
+    assert [t.data_ptr() for t in tensors] == pointers, "write into the tensors' own storage"
+
+
+@pytest.mark.parametrize(
+    "shape, count",
+    [((10,), 4), ((3,), 4), ((2, 3, 5), 3), ((7,), 1)],
+    ids=["10 over 4 lanes", "3 over 4 lanes", "2x3x5 over 3 lanes", "7 on 1 lane"],
+)
+def test_ring_any_size(exercise, lanes, shape, count):
+    """ring_allreduce_ works for any size and any number of lanes"""
+    values, tensors = lane_tensors(shape, lanes[:count], seed=count)
+    exercise.ring_allreduce_(tensors, lanes[:count])
+    for tensor in tensors:
+        assert torch.allclose(tensor, sum(values), atol=1e-5), (
+            f"wrong sum for shape {shape} over {count} lane(s): cut the flat tensor into n "
+            "chunks of nearly equal size (some empty when numel < n)"
+        )
+
+
+def test_ring_traffic(exercise, lanes, transfers):
+    """in the ring each lane sends 2(n-1)/n of a gradient, only to its neighbour"""
+    _, tensors = lane_tensors((1000,), lanes)
+    transfers.clear()
+    exercise.ring_allreduce_(tensors, lanes)
+    pairs = {(t.source.index, t.destination.index) for t in transfers if t.nbytes}
+    assert pairs <= {(0, 1), (1, 2), (2, 3), (3, 0)}, (
+        f"copies went between lanes {sorted(pairs)}; in a ring lane i sends only to lane "
+        "(i + 1) % n, with copy_to(..., source=devices[i])"
+    )
+    for lane in range(4):
+        sent = sum(t.nbytes for t in transfers if t.source.index == lane)
+        assert sent == 6000, (
+            f"lane {lane} sent {sent} bytes; a ring sends 2 * (n - 1) chunks of N / n, "
+            "2 * 3 * 1000 bytes here (4000-byte gradients, 4 lanes)"
+        )
+
+
+def test_traffic_per_lane(exercise, lanes):
+    """traffic_per_lane counts the bytes each lane sends and receives"""
+    x = torch.randn(10)  # 40 bytes, on the host: lane 0's memory
+
+    def run():
+        on_one = copy_to(x, lanes[1], "test")
+        copy_to(on_one, lanes[2], "test")
+        copy_to(x, lanes[2], "test")
+
+    traffic = exercise.traffic_per_lane(run)
+    want = {0: (80, 0), 1: (40, 40), 2: (0, 80)}
+    assert dict(traffic) == want, (
+        f"got {dict(traffic)}, expected {want}: sum Transfer.nbytes by source (sent) and by "
+        "destination (received); the host (-1) counts as lane 0"
+    )
+    with pytest.raises(KeyError):
+        exercise.traffic_per_lane(lambda: {}["boom"])
+    copy_to(x, lanes[3], "after")  # a listener left behind would crash or count this
+
+
+def test_ddp_gradients_match_dataparallel(exercise, lanes):
+    """all-reduced replica gradients equal DataParallel's gradients"""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    x, y = torch.randn(12, 5), torch.randn(12, 3)
+    nn.functional.mse_loss(dpkit.DataParallel(model, lanes)(x), y).backward()
+    replicas = [copy.deepcopy(model) for _ in lanes]
+    for replica, xs, ys in zip(replicas, x.chunk(4), y.chunk(4)):
+        replica.zero_grad()
+        # each lane's share of the full-batch mean, so the sum is DataParallel's loss
+        ((replica(xs) - ys) ** 2).sum().div(y.numel()).backward()
+    exercise.allreduce_gradients_(replicas, lanes)
+    for index, replica in enumerate(replicas):
+        for (name, want), got in zip(model.named_parameters(), replica.parameters()):
+            assert torch.allclose(got.grad, want.grad, atol=1e-6), (
+                f"replica {index}'s {name}.grad differs from DataParallel's: all-reduce every "
+                "parameter's .grad across the replicas"
+            )
+
+
+def test_compare_traffic(exercise, lanes):
+    """reduce-add loads lane 0 with (n-1)N bytes; the ring spreads 2(n-1)/n N over all"""
+    traffic = exercise.compare_traffic(lanes, 1000)
+    assert set(traffic) == {"reduce_add", "ring"}, f"keys are {sorted(traffic)}"
+    want_reduce = {0: (0, 12000), 1: (4000, 0), 2: (4000, 0), 3: (4000, 0)}
+    assert dict(traffic["reduce_add"]) == want_reduce, (
+        f"reduce_add traffic {dict(traffic['reduce_add'])}, expected {want_reduce}: measure "
+        "only the reduce_add call, with traffic_per_lane"
+    )
+    want_ring = {lane: (6000, 6000) for lane in range(4)}
+    assert dict(traffic["ring"]) == want_ring, (
+        f"ring traffic {dict(traffic['ring'])}, expected {want_ring}"
+    )

@@ -1,0 +1,74 @@
+"""Task 1: chunk planning and scatter of nested inputs.
+
+Goal: split a batch into one chunk per device, as ``torch.nn.parallel.scatter`` does.
+The surprise: the chunks are ``torch.chunk``'s, not an even split. ``torch.chunk`` makes
+chunks of ``ceil(batch / devices)`` rows, so 10 rows over 4 devices are 3, 3, 3, 1 and
+6 rows over 4 devices are 2, 2, 2: the fourth device gets nothing and sits idle.
+
+Inputs can be nested: tuples, lists, dicts and namedtuples are split element by element,
+and any other object (a string, a number, None) is shared with every device by reference.
+
+You may use torch, ``dpkit.comm.copy_to`` (moves a tensor to a device with a real, counted
+copy) and ``dpkit.device_of``, but not ``dpkit.scatter`` or ``torch.chunk``: writing them is
+the task. Grade your work with ``dpkit grade 1``.
+"""
+
+# ruff: noqa: F401 - these imports are what a solution uses; the stub does not yet.
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dpkit.comm import copy_to
+from dpkit.devices import Device
+
+
+def chunk_sizes(batch: int, num_devices: int) -> list[int]:
+    """The chunk sizes ``torch.chunk`` gives for ``batch`` rows over ``num_devices`` devices.
+
+    Every chunk has ``ceil(batch / num_devices)`` rows except the last, which has what is
+    left; so there may be fewer chunks than devices. ``chunk_sizes(10, 4) == [3, 3, 3, 1]``,
+    ``chunk_sizes(6, 4) == [2, 2, 2]``, ``chunk_sizes(0, 4) == []``.
+    """
+    # TODO 1.1: return the sizes torch.chunk gives for batch rows over num_devices devices
+    raise NotImplementedError(
+        "TODO 1.1: return the sizes torch.chunk gives for batch rows over num_devices devices"
+    )
+
+
+def scatter_tensor(
+    tensor: torch.Tensor, devices: Sequence[Device], dim: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Split ``tensor`` along ``dim`` by :func:`chunk_sizes`; chunk *i* goes to ``devices[i]``.
+
+    Move each chunk with ``copy_to(chunk, device, "scatter")``: the chunk for lane 0 stays
+    where it is (no copy), every other lane gets a real copy. Gradients must flow back from
+    the chunks to ``tensor`` (``copy_to`` is differentiable, ``.detach()`` is not).
+    Returns one chunk per device that got rows (fewer than ``len(devices)`` for a small batch).
+    """
+    # TODO 1.2: split the tensor by chunk_sizes along dim and copy chunk i to devices[i]
+    raise NotImplementedError(
+        "TODO 1.2: split the tensor by chunk_sizes along dim and copy chunk i to devices[i]"
+    )
+
+
+def scatter(inputs: Any, devices: Sequence[Device], dim: int = 0) -> list[Any]:
+    """Scatter ``inputs`` (a tensor or a nest of containers) into one entry per used device.
+
+    - a tensor: its chunks, from :func:`scatter_tensor`;
+    - a tuple, list or dict: one tuple, list or dict per device, each holding that device's
+      share of every element (dict keys are kept);
+    - a namedtuple: one namedtuple of the same type per device;
+    - anything else: the same object, by reference, once per device.
+
+    When elements split into different numbers of chunks, keep as many entries as the
+    element with the fewest (``zip`` does this). Returns a list.
+    """
+    # TODO 1.3: scatter tensors, tuples, lists, dicts and namedtuples; share other objects
+    raise NotImplementedError(
+        "TODO 1.3: scatter tensors, tuples, lists, dicts and namedtuples; share other objects"
+    )

@@ -1,0 +1,70 @@
+"""Task 4: gather, with a backward that scatters the gradient back.
+
+Goal: combine one output per replica into a single output on one device, as
+``torch.nn.parallel.gather``. Tensors are concatenated along ``dim``; dicts, lists, tuples
+and namedtuples are gathered element by element; ``None`` stays ``None``.
+The surprises: replicas that each return a scalar (a loss, say) give a *vector* with one
+entry per device, not a scalar; and the backward must send each slice of the gradient back
+to the device its piece came from, so every replica's backward runs where it ran forward.
+
+You may use torch, ``dpkit.comm.copy_to`` (a real, counted copy between devices; gradients
+carry no lane tag, so pass ``source=``) and ``dpkit.device_of``, but not ``dpkit.gather``
+or ``dpkit.comm.gather``: writing them is the task. Grade your work with ``dpkit grade 4``.
+"""
+
+# ruff: noqa: F401 - these imports are what a solution uses; the stub does not yet.
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dpkit.comm import copy_to
+from dpkit.devices import Device, device_of
+
+
+class Gather(torch.autograd.Function):
+    """Concatenate pieces from several devices on ``destination``; backward splits it back."""
+
+    @staticmethod
+    def forward(ctx: Any, destination: Device, dim: int, *pieces: torch.Tensor) -> torch.Tensor:
+        """``torch.cat`` of the pieces along ``dim``, after moving each to ``destination``.
+
+        Move with ``copy_to(piece, destination, "gather")`` (pieces already there are not
+        copied; move before reshaping, as a new view carries no lane tag). If every piece is
+        a 0-dim scalar and ``dim == 0``, gather them as 1-element vectors (the result is a
+        vector). Save on ``ctx`` what backward needs: each piece's
+        device (``device_of``), its size along ``dim``, and whether scalars were unsqueezed.
+        """
+        # TODO 4.1: move each piece to destination and concatenate them along dim
+        raise NotImplementedError(
+            "TODO 4.1: move each piece to destination and concatenate them along dim"
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
+        """``None`` for ``destination`` and ``dim``, then one gradient per piece, on its device.
+
+        Split ``grad_output`` by the saved sizes and move slice *i* back to piece *i*'s
+        device with ``copy_to(slice, device, "grad_scatter", source=destination)``; a piece
+        that was a scalar gets a scalar gradient.
+        """
+        # TODO 4.2: split grad_output by the sizes and send each slice to its piece's device
+        raise NotImplementedError(
+            "TODO 4.2: split grad_output by the sizes and send each slice to its piece's device"
+        )
+
+
+def gather(outputs: Sequence[Any], destination: Device, dim: int = 0) -> Any:
+    """Gather one output per replica (all of the same structure) onto ``destination``.
+
+    Tensors go through ``Gather.apply(destination, dim, *tensors)``; a dict gives a dict
+    of the same type and keys, a list or tuple one of the same type, a namedtuple one of the
+    same namedtuple type, ``None`` gives ``None``. Anything else: raise ``TypeError``.
+    """
+    # TODO 4.3: gather tensors with Gather.apply and containers element by element
+    raise NotImplementedError(
+        "TODO 4.3: gather tensors with Gather.apply and containers element by element"
+    )
