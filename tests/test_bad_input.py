@@ -10,14 +10,10 @@ import re
 
 import pytest
 import torch
+from lanes import lanes
 from torch import nn
 
 import dpkit
-
-
-def lanes(n: int = 4) -> list[dpkit.Device]:
-    return dpkit.virtual_devices(n, on="cpu")
-
 
 # --------------------------------------------------------------------------------------
 # device counts

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
+from lanes import recorded_transfers
 
 import dpkit
 from dpkit import Device
@@ -21,16 +20,6 @@ def _has_accelerator() -> bool:
 needs_cpu_only = pytest.mark.skipif(
     _has_accelerator(), reason="checks what dpkit does on a machine without accelerators"
 )
-
-
-@contextmanager
-def recorded_transfers():
-    log: list[dpkit.Transfer] = []
-    handle = dpkit.add_transfer_listener(log.append)
-    try:
-        yield log
-    finally:
-        handle.remove()
 
 
 @needs_cpu_only

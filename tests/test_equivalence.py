@@ -18,17 +18,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import lanes
 from torch import nn
 from torch.testing import assert_close
 
 import dpkit
 
 F64 = torch.float64
-
-
-def lanes(n: int) -> list[dpkit.Device]:
-    """``n`` virtual CPU lanes (a CPU model sits on lane 0 of these, also on a GPU box)."""
-    return dpkit.virtual_devices(n, on="cpu")
 
 
 def torch_chunk_rows(x: torch.Tensor, n: int, dim: int = 0) -> list[int]:

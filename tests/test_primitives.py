@@ -11,29 +11,15 @@ import functools
 import threading
 import time
 from collections import OrderedDict, namedtuple
-from contextlib import contextmanager
 
 import pytest
 import torch
+from lanes import lanes, recorded_transfers
 from torch import nn
 
 import dpkit
 
 Batch = namedtuple("Batch", ["features", "labels"])
-
-
-def lanes(n: int = 4) -> list[dpkit.Device]:
-    return dpkit.virtual_devices(n, on="cpu")
-
-
-@contextmanager
-def recorded_transfers():
-    log: list[dpkit.Transfer] = []
-    handle = dpkit.add_transfer_listener(log.append)
-    try:
-        yield log
-    finally:
-        handle.remove()
 
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

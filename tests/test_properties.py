@@ -8,6 +8,7 @@ from fractions import Fraction
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import lanes
 
 import dpkit
 
@@ -15,10 +16,6 @@ FAST = settings(max_examples=60, deadline=None)
 
 shapes = st.lists(st.integers(1, 12), min_size=1, max_size=3)
 device_counts = st.integers(1, 8)
-
-
-def lanes(n: int) -> list[dpkit.Device]:
-    return dpkit.virtual_devices(n, on="cpu")
 
 
 @st.composite

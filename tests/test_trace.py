@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import torch
+from lanes import lanes
 from torch import nn
 
 import dpkit
@@ -26,10 +27,6 @@ FORWARD = ("scatter", "replicate", "apply", "gather")
 BACKWARD = ("grad_scatter", "backward", "reduce")
 ALL_PHASES = set(FORWARD) | set(BACKWARD)
 CHUNKS = {10: [3, 3, 3, 1], 6: [2, 2, 2]}  # torch.chunk sizes over 4 devices, written out
-
-
-def lanes(n: int = 4) -> list[dpkit.Device]:
-    return dpkit.virtual_devices(n, on="cpu")
 
 
 def mlp(dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
