@@ -8,13 +8,19 @@ STAMP := $(VENV)/.dpkit-installed
 # Only directories that exist, so a new folder (exercises/, benchmarks/) joins lint when it lands.
 LINT_PATHS := $(wildcard dpkit tests exercises benchmarks scripts)
 PYTEST_ARGS ?=
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+# Strict nbval: every stored output must match a fresh run, except cells tagged
+# nbval-ignore-output (widgets, timings); notebooks/sanitize.cfg masks figure sizes and times.
+NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
+              --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lab lint format clean distclean
+.PHONY: help venv test notebooks lab lint format clean distclean
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
-	@echo "make test       set up $(VENV), run ruff and every test (PYTEST_ARGS='-m \"not slow\"' to filter)"
+	@echo "make test       set up $(VENV), run ruff, every test, and nbval over notebooks/ (PYTEST_ARGS='-m \"not slow\"' to filter)"
+	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
 	@echo "make format     ruff format and autofix"
 	@echo "make clean      remove build artefacts and caches (keeps $(VENV))"
@@ -30,14 +36,33 @@ $(STAMP): requirements/course.txt pyproject.toml
 	touch $@
 
 # Jupyter, IPython and matplotlib state goes to a temporary folder, never the user's home.
+JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHONDIR="$$state/ipython" \
+	       JUPYTER_CONFIG_DIR="$$state/jupyter/config" JUPYTER_DATA_DIR="$$state/jupyter/data" \
+	       JUPYTER_RUNTIME_DIR="$$state/jupyter/runtime"
+
+# The tests, then nbval over the stored notebooks; both run, and the first failure's exit code
+# is the target's.
 test: venv
 	$(BIN)/ruff check $(LINT_PATHS)
-	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && \
-	export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHONDIR="$$state/ipython" \
-	       JUPYTER_CONFIG_DIR="$$state/jupyter/config" JUPYTER_DATA_DIR="$$state/jupyter/data" \
-	       JUPYTER_RUNTIME_DIR="$$state/jupyter/runtime" && \
-	echo "$(BIN)/python -m pytest $(PYTEST_ARGS)" && \
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
+	echo "$(BIN)/python -m pytest $(PYTEST_ARGS)"; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
+	if [ -n "$(NOTEBOOKS)" ]; then \
+	  echo "$(BIN)/python -m pytest $(NBVAL_ARGS) notebooks/"; \
+	  $(BIN)/python -m pytest $(NBVAL_ARGS) notebooks/; nbval=$$?; \
+	  [ $$status -ne 0 ] || status=$$nbval; \
+	fi; \
+	exit $$status
+
+# Re-execute every notebook top to bottom, each in a fresh kernel, and store the outputs in place;
+# then stamp each code cell with a hash of the source it ran (tests/test_notebooks.py checks it).
+notebooks: venv
+	@if [ -z "$(NOTEBOOKS)" ]; then echo "no notebooks in notebooks/"; exit 0; fi; \
+	state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) && \
+	echo "$(BIN)/jupyter nbconvert --to notebook --execute --inplace $(NOTEBOOKS)" && \
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=300 --log-level=WARN $(NOTEBOOKS) && \
+	$(BIN)/python tests/test_notebooks.py --stamp $(NOTEBOOKS)
 
 # Jupyter refuses to run as root (containers, CI boxes) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)

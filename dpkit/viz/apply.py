@@ -1,0 +1,328 @@
+"""parallel_apply, seen: a live timeline over devices and batch, and the GIL measured.
+
+The surprise first: one Python thread per replica does not mean the replicas compute at
+the same time. A thread holds the GIL while it runs Python code and lets go only inside
+torch's kernels, so a forward made of many tiny ops runs one replica at a time, however
+many devices there are, while a forward of a few big matmuls overlaps. Wall-clock spans
+cannot tell the two apart (a thread waiting for the GIL still looks "busy in apply"), so
+:func:`measure_apply_overlap` compares the parallel run with the same replicas run one
+after another.
+
+Three layers, as in every explorer of :mod:`dpkit.viz`:
+
+- data: :func:`apply_trace` runs real traced DataParallel forwards and returns the Trace;
+- figure: :func:`apply_timeline` draws it with :func:`dpkit.viz.figures.timeline`;
+- widget: :func:`timeline_explorer` redraws on every slider change.
+
+:class:`Explorer` (the widget layer shared by the apply, memory and training explorers)
+keeps the last data, figure and PNG, so tests can move a slider and check both changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+import dpkit
+from dpkit.trace_export import KIND_LABELS
+from dpkit.viz.figures import timeline
+
+FIGURE_WIDTH = 7.0  # inches; notebook figures are small and rendered at FIGURE_DPI
+FIGURE_DPI = 90
+
+
+# --------------------------------------------------------------------------------------
+# Shared helpers of the explorers
+
+
+def compact(figure: Figure, width: float = FIGURE_WIDTH, height: float | None = None) -> Figure:
+    """Resize a dpkit figure to notebook size (constrained layout re-flows it)."""
+    old_width, old_height = figure.get_size_inches()
+    figure.set_size_inches(width, height if height is not None else old_height * 0.8)
+    figure.set_dpi(FIGURE_DPI)
+    return figure
+
+
+def png_bytes(figure: Figure) -> bytes:
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    return buffer.getvalue()
+
+
+def hardware_of(lanes: list[dpkit.Device]) -> str:
+    """How a figure names the devices it measured: "virtual devices on the CPU", ..."""
+    return " + ".join(sorted({KIND_LABELS.get(d.kind, d.kind) for d in lanes}))
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run torch with ``threads`` intra-op threads inside the block (None: leave as is).
+
+    Virtual CPU lanes share the machine's cores; with torch's default each lane would also
+    spread every op over all cores, and the lanes' threads would fight over them.
+    """
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Explorer:
+    """Controls over a figure: ``compute(**values)`` -> data, ``draw(data)`` -> figure -> PNG.
+
+    Values are keyed by each control's label (its ``description``). ``.widget`` is the box
+    to display (a cell ending in the explorer shows it); ``.controls[label].value = ...``
+    redraws as a slider move does; ``.last_data``, ``.last_figure`` and ``.last_png`` hold
+    what is shown; ``.marker``, a line above the image, reads ``drawn: devices=4 batch=256``
+    once the image is in place (a browser test waits for it before comparing images). Same
+    attributes as the explorers of :mod:`dpkit.viz.split`.
+    """
+
+    def __init__(
+        self,
+        controls: list[Any],
+        compute: Callable[..., Any],
+        draw: Callable[[Any], Figure],
+    ) -> None:
+        import ipywidgets as widgets
+
+        self.controls: dict[str, Any] = {control.description: control for control in controls}
+        self._compute, self._draw = compute, draw
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        self.marker = widgets.Label(layout=widgets.Layout(width="auto"))
+        self.marker.add_class("dpkit-marker")
+        self.widget = widgets.VBox([widgets.HBox(controls), self.marker, self.image])
+        self.last_data: Any = None
+        self.last_figure: Figure | None = None
+        self.last_png = b""
+        for control in controls:
+            control.observe(lambda _change: self.update(), names="value")
+        self.update()
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return {label: control.value for label, control in self.controls.items()}
+
+    def update(self) -> None:
+        """Recompute and redraw from the controls' values; the marker changes last."""
+        values = self.values
+        self.last_data = self._compute(**values)
+        self.last_figure = self._draw(self.last_data)
+        self.last_png = png_bytes(self.last_figure)
+        self.image.value = self.last_png
+        self.marker.value = "drawn: " + " ".join(f"{k}={v}" for k, v in values.items())
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data["text/plain"] = self.marker.value  # what a text-only (headless) view shows
+        return bundle
+
+
+def int_slider(label: str, value: int, low: int, high: int, step: int = 1) -> Any:
+    """An IntSlider that redraws once on release, labelled ``label`` (tests find it by it)."""
+    import ipywidgets as widgets
+
+    return widgets.IntSlider(
+        value=value,
+        min=low,
+        max=high,
+        step=step,
+        description=label,
+        continuous_update=False,
+        style={"description_width": "initial"},
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The timeline explorer: devices x batch -> traced forward -> timeline
+
+
+def demo_model(seed: int = 0) -> nn.Module:
+    """The MLP the apply and training explorers run: a step takes milliseconds on a CPU."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+
+
+def apply_trace(
+    devices: int = 4, batch: int = 256, steps: int = 2, threads: int | None = 1
+) -> dpkit.Trace:
+    """Trace ``steps`` DataParallel forwards of :func:`demo_model` on ``dpkit.devices(devices)``.
+
+    The last step is the one to look at; the first warms up the worker threads.
+    """
+    model = demo_model()
+    parallel = dpkit.DataParallel(model, device_ids=dpkit.devices(devices))
+    inputs = torch.randn(batch, 256)
+    with intra_op_threads(threads), dpkit.trace() as recorded:
+        for _ in range(steps):
+            parallel(inputs)
+    return recorded
+
+
+def apply_timeline(recorded: dpkit.Trace) -> Figure:
+    """The timeline of the last step, notebook-sized."""
+    rows = len({e.device for e in recorded.events})
+    return compact(timeline(recorded), height=1.3 + 0.42 * rows)
+
+
+def timeline_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) -> Explorer:
+    """Sliders "devices" and "batch" over a live timeline of one DataParallel forward."""
+    return Explorer(
+        [int_slider("devices", devices, 1, max_devices), int_slider("batch", batch, 8, 2048, 8)],
+        compute=apply_trace,
+        draw=apply_timeline,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The GIL: a Python-loop forward vs a tensor-op forward
+
+
+class PythonLoopNet(nn.Module):
+    """A forward of many tiny ops in a Python loop: Python, under the GIL, sets its pace."""
+
+    def __init__(self, width: int = 16, steps: int = 300) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(width))
+        self.steps = steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.steps):
+            x = torch.tanh(x + self.shift)
+        return x
+
+
+class MatmulNet(nn.Module):
+    """A forward of a few big matrix multiplications: torch lets go of the GIL inside each."""
+
+    def __init__(self, width: int = 512, layers: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.layers(x))
+
+
+@dataclass
+class ApplyOverlap:
+    """How much of ``devices`` replicas' apply work really ran at the same time."""
+
+    model: str
+    devices: int
+    hardware: str
+    serial_ms: float  # the same replicas on the same chunks, one after another, one thread
+    parallel_ms: float  # wall span of parallel_apply (first start to last end)
+    busy_ms: float  # sum over devices of each replica's apply duration in the parallel run
+
+    @property
+    def speedup(self) -> float:
+        """Serial time over parallel time: how many replicas' worth of work ran at once."""
+        return self.serial_ms / self.parallel_ms
+
+    @property
+    def busy_over_span(self) -> float:
+        """Sum of per-device apply time over the wall span: counts waiting as busy."""
+        return self.busy_ms / self.parallel_ms
+
+
+def measure_apply_overlap(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    devices: int = 4,
+    repeats: int = 5,
+    threads: int | None = 1,
+) -> ApplyOverlap:
+    """Run ``model``'s replicas in parallel and one after another; medians of ``repeats``."""
+    lanes = dpkit.devices(devices)
+    chunks = dpkit.scatter(inputs, lanes)
+    lanes = lanes[: len(chunks)]
+    replicas = dpkit.replicate(model, lanes, detach=True)
+    serial, parallel, busy = [], [], []
+    with intra_op_threads(threads), torch.no_grad():
+        for _ in range(repeats + 1):  # the first round warms up
+            with dpkit.trace() as recorded:
+                dpkit.parallel_apply(replicas, chunks, devices=lanes)
+            applies = [e for e in recorded.events if e.phase == "apply"]
+            parallel.append(max(e.end for e in applies) - min(e.start for e in applies))
+            busy.append(sum(e.duration for e in applies))
+            start = time.perf_counter()
+            for replica, chunk, lane in zip(replicas, chunks, lanes):
+                dpkit.parallel_apply([replica], [chunk], devices=[lane])  # runs in this thread
+            serial.append(time.perf_counter() - start)
+    return ApplyOverlap(
+        type(model).__name__,
+        len(lanes),
+        hardware_of(lanes),
+        statistics.median(serial[1:]) * 1e3,
+        statistics.median(parallel[1:]) * 1e3,
+        statistics.median(busy[1:]) * 1e3,
+    )
+
+
+def gil_comparison(devices: int = 4, repeats: int = 5) -> list[ApplyOverlap]:
+    """The Python-loop forward and the matmul forward, measured the same way."""
+    torch.manual_seed(0)
+    return [
+        measure_apply_overlap(PythonLoopNet(), torch.randn(64, 16), devices, repeats),
+        measure_apply_overlap(MatmulNet(), torch.randn(1024, 512), devices, repeats),
+    ]
+
+
+def overlap_figure(results: list[ApplyOverlap]) -> Figure:
+    """Per model: the replicas one after another vs in parallel threads, in ms."""
+    figure = Figure(figsize=(FIGURE_WIDTH, 2.9), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    rows = range(len(results))
+    height = 0.38
+    serial = axes.barh(
+        [r - height / 2 for r in rows],
+        [r.serial_ms for r in results],
+        height,
+        label="one after another (one thread)",
+        color="#bab0ac",
+    )
+    parallel = axes.barh(
+        [r + height / 2 for r in rows],
+        [r.parallel_ms for r in results],
+        height,
+        label="parallel_apply (a thread per replica)",
+        color="#54a24b",
+    )
+    axes.bar_label(serial, fmt="%.1f ms", fontsize=8, padding=2)
+    axes.bar_label(
+        parallel,
+        labels=[f"{r.parallel_ms:.1f} ms  (speed-up {r.speedup:.2f}x)" for r in results],
+        fontsize=8,
+        padding=2,
+    )
+    axes.set_yticks(list(rows), [r.model for r in results])
+    axes.set_ylim(len(results) - 0.4, -0.6)
+    axes.margins(x=0.45)
+    axes.set_xlabel(f"time to apply {results[0].devices} replicas (ms, median)")
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, fontsize=8, frameon=False)
+    axes.set_title(f"Does parallel_apply overlap? — {results[0].hardware}", fontsize=10)
+    return figure
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1

@@ -1,0 +1,148 @@
+"""Memory per device: why the output device fills up first, and the fix.
+
+The surprise first: DataParallel gathers every replica's output onto one device (the
+output device, ``device_ids[0]`` by default), and a loss computed on that output runs there
+too. With a wide output (a classifier over thousands of classes, a language model's
+vocabulary) device 0 holds the whole batch's logits plus the loss's own saved tensors,
+on top of its replica's share: it runs out of memory while the others have room. Computing
+the loss inside ``forward`` gathers one number per replica instead.
+
+Three layers: :func:`memory_trace` (data: one traced forward and loss, either way),
+:func:`memory_figure` (:func:`dpkit.viz.figures.memory_per_device`, notebook-sized) and
+:func:`memory_explorer` (sliders "devices" and "batch", toggle "loss").
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+import dpkit
+from dpkit.tracing import record_memory
+from dpkit.viz.apply import Explorer, compact, int_slider
+from dpkit.viz.figures import memory_per_device
+
+CLASSES = 4096  # wide enough that the gathered logits outweigh a replica's share
+FEATURES = 64
+LOSS_OUTSIDE, LOSS_INSIDE = "outside", "inside"
+LOSS_CATEGORY = "loss (outside forward)"
+
+
+def classifier(seed: int = 0) -> nn.Module:
+    """A small network with a wide output: CLASSES logits per example."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(FEATURES, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+
+
+class WithLoss(nn.Module):
+    """Wraps a model so each replica returns its own loss, not its logits.
+
+    Each replica returns its chunk's *summed* loss as a 1-element vector: gather then makes a
+    vector of per-replica sums (no scalar warning), and ``.sum() / batch`` is the exact mean
+    loss even when the chunks have different sizes (a mean of per-chunk means is not).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model(inputs)
+        return nn.functional.cross_entropy(logits, targets, reduction="sum").reshape(1)
+
+
+class _SavedBytes:
+    """Bytes autograd saves for backward inside the block (each storage once), skipping
+    the storages of ``already_counted``."""
+
+    def __init__(self, already_counted: list[torch.Tensor]) -> None:
+        self.seen = {t.untyped_storage().data_ptr() for t in already_counted}
+        self.nbytes = 0
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer not in self.seen:
+            self.seen.add(pointer)
+            self.nbytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    def __enter__(self) -> _SavedBytes:
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.hooks.__exit__(*exc_info)
+
+
+def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -> dpkit.Trace:
+    """One traced forward and loss on ``dpkit.devices(devices)``, the loss ``outside`` or
+    ``inside`` the module's forward. With the loss outside, the bytes the loss saves for
+    backward on the output device are measured and recorded as ``LOSS_CATEGORY``.
+    """
+    if loss not in (LOSS_OUTSIDE, LOSS_INSIDE):
+        raise ValueError(f"loss must be {LOSS_OUTSIDE!r} or {LOSS_INSIDE!r}, got {loss!r}")
+    lanes = dpkit.devices(devices)
+    model = classifier()
+    torch.manual_seed(1)
+    inputs = torch.randn(batch, FEATURES)
+    targets = torch.randint(0, CLASSES, (batch,))
+    with dpkit.trace() as recorded:
+        if loss == LOSS_INSIDE:
+            parallel = dpkit.DataParallel(WithLoss(model), device_ids=lanes)
+            parallel(inputs, targets).sum() / batch
+        else:
+            parallel = dpkit.DataParallel(model, device_ids=lanes)
+            logits = parallel(inputs)
+            with _SavedBytes([logits, *model.parameters()]) as saved:
+                nn.functional.cross_entropy(logits, targets)
+            record_memory(parallel.output_device, LOSS_CATEGORY, saved.nbytes)
+    return recorded
+
+
+def held_per_device(recorded: dpkit.Trace, step: int | None = None) -> dict[str, int]:
+    """Total bytes each device holds in ``step`` (default: the last), all categories."""
+    records = recorded.memory
+    step = max(r.step for r in records) if step is None else step
+    held: dict[str, int] = defaultdict(int)
+    for record in records:
+        if record.step == step:
+            held[record.device] += record.nbytes
+    return dict(held)
+
+
+def memory_figure(recorded: dpkit.Trace, top: float | None = None) -> Figure:
+    """:func:`~dpkit.viz.figures.memory_per_device`, notebook-sized, its y axis up to ``top``
+    bytes (default: 15% above the tallest bar), so two figures can share a scale."""
+    figure = compact(memory_per_device(recorded), height=3.3)
+    tallest = max(held_per_device(recorded).values())
+    # Set the top explicitly: a zero-height bar on top of a stack pins the autoscaled limit
+    # to the tallest bar, leaving no room for its label.
+    figure.axes[0].set_ylim(0, top if top is not None else tallest * 1.15)
+    return figure
+
+
+def memory_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) -> Explorer:
+    """Sliders "devices" and "batch" and a toggle "loss" (outside / inside forward)."""
+    import ipywidgets as widgets
+
+    loss = widgets.ToggleButtons(
+        options=[LOSS_OUTSIDE, LOSS_INSIDE],
+        value=LOSS_OUTSIDE,
+        description="loss",
+        tooltips=["loss computed on the gathered output", "loss computed in each replica"],
+        style={"button_width": "80px"},
+    )
+    return Explorer(
+        [
+            int_slider("devices", devices, 1, max_devices),
+            int_slider("batch", batch, 8, 1024, 8),
+            loss,
+        ],
+        compute=memory_trace,
+        draw=memory_figure,
+    )

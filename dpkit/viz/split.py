@@ -1,0 +1,430 @@
+"""The split explorer: how scatter cuts a batch into one chunk per device, and who sits idle.
+
+The surprise first: ``torch.chunk`` (and so ``nn.DataParallel``) cuts chunks of
+``ceil(batch / devices)`` rows, so 10 rows over 8 devices are 5 chunks of 2 and 3 devices
+get nothing: no chunk, no replica, no work. A batch smaller than the device count always
+leaves devices idle, and so do some larger ones (36 rows over 7 devices use only 6).
+
+Three layers, each usable alone:
+
+- :func:`split_plan` runs a real :func:`dpkit.scatter` on the devices ``dpkit.devices(n)``
+  picks here and reports what each device got (:class:`SplitPlan`);
+- :func:`split_figure` draws a plan (a ``matplotlib.figure.Figure``, no pyplot state);
+- :func:`split_explorer` puts sliders on top; every redraw also writes a one-line marker
+  naming the values shown (``batch=10 devices=8 -> chunks [2, 2, 2, 2, 2], idle: 3 ...``),
+  which a browser test waits for before it compares images.
+
+:func:`scatter_table` shows what ``scatter_kwargs`` hands each device for nested inputs and
+keyword arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from dpkit.devices import Device, device_of
+from dpkit.devices import devices as pick_devices
+from dpkit.scatter import scatter, scatter_kwargs
+from dpkit.trace_export import as_dataframe
+from dpkit.viz.figures import PHASE_COLORS, hardware_title
+
+__all__ = [
+    "Explorer",
+    "SplitExplorer",
+    "SplitPlan",
+    "example_input",
+    "figure_png",
+    "idle_devices_table",
+    "scatter_table",
+    "split_explorer",
+    "split_figure",
+    "split_plan",
+]
+
+SPLIT_MODES = {"torch": "torch.chunk", "balanced": "balanced"}
+FEATURES = 3  # columns of the example input
+SEQUENCE = 5  # time steps of the sequence-first example input (dim=1)
+IDLE_COLOR = "#e45756"
+DPI = 100
+MAX_BATCH, MAX_DEVICES = 512, 16
+
+DeviceFactory = Callable[[int], Sequence[Device]]
+
+
+def figure_png(figure: Figure) -> bytes:
+    """The figure as PNG bytes (for an ``ipywidgets.Image`` or a test)."""
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png", dpi=figure.dpi)
+    return buffer.getvalue()
+
+
+def example_input(batch: int, dim: int = 0) -> torch.Tensor:
+    """An input whose every entry is its sample's index, with the batch along ``dim``.
+
+    ``dim=0``: shape ``(batch, 3)``, batch-first. ``dim=1``: shape ``(5, batch, 3)``,
+    sequence-first, the layout of an RNN without ``batch_first``, which is what
+    ``DataParallel(..., dim=1)`` is for.
+    """
+    if dim not in (0, 1):
+        raise ValueError(f"dim={dim!r}: the explorer shows dim=0 (batch-first) or dim=1")
+    samples = torch.arange(batch, dtype=torch.float32)
+    if dim == 0:
+        return samples[:, None].expand(batch, FEATURES).contiguous()
+    return samples[None, :, None].expand(SEQUENCE, batch, FEATURES).contiguous()
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """What a real scatter of ``batch`` rows over ``num_devices`` devices gave each device.
+
+    ``chunk_sizes`` and ``samples`` have one entry per device, in device order: an idle
+    device has size 0 and no samples.
+    """
+
+    batch: int
+    num_devices: int
+    dim: int
+    mode: str
+    input_shape: tuple[int, ...]
+    devices: tuple[Device, ...]
+    chunk_sizes: tuple[int, ...]
+    samples: tuple[tuple[int, ...], ...]
+
+    @property
+    def used_sizes(self) -> list[int]:
+        """The chunk sizes of the devices that got one (what ``scatter`` returns)."""
+        return [size for size in self.chunk_sizes if size]
+
+    @property
+    def used(self) -> int:
+        return len(self.used_sizes)
+
+    @property
+    def idle(self) -> int:
+        return self.num_devices - self.used
+
+    @property
+    def idle_devices(self) -> list[int]:
+        return [i for i, size in enumerate(self.chunk_sizes) if size == 0]
+
+    @property
+    def even_share(self) -> float:
+        return self.batch / self.num_devices
+
+    @property
+    def marker(self) -> str:
+        """One line naming what is shown; a browser test waits for it."""
+        return (
+            f"batch={self.batch} devices={self.num_devices} -> chunks {self.used_sizes}, "
+            f"idle: {self.idle} (split={self.mode}, dim={self.dim})"
+        )
+
+    def __str__(self) -> str:
+        return self.marker
+
+
+def _check_count(value: Any, name: str, largest: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if largest is not None and value > largest:
+        raise ValueError(f"{name}={value} is more than the explorer shows; use at most {largest}")
+    return value
+
+
+def split_plan(
+    batch: int,
+    num_devices: int,
+    dim: int = 0,
+    mode: str = "torch",
+    devices: DeviceFactory = pick_devices,
+) -> SplitPlan:
+    """Scatter a real ``batch``-row input over ``devices(num_devices)`` and report the chunks.
+
+    ``mode="torch"`` splits as ``torch.chunk`` (what DataParallel does); ``"balanced"`` uses
+    dpkit's ``chunk_sizes="balanced"`` (sizes differ by at most one, every device busy while
+    there are rows enough). ``devices`` makes the device list (default ``dpkit.devices``:
+    real accelerators where there are enough, else virtual lanes).
+    """
+    _check_count(batch, "batch")
+    _check_count(num_devices, "num_devices")
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"mode={mode!r} is not known; use one of {sorted(SPLIT_MODES)}")
+    targets = list(devices(num_devices))
+    x = example_input(batch, dim).to(targets[0].torch_device)
+    chunks = scatter(x, targets, dim=dim, chunk_sizes=None if mode == "torch" else "balanced")
+    sizes, samples = [0] * num_devices, [()] * num_devices
+    for chunk in chunks:
+        index = targets.index(device_of(chunk))
+        sizes[index] = chunk.shape[dim]
+        # Every entry holds its sample's index: read one feature (and one time step).
+        rows = chunk[:, 0] if dim == 0 else chunk[0, :, 0]
+        samples[index] = tuple(int(v) for v in rows.tolist())
+    return SplitPlan(
+        batch=batch,
+        num_devices=num_devices,
+        dim=dim,
+        mode=mode,
+        input_shape=tuple(x.shape),
+        devices=tuple(targets),
+        chunk_sizes=tuple(sizes),
+        samples=tuple(samples),
+    )
+
+
+def split_figure(plan: SplitPlan) -> Figure:
+    """One bar per device: the rows of its chunk; idle devices shaded and labelled."""
+    figure = Figure(figsize=(7, 3.3), dpi=DPI, layout="constrained")
+    axes = figure.add_subplot()
+    positions = range(plan.num_devices)
+    fontsize = 7 if plan.num_devices > 10 else 8
+    bars = axes.bar(positions, plan.chunk_sizes, color=PHASE_COLORS["scatter"], width=0.7)
+    labels = [str(size) if size else "" for size in plan.chunk_sizes]
+    axes.bar_label(bars, labels=labels, fontsize=fontsize, padding=2)
+    top = max(max(plan.chunk_sizes), plan.even_share) * 1.2
+    for index in plan.idle_devices:
+        axes.axvspan(index - 0.4, index + 0.4, color=IDLE_COLOR, alpha=0.15, linewidth=0)
+        axes.text(
+            index,
+            top / 2,
+            "idle",
+            rotation=90,
+            ha="center",
+            va="center",
+            color=IDLE_COLOR,
+            fontsize=fontsize + 1,
+            weight="bold",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1},
+        )
+    axes.axhline(plan.even_share, color="0.35", linestyle="--", linewidth=1)
+    axes.set_ylim(0, top)
+    axes.set_xlim(-0.6, plan.num_devices - 0.4)
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xticks(list(positions), [str(d.index) for d in plan.devices], fontsize=fontsize)
+    axes.set_xlabel("device index")
+    axes.set_ylabel("samples in its chunk")
+    figure.legend(
+        handles=[
+            Patch(color=PHASE_COLORS["scatter"], label="gets a chunk: a replica runs"),
+            Patch(color=IDLE_COLOR, alpha=0.3, label="idle: no chunk, no replica"),
+            Line2D(
+                [],
+                [],
+                color="0.35",
+                linestyle="--",
+                label=f"batch / devices = {plan.even_share:.3g}",
+            ),
+        ],
+        loc="outside lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+    device_word = "device" if plan.num_devices == 1 else "devices"
+    figure.suptitle(
+        f"batch {plan.batch} over {plan.num_devices} {device_word} with "
+        f"{SPLIT_MODES[plan.mode]}: {plan.used} used, {plan.idle} idle",
+        fontsize=10,
+        weight="bold",
+    )
+    shape = "(" + ", ".join(map(str, plan.input_shape)) + ")"
+    where = hardware_title(plan.devices, f"x of shape {shape} split along dim {plan.dim}")
+    axes.set_title(where, fontsize=9)
+    return figure
+
+
+# --------------------------------------------------------------------------------------
+# Nested inputs and keyword arguments.
+
+
+def structure(obj: Any) -> str:
+    """A short picture of an input: tensors by shape, containers by content, others by value."""
+    if isinstance(obj, torch.Tensor):
+        return "tensor[" + ", ".join(map(str, obj.shape)) + "]"
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        inner = ", ".join(f"{k}={structure(v)}" for k, v in zip(obj._fields, obj))
+        return f"{type(obj).__name__}({inner})"
+    if isinstance(obj, tuple):
+        return "(" + ", ".join(map(structure, obj)) + ("," if len(obj) == 1 else "") + ")"
+    if isinstance(obj, list):
+        return "[" + ", ".join(map(structure, obj)) + "]"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{k!r}: {structure(v)}" for k, v in obj.items()) + "}"
+    return repr(obj)
+
+
+def scatter_table(
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    devices: Sequence[Device],
+    dim: int = 0,
+    chunk_sizes: Any = None,
+) -> Any:
+    """One row per device: the positional and keyword inputs ``scatter_kwargs`` gives it.
+
+    A DataFrame where pandas is installed, else a list of dicts. Devices that get no chunk
+    have a row saying so.
+    """
+    args, kws = scatter_kwargs(inputs, kwargs, devices, dim=dim, chunk_sizes=chunk_sizes)
+    rows = []
+    for index, device in enumerate(devices):
+        if index < len(args):
+            given = {"args": structure(args[index]), "kwargs": structure(kws[index])}
+        else:
+            given = {"args": "idle: no chunk", "kwargs": "idle: no chunk"}
+        rows.append({"device": device.name, **given})
+    return as_dataframe(rows)
+
+
+# --------------------------------------------------------------------------------------
+# Widgets: a figure redrawn into an Image, a marker line, and the controls by label.
+
+
+class Explorer:
+    """Controls, an image of the current figure and a marker line naming what it shows.
+
+    Subclasses define ``_controls()`` (label -> widget) and ``_compute()`` (-> the data and
+    its figure). ``.widget`` is the box to display (a cell ending in the explorer shows
+    it); ``.controls[label].value = ...`` redraws as a slider move does; ``.last_data``,
+    ``.last_figure`` and ``.last_png`` hold what is shown, ``.marker`` the line.
+    """
+
+    def __init__(self) -> None:
+        import ipywidgets as widgets
+
+        self.controls: dict[str, Any] = self._controls()
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        self.marker = widgets.Label(layout=widgets.Layout(width="auto"))
+        self.marker.add_class("dpkit-marker")
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+        rows = [widgets.HBox(list(self.controls.values())[i : i + 2]) for i in (0, 2)]
+        self.widget = widgets.VBox([*[r for r in rows if r.children], self.marker, self.image])
+        self.last_data: Any = None
+        self.last_figure: Figure | None = None
+        self.last_png: bytes = b""
+        self.update()
+
+    def _controls(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _compute(self) -> tuple[Any, Figure]:
+        raise NotImplementedError
+
+    def _on_change(self, change: dict[str, Any]) -> None:
+        self.update()
+
+    def update(self) -> None:
+        """Recompute and redraw from the controls' values; the marker changes last."""
+        data, figure = self._compute()
+        png = figure_png(figure)
+        self.last_data, self.last_figure, self.last_png = data, figure, png
+        # Shown at its own size: stretched to the cell's width it would blur.
+        self.image.layout.width = f"{round(figure.get_figwidth() * figure.dpi)}px"
+        self.image.value = png
+        self.marker.value = data.marker
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data["text/plain"] = self.marker.value  # what a text-only (headless) view shows
+        return bundle
+
+
+def int_slider(label: str, value: int, low: int, high: int, step: int = 1) -> Any:
+    import ipywidgets as widgets
+
+    return widgets.IntSlider(
+        value=value, min=low, max=high, step=step, description=label, continuous_update=False
+    )
+
+
+class SplitExplorer(Explorer):
+    """Sliders for batch and devices, a dim dropdown and a split toggle over a split figure."""
+
+    def __init__(
+        self,
+        batch: int = 10,
+        num_devices: int = 8,
+        dim: int = 0,
+        mode: str = "torch",
+        devices: DeviceFactory = pick_devices,
+    ) -> None:
+        self._initial = (
+            _check_count(batch, "batch", MAX_BATCH),
+            _check_count(num_devices, "num_devices", MAX_DEVICES),
+            dim,
+            mode,
+        )
+        self._devices = devices
+        super().__init__()
+
+    def _controls(self) -> dict[str, Any]:
+        import ipywidgets as widgets
+
+        batch, num_devices, dim, mode = self._initial
+        return {
+            "batch": int_slider("batch", batch, 1, MAX_BATCH),
+            "devices": int_slider("devices", num_devices, 1, MAX_DEVICES),
+            "dim": widgets.Dropdown(
+                options=[
+                    (f"0: x is (batch, {FEATURES})", 0),
+                    (f"1: x is ({SEQUENCE}, batch, {FEATURES})", 1),
+                ],
+                value=dim,
+                description="dim",
+            ),
+            "split": widgets.ToggleButtons(
+                options=[(label, key) for key, label in SPLIT_MODES.items()],
+                value=mode,
+                description="split",
+            ),
+        }
+
+    def _compute(self) -> tuple[SplitPlan, Figure]:
+        values = {label: control.value for label, control in self.controls.items()}
+        plan = split_plan(
+            values["batch"], values["devices"], values["dim"], values["split"], self._devices
+        )
+        return plan, split_figure(plan)
+
+    @property
+    def last_plan(self) -> SplitPlan:
+        return self.last_data
+
+
+def split_explorer(
+    batch: int = 10,
+    num_devices: int = 8,
+    dim: int = 0,
+    mode: str = "torch",
+    devices: DeviceFactory = pick_devices,
+) -> SplitExplorer:
+    """The split explorer widget: batch 1-512, devices 1-16, dim, torch.chunk vs balanced."""
+    return SplitExplorer(batch, num_devices, dim, mode, devices)
+
+
+def idle_devices_table(num_devices: int, batches: Sequence[int]) -> Any:
+    """For each batch size: chunks, used and idle devices under torch.chunk (real scatters)."""
+    rows = []
+    for batch in batches:
+        plan = split_plan(batch, num_devices)
+        rows.append(
+            {
+                "batch": batch,
+                "chunk sizes": plan.used_sizes,
+                "used": plan.used,
+                "idle": plan.idle,
+                "rows per chunk": math.ceil(batch / num_devices),
+            }
+        )
+    return as_dataframe(rows)

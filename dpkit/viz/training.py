@@ -1,0 +1,291 @@
+"""Training with DataParallel: the backward path, equivalence, a short run, and speed-up.
+
+The surprise first: DataParallel's backward is the forward run in reverse. gather's
+backward *scatters* the output gradient to the devices (``grad_scatter``), each replica
+runs its own backward, and replicate's backward *reduce-adds* every replica's parameter
+gradients onto device 0 (``reduce``), where the optimizer steps. So the model is copied to
+every device and the gradients copied back on every step, whatever the batch: a small
+batch pays those fixed costs for little work, and DataParallel is then slower than one
+device. :func:`measure_speedup` measures where that stops on the machine at hand.
+
+Layers: data (:func:`training_trace`, :func:`compare_with_single_device`, :func:`train`,
+:func:`measure_speedup`), figures (:func:`backward_timeline`, :func:`loss_curve`,
+:func:`speedup_figure`) and a widget (:func:`backward_explorer`).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+from torch import nn
+
+import dpkit
+from dpkit.viz.apply import (
+    FIGURE_DPI,
+    FIGURE_WIDTH,
+    Explorer,
+    apply_timeline,
+    demo_model,
+    hardware_of,
+    int_slider,
+    intra_op_threads,
+)
+
+# --------------------------------------------------------------------------------------
+# The backward path as a timeline
+
+
+def training_trace(
+    devices: int = 4, batch: int = 256, steps: int = 2, threads: int | None = 1
+) -> dpkit.Trace:
+    """Trace ``steps`` training steps (forward, cross-entropy, backward) of the demo MLP."""
+    model = demo_model()
+    parallel = dpkit.DataParallel(model, device_ids=dpkit.devices(devices))
+    inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    with intra_op_threads(threads), dpkit.trace() as recorded:
+        for _ in range(steps):
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(parallel(inputs), targets).backward()
+    return recorded
+
+
+def backward_timeline(recorded: dpkit.Trace) -> Figure:
+    """The last training step: forward phases, then grad_scatter, backward and reduce."""
+    return apply_timeline(recorded)
+
+
+def backward_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) -> Explorer:
+    """Sliders "devices" and "batch" over the timeline of one DataParallel training step."""
+    return Explorer(
+        [int_slider("devices", devices, 1, max_devices), int_slider("batch", batch, 8, 2048, 8)],
+        compute=training_trace,
+        draw=backward_timeline,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# A learnable toy task, and training on it
+
+FEATURES, CLASSES = 32, 4
+
+
+def toy_batch(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random points labelled by a fixed random linear "teacher": a task an MLP can learn."""
+    teacher = torch.Generator().manual_seed(1234)
+    weights = torch.randn(FEATURES, CLASSES, generator=teacher)
+    inputs = torch.randn(batch, FEATURES, generator=generator)
+    return inputs, (inputs @ weights).argmax(dim=1)
+
+
+def toy_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+@dataclass
+class Equivalence:
+    """Losses and parameters of the same training, on one device and with DataParallel."""
+
+    devices: list[str]
+    single_losses: list[float]
+    parallel_losses: list[float]
+    max_loss_difference: float
+    max_parameter_difference: float  # after the last step, over every parameter entry
+    max_parameter_change: float  # how far training moved the parameters, for scale
+
+
+def compare_with_single_device(
+    steps: int = 5, devices: int = 4, batch: int = 30, lr: float = 0.5
+) -> Equivalence:
+    """Train two identical copies with SGD on the same batches: one plain, one DataParallel.
+
+    The default batch of 30 splits unevenly over 4 devices (8, 8, 8, 6), the harder case.
+    """
+    single = toy_model()
+    initial = copy.deepcopy(single)
+    replicated = copy.deepcopy(single)
+    lanes = dpkit.devices(devices)
+    parallel = dpkit.DataParallel(replicated, device_ids=lanes)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (single, replicated)]
+    generator = torch.Generator().manual_seed(0)
+    losses: list[list[float]] = [[], []]
+    for _ in range(steps):
+        inputs, targets = toy_batch(batch, generator)
+        for index, (net, optimizer) in enumerate(zip((single, parallel), optimizers)):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(net(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            losses[index].append(loss.item())
+    pairs = list(zip(single.parameters(), replicated.parameters()))
+    return Equivalence(
+        [d.name for d in lanes],
+        losses[0],
+        losses[1],
+        max(abs(a - b) for a, b in zip(*losses)),
+        max((a - b).abs().max().item() for a, b in pairs),
+        max((a - b).abs().max().item() for a, b in zip(single.parameters(), initial.parameters())),
+    )
+
+
+@dataclass
+class TrainingRun:
+    devices: list[str]
+    hardware: str
+    batch: int
+    losses: list[float] = field(default_factory=list)
+    accuracy: float = 0.0  # on a fresh held-out batch after training
+
+
+def train(
+    steps: int = 60, devices: int = 4, batch: int = 128, lr: float = 0.5, progress: bool = True
+) -> TrainingRun:
+    """Train the toy MLP with DataParallel and SGD; a tqdm progress bar shows the loss."""
+    from tqdm.auto import tqdm
+
+    model = toy_model()
+    lanes = dpkit.devices(devices)
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(0)
+    run = TrainingRun([d.name for d in lanes], hardware_of(lanes), batch)
+    with intra_op_threads(1), tqdm(range(steps), desc="training", disable=not progress) as bar:
+        for _ in bar:
+            inputs, targets = toy_batch(batch, generator)
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(parallel(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            run.losses.append(loss.item())
+            bar.set_postfix(loss=f"{run.losses[-1]:.3f}")
+        with torch.no_grad():
+            inputs, targets = toy_batch(1024, generator)
+            run.accuracy = (parallel(inputs).argmax(dim=1) == targets).float().mean().item()
+    return run
+
+
+def loss_curve(run: TrainingRun) -> Figure:
+    figure = Figure(figsize=(FIGURE_WIDTH, 2.8), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    axes.plot(range(1, len(run.losses) + 1), run.losses, color="#4c78a8")
+    axes.set_xlabel("step")
+    axes.set_ylabel("cross-entropy loss")
+    axes.grid(alpha=0.3)
+    axes.set_title(
+        f"DataParallel training on {len(run.devices)} devices, batch {run.batch} — {run.hardware}",
+        fontsize=10,
+    )
+    return figure
+
+
+# --------------------------------------------------------------------------------------
+# Speed-up vs batch size, measured
+
+
+@dataclass
+class SpeedupRow:
+    batch: int
+    single_ms: float  # one training step of the plain model on one device (median)
+    parallel_ms: float  # the same step with DataParallel on `devices` devices (median)
+    devices: int
+    hardware: str
+
+    @property
+    def speedup(self) -> float:
+        return self.single_ms / self.parallel_ms
+
+    @property
+    def extra_ms(self) -> float:
+        """What DataParallel added (or, when negative, saved) per step."""
+        return self.parallel_ms - self.single_ms
+
+
+def _median_step_ms(net: nn.Module, model: nn.Module, batch: int, repeats: int) -> float:
+    inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    times = []
+    for _ in range(repeats + 1):  # the first step warms up
+        start = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(inputs), targets).backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e3
+
+
+def measure_speedup(
+    batches: tuple[int, ...] = (16, 64, 256, 1024, 4096),
+    devices: int = 4,
+    repeats: int = 5,
+    threads: int | None = 1,
+) -> list[SpeedupRow]:
+    """Median training-step time of the demo MLP on one device vs DataParallel, per batch.
+
+    ``threads`` intra-op threads (default 1) for both, so that "a device" means the same
+    compute in both runs; None leaves torch's setting.
+    """
+    model = demo_model()
+    lanes = dpkit.devices(devices)
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
+    rows = []
+    with intra_op_threads(threads):
+        for batch in batches:
+            single_ms = _median_step_ms(model, model, batch, repeats)
+            parallel_ms = _median_step_ms(parallel, model, batch, repeats)
+            rows.append(SpeedupRow(batch, single_ms, parallel_ms, len(lanes), hardware_of(lanes)))
+    return rows
+
+
+def speedup_figure(rows: list[SpeedupRow]) -> Figure:
+    """Left: step time vs batch, one device and DataParallel. Right: the speed-up."""
+    figure = Figure(figsize=(FIGURE_WIDTH, 3.0), dpi=FIGURE_DPI, layout="constrained")
+    times, ratio = figure.subplots(1, 2)
+    batches = [r.batch for r in rows]
+    times.plot(batches, [r.single_ms for r in rows], "o-", color="#bab0ac", label="1 device")
+    times.plot(
+        batches,
+        [r.parallel_ms for r in rows],
+        "o-",
+        color="#54a24b",
+        label=f"DataParallel, {rows[0].devices} devices",
+    )
+    times.set_ylabel("training step (ms, median)")
+    times.legend(fontsize=8, frameon=False)
+    ratio.plot(batches, [r.speedup for r in rows], "o-", color="#4c78a8")
+    ratio.axhline(1, color="0.4", linestyle=":", linewidth=1)
+    ratio.annotate(
+        "no gain", (batches[0], 1), xytext=(0, 3), textcoords="offset points", fontsize=8
+    )
+    ratio.set_ylim(0, 1.2 * max(1.0, *(r.speedup for r in rows)))
+    ratio.set_ylabel("speed-up over 1 device")
+    times.set_yscale("log")
+    times.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    for axes in (times, ratio):
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(batches, [str(b) for b in batches])
+        axes.minorticks_off()
+        axes.set_xlabel("batch size")
+        axes.grid(alpha=0.3)
+    figure.suptitle(f"Measured on this machine — {rows[0].hardware}", fontsize=10)
+    return figure
+
+
+__all__ = [
+    "Equivalence",
+    "SpeedupRow",
+    "TrainingRun",
+    "backward_explorer",
+    "backward_timeline",
+    "compare_with_single_device",
+    "loss_curve",
+    "measure_speedup",
+    "speedup_figure",
+    "toy_batch",
+    "toy_model",
+    "train",
+    "training_trace",
+]

@@ -1,0 +1,254 @@
+"""The explorers and measurements behind notebooks 03-05, driven from Python.
+
+A slider is moved by setting its value, as the browser does; the test then checks that the
+data behind the figure (a real trace) and the figure's PNG both changed, and that the marker
+line names the new values. Timings are never asserted: only their structure.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dpkit
+from dpkit import viz
+from dpkit.viz import apply, memory
+
+pytest.importorskip("ipywidgets")
+
+
+def _devices_in(recorded: dpkit.Trace, phase: str) -> set[str]:
+    last = max(e.step for e in recorded.events)
+    return {e.device for e in recorded.events if e.phase == phase and e.step == last}
+
+
+def _bytes_of(recorded: dpkit.Trace, phase: str) -> int:
+    last = max(e.step for e in recorded.events)
+    return sum(e.nbytes for e in recorded.events if e.phase == phase and e.step == last)
+
+
+def _scattered_rows(recorded: dpkit.Trace) -> int:
+    last = max(e.step for e in recorded.events)
+    scatters = [e for e in recorded.events if e.phase == "scatter" and e.step == last]
+    return sum(e.details["rows"] for e in scatters)
+
+
+PARAMETER_BYTES = sum(p.numel() * p.element_size() for p in apply.demo_model().parameters())
+
+
+# --------------------------------------------------------------------------------------
+# timeline_explorer (notebook 03)
+
+
+def test_timeline_explorer_has_labelled_sliders_that_redraw_on_release():
+    explorer = viz.timeline_explorer(devices=4, batch=64)
+    assert set(explorer.controls) == {"devices", "batch"}
+    assert all(not c.continuous_update for c in explorer.controls.values())
+    assert explorer.marker.value == "drawn: devices=4 batch=64"
+    assert explorer.last_png.startswith(b"\x89PNG")
+    assert explorer.image.value == explorer.last_png
+
+
+def test_moving_the_devices_slider_reruns_the_trace_and_redraws():
+    explorer = viz.timeline_explorer(devices=4, batch=64)
+    before_png, before = explorer.last_png, explorer.last_data
+    assert len(_devices_in(before, "apply")) == 4
+
+    explorer.controls["devices"].value = 2
+
+    assert explorer.last_data is not before
+    assert len(_devices_in(explorer.last_data, "apply")) == 2
+    assert explorer.last_png != before_png
+    assert explorer.marker.value == "drawn: devices=2 batch=64"
+    ticks = [t.get_text() for t in explorer.last_figure.axes[0].get_yticklabels()]
+    assert len(ticks) == 2
+
+
+def test_moving_the_batch_slider_scatters_the_new_batch():
+    explorer = viz.timeline_explorer(devices=4, batch=64)
+    explorer.controls["batch"].value = 16
+    assert _scattered_rows(explorer.last_data) == 16
+    assert explorer.marker.value == "drawn: devices=4 batch=16"
+
+
+def test_the_timeline_says_it_came_from_virtual_devices():
+    figure = apply.apply_timeline(apply.apply_trace(devices=3, batch=32))
+    assert "virtual" in figure.axes[0].get_title()
+    assert tuple(figure.get_size_inches())[0] == apply.FIGURE_WIDTH
+
+
+def test_the_explorer_shows_its_marker_where_widgets_do_not_render():
+    explorer = viz.timeline_explorer(devices=2, batch=32)
+    bundle = explorer._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert data["text/plain"] == "drawn: devices=2 batch=32"
+    assert "application/vnd.jupyter.widget-view+json" in data
+
+
+# --------------------------------------------------------------------------------------
+# The GIL measurement (notebook 03): structure, never speed
+
+
+def test_apply_overlap_measures_both_ways_on_the_used_devices():
+    result = apply.measure_apply_overlap(
+        apply.PythonLoopNet(steps=5), torch.randn(3, 16), devices=4, repeats=1
+    )
+    assert result.devices == 3  # 3 rows: torch.chunk leaves the fourth device idle
+    assert result.serial_ms > 0 and result.parallel_ms > 0 and result.busy_ms > 0
+    assert result.speedup == pytest.approx(result.serial_ms / result.parallel_ms)
+    assert result.busy_over_span == pytest.approx(result.busy_ms / result.parallel_ms)
+    assert "virtual" in result.hardware
+
+
+def test_the_intra_op_thread_setting_is_restored():
+    before = torch.get_num_threads()
+    apply.measure_apply_overlap(apply.MatmulNet(width=32), torch.randn(8, 32), repeats=1)
+    assert torch.get_num_threads() == before
+
+
+def test_the_overlap_figure_names_each_model_and_its_hardware():
+    results = [
+        apply.measure_apply_overlap(model, inputs, devices=2, repeats=1)
+        for model, inputs in (
+            (apply.PythonLoopNet(steps=5), torch.randn(4, 16)),
+            (apply.MatmulNet(width=32), torch.randn(8, 32)),
+        )
+    ]
+    axes = apply.overlap_figure(results).axes[0]
+    assert [t.get_text() for t in axes.get_yticklabels()] == ["PythonLoopNet", "MatmulNet"]
+    assert "virtual" in axes.get_title()
+
+
+# --------------------------------------------------------------------------------------
+# memory_explorer (notebook 04)
+
+
+def test_moving_the_loss_into_forward_removes_the_output_devices_extra_load():
+    explorer = viz.memory_explorer(devices=4, batch=64)
+    assert set(explorer.controls) == {"devices", "batch", "loss"}
+    outside = viz.held_per_device(explorer.last_data)
+    before_png = explorer.last_png
+    first, second = (d.name for d in dpkit.devices(2))
+    gathered_logits = 64 * memory.CLASSES * 4
+    assert outside[first] - outside[second] >= gathered_logits
+
+    explorer.controls["loss"].value = memory.LOSS_INSIDE
+
+    inside = viz.held_per_device(explorer.last_data)
+    assert explorer.last_png != before_png
+    assert inside[first] < outside[first] - gathered_logits
+    assert inside[first] - inside[second] < 1000  # only the gathered per-replica losses
+    assert explorer.marker.value == "drawn: devices=4 batch=64 loss=inside"
+
+
+def test_the_devices_slider_changes_the_bars_of_the_memory_figure():
+    explorer = viz.memory_explorer(devices=4, batch=64)
+    explorer.controls["devices"].value = 2
+    assert len(viz.held_per_device(explorer.last_data)) == 2
+    labels = [t.get_text() for t in explorer.last_figure.axes[0].get_xticklabels()]
+    assert len(labels) == 2 and "output device" in labels[0]
+
+
+def test_the_loss_outside_forward_is_recorded_on_the_output_device_only():
+    recorded = viz.memory_trace(devices=3, batch=32, loss="outside")
+    loss_records = [r for r in recorded.memory if r.category == memory.LOSS_CATEGORY]
+    assert [r.device for r in loss_records] == [dpkit.devices(1)[0].name]
+    assert loss_records[0].nbytes >= 32 * memory.CLASSES * 4  # log-softmax of the logits
+
+
+def test_memory_trace_names_the_argument_it_rejects():
+    with pytest.raises(ValueError, match="loss must be"):
+        viz.memory_trace(loss="sideways")
+
+
+def test_with_loss_gives_the_exact_mean_for_uneven_chunks():
+    torch.manual_seed(0)
+    model = memory.classifier()
+    inputs = torch.randn(10, memory.FEATURES)  # 3, 3, 3, 1 rows over 4 devices
+    targets = torch.randint(0, memory.CLASSES, (10,))
+    sums = dpkit.DataParallel(viz.WithLoss(model), device_ids=dpkit.devices(4))(inputs, targets)
+    assert sums.shape == (4,)
+    expected = torch.nn.functional.cross_entropy(model(inputs), targets)
+    assert torch.allclose(sums.sum() / 10, expected, atol=1e-6)
+
+
+def test_memory_figures_share_a_scale_when_asked():
+    recorded = viz.memory_trace(devices=2, batch=16, loss="inside")
+    assert viz.memory_figure(recorded, top=1e8).axes[0].get_ylim() == (0, 1e8)
+    tallest = max(viz.held_per_device(recorded).values())
+    assert viz.memory_figure(recorded).axes[0].get_ylim()[1] > tallest
+
+
+# --------------------------------------------------------------------------------------
+# backward_explorer, equivalence, training, speed-up (notebook 05)
+
+
+def test_backward_explorer_shows_the_reduce_onto_device_zero():
+    explorer = viz.backward_explorer(devices=4, batch=64)
+    recorded = explorer.last_data
+    phases = {e.phase for e in recorded.events}
+    assert {"grad_scatter", "backward", "reduce"} <= phases
+    assert _bytes_of(recorded, "reduce") == 3 * PARAMETER_BYTES
+    before_png = explorer.last_png
+
+    explorer.controls["devices"].value = 3
+
+    assert _bytes_of(explorer.last_data, "reduce") == 2 * PARAMETER_BYTES
+    assert explorer.last_png != before_png
+    legend = [t.get_text() for t in explorer.last_figure.axes[0].get_legend().get_texts()]
+    assert "reduce" in legend
+
+
+def test_dataparallel_training_matches_one_device():
+    same = viz.compare_with_single_device(steps=3, devices=4, batch=30)
+    assert same.max_parameter_difference < 1e-5
+    assert same.max_loss_difference < 1e-5
+    assert same.max_parameter_change > 1e-3  # training did move the parameters
+
+
+def test_a_short_training_run_learns():
+    run = viz.train(steps=40, devices=2, batch=64, progress=False)
+    assert len(run.losses) == 40
+    assert run.losses[-1] < 0.6 * run.losses[0]
+    assert run.accuracy > 0.5
+    assert "virtual" in viz.loss_curve(run).axes[0].get_title()
+
+
+def test_measure_speedup_times_both_per_batch_and_says_where():
+    rows = viz.measure_speedup(batches=(8, 32), devices=2, repeats=1)
+    assert [r.batch for r in rows] == [8, 32]
+    for row in rows:
+        assert row.single_ms > 0 and row.parallel_ms > 0
+        assert row.speedup == pytest.approx(row.single_ms / row.parallel_ms)
+        assert row.extra_ms == pytest.approx(row.parallel_ms - row.single_ms)
+    figure = viz.speedup_figure(rows)
+    assert "virtual" in figure.get_suptitle()
+    assert len(figure.axes) == 2
+
+
+# --------------------------------------------------------------------------------------
+# dpkit.viz exports
+
+
+def test_importing_dpkit_viz_loads_no_widgets():
+    code = "import sys, dpkit.viz; print('ipywidgets' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.split() == ["False"], result.stderr
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["timeline_explorer", "memory_explorer", "backward_explorer", "Question", "measure_speedup"],
+)
+def test_every_explorer_is_exported(name):
+    assert callable(getattr(viz, name))
+    assert name in viz.__all__
+
+
+def test_an_unknown_name_or_a_missing_module_gives_attribute_error(monkeypatch):
+    monkeypatch.setattr(viz, "_DISCOVERED", ("not_written_yet",))
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        viz.nothing_here  # noqa: B018
