@@ -237,15 +237,21 @@ def _storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
-class _SavedTensorBytes:
-    """Counts the bytes autograd saves for backward inside one replica (its activations).
+class SavedTensorBytes:
+    """Counts the bytes autograd saves for backward inside the block (activations).
 
-    Each storage counts once; storages the replica already holds (its parameters, buffers
-    and input) are left out, as they are counted in their own categories.
+    Each storage counts once; storages in ``already_counted`` (parameters, buffers, inputs,
+    counted in their own categories) are left out. ``category``, when given, is recorded
+    for ``device`` on leaving the block.
     """
 
-    def __init__(self, device: Device, already_counted: Iterable[torch.Tensor]):
-        self.device = device
+    def __init__(
+        self,
+        already_counted: Iterable[torch.Tensor],
+        device: Device | None = None,
+        category: str | None = None,
+    ):
+        self.device, self.category = device, category
         self.seen = {_storage_key(t) for t in already_counted if not t.is_sparse}
         self.nbytes = 0
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
@@ -258,13 +264,14 @@ class _SavedTensorBytes:
                 self.nbytes += tensor.untyped_storage().nbytes()
         return tensor
 
-    def __enter__(self) -> _SavedTensorBytes:
+    def __enter__(self) -> SavedTensorBytes:
         self.hooks.__enter__()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.hooks.__exit__(*exc_info)
-        record_memory(self.device, "activations", self.nbytes)
+        if self.device is not None and self.category is not None:
+            record_memory(self.device, self.category, self.nbytes)
 
 
 _OFF = nullcontext()
@@ -274,7 +281,7 @@ def count_saved_tensors(device: Device, already_counted: Iterable[torch.Tensor])
     """While tracing, a context counting the activations a replica saves; else a no-op."""
     if not _recorders:
         return _OFF
-    return _SavedTensorBytes(device, already_counted)
+    return SavedTensorBytes(already_counted, device, "activations")
 
 
 def span(phase: str, device: Device, step: int | None = None, **details: Any) -> Any:

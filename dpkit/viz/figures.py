@@ -258,7 +258,8 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
             va="bottom",
             fontsize=8,
         )
-    axes.margins(y=0.12)
+    # An explicit top leaves room for the totals (autoscaling ignores the annotations).
+    axes.set_ylim(0, max(bottom, default=0) * 1.15 or 1)
     _bytes_axis(axes.yaxis)
     axes.set_ylabel("bytes held")
     axes.set_xlabel("device")

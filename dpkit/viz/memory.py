@@ -15,14 +15,13 @@ Three layers: :func:`memory_trace` (data: one traced forward and loss, either wa
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import torch
 from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit.tracing import record_memory
+from dpkit.tracing import SavedTensorBytes
 from dpkit.viz.apply import Explorer, compact, int_slider
 from dpkit.viz.figures import memory_per_device
 
@@ -55,30 +54,6 @@ class WithLoss(nn.Module):
         return nn.functional.cross_entropy(logits, targets, reduction="sum").reshape(1)
 
 
-class _SavedBytes:
-    """Bytes autograd saves for backward inside the block (each storage once), skipping
-    the storages of ``already_counted``."""
-
-    def __init__(self, already_counted: list[torch.Tensor]) -> None:
-        self.seen = {t.untyped_storage().data_ptr() for t in already_counted}
-        self.nbytes = 0
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer not in self.seen:
-            self.seen.add(pointer)
-            self.nbytes += tensor.untyped_storage().nbytes()
-        return tensor
-
-    def __enter__(self) -> _SavedBytes:
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.hooks.__exit__(*exc_info)
-
-
 def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -> dpkit.Trace:
     """One traced forward and loss on ``dpkit.devices(devices)``, the loss ``outside`` or
     ``inside`` the module's forward. With the loss outside, the bytes the loss saves for
@@ -98,9 +73,9 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
         else:
             parallel = dpkit.DataParallel(model, device_ids=lanes)
             logits = parallel(inputs)
-            with _SavedBytes([logits, *model.parameters()]) as saved:
+            held = [logits, *model.parameters()]
+            with SavedTensorBytes(held, parallel.output_device, LOSS_CATEGORY):
                 nn.functional.cross_entropy(logits, targets)
-            record_memory(parallel.output_device, LOSS_CATEGORY, saved.nbytes)
     return recorded
 
 
@@ -119,10 +94,8 @@ def memory_figure(recorded: dpkit.Trace, top: float | None = None) -> Figure:
     """:func:`~dpkit.viz.figures.memory_per_device`, notebook-sized, its y axis up to ``top``
     bytes (default: 15% above the tallest bar), so two figures can share a scale."""
     figure = compact(memory_per_device(recorded), height=3.3)
-    tallest = max(held_per_device(recorded).values())
-    # Set the top explicitly: a zero-height bar on top of a stack pins the autoscaled limit
-    # to the tallest bar, leaving no room for its label.
-    figure.axes[0].set_ylim(0, top if top is not None else tallest * 1.15)
+    if top is not None:
+        figure.axes[0].set_ylim(0, top)
     return figure
 
 
