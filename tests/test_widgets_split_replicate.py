@@ -15,6 +15,7 @@ from torch import nn
 
 import dpkit
 from dpkit.viz import replicas, split
+from dpkit.viz.explorer import figure_png
 
 pytest.importorskip("ipywidgets")
 
@@ -68,7 +69,7 @@ def _idle_labels(figure) -> int:
 
 def test_split_figure_renders_highlights_idle_devices_and_says_virtual():
     figure = split.split_figure(split.split_plan(10, 8, devices=cpu_lanes))
-    assert split.figure_png(figure).startswith(b"\x89PNG")
+    assert figure_png(figure).startswith(b"\x89PNG")
     assert _idle_labels(figure) == 3
     assert "virtual devices on the CPU" in figure.axes[0].get_title()
     assert "5 used, 3 idle" in figure.get_suptitle()
@@ -93,24 +94,24 @@ def test_split_explorer_redraws_when_a_control_moves():
     assert set(explorer.controls) == {"batch", "devices", "dim", "split"}
     assert explorer.controls["batch"].description == "batch"
     assert explorer.controls["batch"].continuous_update is False
-    first_plan, first_png = explorer.last_plan, explorer.last_png
+    first_plan, first_png = explorer.last_data, explorer.last_png
     assert explorer.marker.value == first_plan.marker
     assert explorer.image.value == first_png
 
     explorer.controls["batch"].value = 33
-    assert explorer.last_plan is not first_plan
-    assert explorer.last_plan.used_sizes == _torch_chunk_sizes(33, 8)
+    assert explorer.last_data is not first_plan
+    assert explorer.last_data.used_sizes == _torch_chunk_sizes(33, 8)
     assert explorer.last_png != first_png and explorer.image.value == explorer.last_png
     assert explorer.marker.value.startswith("batch=33 devices=8 -> chunks [5, 5, 5, 5, 5, 5, 3]")
 
     explorer.controls["split"].value = "balanced"
-    assert explorer.last_plan.used_sizes == [5, 4, 4, 4, 4, 4, 4, 4]
+    assert explorer.last_data.used_sizes == [5, 4, 4, 4, 4, 4, 4, 4]
     explorer.controls["devices"].value = 16
-    assert explorer.last_plan.idle == 0  # balanced: 33 rows keep 16 devices busy
+    assert explorer.last_data.idle == 0  # balanced: 33 rows keep 16 devices busy
     explorer.controls["split"].value = "torch"
-    assert explorer.last_plan.idle == 16 - len(_torch_chunk_sizes(33, 16)) == 5
+    assert explorer.last_data.idle == 16 - len(_torch_chunk_sizes(33, 16)) == 5
     explorer.controls["dim"].value = 1
-    assert explorer.last_plan.input_shape == (split.SEQUENCE, 33, split.FEATURES)
+    assert explorer.last_data.input_shape == (split.SEQUENCE, 33, split.FEATURES)
     assert "text/plain" in explorer._repr_mimebundle_()
 
 
@@ -137,7 +138,7 @@ def test_replication_copies_model_bytes_to_every_device_but_the_first(num_device
 def test_replication_figure_renders_and_says_virtual():
     cost = replicas.model_cost(64, 4, cpu_lanes)
     figure = replicas.replication_figure(cost)
-    assert split.figure_png(figure).startswith(b"\x89PNG")
+    assert figure_png(figure).startswith(b"\x89PNG")
     assert "virtual devices on the CPU" in figure.get_suptitle()
     labels = [text.get_text() for text in figure.axes[0].texts]
     assert labels[0] == "shared" and len(labels) == 4
@@ -146,14 +147,14 @@ def test_replication_figure_renders_and_says_virtual():
 def test_replication_explorer_redraws_when_a_control_moves():
     explorer = replicas.replication_explorer(width=64, num_devices=4, devices=cpu_lanes)
     assert set(explorer.controls) == {"width", "devices"}
-    first_cost, first_png = explorer.last_cost, explorer.last_png
+    first_cost, first_png = explorer.last_data, explorer.last_png
     assert first_cost.copied_bytes == _model_bytes(replicas.example_model(64)) * 3
 
     explorer.controls["devices"].value = 8
-    assert explorer.last_cost.copied_bytes == _model_bytes(replicas.example_model(64)) * 7
+    assert explorer.last_data.copied_bytes == _model_bytes(replicas.example_model(64)) * 7
     assert explorer.last_png != first_png and explorer.image.value == explorer.last_png
     assert explorer.marker.value.startswith("width=64 devices=8 -> copied 7 x")
 
     explorer.controls["width"].value = 128
-    assert explorer.last_cost.copied_bytes == _model_bytes(replicas.example_model(128)) * 7
+    assert explorer.last_data.copied_bytes == _model_bytes(replicas.example_model(128)) * 7
     assert explorer.marker.value.startswith("width=128 devices=8")

@@ -12,7 +12,6 @@ ipywidgets nor tqdm, and a module that is missing or broken fails only when it i
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
 
 from dpkit.viz.figures import (
@@ -28,9 +27,28 @@ from dpkit.viz.figures import (
     timeline,
 )
 
-# Lazily loaded names, by the module that defines them.
+# Names loaded on first use (ipywidgets and the explorers' models cost import time), by the
+# module that defines them.
 _LAZY_EXPORTS = {
+    "explorer": ("Explorer", "figure_png", "int_slider"),
     "quiz": ("Question", "check_your_understanding"),
+    "split": (
+        "SplitPlan",
+        "example_input",
+        "idle_devices_table",
+        "scatter_table",
+        "split_explorer",
+        "split_figure",
+        "split_plan",
+    ),
+    "replicas": (
+        "ReplicationCost",
+        "example_model",
+        "model_cost",
+        "replication_cost",
+        "replication_explorer",
+        "replication_figure",
+    ),
     "apply": (
         "ApplyOverlap",
         "MatmulNet",
@@ -55,9 +73,7 @@ _LAZY_EXPORTS = {
         "training_trace",
     ),
 }
-# Modules whose public names are found on demand (their own __all__, else what they define).
-_DISCOVERED = ("split", "replicas")
-SUBMODULES = ("figures", *_LAZY_EXPORTS, *_DISCOVERED)
+SUBMODULES = ("figures", *_LAZY_EXPORTS)
 _OWNER = {name: module for module, names in _LAZY_EXPORTS.items() for name in names}
 
 __all__ = [
@@ -75,46 +91,13 @@ __all__ = [
 ]
 
 
-def _submodule(name: str) -> ModuleType:
-    return importlib.import_module(f"{__name__}.{name}")
-
-
-def _public_names(module: ModuleType) -> list[str]:
-    if hasattr(module, "__all__"):
-        return list(module.__all__)
-    return [
-        name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
-    ]
-
-
-def _optional(name: str) -> ModuleType | None:
-    """A discovered module, or None while it does not exist yet."""
-    try:
-        return _submodule(name)
-    except ModuleNotFoundError as error:
-        if error.name == f"{__name__}.{name}":
-            return None
-        raise
-
-
 def __getattr__(name: str) -> Any:
     if name in SUBMODULES:
-        return _submodule(name)
+        return importlib.import_module(f"{__name__}.{name}")
     if name in _OWNER:
-        return getattr(_submodule(_OWNER[name]), name)
-    for module_name in _DISCOVERED:
-        module = _optional(module_name)
-        if module is not None and name in _public_names(module):
-            return getattr(module, name)
+        return getattr(importlib.import_module(f"{__name__}.{_OWNER[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    discovered = [
-        name
-        for module in filter(None, map(_optional, _DISCOVERED))
-        for name in _public_names(module)
-    ]
-    return sorted({*globals(), *__all__, *SUBMODULES, *discovered})
+    return sorted({*globals(), *__all__, *SUBMODULES})

@@ -24,10 +24,8 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from io import BytesIO
-from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -35,6 +33,7 @@ from torch import nn
 
 import dpkit
 from dpkit.trace_export import KIND_LABELS
+from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import timeline
 
 FIGURE_WIDTH = 7.0  # inches; notebook figures are small and rendered at FIGURE_DPI
@@ -51,12 +50,6 @@ def compact(figure: Figure, width: float = FIGURE_WIDTH, height: float | None = 
     figure.set_size_inches(width, height if height is not None else old_height * 0.8)
     figure.set_dpi(FIGURE_DPI)
     return figure
-
-
-def png_bytes(figure: Figure) -> bytes:
-    buffer = BytesIO()
-    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
-    return buffer.getvalue()
 
 
 def hardware_of(lanes: list[dpkit.Device]) -> str:
@@ -78,73 +71,6 @@ def intra_op_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-class Explorer:
-    """Controls over a figure: ``compute(**values)`` -> data, ``draw(data)`` -> figure -> PNG.
-
-    Values are keyed by each control's label (its ``description``). ``.widget`` is the box
-    to display (a cell ending in the explorer shows it); ``.controls[label].value = ...``
-    redraws as a slider move does; ``.last_data``, ``.last_figure`` and ``.last_png`` hold
-    what is shown; ``.marker``, a line above the image, reads ``drawn: devices=4 batch=256``
-    once the image is in place (a browser test waits for it before comparing images). Same
-    attributes as the explorers of :mod:`dpkit.viz.split`.
-    """
-
-    def __init__(
-        self,
-        controls: list[Any],
-        compute: Callable[..., Any],
-        draw: Callable[[Any], Figure],
-    ) -> None:
-        import ipywidgets as widgets
-
-        self.controls: dict[str, Any] = {control.description: control for control in controls}
-        self._compute, self._draw = compute, draw
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
-        self.marker = widgets.Label(layout=widgets.Layout(width="auto"))
-        self.marker.add_class("dpkit-marker")
-        self.widget = widgets.VBox([widgets.HBox(controls), self.marker, self.image])
-        self.last_data: Any = None
-        self.last_figure: Figure | None = None
-        self.last_png = b""
-        for control in controls:
-            control.observe(lambda _change: self.update(), names="value")
-        self.update()
-
-    @property
-    def values(self) -> dict[str, Any]:
-        return {label: control.value for label, control in self.controls.items()}
-
-    def update(self) -> None:
-        """Recompute and redraw from the controls' values; the marker changes last."""
-        values = self.values
-        self.last_data = self._compute(**values)
-        self.last_figure = self._draw(self.last_data)
-        self.last_png = png_bytes(self.last_figure)
-        self.image.value = self.last_png
-        self.marker.value = "drawn: " + " ".join(f"{k}={v}" for k, v in values.items())
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        data = bundle[0] if isinstance(bundle, tuple) else bundle
-        data["text/plain"] = self.marker.value  # what a text-only (headless) view shows
-        return bundle
-
-
-def int_slider(label: str, value: int, low: int, high: int, step: int = 1) -> Any:
-    """An IntSlider that redraws once on release, labelled ``label`` (tests find it by it)."""
-    import ipywidgets as widgets
-
-    return widgets.IntSlider(
-        value=value,
-        min=low,
-        max=high,
-        step=step,
-        description=label,
-        continuous_update=False,
-        style={"description_width": "initial"},
-    )
 
 
 # --------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from torch import nn
 
 import dpkit
 from dpkit.tracing import SavedTensorBytes
-from dpkit.viz.apply import Explorer, compact, int_slider
+from dpkit.viz.apply import compact
+from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device
 
 CLASSES = 4096  # wide enough that the gathered logits outweigh a replica's share

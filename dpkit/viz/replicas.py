@@ -32,12 +32,12 @@ from dpkit.comm import add_transfer_listener
 from dpkit.devices import Device
 from dpkit.devices import devices as pick_devices
 from dpkit.replicate import replicate
+from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import PHASE_COLORS, hardware_title, human_bytes
-from dpkit.viz.split import DPI, MAX_DEVICES, DeviceFactory, Explorer, int_slider
+from dpkit.viz.split import DPI, MAX_DEVICES, DeviceFactory
 
 __all__ = [
     "ReplicationCost",
-    "ReplicationExplorer",
     "example_model",
     "model_cost",
     "replication_cost",
@@ -246,36 +246,19 @@ def model_cost(width: int, num_devices: int, devices: DeviceFactory = pick_devic
     )
 
 
-class ReplicationExplorer(Explorer):
-    """Sliders for model width and device count over a replication figure."""
-
-    def __init__(
-        self, width: int = 256, num_devices: int = 4, devices: DeviceFactory = pick_devices
-    ) -> None:
-        self._initial = (width, num_devices)
-        self._devices = devices
-        super().__init__()
-
-    def _controls(self) -> dict[str, Any]:
-        width, num_devices = self._initial
-        return {
-            "width": int_slider("width", width, 16, MAX_WIDTH, step=16),
-            "devices": int_slider("devices", num_devices, 1, MAX_DEVICES),
-        }
-
-    def _compute(self) -> tuple[ReplicationCost, Figure]:
-        cost = model_cost(
-            self.controls["width"].value, self.controls["devices"].value, self._devices
-        )
-        return cost, replication_figure(cost)
-
-    @property
-    def last_cost(self) -> ReplicationCost:
-        return self.last_data
-
-
 def replication_explorer(
     width: int = 256, num_devices: int = 4, devices: DeviceFactory = pick_devices
-) -> ReplicationExplorer:
-    """The replication explorer widget: MLP width 16-2048, devices 1-16."""
-    return ReplicationExplorer(width, num_devices, devices)
+) -> Explorer:
+    """The replication explorer widget: MLP width 16-2048, devices 1-16.
+
+    ``.last_data`` is the :class:`ReplicationCost` shown.
+    """
+    return Explorer(
+        [
+            int_slider("width", width, 16, MAX_WIDTH, step=16),
+            int_slider("devices", num_devices, 1, MAX_DEVICES),
+        ],
+        compute=lambda **v: model_cost(v["width"], v["devices"], devices),
+        draw=replication_figure,
+        marker=lambda cost, _values: cost.marker,
+    )

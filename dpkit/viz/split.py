@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from io import BytesIO
 from typing import Any
 
 import torch
@@ -36,14 +35,12 @@ from dpkit.devices import Device, device_of
 from dpkit.devices import devices as pick_devices
 from dpkit.scatter import scatter, scatter_kwargs
 from dpkit.trace_export import as_dataframe
+from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import PHASE_COLORS, hardware_title
 
 __all__ = [
-    "Explorer",
-    "SplitExplorer",
     "SplitPlan",
     "example_input",
-    "figure_png",
     "idle_devices_table",
     "scatter_table",
     "split_explorer",
@@ -59,13 +56,6 @@ DPI = 100
 MAX_BATCH, MAX_DEVICES = 512, 16
 
 DeviceFactory = Callable[[int], Sequence[Device]]
-
-
-def figure_png(figure: Figure) -> bytes:
-    """The figure as PNG bytes (for an ``ipywidgets.Image`` or a test)."""
-    buffer = BytesIO()
-    figure.savefig(buffer, format="png", dpi=figure.dpi)
-    return buffer.getvalue()
 
 
 def example_input(batch: int, dim: int = 0) -> torch.Tensor:
@@ -289,117 +279,26 @@ def scatter_table(
 # Widgets: a figure redrawn into an Image, a marker line, and the controls by label.
 
 
-class Explorer:
-    """Controls, an image of the current figure and a marker line naming what it shows.
-
-    Subclasses define ``_controls()`` (label -> widget) and ``_compute()`` (-> the data and
-    its figure). ``.widget`` is the box to display (a cell ending in the explorer shows
-    it); ``.controls[label].value = ...`` redraws as a slider move does; ``.last_data``,
-    ``.last_figure`` and ``.last_png`` hold what is shown, ``.marker`` the line.
-    """
-
-    def __init__(self) -> None:
-        import ipywidgets as widgets
-
-        self.controls: dict[str, Any] = self._controls()
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
-        self.marker = widgets.Label(layout=widgets.Layout(width="auto"))
-        self.marker.add_class("dpkit-marker")
-        for control in self.controls.values():
-            control.observe(self._on_change, names="value")
-        rows = [widgets.HBox(list(self.controls.values())[i : i + 2]) for i in (0, 2)]
-        self.widget = widgets.VBox([*[r for r in rows if r.children], self.marker, self.image])
-        self.last_data: Any = None
-        self.last_figure: Figure | None = None
-        self.last_png: bytes = b""
-        self.update()
-
-    def _controls(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _compute(self) -> tuple[Any, Figure]:
-        raise NotImplementedError
-
-    def _on_change(self, change: dict[str, Any]) -> None:
-        self.update()
-
-    def update(self) -> None:
-        """Recompute and redraw from the controls' values; the marker changes last."""
-        data, figure = self._compute()
-        png = figure_png(figure)
-        self.last_data, self.last_figure, self.last_png = data, figure, png
-        # Shown at its own size: stretched to the cell's width it would blur.
-        self.image.layout.width = f"{round(figure.get_figwidth() * figure.dpi)}px"
-        self.image.value = png
-        self.marker.value = data.marker
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        data = bundle[0] if isinstance(bundle, tuple) else bundle
-        data["text/plain"] = self.marker.value  # what a text-only (headless) view shows
-        return bundle
-
-
-def int_slider(label: str, value: int, low: int, high: int, step: int = 1) -> Any:
+def _split_controls(batch: int, num_devices: int, dim: int, mode: str) -> list[Any]:
     import ipywidgets as widgets
 
-    return widgets.IntSlider(
-        value=value, min=low, max=high, step=step, description=label, continuous_update=False
-    )
-
-
-class SplitExplorer(Explorer):
-    """Sliders for batch and devices, a dim dropdown and a split toggle over a split figure."""
-
-    def __init__(
-        self,
-        batch: int = 10,
-        num_devices: int = 8,
-        dim: int = 0,
-        mode: str = "torch",
-        devices: DeviceFactory = pick_devices,
-    ) -> None:
-        self._initial = (
-            _check_count(batch, "batch", MAX_BATCH),
-            _check_count(num_devices, "num_devices", MAX_DEVICES),
-            dim,
-            mode,
-        )
-        self._devices = devices
-        super().__init__()
-
-    def _controls(self) -> dict[str, Any]:
-        import ipywidgets as widgets
-
-        batch, num_devices, dim, mode = self._initial
-        return {
-            "batch": int_slider("batch", batch, 1, MAX_BATCH),
-            "devices": int_slider("devices", num_devices, 1, MAX_DEVICES),
-            "dim": widgets.Dropdown(
-                options=[
-                    (f"0: x is (batch, {FEATURES})", 0),
-                    (f"1: x is ({SEQUENCE}, batch, {FEATURES})", 1),
-                ],
-                value=dim,
-                description="dim",
-            ),
-            "split": widgets.ToggleButtons(
-                options=[(label, key) for key, label in SPLIT_MODES.items()],
-                value=mode,
-                description="split",
-            ),
-        }
-
-    def _compute(self) -> tuple[SplitPlan, Figure]:
-        values = {label: control.value for label, control in self.controls.items()}
-        plan = split_plan(
-            values["batch"], values["devices"], values["dim"], values["split"], self._devices
-        )
-        return plan, split_figure(plan)
-
-    @property
-    def last_plan(self) -> SplitPlan:
-        return self.last_data
+    return [
+        int_slider("batch", batch, 1, MAX_BATCH),
+        int_slider("devices", num_devices, 1, MAX_DEVICES),
+        widgets.Dropdown(
+            options=[
+                (f"0: x is (batch, {FEATURES})", 0),
+                (f"1: x is ({SEQUENCE}, batch, {FEATURES})", 1),
+            ],
+            value=dim,
+            description="dim",
+        ),
+        widgets.ToggleButtons(
+            options=[(label, key) for key, label in SPLIT_MODES.items()],
+            value=mode,
+            description="split",
+        ),
+    ]
 
 
 def split_explorer(
@@ -408,9 +307,23 @@ def split_explorer(
     dim: int = 0,
     mode: str = "torch",
     devices: DeviceFactory = pick_devices,
-) -> SplitExplorer:
-    """The split explorer widget: batch 1-512, devices 1-16, dim, torch.chunk vs balanced."""
-    return SplitExplorer(batch, num_devices, dim, mode, devices)
+) -> Explorer:
+    """The split explorer widget: batch 1-512, devices 1-16, dim, torch.chunk vs balanced.
+
+    ``.last_data`` is the :class:`SplitPlan` shown.
+    """
+    controls = _split_controls(
+        _check_count(batch, "batch", MAX_BATCH),
+        _check_count(num_devices, "num_devices", MAX_DEVICES),
+        dim,
+        mode,
+    )
+    return Explorer(
+        controls,
+        compute=lambda **v: split_plan(v["batch"], v["devices"], v["dim"], v["split"], devices),
+        draw=split_figure,
+        marker=lambda plan, _values: plan.marker,
+    )
 
 
 def idle_devices_table(num_devices: int, batches: Sequence[int]) -> Any:

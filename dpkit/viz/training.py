@@ -29,13 +29,12 @@ import dpkit
 from dpkit.viz.apply import (
     FIGURE_DPI,
     FIGURE_WIDTH,
-    Explorer,
     apply_timeline,
     demo_model,
     hardware_of,
-    int_slider,
     intra_op_threads,
 )
+from dpkit.viz.explorer import Explorer, int_slider
 
 # --------------------------------------------------------------------------------------
 # The backward path as a timeline
