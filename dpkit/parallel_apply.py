@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, nullcontext
+from itertools import chain
 from typing import Any
 
 import torch
@@ -156,7 +157,9 @@ def parallel_apply(
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
-                held = [*_module_tensors(module), *_tensors_in((input, kwargs))]
+                # What the replica holds already is left out of its activations; a generator,
+                # so nothing is walked unless a trace is recording.
+                held = chain(_module_tensors(module), _tensors_in((input, kwargs)))
                 with (
                     tracing.span("apply", device, replica=index),
                     tracing.count_saved_tensors(device, held),
