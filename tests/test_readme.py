@@ -20,32 +20,24 @@ def test_example_is_short():
     assert len(_example_code().strip().splitlines()) <= 14
 
 
+def _python(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+
+
 def test_example_splits_10_as_3_3_3_1_and_matches_the_plain_model():
-    result = subprocess.run(
-        [sys.executable, "-c", _example_code()], capture_output=True, text=True, timeout=120
-    )
+    result = _python("-c", _example_code())
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[3, 3, 3, 1]", "True True"]
 
 
 def test_cli_devices_names_the_choice():
-    result = subprocess.run(
-        [sys.executable, "-m", "dpkit", "devices", "-n", "4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _python("-m", "dpkit", "devices", "-n", "4")
     assert result.returncode == 0, result.stderr
     assert "devices(4) ->" in result.stdout
     assert "torch" in result.stdout
 
 
 def test_cli_rejects_zero_devices_with_a_clear_error():
-    result = subprocess.run(
-        [sys.executable, "-m", "dpkit", "devices", "-n", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _python("-m", "dpkit", "devices", "-n", "0")
     assert result.returncode == 2
     assert "n must be at least 1" in result.stderr

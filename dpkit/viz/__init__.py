@@ -28,7 +28,7 @@ from dpkit.viz.figures import (
 )
 
 # Names loaded on first use (ipywidgets and the explorers' models cost import time), by the
-# module that defines them.
+# module that defines them. This table is the one list of the explorers' public names.
 _LAZY_EXPORTS = {
     "explorer": ("Explorer", "figure_png", "int_slider"),
     "quiz": ("Question", "check_your_understanding"),

@@ -36,15 +36,6 @@ from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import PHASE_COLORS, hardware_title, human_bytes
 from dpkit.viz.split import DPI, MAX_DEVICES, DeviceFactory
 
-__all__ = [
-    "ReplicationCost",
-    "example_model",
-    "model_cost",
-    "replication_cost",
-    "replication_explorer",
-    "replication_figure",
-]
-
 IN_FEATURES, CLASSES = 64, 10
 MAX_WIDTH = 2048
 BUFFER_COLOR = "#3b7a75"  # a darker shade of the replicate colour

@@ -38,16 +38,6 @@ from dpkit.trace_export import as_dataframe
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import PHASE_COLORS, hardware_title
 
-__all__ = [
-    "SplitPlan",
-    "example_input",
-    "idle_devices_table",
-    "scatter_table",
-    "split_explorer",
-    "split_figure",
-    "split_plan",
-]
-
 SPLIT_MODES = {"torch": "torch.chunk", "balanced": "balanced"}
 FEATURES = 3  # columns of the example input
 SEQUENCE = 5  # time steps of the sequence-first example input (dim=1)

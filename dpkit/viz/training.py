@@ -271,20 +271,3 @@ def speedup_figure(rows: list[SpeedupRow]) -> Figure:
         axes.grid(alpha=0.3)
     figure.suptitle(f"Measured on this machine — {rows[0].hardware}", fontsize=10)
     return figure
-
-
-__all__ = [
-    "Equivalence",
-    "SpeedupRow",
-    "TrainingRun",
-    "backward_explorer",
-    "backward_timeline",
-    "compare_with_single_device",
-    "loss_curve",
-    "measure_speedup",
-    "speedup_figure",
-    "toy_batch",
-    "toy_model",
-    "train",
-    "training_trace",
-]
