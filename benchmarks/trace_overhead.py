@@ -9,11 +9,11 @@ one step at a time in interleaved rounds (the order rotates every round, so drif
 machine's speed lands on all three alike):
 
 ``baseline``  dpkit with the trace module's entry points replaced by unconditional no-ops:
-              ``span`` and ``count_saved_tensors`` return a shared ``nullcontext`` without
-              testing whether anything listens, ``record_memory`` does nothing and
-              ``enabled`` returns False. The call sites themselves stay (removing them would
-              mean editing the primitives), so this is dpkit as if the trace's "is anyone
-              recording?" tests were free.
+              ``span`` returns a shared ``nullcontext`` without testing whether anything
+              listens, ``record_memory`` does nothing and ``enabled`` returns False. The
+              call sites themselves stay (removing them would mean editing the
+              primitives), so this is dpkit as if the trace's "is anyone recording?" tests
+              were free.
 ``off``       dpkit as shipped, no trace open: every entry point tests a list and returns.
 ``on``        dpkit as shipped inside ``with dpkit.trace()``, opened around each timed step
               (so the cost of entering and leaving the trace counts too).
@@ -72,7 +72,6 @@ _NO_OP = nullcontext()
 # The baseline's trace entry points: what each would be if it tested nothing.
 UNCHECKED: dict[str, Callable[..., Any]] = {
     "span": lambda *args, **kwargs: _NO_OP,
-    "count_saved_tensors": lambda *args, **kwargs: _NO_OP,
     "record_memory": lambda *args, **kwargs: None,
     "enabled": lambda: False,
 }

@@ -59,8 +59,14 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
 
 
 def _count(op: str, tensor: torch.Tensor, source: Device, destination: Device) -> None:
+    tracing_on = tracing.enabled()
+    if not (_listeners or tracing_on):
+        return
+    nbytes = tensor_nbytes(tensor)
+    if tracing_on:  # straight to the open span: a Transfer per copy would cost more
+        tracing.count_moved_bytes(nbytes)
     if _listeners:
-        transfer = Transfer(op, source, destination, tensor_nbytes(tensor))
+        transfer = Transfer(op, source, destination, nbytes)
         for listener in list(_listeners.values()):
             listener(transfer)
 
@@ -127,12 +133,12 @@ def broadcast(
                 f"{device_of(tensor)}; move the module to devices[0] first"
             )
     copies = []
+    held = sum(tensor_nbytes(t) for t in tensors) if tracing.enabled() else 0
     with torch.no_grad():
         for device in devices:
             with tracing.span(phase, device, step, tensors=len(tensors)):
                 copies.append([copy_to(t, device, "broadcast") for t in tensors])
             if phase == "replicate":
-                held = sum(tensor_nbytes(t) for t in tensors)
                 tracing.record_memory(device, "parameters", held, step)
     return copies
 

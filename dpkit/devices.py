@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,13 +44,15 @@ class Device:
     index: int
     kind: str
     torch_device: torch.device
+    # Derived once here: traces read them for every event.
+    name: str = field(init=False, compare=False, repr=False)
+    is_virtual: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def is_virtual(self) -> bool:
-        return self.kind in (VIRTUAL_GPU, VIRTUAL_CPU)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self._name())
+        object.__setattr__(self, "is_virtual", self.kind in (VIRTUAL_GPU, VIRTUAL_CPU))
 
-    @property
-    def name(self) -> str:
+    def _name(self) -> str:
         if self.kind == REAL:
             return str(self.torch_device)
         if self.kind == HOST:

@@ -157,18 +157,8 @@ def parallel_apply(
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
-                # What the replica holds already is left out of its activations; a generator,
-                # so nothing is walked unless a trace is recording.
-                held = chain(_module_tensors(module), _tensors_in((input, kwargs)))
-                with (
-                    tracing.span("apply", device, replica=index),
-                    tracing.count_saved_tensors(device, held),
-                ):
+                with tracing.span("apply", device, replica=index):
                     output = module(*input, **kwargs)
-                if tracing.enabled():
-                    outputs_nbytes = sum(comm.tensor_nbytes(t) for t in _tensors_in(output))
-                    tracing.record_memory(device, "outputs", outputs_nbytes)
-                    tracing.time_backward(device, _tensors_in(output), _module_tensors(module))
             for tensor in _tensors_in(output):
                 if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
                     place(tensor, device)
@@ -188,6 +178,9 @@ def parallel_apply(
     ):
         _run_workers(worker, work)
 
+    if tracing.enabled():
+        _trace_outputs(work, results)
+
     if caller_stream is not None:
         for device in resolved:
             caller_stream.wait_stream(stream_of(device))
@@ -202,6 +195,24 @@ def parallel_apply(
             output.reraise()
         outputs.append(output)
     return outputs
+
+
+def _trace_outputs(work: list[tuple[Any, ...]], results: dict[int, Any]) -> None:
+    """What each replica's outputs and activations hold, and a hook to time its backward.
+
+    Done here, after the workers, so that none of it is timed as ``apply`` and the workers
+    never wait for the GIL on the trace's behalf.
+    """
+    for index, module, input, kwargs, device in work:
+        output = results[index]
+        if isinstance(output, ExceptionWrapper):
+            continue
+        outputs = list(_tensors_in(output))
+        tracing.record_memory(device, "outputs", sum(comm.tensor_nbytes(t) for t in outputs))
+        # replicate notes what a replica holds while tracing; any other module is walked
+        own = tracing.held_by(module)
+        given = chain(_module_tensors(module) if own is None else own, _tensors_in((input, kwargs)))
+        tracing.trace_replica(device, outputs, given)
 
 
 def _run_workers(worker: Any, work: list[tuple[Any, ...]]) -> None:

@@ -22,7 +22,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from dpkit import comm
+from dpkit import comm, tracing
 from dpkit._functions import Broadcast
 from dpkit.devices import Device, DeviceLike, as_devices
 
@@ -117,4 +117,8 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
                     copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
                     setattr(copies[index], key, copy)
 
+    if tracing.enabled():  # the trace reads each replica's tensors from here
+        for index, copies in enumerate(module_copies):
+            held = param_copies[index] + buffer_copies_rg[index] + buffer_copies_not_rg[index]
+            tracing.note_held(copies[0], held)
     return [copies[0] for copies in module_copies]  # type: ignore[misc]

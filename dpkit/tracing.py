@@ -33,13 +33,14 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from dpkit import replica_graph
 from dpkit.devices import Device
 
 FORWARD_PHASES = ("scatter", "replicate", "apply", "gather")
 BACKWARD_PHASES = ("grad_scatter", "backward", "reduce", "grad_gather", "grad_broadcast")
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     """One phase on one device: when it ran, how many bytes it moved, in which step."""
 
@@ -79,7 +80,6 @@ _hooks: OrderedDict[int, tuple[frozenset[str] | None, Callable[[Event], None]]] 
 _state_lock = threading.Lock()
 _current = threading.local()  # the span open in this thread, which collects its bytes
 _step = 0
-_transfer_handle: RemovableHandle | None = None
 
 
 def enabled() -> bool:
@@ -98,22 +98,11 @@ def begin_step() -> int:
     return _step
 
 
-def _count_transfer(transfer: Any) -> None:
+def count_moved_bytes(nbytes: int) -> None:
+    """Add ``nbytes`` to the span open in this thread (comm calls this for every copy)."""
     span = getattr(_current, "span", None)
     if span is not None:
-        span.nbytes += transfer.nbytes
-
-
-def _update_transfer_listener() -> None:
-    # Bytes are counted in comm, the one place they move; listen there only while enabled.
-    from dpkit import comm  # comm imports this module to open spans
-
-    global _transfer_handle
-    if enabled() and _transfer_handle is None:
-        _transfer_handle = comm.add_transfer_listener(_count_transfer)
-    elif not enabled() and _transfer_handle is not None:
-        _transfer_handle.remove()
-        _transfer_handle = None
+        span.nbytes += nbytes
 
 
 def register_phase_hook(
@@ -127,13 +116,11 @@ def register_phase_hook(
     with _state_lock:
         handle = RemovableHandle(_hooks)
         _hooks[handle.id] = (wanted, hook)
-        _update_transfer_listener()
     original_remove = handle.remove
 
     def remove() -> None:
         with _state_lock:
             original_remove()
-            _update_transfer_listener()
 
     handle.remove = remove  # type: ignore[method-assign]
     return handle
@@ -158,6 +145,9 @@ def _cuda_origin(device: torch.device) -> tuple[Any, float]:
 class _Span:
     """Times one phase on one device and counts the bytes copied while it is open."""
 
+    __slots__ = ("phase", "device", "step", "details", "nbytes", "cuda", "profiler_range")
+    __slots__ += ("outer", "start", "start_event")
+
     def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any]):
         self.phase, self.device, self.step, self.details = phase, device, step, details
         self.nbytes = 0
@@ -167,11 +157,12 @@ class _Span:
         self.profiler_range = (
             torch.autograd.profiler.record_function(f"dpkit.{phase}")
             if phase != "apply" and torch.autograd._profiler_enabled()
-            else nullcontext()
+            else None
         )
 
     def __enter__(self) -> _Span:
-        self.profiler_range.__enter__()
+        if self.profiler_range is not None:
+            self.profiler_range.__enter__()
         self.outer = getattr(_current, "span", None)
         _current.span = self
         if self.cuda:
@@ -183,22 +174,18 @@ class _Span:
     def __exit__(self, *exc_info: Any) -> None:
         end = time.perf_counter()
         _current.span = self.outer
-        self.profiler_range.__exit__(*exc_info)
+        if self.profiler_range is not None:
+            self.profiler_range.__exit__(*exc_info)
+        device = self.device
         event = Event(
-            self.phase,
-            self.device.name,
-            self.start,
-            end,
-            self.nbytes,
-            self.step,
-            self.device.kind,
+            self.phase, device.name, self.start, end, self.nbytes, self.step, device.kind,
             self.details,
-        )
+        )  # fmt: skip
         if self.cuda:
             end_event = torch.cuda.Event(enable_timing=True)
             end_event.record()
             event.start = event.end = math.nan
-            _pending.append((event, self.device.torch_device, self.start_event, end_event))
+            _pending.append((event, device.torch_device, self.start_event, end_event))
         _emit(event)
 
 
@@ -218,9 +205,10 @@ def resolve_pending() -> None:
 def _emit(event: Event) -> None:
     for recorder in list(_recorders):
         recorder._append(event)
-    for wanted, hook in list(_hooks.values()):
-        if wanted is None or event.phase in wanted:
-            hook(event)
+    if _hooks:
+        for wanted, hook in list(_hooks.values()):
+            if wanted is None or event.phase in wanted:
+                hook(event)
 
 
 def record_memory(device: Device, category: str, nbytes: int, step: int | None = None) -> None:
@@ -232,56 +220,7 @@ def record_memory(device: Device, category: str, nbytes: int, step: int | None =
             recorder._append_memory(record)
 
 
-def _storage_key(tensor: torch.Tensor) -> int:
-    # One replica's tensors share one device, so the storage address alone identifies them.
-    return tensor.untyped_storage().data_ptr()
-
-
-class SavedTensorBytes:
-    """Counts the bytes autograd saves for backward inside the block (activations).
-
-    Each storage counts once; storages in ``already_counted`` (parameters, buffers, inputs,
-    counted in their own categories) are left out. ``category``, when given, is recorded
-    for ``device`` on leaving the block.
-    """
-
-    def __init__(
-        self,
-        already_counted: Iterable[torch.Tensor],
-        device: Device | None = None,
-        category: str | None = None,
-    ):
-        self.device, self.category = device, category
-        self.seen = {_storage_key(t) for t in already_counted if not t.is_sparse}
-        self.nbytes = 0
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_sparse and tensor.layout == torch.strided:
-            key = _storage_key(tensor)
-            if key not in self.seen:
-                self.seen.add(key)
-                self.nbytes += tensor.untyped_storage().nbytes()
-        return tensor
-
-    def __enter__(self) -> SavedTensorBytes:
-        self.hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.hooks.__exit__(*exc_info)
-        if self.device is not None and self.category is not None:
-            record_memory(self.device, self.category, self.nbytes)
-
-
 _OFF = nullcontext()
-
-
-def count_saved_tensors(device: Device, already_counted: Iterable[torch.Tensor]) -> Any:
-    """While tracing, a context counting the activations a replica saves; else a no-op."""
-    if not _recorders:
-        return _OFF
-    return SavedTensorBytes(already_counted, device, "activations")
 
 
 def span(phase: str, device: Device, step: int | None = None, **details: Any) -> Any:
@@ -293,52 +232,70 @@ def span(phase: str, device: Device, step: int | None = None, **details: Any) ->
     return _Span(phase, device, _step if step is None else step, details)
 
 
-class _BackwardTimer:
-    """Times one replica's backward: from its outputs' gradients arriving to its last
-    parameter gradient, using autograd hooks (the backward runs in autograd's threads).
+class ReplicaBackward:
+    """Times one replica's backward: from the first of its output nodes starting to its
+    last node finishing (:mod:`dpkit.replica_graph` finds both), with autograd node hooks.
     """
 
-    def __init__(self, device: Device, step: int, outputs: list, params: list):
+    def __init__(self, device: Device, step: int):
         self.device, self.step = device, step
-        self.remaining = len(params)
+        self.cuda = device.torch_device.type == "cuda"
         self.start: float | None = None
         self.start_event: Any = None
-        for tensor in outputs:
-            tensor.register_hook(self._on_output_grad)
-        for tensor in params:
-            tensor.register_hook(self._on_param_grad)
 
     def _now(self) -> tuple[float, Any]:
-        if self.device.torch_device.type != "cuda":
+        if not self.cuda:
             return time.perf_counter(), None
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return time.perf_counter(), event
 
-    def _on_output_grad(self, grad: torch.Tensor) -> None:
+    def on_start(self, grad_outputs: Any) -> None:
         if self.start is None:
             self.start, self.start_event = self._now()
 
-    def _on_param_grad(self, grad: torch.Tensor) -> None:
-        self.remaining -= 1
-        if self.remaining or self.start is None:
+    def on_end(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        if self.start is None:  # no output took part in this backward
             return
         end, end_event = self._now()
         event = Event("backward", self.device.name, self.start, end, 0, self.step, self.device.kind)
         if end_event is not None:
             event.start = event.end = math.nan
             _pending.append((event, self.device.torch_device, self.start_event, end_event))
+        self.start = None  # a second backward through the same graph starts afresh
         _emit(event)
 
 
-def time_backward(device: Device, outputs: Iterable[torch.Tensor], params: Iterable[torch.Tensor]):
-    """While tracing, emit a ``backward`` event for this replica when its backward is done."""
+def trace_replica(
+    device: Device, outputs: Iterable[torch.Tensor], given: Iterable[torch.Tensor]
+) -> None:
+    """After a replica's forward, while tracing: record its activations (the bytes autograd
+    saved between ``outputs`` and the tensors it was ``given``) and time its backward."""
     if not (_recorders or _hooks):
         return
-    outputs = [t for t in outputs if t.requires_grad]
-    unique = {id(t): t for t in params if t.requires_grad and t.grad_fn is not None}
-    if outputs and unique:
-        _BackwardTimer(device, _step, outputs, list(unique.values()))
+    graph = replica_graph.walk(outputs, given, count_saved=bool(_recorders))
+    if _recorders:
+        record_memory(device, "activations", graph.saved_nbytes)
+    if graph.first_nodes and graph.last_node is not None:
+        timer = ReplicaBackward(device, _step)
+        for node in graph.first_nodes:
+            node.register_prehook(timer.on_start)
+        graph.last_node.register_hook(timer.on_end)
+
+
+_HELD_ATTRIBUTE = "_dpkit_held_tensors"
+
+
+def note_held(replica: Any, tensors: list[torch.Tensor]) -> None:
+    """While tracing, note on a replica the tensors it holds (its parameters and buffers),
+    which replicate knows already, so that nothing walks its modules to find them again."""
+    # Straight into __dict__: nn.Module.__setattr__ is slower, and this is no submodule.
+    replica.__dict__[_HELD_ATTRIBUTE] = tensors
+
+
+def held_by(module: Any) -> list[torch.Tensor] | None:
+    """What :func:`note_held` noted on ``module``, if anything."""
+    return module.__dict__.get(_HELD_ATTRIBUTE)
 
 
 class Trace:
@@ -347,29 +304,26 @@ class Trace:
     def __init__(self) -> None:
         self._events: list[Event] = []
         self._memory: list[MemoryRecord] = []
-        self._lock = threading.Lock()
         self.origin = time.perf_counter()
 
+    # list.append is atomic, so worker threads append without a lock (it would cost a
+    # lock round trip per event, in the threads being timed).
     def _append(self, event: Event) -> None:
-        with self._lock:
-            self._events.append(event)
+        self._events.append(event)
 
     def _append_memory(self, record: MemoryRecord) -> None:
-        with self._lock:
-            self._memory.append(record)
+        self._memory.append(record)
 
     @property
     def memory(self) -> list[MemoryRecord]:
         """What each device held, by category and step."""
-        with self._lock:
-            return list(self._memory)
+        return list(self._memory)
 
     @property
     def events(self) -> list[Event]:
         """Every event in the order it finished (CUDA times resolved first)."""
         resolve_pending()
-        with self._lock:
-            return list(self._events)
+        return list(self._events)
 
     def rows(self) -> Any:
         """One row per event: a pandas DataFrame where pandas is installed, else a list of dicts."""
@@ -408,14 +362,12 @@ class Trace:
             if not _recorders:
                 _step = 0  # steps count from 1 in each outermost trace
             _recorders.append(self)
-            _update_transfer_listener()
         self.origin = time.perf_counter()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         with _state_lock:
             _recorders.remove(self)
-            _update_transfer_listener()
         resolve_pending()
 
 

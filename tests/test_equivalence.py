@@ -8,6 +8,7 @@ from dpkit itself. Models are tiny so the whole file runs in a few seconds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import threading
@@ -511,7 +512,10 @@ def test_replicas_only_for_devices_that_got_a_chunk(batch, used):
 # 11. No reference cycles.
 
 
-def test_no_reference_cycles_after_forward_and_backward():
+@pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
+def test_no_reference_cycles_after_forward_and_backward(traced):
+    """Replicas, their copies and the autograd graph are freed by reference counting alone,
+    tracing or not (a cycle would keep every step's replicas until the GC runs)."""
     model = mlp(seed=2)
     dp = dpkit.DataParallel(model, lanes(4))
     dp(torch.randn(10, 5, dtype=F64)).sum().backward()  # warm-up: lazy imports, caches
@@ -520,10 +524,11 @@ def test_no_reference_cycles_after_forward_and_backward():
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        x = torch.randn(10, 5, dtype=F64, requires_grad=True)
-        out = dp(x)
-        out.sum().backward()
-        del out, x
+        with dpkit.trace() if traced else contextlib.nullcontext():
+            x = torch.randn(10, 5, dtype=F64, requires_grad=True)
+            out = dp(x)
+            out.sum().backward()
+            del out, x
         found = gc.collect()
         kinds = sorted({type(o).__qualname__ for o in gc.garbage})
         assert found == 0, f"{found} objects in reference cycles: {kinds[:20]}"

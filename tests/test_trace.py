@@ -6,6 +6,7 @@ parameter numel x element size); dpkit's own output is never used as the expecta
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -265,6 +266,53 @@ def test_backward_events_carry_the_step_of_their_forward():
         assert Counter(e.device for e in per_device) == used
 
 
+class _SlowScale(torch.autograd.Function):
+    """``x * w`` whose backward sleeps, then notes on which lane and when it finished."""
+
+    finished: dict[str, float] = {}
+
+    @staticmethod
+    def forward(ctx, x, w, lane):
+        ctx.save_for_backward(x, w)
+        ctx.lane = lane
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        time.sleep(0.03)
+        grads = grad * w, (grad * x).sum(0)
+        _SlowScale.finished[ctx.lane] = time.perf_counter()
+        return *grads, None
+
+
+class _SlowModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(F))
+
+    def forward(self, x):
+        return _SlowScale.apply(x, self.w, dpkit.device_of(x).name)
+
+
+def test_each_replica_backward_ends_when_its_own_gradients_are_done():
+    """On the CPU autograd runs the replicas' backward one after another in one thread; each
+    replica's 30 ms backward must end its own event, not the last replica's."""
+    devs = lanes(3)
+    _SlowScale.finished.clear()
+    with dpkit.trace() as tr:
+        dpkit.DataParallel(_SlowModel(), device_ids=devs)(torch.randn(6, F)).sum().backward()
+    finished = _SlowScale.finished
+    assert sorted(finished) == sorted(d.name for d in devs)
+    ends = sorted(finished.values())
+    assert all(b - a >= 0.03 for a, b in zip(ends, ends[1:]))  # one after another
+    for device in devs:
+        event = one(tr.events, "backward", device.name)
+        # it ends after its gradients are computed, and well before the next replica's are
+        assert 0 <= event.end - finished[device.name] < 0.015
+        assert event.start < finished[device.name] - 0.03
+
+
 # --------------------------------------------------------------------------------------
 # off by default
 
@@ -277,11 +325,9 @@ def test_nothing_is_recorded_outside_the_block():
     step_of_training(model, devs, 10)  # before: nobody listens
     with dpkit.trace() as tr:
         assert trace_mod.enabled()
-        assert len(comm._listeners) == len(listeners_before) + 1
         step_of_training(model, devs, 10)
     assert not trace_mod.enabled()
-    assert trace_mod._transfer_handle is None
-    assert comm._listeners == listeners_before
+    assert comm._listeners == listeners_before  # the trace counts bytes without a listener
     assert len(comm._listeners) == 0
     inside_events, inside_memory = len(tr.events), len(tr.memory)
     # one step: 4 each of scatter, replicate, apply, gather, grad_scatter, backward; 4 + 1 reduce
@@ -293,16 +339,23 @@ def test_nothing_is_recorded_outside_the_block():
 
 
 def test_off_costs_nothing():
-    """With no trace and no hook, spans and activation counting are one shared no-op and no
-    transfer listener is installed."""
+    """With no trace and no hook, spans are one shared no-op, no transfer listener is
+    installed and nothing touches the tensors autograd saves."""
     device = lanes(2)[1]
     assert not trace_mod.enabled()
     assert len(comm._listeners) == 0
     assert trace_mod.span("apply", device) is trace_mod.span("scatter", device)
-    assert trace_mod.count_saved_tensors(device, []) is trace_mod.span("apply", device)
+    replicas = dpkit.replicate(mlp(), lanes(2))
+    outputs = dpkit.parallel_apply(replicas, dpkit.scatter(torch.randn(4, F), lanes(2)))
+    # a saved tensor takes one pair of hooks: none were set, so these go in
+    outputs[1].grad_fn._raw_saved_mat1.register_hooks(lambda t: t, lambda t: t)
     step = trace_mod.current_step()
     step_of_training(mlp(), lanes(4), 10)
     assert trace_mod.current_step() == step  # no step counted while off
+    # replicas carry nothing extra; their graph is torch's, parameters fed by the broadcast
+    replicas = dpkit.replicate(mlp(), lanes(2))
+    assert all(trace_mod.held_by(replica) is None for replica in replicas)
+    assert type(replicas[1][0].weight.grad_fn).__name__ == "BroadcastBackward"
 
 
 # --------------------------------------------------------------------------------------
@@ -390,8 +443,9 @@ def test_memory_per_device(batch, output_device):
         assert held[name, "input"] == rows * F * size  # lane 0 holds its chunk too
         assert held[name, "parameters"] == param_bytes(model)
         assert held[name, "outputs"] == rows * OUT * size
-        # the ReLU between the Linears saves its (rows x hidden) output for backward
-        assert held[name, "activations"] >= rows * H * size > 0
+        # the ReLU saves its (rows x hidden) output, and the second Linear saves the same
+        # tensor as its input: one storage, counted once
+        assert held[name, "activations"] == rows * H * size
     assert held[out_name, "gathered"] == batch * OUT * size
 
 
@@ -404,6 +458,48 @@ def test_activations_leave_out_parameters_and_input():
         dp(torch.randn(8, F)).sum().backward()
     activations = {r.device: r.nbytes for r in tr.memory if r.category == "activations"}
     assert activations == {d.name: 0 for d in devs}
+
+
+class _Checkpointed(nn.Module):
+    """An MLP whose body is recomputed in backward (non-reentrant checkpoint)."""
+
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        self.body = mlp()
+        self.checkpointed = checkpointed
+        self.body_runs = [0]  # a list: replicas share it, as they share __dict__'s contents
+
+    def run_body(self, x):
+        self.body_runs[0] += 1
+        return self.body(x)
+
+    def forward(self, x):
+        if self.checkpointed:
+            return torch.utils.checkpoint.checkpoint(self.run_body, x, use_reentrant=False)
+        return self.run_body(x)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
+def test_checkpointed_activations_are_not_counted_nor_recomputed_by_the_trace(traced):
+    """Checkpointing keeps only the body's input, and the trace must not unpack (recompute)
+    the tensors it drops: the body runs once per replica forward, once per backward."""
+    devs = lanes(2)
+    model = _Checkpointed(checkpointed=True)
+    with dpkit.trace() if traced else contextlib.nullcontext() as tr:
+        dpkit.DataParallel(model, device_ids=devs)(torch.randn(6, F)).sum().backward()
+    assert model.body_runs[0] == 2 * len(devs)
+    if traced:
+        activations = [r.nbytes for r in tr.memory if r.category == "activations"]
+        assert activations == [0, 0]  # without the checkpoint: 3 x H floats each
+
+
+def test_activations_without_checkpoint_for_comparison():
+    devs = lanes(2)
+    with dpkit.trace() as tr:
+        model = _Checkpointed(checkpointed=False)
+        dpkit.DataParallel(model, device_ids=devs)(torch.randn(6, F)).sum().backward()
+    activations = [r.nbytes for r in tr.memory if r.category == "activations"]
+    assert activations == [3 * H * esize(torch.float32)] * 2
 
 
 # --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit.tracing import SavedTensorBytes
+from dpkit import replica_graph, tracing
 from dpkit.viz.apply import compact
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device
@@ -74,9 +74,10 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
         else:
             parallel = dpkit.DataParallel(model, device_ids=lanes)
             logits = parallel(inputs)
-            held = [logits, *model.parameters()]
-            with SavedTensorBytes(held, parallel.output_device, LOSS_CATEGORY):
-                nn.functional.cross_entropy(logits, targets)
+            loss_value = nn.functional.cross_entropy(logits, targets)
+            given = [logits, targets, *model.parameters()]
+            saved = replica_graph.saved_bytes([loss_value], given)
+            tracing.record_memory(parallel.output_device, LOSS_CATEGORY, saved)
     return recorded
 
 
