@@ -33,6 +33,7 @@ class Transfer:
 
 
 _listeners: OrderedDict[int, Callable[[Transfer], None]] = OrderedDict()
+_STRIDED = torch.strided
 
 
 def add_transfer_listener(listener: Callable[[Transfer], None]) -> RemovableHandle:
@@ -62,7 +63,7 @@ def _count(op: str, tensor: torch.Tensor, source: Device, destination: Device) -
     tracing_on = tracing.enabled()
     if not (_listeners or tracing_on):
         return
-    nbytes = tensor_nbytes(tensor)
+    nbytes = tensor.nbytes if tensor.layout is _STRIDED else tensor_nbytes(tensor)
     if tracing_on:  # straight to the open span: a Transfer per copy would cost more
         tracing.count_moved_bytes(nbytes)
     if _listeners:
@@ -111,7 +112,7 @@ def scatter(
         with tracing.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
             # A new view: tagging one that stays home touches no caller's object.
             results.append(place(copy_to(chunk, device, "scatter", source), device))
-        if phase == "scatter":
+        if phase == "scatter" and tracing.enabled():
             tracing.record_memory(device, "input", tensor_nbytes(chunk), step)
     return tuple(results)
 

@@ -200,8 +200,8 @@ def parallel_apply(
 def _trace_outputs(work: list[tuple[Any, ...]], results: dict[int, Any]) -> None:
     """What each replica's outputs and activations hold, and a hook to time its backward.
 
-    Done here, after the workers, so that none of it is timed as ``apply`` and the workers
-    never wait for the GIL on the trace's behalf.
+    Done here, after the workers, so that none of it is timed as ``apply`` and no worker
+    waits for the GIL on the trace's behalf.
     """
     for index, module, input, kwargs, device in work:
         output = results[index]

@@ -287,21 +287,28 @@ class _SlowScale(torch.autograd.Function):
 
 
 class _SlowModel(nn.Module):
-    def __init__(self) -> None:
+    """The slow scale, alone or followed by a Linear (then the scale's node, made first,
+    runs last in backward, after the Linear's nodes)."""
+
+    def __init__(self, then_linear: bool) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.ones(F))
+        self.linear = nn.Linear(F, OUT) if then_linear else nn.Identity()
 
     def forward(self, x):
-        return _SlowScale.apply(x, self.w, dpkit.device_of(x).name)
+        return self.linear(_SlowScale.apply(x, self.w, dpkit.device_of(x).name))
 
 
-def test_each_replica_backward_ends_when_its_own_gradients_are_done():
-    """On the CPU autograd runs the replicas' backward one after another in one thread; each
-    replica's 30 ms backward must end its own event, not the last replica's."""
+@pytest.mark.parametrize("then_linear", [False, True], ids=["one_node", "several_nodes"])
+def test_each_replica_backward_ends_when_its_own_gradients_are_done(then_linear):
+    """On the CPU autograd runs the replicas' backward in one thread; here each replica's
+    30 ms node runs last in its backward, so the replicas finish one after another, and
+    each event must end with its own replica, not with the last one."""
     devs = lanes(3)
     _SlowScale.finished.clear()
+    model = _SlowModel(then_linear)
     with dpkit.trace() as tr:
-        dpkit.DataParallel(_SlowModel(), device_ids=devs)(torch.randn(6, F)).sum().backward()
+        dpkit.DataParallel(model, device_ids=devs)(torch.randn(6, F)).sum().backward()
     finished = _SlowScale.finished
     assert sorted(finished) == sorted(d.name for d in devs)
     ends = sorted(finished.values())
