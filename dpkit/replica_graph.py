@@ -26,6 +26,7 @@ history) is walked too: nothing in a node says who made it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 _STRIDED = torch.strided
-_slot_names_by_type: dict[type, tuple[str, ...]] = {}  # per node type, found once
+_slot_names_by_type: dict[type, tuple[tuple[str, str], ...]] = {}  # per node type, found once
 
 
 @dataclass
@@ -54,17 +55,19 @@ def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _slot_names(node: Any) -> tuple[str, ...]:
-    """The names of a node's saved tensors: ``x`` for each ``_raw_saved_x`` attribute."""
+def _slot_names(node: Any) -> tuple[tuple[str, str], ...]:
+    """``(raw, unpacked)`` attribute names of a node's saved tensors, e.g. ``_raw_saved_self``
+    and ``_saved_self``; found with ``dir`` once per node type."""
     names = _slot_names_by_type.get(type(node))
     if names is None:
         prefix = "_raw_saved_"
-        names = tuple(n[len(prefix) :] for n in dir(node) if n.startswith(prefix))
+        found = [n[len(prefix) :] for n in dir(node) if n.startswith(prefix)]
+        names = tuple((prefix + name, "_saved_" + name) for name in found)
         _slot_names_by_type[type(node)] = names
     return names
 
 
-def _count_saved(node: Any, count: Any) -> None:
+def _count_saved(node: Any, names: tuple[tuple[str, str], ...], count: Any) -> None:
     """Pass each tensor ``node`` saved to ``count``, unpacking none that has hooks.
 
     One operator saves all its tensors under the same default hooks, so one slot speaks
@@ -72,14 +75,14 @@ def _count_saved(node: Any, count: Any) -> None:
     node had none and its other slots can be read; if it has hooks already, none can.
     """
     probed = False
-    for name in _slot_names(node):
+    for raw_name, unpacked_name in names:
         if probed:
-            value = getattr(node, "_saved_" + name, None)
+            value = getattr(node, unpacked_name, None)
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(tensor, torch.Tensor):
                     count(tensor)
             continue
-        slot = getattr(node, "_raw_saved_" + name, None)
+        slot = getattr(node, raw_name, None)
         if slot is None or isinstance(slot, (list, tuple)):
             continue  # a list (cat, stack) is left to another slot's probe
         try:
@@ -116,17 +119,19 @@ def walk(
     graph = ReplicaGraph()
     graph.first_nodes = [t.grad_fn for t in outputs if t.grad_fn is not None]
     stack = [node for node in graph.first_nodes if node not in visited]
-    lowest = None
-    while stack:
+    lowest = math.inf
+    while stack:  # runs for every node of every replica while tracing: kept lean
         node = stack.pop()
         if node in visited:
             continue
         visited.add(node)
         number = node._sequence_nr()
-        if lowest is None or number < lowest:
+        if number < lowest:
             lowest, graph.last_node = number, node
         if count_saved:
-            _count_saved(node, count)
+            names = _slot_names_by_type.get(type(node)) or _slot_names(node)
+            if names:
+                _count_saved(node, names, count)
         for next_node, _ in node.next_functions:
             if next_node is not None:
                 stack.append(next_node)
