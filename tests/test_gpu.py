@@ -157,3 +157,24 @@ def test_replicate_matches_torch():
         for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
             assert p.device == q.device, name
     assert ours[0][0].weight.data_ptr() == model[0].weight.data_ptr()
+
+
+@pytest.mark.parametrize("kind", ["lanes", "real"])
+def test_trace_on_gpu_times_every_phase_and_counts_activations(kind):
+    """On CUDA the trace's times come from CUDA events: after the block every event has
+    finite, ordered times; each lane has its apply and backward events; the activations are
+    the ReLU output each replica saves (its rows x 256 floats)."""
+    devs = dpkit.virtual_devices(2, on="cuda") if kind == "lanes" else _real_or_skip(2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 8)).cuda()
+    with dpkit.trace() as tr:
+        dpkit.DataParallel(model, device_ids=devs)(
+            torch.randn(10, 32, device="cuda")
+        ).sum().backward()
+    events = tr.events
+    assert all(e.start <= e.end and e.end < float("inf") for e in events)
+    for device in devs:
+        phases = {e.phase for e in events if e.device == device.name}
+        assert {"scatter", "replicate", "apply", "gather", "backward"} <= phases
+    activations = [r.nbytes for r in tr.memory if r.category == "activations"]
+    assert activations == [5 * 256 * 4, 5 * 256 * 4]
