@@ -23,7 +23,7 @@ What tracing costs, and where: each phase opens a span (two clock reads and an e
 copy adds its bytes to the span open in its thread, and after each replica's forward
 :mod:`dpkit.replica_graph` walks its autograd graph once (its activations, and the two
 nodes whose hooks time its backward), outside the timed ``apply``. On 4 CPU lanes that is
-about 4% of a training step of a small MLP (``benchmarks/trace_overhead.py``).
+5-6% of a training step of a small MLP (``benchmarks/trace_overhead.py``).
 """
 
 from __future__ import annotations
