@@ -43,7 +43,7 @@ JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHOND
 # The tests, then nbval over the stored notebooks; both run, and the first failure's exit code
 # is the target's.
 test: venv
-	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
 	echo "$(BIN)/python -m pytest $(PYTEST_ARGS)"; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
@@ -71,7 +71,7 @@ lab: venv
 	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
 
 lint: venv
-	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
 format: venv
