@@ -33,7 +33,6 @@ class Transfer:
 
 
 _listeners: OrderedDict[int, Callable[[Transfer], None]] = OrderedDict()
-_STRIDED = torch.strided
 
 
 def add_transfer_listener(listener: Callable[[Transfer], None]) -> RemovableHandle:
@@ -47,7 +46,7 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
     """Bytes a copy of ``tensor`` moves (values and indices for a sparse tensor)."""
     if tensor.is_sparse:
         return tensor_nbytes(tensor._values()) + tensor_nbytes(tensor._indices())
-    return tensor.numel() * tensor.element_size()
+    return tensor.nbytes  # numel x element size (of a view: its own elements only)
 
 
 def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
@@ -63,7 +62,7 @@ def _count(op: str, tensor: torch.Tensor, source: Device, destination: Device) -
     tracing_on = tracing.enabled()
     if not (_listeners or tracing_on):
         return
-    nbytes = tensor.nbytes if tensor.layout is _STRIDED else tensor_nbytes(tensor)
+    nbytes = tensor_nbytes(tensor)
     if tracing_on:  # straight to the open span: a Transfer per copy would cost more
         tracing.count_moved_bytes(nbytes)
     if _listeners:

@@ -191,12 +191,17 @@ class _Span:
         if self.cuda:
             end_event = torch.cuda.Event(enable_timing=True)
             end_event.record()
-            event.start = event.end = math.nan
-            _pending.append((event, device.torch_device, self.start_event, end_event))
+            _resolve_later(event, device, self.start_event, end_event)
         _emit(event)
 
 
 _pending: list[tuple[Event, torch.device, Any, Any]] = []
+
+
+def _resolve_later(event: Event, device: Device, start_event: Any, end_event: Any) -> None:
+    """Leave ``event``'s times NaN until :func:`resolve_pending` reads them off the GPU."""
+    event.start = event.end = math.nan
+    _pending.append((event, device.torch_device, start_event, end_event))
 
 
 def resolve_pending() -> None:
@@ -267,8 +272,7 @@ class ReplicaBackward:
         end, end_event = self._now()
         event = Event("backward", self.device.name, self.start, end, 0, self.step, self.device.kind)
         if end_event is not None:
-            event.start = event.end = math.nan
-            _pending.append((event, self.device.torch_device, self.start_event, end_event))
+            _resolve_later(event, self.device, self.start_event, end_event)
         self.start = None  # a second backward through the same graph starts afresh
         _emit(event)
 
