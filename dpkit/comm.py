@@ -54,7 +54,7 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
         # Another lane of the same physical device: a real copy in the same memory.
         return tensor.clone()  # keeps strides; sparse tensors take no memory_format
     # Copies into CPU memory block, so the result is ready when it is returned.
-    non_blocking = destination.torch_device.type != "cpu"
+    non_blocking = destination.device_type != "cpu"
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)
 
 
@@ -201,7 +201,7 @@ def gather(
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
     result = torch.empty(shape, dtype=first.dtype, device=destination.torch_device)
-    non_blocking = destination.torch_device.type != "cpu"
+    non_blocking = destination.device_type != "cpu"
     offset = 0
     for tensor, source in zip(tensors, sources, strict=True):
         rows = tensor.shape[dim]

@@ -44,13 +44,16 @@ class Device:
     index: int
     kind: str
     torch_device: torch.device
-    # Derived once here: traces read them for every event.
+    # Derived once here: every copy and every traced event reads them, and
+    # torch.device.type builds a new string on each call.
     name: str = field(init=False, compare=False, repr=False)
     is_virtual: bool = field(init=False, compare=False, repr=False)
+    device_type: str = field(init=False, compare=False, repr=False)  # "cpu", "cuda", ...
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", self._name())
         object.__setattr__(self, "is_virtual", self.kind in (VIRTUAL_GPU, VIRTUAL_CPU))
+        object.__setattr__(self, "device_type", self.torch_device.type)
 
     def _name(self) -> str:
         if self.kind == REAL:
@@ -263,9 +266,9 @@ def device_of(tensor: torch.Tensor) -> Device:
     lane = getattr(tensor, _LANE_ATTRIBUTE, None)
     if lane is not None:
         return lane
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         return HOST_DEVICE
-    if tensor.device.type == "meta":
+    if tensor.is_meta:
         raise ValueError("a tensor on the meta device holds no data to move between devices")
     return Device(tensor.device.index or 0, REAL, tensor.device)
 
@@ -294,9 +297,9 @@ _lane_streams_lock = threading.Lock()
 
 def stream_of(device: Device) -> Any | None:
     """The stream work for ``device`` runs on (None on CPU)."""
-    if device.torch_device.type == "cpu":
+    if device.device_type == "cpu":
         return None
-    module = torch.get_device_module(device.torch_device.type)
+    module = torch.get_device_module(device.device_type)
     if device.kind == REAL:
         return module.current_stream(device.torch_device)
     with _lane_streams_lock:

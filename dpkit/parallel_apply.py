@@ -95,9 +95,7 @@ def _caller_stream(devices: Sequence[Device]) -> Any | None:
     """The stream the caller queued its copies on, when lanes share one GPU (else None)."""
     if devices[0].kind != VIRTUAL_GPU:
         return None  # real devices: each replica uses its device's current stream, as torch
-    return torch.get_device_module(devices[0].torch_device.type).current_stream(
-        devices[0].torch_device
-    )
+    return torch.get_device_module(devices[0].device_type).current_stream(devices[0].torch_device)
 
 
 def _worker_context(
@@ -107,15 +105,15 @@ def _worker_context(
     inference_mode: bool,
     caller_stream: Any | None,
 ) -> None:
-    torch_device = device.torch_device
-    if torch_device.type != "cpu":
-        module = torch.get_device_module(torch_device.type)
+    torch_device, device_type = device.torch_device, device.device_type
+    if device_type != "cpu":
+        module = torch.get_device_module(device_type)
         stack.enter_context(module.device(torch_device))
         stream = stream_of(device)
         if caller_stream is not None:
             stream.wait_stream(caller_stream)  # the lane's inputs were copied on the caller's
         stack.enter_context(module.stream(stream))
-    autocast_type = torch_device.type if torch_device.type in autocast else "cpu"
+    autocast_type = device_type if device_type in autocast else "cpu"
     enabled, dtype = autocast[autocast_type]
     stack.enter_context(torch.autocast(autocast_type, dtype=dtype, enabled=enabled))
     if inference_mode:

@@ -14,11 +14,12 @@ was given (its parameters, buffers and inputs) and finds:
 
 Why not ``torch.autograd.graph.saved_tensors_hooks`` around each forward: its pack hook is
 Python called from inside every operator, and lengthened the ``apply`` times the trace
-measures. Walking afterwards costs nothing inside the forward. Each saved tensor is reached
-through the per-tensor form of the same hooks (``SavedTensor.register_hooks``: a pack hook
-that counts, an unpack hook that returns the tensor as it is), never by unpacking it.
-Tensors that already have hooks are skipped: ``torch.utils.checkpoint`` recomputes them
-rather than keep them, and ``save_on_cpu`` moves them off the device.
+measures. Walking afterwards costs nothing inside the forward. Each saved tensor is read
+as autograd stores it (``SavedTensor.data``), never unpacked, so nothing is recomputed or
+copied back. Tensors that saved-tensor hooks packed are skipped: ``torch.utils.checkpoint``
+recomputes them rather than keep them, and ``save_on_cpu`` moves them off the device. (On
+a torch without ``SavedTensor.data``, each node is probed with ``SavedTensor.register_hooks``
+instead: slower, same counts.)
 
 A node reached that was made elsewhere (a module using a global tensor with its own
 history) is walked too: nothing in a node says who made it.
@@ -33,7 +34,6 @@ from typing import Any
 
 import torch
 
-_STRIDED = torch.strided
 _slot_names_by_type: dict[type, tuple[tuple[str, str], ...]] = {}  # per node type, found once
 
 
@@ -46,38 +46,46 @@ class ReplicaGraph:
     last_node: Any = None  # the node its backward runs last
 
 
-def storage_key(tensor: torch.Tensor) -> int:
-    """Identifies a tensor's storage (the tensors compared live on one device)."""
-    return tensor.untyped_storage().data_ptr()
+def _data_pointer(tensor: torch.Tensor) -> int:
+    """Where ``tensor``'s first element lives; 0 for none (empty, or no single storage)."""
+    try:
+        return tensor.data_ptr()
+    except RuntimeError:  # sparse and other layouts without one storage
+        return 0
 
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _slot_names(node: Any) -> tuple[tuple[str, str], ...]:
-    """``(raw, unpacked)`` attribute names of a node's saved tensors, e.g. ``_raw_saved_self``
-    and ``_saved_self``; found with ``dir`` once per node type."""
+def _slot_names(node: Any) -> tuple[str, ...]:
+    """Attribute names of a node's saved tensors, e.g. ``_raw_saved_self`` (each a
+    ``SavedTensor``, or a list of them); found with ``dir`` once per node type."""
     names = _slot_names_by_type.get(type(node))
     if names is None:
-        prefix = "_raw_saved_"
-        found = [n[len(prefix) :] for n in dir(node) if n.startswith(prefix)]
-        names = tuple((prefix + name, "_saved_" + name) for name in found)
+        names = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
         _slot_names_by_type[type(node)] = names
     return names
 
 
-def _count_saved(node: Any, names: tuple[tuple[str, str], ...], count: Any) -> None:
-    """Pass each tensor ``node`` saved to ``count``, unpacking none that has hooks.
+def _count_saved_by_probing(node: Any, names: tuple[str, ...], count: Any) -> None:
+    """Pass each tensor ``node`` saved, without hooks, to ``count``, on a torch without
+    ``SavedTensor.data`` (before 2.6 or so), where :func:`walk` cannot read them directly.
 
     One operator saves all its tensors under the same default hooks, so one slot speaks
-    for the node: if hooks can be registered on it (``count`` runs as their pack hook), the
-    node had none and its other slots can be read; if it has hooks already, none can.
+    for the node: if hooks can be registered on it (``count`` runs in their pack hook, and
+    the tensor is then unpacked through ``_identity`` in backward), the node had none and
+    its other slots can be unpacked (``_saved_<name>``); if it has hooks, none can be.
     """
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        count(tensor)
+        return tensor  # kept as it is, and handed back by _identity in backward
+
     probed = False
-    for raw_name, unpacked_name in names:
+    for raw_name in names:
         if probed:
-            value = getattr(node, unpacked_name, None)
+            value = getattr(node, "_saved_" + raw_name[len("_raw_saved_") :], None)
             for tensor in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(tensor, torch.Tensor):
                     count(tensor)
@@ -86,12 +94,20 @@ def _count_saved(node: Any, names: tuple[tuple[str, str], ...], count: Any) -> N
         if slot is None or isinstance(slot, (list, tuple)):
             continue  # a list (cat, stack) is left to another slot's probe
         try:
-            slot.register_hooks(count, _identity)  # calls count(tensor) right away
+            slot.register_hooks(pack, _identity)  # calls pack(tensor) right away
         except RuntimeError as error:
             if "None" in str(error):  # nothing saved in this slot: try the next one
                 continue
             return  # hooks set already (checkpoint, offloading, or an earlier walk)
         probed = True
+
+
+def _has_saved_data() -> bool:
+    saved_tensor_type = getattr(torch._C._autograd, "SavedTensor", None)
+    return all(hasattr(saved_tensor_type, name) for name in ("data", "unpack_hook"))
+
+
+_READ_SAVED_DATA = _has_saved_data()  # else probe (tests switch it off to check the probe)
 
 
 def walk(
@@ -101,26 +117,41 @@ def walk(
 
     With ``count_saved=False`` only the start and end nodes are found.
     """
-    given = list(given)
-    seen = {storage_key(t) for t in given if t.layout is _STRIDED} if count_saved else set()
+    # Runs for every replica of every traced step, so it is written for speed: one pass
+    # over the given tensors, no storage objects for them, counting inlined.
+    given_nodes = set()
+    given_pointers = []  # a storage is a given tensor's when one starts inside it
+    for tensor in given:
+        node = tensor.grad_fn
+        if node is not None:
+            given_nodes.add(node)
+        if count_saved:
+            pointer = _data_pointer(tensor)
+            if pointer:
+                given_pointers.append(pointer)
+    read_data = count_saved and _READ_SAVED_DATA
+    seen_storages: set[int] = set()
     nbytes = 0
 
-    def count(tensor: torch.Tensor) -> torch.Tensor:
+    def count(tensor: torch.Tensor) -> None:
         nonlocal nbytes
-        if tensor.layout is _STRIDED:  # sparse and other layouts have no single storage
+        try:
             storage = tensor.untyped_storage()
-            key = storage.data_ptr()
-            if key not in seen:
-                seen.add(key)
-                nbytes += storage.nbytes()
-        return tensor
+        except NotImplementedError:  # sparse and other layouts have no single storage
+            return
+        key = storage.data_ptr()
+        if key not in seen_storages:
+            seen_storages.add(key)
+            size = storage.nbytes()
+            if not any(key <= pointer < key + size for pointer in given_pointers):
+                nbytes += size
 
-    visited = {t.grad_fn for t in given if t.grad_fn is not None}  # the walk stops there
     graph = ReplicaGraph()
     graph.first_nodes = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    visited = given_nodes  # the walk stops at the given tensors' nodes
     stack = [node for node in graph.first_nodes if node not in visited]
     lowest = math.inf
-    while stack:  # runs for every node of every replica while tracing: kept lean
+    while stack:
         node = stack.pop()
         if node in visited:
             continue
@@ -129,9 +160,20 @@ def walk(
         if number < lowest:
             lowest, graph.last_node = number, node
         if count_saved:
-            names = _slot_names_by_type.get(type(node)) or _slot_names(node)
-            if names:
-                _count_saved(node, names, count)
+            names = _slot_names_by_type.get(type(node))
+            if names is None:
+                names = _slot_names(node)
+            if not read_data:
+                _count_saved_by_probing(node, names, count)
+                names = ()
+            for name in names:
+                slot = getattr(node, name)
+                for saved in slot if isinstance(slot, (list, tuple)) else (slot,):
+                    # .data is what autograd stores: the tensor, None once freed or for an
+                    # empty slot, or what saved-tensor hooks packed (then left out)
+                    data = saved.data
+                    if data is not None and saved.unpack_hook is None:
+                        count(data)
         for next_node, _ in node.next_functions:
             if next_node is not None:
                 stack.append(next_node)

@@ -158,7 +158,9 @@ class _Span:
     def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any]):
         self.phase, self.device, self.step, self.details = phase, device, step, details
         self.nbytes = 0
-        self.cuda = device.torch_device.type == "cuda"
+        self.cuda = device.device_type == "cuda"
+        if self.cuda:
+            _cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work
         # The profiler sees only the thread that started it, so worker threads' apply spans
         # open no range; parallel_apply opens dpkit.apply in the caller's thread instead.
         self.profiler_range = (
@@ -239,8 +241,6 @@ def span(phase: str, device: Device, step: int | None = None, **details: Any) ->
     """A context that records ``phase`` on ``device``; a shared no-op when nothing listens."""
     if not (_recorders or _hooks):
         return _OFF
-    if device.torch_device.type == "cuda":
-        _cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work starts
     return _Span(phase, device, _step if step is None else step, details)
 
 
@@ -251,7 +251,7 @@ class ReplicaBackward:
 
     def __init__(self, device: Device, step: int):
         self.device, self.step = device, step
-        self.cuda = device.torch_device.type == "cuda"
+        self.cuda = device.device_type == "cuda"
         self.start: float | None = None
         self.start_event: Any = None
 

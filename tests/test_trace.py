@@ -20,7 +20,7 @@ from lanes import lanes
 from torch import nn
 
 import dpkit
-from dpkit import comm
+from dpkit import comm, replica_graph
 from dpkit import tracing as trace_mod
 
 F, H, OUT = 5, 7, 3  # features in, hidden, features out
@@ -426,9 +426,20 @@ def test_hook_with_several_phases_and_a_trace_see_the_same_events():
 # memory
 
 
+@pytest.fixture(params=["data", "probe"])
+def saved_tensor_reading(request, monkeypatch):
+    """Both ways replica_graph reads saved tensors: SavedTensor.data where torch has it,
+    else a probe with SavedTensor.register_hooks (the path for older torch)."""
+    if request.param == "data" and not replica_graph._READ_SAVED_DATA:
+        pytest.skip("this torch has no SavedTensor.data")
+    if request.param == "probe":
+        monkeypatch.setattr(replica_graph, "_READ_SAVED_DATA", False)
+    return request.param
+
+
 @pytest.mark.parametrize("output_device", [0, 2])
 @pytest.mark.parametrize("batch", [10, 6])
-def test_memory_per_device(batch, output_device):
+def test_memory_per_device(batch, output_device, saved_tensor_reading):
     devs = lanes(4)
     model = mlp()
     size = esize(torch.float32)
@@ -487,7 +498,9 @@ class _Checkpointed(nn.Module):
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
-def test_checkpointed_activations_are_not_counted_nor_recomputed_by_the_trace(traced):
+def test_checkpointed_activations_are_not_counted_nor_recomputed_by_the_trace(
+    traced, saved_tensor_reading
+):
     """Checkpointing keeps only the body's input, and the trace must not unpack (recompute)
     the tensors it drops: the body runs once per replica forward, once per backward."""
     devs = lanes(2)
@@ -500,7 +513,33 @@ def test_checkpointed_activations_are_not_counted_nor_recomputed_by_the_trace(tr
         assert activations == [0, 0]  # without the checkpoint: 3 x H floats each
 
 
-def test_activations_without_checkpoint_for_comparison():
+class _Offloaded(nn.Module):
+    """An MLP whose saved tensors are packed by save_on_cpu's hooks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, x):
+        with torch.autograd.graph.save_on_cpu():
+            return self.body(x)
+
+
+def test_activations_packed_by_other_hooks_are_not_counted(saved_tensor_reading):
+    """What save_on_cpu keeps lives elsewhere (pinned host memory on a GPU): not the lane's."""
+    devs = lanes(2)
+    model = _Offloaded()
+    reference = copy.deepcopy(model)
+    x = torch.randn(6, F)
+    with dpkit.trace() as tr:
+        dpkit.DataParallel(model, device_ids=devs)(x).sum().backward()
+    assert [r.nbytes for r in tr.memory if r.category == "activations"] == [0, 0]
+    reference(x).sum().backward()  # the trace left the packed tensors usable
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_activations_without_checkpoint_for_comparison(saved_tensor_reading):
     devs = lanes(2)
     with dpkit.trace() as tr:
         model = _Checkpointed(checkpointed=False)
