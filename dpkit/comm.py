@@ -58,14 +58,16 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)
 
 
-def _count(op: str, tensor: torch.Tensor, source: Device, destination: Device) -> None:
+def _count(op: str, tensor: torch.Tensor, source: Device | None, destination: Device) -> None:
+    """Count one copy's bytes into the open trace span and for the transfer listeners."""
     tracing_on = tracing.enabled()
-    if not (_listeners or tracing_on):
+    if not (tracing_on or _listeners):
         return
     nbytes = tensor_nbytes(tensor)
     if tracing_on:  # straight to the open span: a Transfer per copy would cost more
         tracing.count_moved_bytes(nbytes)
     if _listeners:
+        source = device_of(tensor) if source is None else source
         transfer = Transfer(op, source, destination, nbytes)
         for listener in list(_listeners.values()):
             listener(transfer)
@@ -89,7 +91,7 @@ def copy_to(
     there = resides_on(tensor, destination) if source is None else _same_memory(source, destination)
     if there:
         return tensor  # the caller's own object: never tagged, never copied
-    _count(op, tensor, device_of(tensor) if source is None else source, destination)
+    _count(op, tensor, source, destination)  # resolves the source only if someone listens
     return place(_copy_data(tensor, destination), destination)
 
 

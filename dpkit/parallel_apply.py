@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, nullcontext
-from itertools import chain
 from typing import Any
 
 import torch
@@ -42,16 +41,18 @@ from dpkit.devices import (
 )
 
 
-def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+def _tensors_in(obj: Any, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Every tensor in ``obj``: a tensor, or lists, tuples and dicts holding tensors."""
+    found = [] if found is None else found
     if isinstance(obj, torch.Tensor):
-        yield obj
+        found.append(obj)
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            yield from _tensors_in(item)
+            _tensors_in(item, found)
     elif isinstance(obj, dict):
         for item in obj.values():
-            yield from _tensors_in(item)
+            _tensors_in(item, found)
+    return found
 
 
 def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
@@ -64,7 +65,8 @@ def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
     """The first tensor found in ``obj`` (a tensor, or a list, tuple or dict holding one)."""
-    return next(_tensors_in(obj), None)
+    found = _tensors_in(obj)
+    return found[0] if found else None
 
 
 def _check_lengths(modules, inputs, kwargs_tup, devices) -> None:
@@ -205,11 +207,11 @@ def _trace_outputs(work: list[tuple[Any, ...]], results: dict[int, Any]) -> None
         output = results[index]
         if isinstance(output, ExceptionWrapper):
             continue
-        outputs = list(_tensors_in(output))
-        tracing.record_memory(device, "outputs", sum(comm.tensor_nbytes(t) for t in outputs))
+        outputs = _tensors_in(output)
+        tracing.record_memory(device, "outputs", sum(map(comm.tensor_nbytes, outputs)))
         # replicate notes what a replica holds while tracing; any other module is walked
         own = tracing.held_by(module)
-        given = chain(_module_tensors(module) if own is None else own, _tensors_in((input, kwargs)))
+        given = _tensors_in((input, kwargs), list(_module_tensors(module) if own is None else own))
         tracing.trace_replica(device, outputs, given)
 
 

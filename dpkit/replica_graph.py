@@ -28,6 +28,7 @@ history) is walked too: nothing in a node says who made it.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,68 +118,71 @@ def walk(
 
     With ``count_saved=False`` only the start and end nodes are found.
     """
-    # Runs for every replica of every traced step, so it is written for speed: one pass
-    # over the given tensors, no storage objects for them, counting inlined.
-    given_nodes = set()
-    given_pointers = []  # a storage is a given tensor's when one starts inside it
-    for tensor in given:
-        node = tensor.grad_fn
-        if node is not None:
-            given_nodes.add(node)
-        if count_saved:
-            pointer = _data_pointer(tensor)
-            if pointer:
-                given_pointers.append(pointer)
-    read_data = count_saved and _READ_SAVED_DATA
-    seen_storages: set[int] = set()
-    nbytes = 0
-
-    def count(tensor: torch.Tensor) -> None:
-        nonlocal nbytes
-        try:
-            storage = tensor.untyped_storage()
-        except NotImplementedError:  # sparse and other layouts have no single storage
-            return
-        key = storage.data_ptr()
-        if key not in seen_storages:
-            seen_storages.add(key)
-            size = storage.nbytes()
-            if not any(key <= pointer < key + size for pointer in given_pointers):
-                nbytes += size
-
+    # Runs for every replica of every traced step: written for speed, not for beauty.
+    given = list(given)
+    visited = {tensor.grad_fn for tensor in given}  # the walk stops there
+    visited.add(None)  # and at inputs that need no gradient
     graph = ReplicaGraph()
-    graph.first_nodes = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    visited = given_nodes  # the walk stops at the given tensors' nodes
+    graph.first_nodes = [node for node in (t.grad_fn for t in outputs) if node is not None]
     stack = [node for node in graph.first_nodes if node not in visited]
+    nodes = []
     lowest = math.inf
     while stack:
         node = stack.pop()
         if node in visited:
             continue
         visited.add(node)
+        nodes.append(node)
         number = node._sequence_nr()
         if number < lowest:
             lowest, graph.last_node = number, node
-        if count_saved:
-            names = _slot_names_by_type.get(type(node))
-            if names is None:
-                names = _slot_names(node)
-            if not read_data:
-                _count_saved_by_probing(node, names, count)
-                names = ()
-            for name in names:
-                slot = getattr(node, name)
-                for saved in slot if isinstance(slot, (list, tuple)) else (slot,):
-                    # .data is what autograd stores: the tensor, None once freed or for an
-                    # empty slot, or what saved-tensor hooks packed (then left out)
-                    data = saved.data
-                    if data is not None and saved.unpack_hook is None:
-                        count(data)
-        for next_node, _ in node.next_functions:
-            if next_node is not None:
-                stack.append(next_node)
-    graph.saved_nbytes = nbytes
+        stack.extend([next_node for next_node, _ in node.next_functions])
+    if count_saved:
+        graph.saved_nbytes = _saved_nbytes(nodes, given)
     return graph
+
+
+def _saved_nbytes(nodes: list[Any], given: list[torch.Tensor]) -> int:
+    """Bytes of the storages that ``nodes`` saved for backward, each counted once, leaving
+    out the storages of the ``given`` tensors and what saved-tensor hooks packed."""
+    saved: list[torch.Tensor] = []
+    for node in nodes:
+        names = _slot_names_by_type.get(type(node))
+        if names is None:
+            names = _slot_names(node)
+        if not _READ_SAVED_DATA:
+            _count_saved_by_probing(node, names, saved.append)
+            continue
+        for name in names:
+            slot = getattr(node, name)
+            for one in slot if isinstance(slot, (list, tuple)) else (slot,):
+                # .data is what autograd stores: the tensor, None once freed or for an
+                # empty slot, or what saved-tensor hooks packed (then left out)
+                data = one.data
+                if data is not None and one.unpack_hook is None:
+                    saved.append(data)
+    # A storage is a given tensor's when one of them starts inside it (storages never
+    # overlap): comparing data pointers needs no storage object per given tensor.
+    given_pointers = sorted(map(_data_pointer, given))
+    seen: set[int] = set()
+    nbytes = 0
+    for tensor in saved:
+        try:
+            storage = tensor.untyped_storage()
+        except NotImplementedError:  # sparse and other layouts have no single storage
+            continue
+        key = storage.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        size = storage.nbytes()
+        first_at_or_after = bisect_left(given_pointers, key)
+        if (
+            first_at_or_after == len(given_pointers)
+            or given_pointers[first_at_or_after] >= key + size
+        ):
+            nbytes += size
+    return nbytes
 
 
 def saved_bytes(outputs: Iterable[torch.Tensor], given: Iterable[torch.Tensor]) -> int:

@@ -136,6 +136,8 @@ def register_phase_hook(
 # --------------------------------------------------------------------------------------
 # Clocks: CPU work is timed in its own thread; CUDA work by events on its stream.
 
+_clock = time.perf_counter  # bound once: read twice per event
+_profiler_enabled = torch.autograd._profiler_enabled
 _cuda_origins: dict[torch.device, tuple[Any, float]] = {}
 
 
@@ -165,7 +167,7 @@ class _Span:
         # open no range; parallel_apply opens dpkit.apply in the caller's thread instead.
         self.profiler_range = (
             torch.autograd.profiler.record_function(f"dpkit.{phase}")
-            if phase != "apply" and torch.autograd._profiler_enabled()
+            if phase != "apply" and _profiler_enabled()
             else None
         )
 
@@ -175,13 +177,12 @@ class _Span:
         self.outer = getattr(_current, "span", None)
         _current.span = self
         if self.cuda:
-            self.start_event = torch.cuda.Event(enable_timing=True)
-            self.start_event.record()
-        self.start = time.perf_counter()
+            self.start_event = _cuda_event_now()
+        self.start = _clock()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        end = time.perf_counter()
+        end = _clock()
         _current.span = self.outer
         if self.profiler_range is not None:
             self.profiler_range.__exit__(*exc_info)
@@ -191,9 +192,7 @@ class _Span:
             self.details,
         )  # fmt: skip
         if self.cuda:
-            end_event = torch.cuda.Event(enable_timing=True)
-            end_event.record()
-            _resolve_later(event, device, self.start_event, end_event)
+            _resolve_later(event, device, self.start_event, _cuda_event_now())
         _emit(event)
 
 
@@ -249,32 +248,36 @@ class ReplicaBackward:
     last node finishing (:mod:`dpkit.replica_graph` finds both), with autograd node hooks.
     """
 
+    __slots__ = ("device", "step", "cuda", "start", "start_event")
+
     def __init__(self, device: Device, step: int):
         self.device, self.step = device, step
         self.cuda = device.device_type == "cuda"
         self.start: float | None = None
         self.start_event: Any = None
 
-    def _now(self) -> tuple[float, Any]:
-        if not self.cuda:
-            return time.perf_counter(), None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return time.perf_counter(), event
-
     def on_start(self, grad_outputs: Any) -> None:
         if self.start is None:
-            self.start, self.start_event = self._now()
+            self.start_event = _cuda_event_now() if self.cuda else None
+            self.start = _clock()
 
     def on_end(self, grad_inputs: Any, grad_outputs: Any) -> None:
         if self.start is None:  # no output took part in this backward
             return
-        end, end_event = self._now()
-        event = Event("backward", self.device.name, self.start, end, 0, self.step, self.device.kind)
+        end_event = _cuda_event_now() if self.cuda else None
+        device = self.device
+        event = Event("backward", device.name, self.start, _clock(), 0, self.step, device.kind)
         if end_event is not None:
-            _resolve_later(event, self.device, self.start_event, end_event)
+            _resolve_later(event, device, self.start_event, end_event)
         self.start = None  # a second backward through the same graph starts afresh
         _emit(event)
+
+
+def _cuda_event_now() -> Any:
+    """A timing event recorded now on the current CUDA stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def trace_replica(
