@@ -1,7 +1,8 @@
 """The one place where bytes move between devices.
 
 Every copy dpkit makes from one device to another goes through :func:`copy_to`, so the
-bytes can be counted in one place (:func:`add_transfer_listener`). A tensor already on its
+bytes can be counted in one place (:func:`add_transfer_listener`); the trace's spans count
+the bytes of the copies made while they are open. A tensor already on its
 target is used as it is, never copied, exactly as ``torch.nn.parallel.comm`` does for the
 chunk or parameter that already sits on the target GPU.
 
@@ -58,19 +59,22 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)
 
 
-def _count(op: str, tensor: torch.Tensor, source: Device | None, destination: Device) -> None:
-    """Count one copy's bytes into the open trace span and for the transfer listeners."""
-    tracing_on = tracing.enabled()
-    if not (tracing_on or _listeners):
-        return
-    nbytes = tensor_nbytes(tensor)
-    if tracing_on:  # straight to the open span: a Transfer per copy would cost more
-        tracing.count_moved_bytes(nbytes)
+def _notify(op: str, tensor: torch.Tensor, source: Device | None, destination: Device) -> None:
+    """Tell the transfer listeners about one copy (the trace counts bytes per span)."""
     if _listeners:
         source = device_of(tensor) if source is None else source
-        transfer = Transfer(op, source, destination, nbytes)
+        transfer = Transfer(op, source, destination, tensor_nbytes(tensor))
         for listener in list(_listeners.values()):
             listener(transfer)
+
+
+def _moved_nbytes(originals: Sequence[torch.Tensor], results: Sequence[torch.Tensor]) -> int:
+    """Bytes :func:`copy_to` copied to turn ``originals`` into ``results``: it hands back
+    the original itself when no copy was needed."""
+    try:
+        return sum(o.nbytes for o, r in zip(originals, results) if r is not o)
+    except RuntimeError:  # a sparse tensor among them: count its values and indices
+        return sum(tensor_nbytes(o) for o, r in zip(originals, results) if r is not o)
 
 
 def _same_memory(source: Device, destination: Device) -> bool:
@@ -91,7 +95,7 @@ def copy_to(
     there = resides_on(tensor, destination) if source is None else _same_memory(source, destination)
     if there:
         return tensor  # the caller's own object: never tagged, never copied
-    _count(op, tensor, source, destination)  # resolves the source only if someone listens
+    _notify(op, tensor, source, destination)
     return place(_copy_data(tensor, destination), destination)
 
 
@@ -110,9 +114,14 @@ def scatter(
     """
     results = []
     for chunk, device in zip(tensor.split(list(chunk_sizes), dim), devices, strict=True):
-        with tracing.span(phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)):
+        with tracing.span(
+            phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)
+        ) as span:
+            moved = copy_to(chunk, device, "scatter", source)
+            if span is not None and moved is not chunk:  # tracing, and a copy was made
+                span.nbytes = tensor_nbytes(chunk)
             # A new view: tagging one that stays home touches no caller's object.
-            results.append(place(copy_to(chunk, device, "scatter", source), device))
+            results.append(place(moved, device))
         if phase == "scatter" and tracing.enabled():
             tracing.record_memory(device, "input", tensor_nbytes(chunk), step)
     return tuple(results)
@@ -138,8 +147,10 @@ def broadcast(
     held = sum(tensor_nbytes(t) for t in tensors) if tracing.enabled() else 0
     with torch.no_grad():
         for device in devices:
-            with tracing.span(phase, device, step, tensors=len(tensors)):
+            with tracing.span(phase, device, step, tensors=len(tensors)) as span:
                 copies.append([copy_to(t, device, "broadcast") for t in tensors])
+                if span is not None:
+                    span.nbytes = _moved_nbytes(tensors, copies[-1])
             if phase == "replicate":
                 tracing.record_memory(device, "parameters", held, step)
     return copies
@@ -160,8 +171,12 @@ def reduce_add(
     """
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
-        with tracing.span(phase, device, step, tensors=len(tensors), destination=destination.name):
+        with tracing.span(
+            phase, device, step, tensors=len(tensors), destination=destination.name
+        ) as span:
             on_destination.append([copy_to(t, destination, "reduce", device) for t in tensors])
+            if span is not None:
+                span.nbytes = _moved_nbytes(tensors, on_destination[-1])
     root = next((j for j, d in enumerate(devices) if d == destination), 0)
     order = [root] + [j for j in range(len(devices)) if j != root]
     results = []
@@ -207,9 +222,11 @@ def gather(
     offset = 0
     for tensor, source in zip(tensors, sources, strict=True):
         rows = tensor.shape[dim]
-        with tracing.span(phase, source, step, rows=rows, destination=destination.name):
+        with tracing.span(phase, source, step, rows=rows, destination=destination.name) as span:
             if not _same_memory(source, destination):
-                _count("gather", tensor, source, destination)
+                _notify("gather", tensor, source, destination)
+                if span is not None:
+                    span.nbytes = tensor_nbytes(tensor)
             result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
         offset += rows
     if phase == "gather":

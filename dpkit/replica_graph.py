@@ -27,15 +27,21 @@ history) is walked too: nothing in a node says who made it.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import torch
 
-_slot_names_by_type: dict[type, tuple[tuple[str, str], ...]] = {}  # per node type, found once
+_slot_names_by_type: dict[type, tuple[str, ...]] = {}  # per node type, found once
+_slot_readers: dict[type, Any] = {}  # per node type: reads all its slots in one C call
+_sequence_number = methodcaller("_sequence_nr")
+_data_and_hook = attrgetter("data", "unpack_hook")
+_NOT_MADE = object()
+_data_ptr = methodcaller("data_ptr")
+_untyped_storage = methodcaller("untyped_storage")
 
 
 @dataclass
@@ -69,38 +75,64 @@ def _slot_names(node: Any) -> tuple[str, ...]:
     return names
 
 
+def _slot_reader(node: Any) -> Any:
+    """A getter of all the ``SavedTensor`` objects a node of this type holds, as a tuple or
+    list (None for a type that saves nothing); made once per node type, C-level
+    (``attrgetter``) unless the type saves lists of tensors (``cat``, ``stack``)."""
+    names = _slot_names(node)
+    if not names:
+        reader = None
+    else:
+        get_slots = attrgetter(*names)
+        if len(names) == 1:
+            only = get_slots
+
+            def get_slots(node: Any) -> tuple[Any]:
+                return (only(node),)  # a tuple, as attrgetter gives for several names
+
+        if any(isinstance(slot, (list, tuple)) for slot in get_slots(node)):
+            one_per_slot = get_slots
+
+            def get_slots(node: Any) -> list[Any]:
+                flat: list[Any] = []
+                for slot in one_per_slot(node):
+                    flat.extend(slot) if isinstance(slot, (list, tuple)) else flat.append(slot)
+                return flat
+
+        reader = get_slots
+    _slot_readers[type(node)] = reader
+    return reader
+
+
 def _count_saved_by_probing(node: Any, names: tuple[str, ...], count: Any) -> None:
     """Pass each tensor ``node`` saved, without hooks, to ``count``, on a torch without
     ``SavedTensor.data`` (before 2.6 or so), where :func:`walk` cannot read them directly.
 
-    One operator saves all its tensors under the same default hooks, so one slot speaks
-    for the node: if hooks can be registered on it (``count`` runs in their pack hook, and
-    the tensor is then unpacked through ``_identity`` in backward), the node had none and
-    its other slots can be unpacked (``_saved_<name>``); if it has hooks, none can be.
+    One operator saves all its tensors under the same saved-tensor hooks, so one saved
+    tensor speaks for the node: if hooks can be registered on it (``count`` runs in their
+    pack hook, and the tensor is then unpacked through ``_identity`` in backward), the node
+    had none and its tensors can be unpacked (``_saved_<name>``) without running anything.
     """
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         count(tensor)
         return tensor  # kept as it is, and handed back by _identity in backward
 
-    probed = False
-    for raw_name in names:
-        if probed:
-            value = getattr(node, "_saved_" + raw_name[len("_raw_saved_") :], None)
-            for tensor in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(tensor, torch.Tensor):
-                    count(tensor)
-            continue
-        slot = getattr(node, raw_name, None)
-        if slot is None or isinstance(slot, (list, tuple)):
-            continue  # a list (cat, stack) is left to another slot's probe
-        try:
-            slot.register_hooks(pack, _identity)  # calls pack(tensor) right away
-        except RuntimeError as error:
-            if "None" in str(error):  # nothing saved in this slot: try the next one
-                continue
-            return  # hooks set already (checkpoint, offloading, or an earlier walk)
-        probed = True
+    for name in names:
+        slot = getattr(node, name)
+        for one in slot if isinstance(slot, (list, tuple)) else (slot,):
+            try:
+                one.register_hooks(pack, _identity)  # calls pack(tensor) right away
+            except RuntimeError as error:
+                if "None" in str(error):  # nothing saved in this slot: try the next one
+                    continue
+                return  # hooks set already (checkpoint, offloading, or an earlier walk)
+            for unpacked_name in (n.replace("_raw_saved_", "_saved_", 1) for n in names):
+                value = getattr(node, unpacked_name)
+                for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(tensor, torch.Tensor):
+                        count(tensor)  # the probed one again: its storage counts once
+            return
 
 
 def _has_saved_data() -> bool:
@@ -118,25 +150,22 @@ def walk(
 
     With ``count_saved=False`` only the start and end nodes are found.
     """
-    # Runs for every replica of every traced step: written for speed, not for beauty.
+    # Runs for every replica of every traced step: written to run few Python bytecodes
+    # per node (C-level getters from operator), not for beauty.
     given = list(given)
     visited = {tensor.grad_fn for tensor in given}  # the walk stops there
     visited.add(None)  # and at inputs that need no gradient
     graph = ReplicaGraph()
     graph.first_nodes = [node for node in (t.grad_fn for t in outputs) if node is not None]
-    stack = [node for node in graph.first_nodes if node not in visited]
-    nodes = []
-    lowest = math.inf
-    while stack:
-        node = stack.pop()
-        if node in visited:
-            continue
-        visited.add(node)
-        nodes.append(node)
-        number = node._sequence_nr()
-        if number < lowest:
-            lowest, graph.last_node = number, node
-        stack.extend([next_node for next_node, _ in node.next_functions])
+    nodes = [node for node in graph.first_nodes if node not in visited]
+    visited.update(nodes)
+    for node in nodes:  # grows while it is read: each node is appended once
+        for next_node, _ in node.next_functions:
+            if next_node not in visited:
+                visited.add(next_node)
+                nodes.append(next_node)
+    if nodes:
+        graph.last_node = min(nodes, key=_sequence_number)
     if count_saved:
         graph.saved_nbytes = _saved_nbytes(nodes, given)
     return graph
@@ -146,35 +175,38 @@ def _saved_nbytes(nodes: list[Any], given: list[torch.Tensor]) -> int:
     """Bytes of the storages that ``nodes`` saved for backward, each counted once, leaving
     out the storages of the ``given`` tensors and what saved-tensor hooks packed."""
     saved: list[torch.Tensor] = []
-    for node in nodes:
-        names = _slot_names_by_type.get(type(node))
-        if names is None:
-            names = _slot_names(node)
-        if not _READ_SAVED_DATA:
-            _count_saved_by_probing(node, names, saved.append)
-            continue
-        for name in names:
-            slot = getattr(node, name)
-            for one in slot if isinstance(slot, (list, tuple)) else (slot,):
-                # .data is what autograd stores: the tensor, None once freed or for an
-                # empty slot, or what saved-tensor hooks packed (then left out)
-                data = one.data
-                if data is not None and one.unpack_hook is None:
-                    saved.append(data)
+    if _READ_SAVED_DATA:
+        slots: list[Any] = []
+        for node in nodes:
+            reader = _slot_readers.get(type(node), _NOT_MADE)
+            if reader is _NOT_MADE:
+                reader = _slot_reader(node)
+            if reader is not None:
+                slots.extend(reader(node))
+        # .data is what autograd stores: the tensor, None once freed or for an empty slot,
+        # or what saved-tensor hooks packed (unpack_hook is then set: left out)
+        saved = [
+            data
+            for data, unpack_hook in map(_data_and_hook, slots)
+            if data is not None and unpack_hook is None
+        ]
+    else:
+        for node in nodes:
+            _count_saved_by_probing(node, _slot_names(node), saved.append)
+    if not saved:
+        return 0
+    try:
+        storages = list(map(_untyped_storage, saved))
+    except NotImplementedError:  # a sparse tensor (no single storage) among them: skip it
+        storages = [t.untyped_storage() for t in saved if t.layout is torch.strided]
+    try:
+        given_pointers = sorted(map(_data_ptr, given))
+    except RuntimeError:  # a given tensor without storage
+        given_pointers = sorted(map(_data_pointer, given))
     # A storage is a given tensor's when one of them starts inside it (storages never
     # overlap): comparing data pointers needs no storage object per given tensor.
-    given_pointers = sorted(map(_data_pointer, given))
-    seen: set[int] = set()
     nbytes = 0
-    for tensor in saved:
-        try:
-            storage = tensor.untyped_storage()
-        except NotImplementedError:  # sparse and other layouts have no single storage
-            continue
-        key = storage.data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
+    for key, storage in {storage.data_ptr(): storage for storage in storages}.items():
         size = storage.nbytes()
         first_at_or_after = bisect_left(given_pointers, key)
         if (

@@ -19,11 +19,11 @@ Timing: on the CPU from the monotonic clock inside the thread doing the work; on
 CUDA events recorded on the work's stream and resolved after synchronisation (an event's
 times are NaN until then; ``tr.events`` resolves them).
 
-What tracing costs, and where: each phase opens a span (two clock reads and an event), each
-copy adds its bytes to the span open in its thread, and after each replica's forward
+What tracing costs, and where: each phase opens a span (two clock reads and an event; the
+primitive adds the bytes it copied), and after each replica's forward
 :mod:`dpkit.replica_graph` walks its autograd graph once (its activations, and the two
 nodes whose hooks time its backward), outside the timed ``apply``. On 4 CPU lanes that is
-5-6% of a training step of a small MLP (``benchmarks/trace_overhead.py``).
+PLACEHOLDER of a training step of a small MLP (``benchmarks/trace_overhead.py``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ class MemoryRecord:
 _recorders: list[Trace] = []
 _hooks: OrderedDict[int, tuple[frozenset[str] | None, Callable[[Event], None]]] = OrderedDict()
 _state_lock = threading.Lock()
-_current = threading.local()  # the span open in this thread, which collects its bytes
 _step = 0
 
 
@@ -103,13 +102,6 @@ def begin_step() -> int:
     global _step
     _step += 1
     return _step
-
-
-def count_moved_bytes(nbytes: int) -> None:
-    """Add ``nbytes`` to the span open in this thread (comm calls this for every copy)."""
-    span = getattr(_current, "span", None)
-    if span is not None:
-        span.nbytes += nbytes
 
 
 def register_phase_hook(
@@ -152,10 +144,11 @@ def _cuda_origin(device: torch.device) -> tuple[Any, float]:
 
 
 class _Span:
-    """Times one phase on one device and counts the bytes copied while it is open."""
+    """Times one phase on one device; the primitive that opened it sets ``nbytes``, the
+    bytes it copied while the span was open."""
 
     __slots__ = ("phase", "device", "step", "details", "nbytes", "cuda", "profiler_range")
-    __slots__ += ("outer", "start", "start_event")
+    __slots__ += ("start", "start_event")
 
     def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any]):
         self.phase, self.device, self.step, self.details = phase, device, step, details
@@ -174,8 +167,6 @@ class _Span:
     def __enter__(self) -> _Span:
         if self.profiler_range is not None:
             self.profiler_range.__enter__()
-        self.outer = getattr(_current, "span", None)
-        _current.span = self
         if self.cuda:
             self.start_event = _cuda_event_now()
         self.start = _clock()
@@ -183,7 +174,6 @@ class _Span:
 
     def __exit__(self, *exc_info: Any) -> None:
         end = _clock()
-        _current.span = self.outer
         if self.profiler_range is not None:
             self.profiler_range.__exit__(*exc_info)
         device = self.device
@@ -237,7 +227,8 @@ _OFF = nullcontext()
 
 
 def span(phase: str, device: Device, step: int | None = None, **details: Any) -> Any:
-    """A context that records ``phase`` on ``device``; a shared no-op when nothing listens."""
+    """A context that records ``phase`` on ``device`` and gives the span, whose ``nbytes``
+    the caller sets; when nothing listens, a shared no-op that gives None."""
     if not (_recorders or _hooks):
         return _OFF
     return _Span(phase, device, _step if step is None else step, details)

@@ -153,6 +153,18 @@ def test_bytes_of_backward_phases(batch):
     assert one(events, "reduce", devs[0].name, what="sum").nbytes == 0
 
 
+def test_reduce_bytes_of_sparse_gradients():
+    """A sparse gradient moves its indices and values: one (int64 row, float32 row of 4)
+    per looked-up index in the lane's chunk."""
+    devs = lanes(2)
+    with dpkit.trace() as tr:
+        model = dpkit.DataParallel(nn.Embedding(20, 4, sparse=True), device_ids=devs)
+        model(torch.tensor([1, 2, 3, 4, 5, 5])).sum().backward()
+    per_lookup = esize(torch.int64) + 4 * esize(torch.float32)
+    assert one(tr.events, "reduce", devs[1].name).nbytes == 3 * per_lookup
+    assert one(tr.events, "reduce", devs[0].name).nbytes == 0
+
+
 def test_bytes_with_output_device_other_than_lane_0():
     """Output on lane 2: gather moves every piece except lane 2's own; the gradient of the
     output lives on lane 2, so grad_scatter moves every slice except lane 2's."""
@@ -537,6 +549,28 @@ def test_activations_packed_by_other_hooks_are_not_counted(saved_tensor_reading)
     reference(x).sum().backward()  # the trace left the packed tensors usable
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+class _Picker(nn.Module):
+    """Keeps every other hidden unit by advanced indexing, whose node saves its index
+    tensor inside a tuple (IndexBackward0's ``indices``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(F, H)
+
+    def forward(self, x):
+        keep = torch.arange(0, H, 2, device=x.device)  # made here: an activation
+        return torch.relu(self.linear(x))[:, keep]
+
+
+def test_activations_include_tensors_saved_in_lists(saved_tensor_reading):
+    devs = lanes(2)
+    with dpkit.trace() as tr:
+        dpkit.DataParallel(_Picker(), device_ids=devs)(torch.randn(6, F)).sum().backward()
+    activations = [r.nbytes for r in tr.memory if r.category == "activations"]
+    relu_output, index = 3 * H * esize(torch.float32), len(range(0, H, 2)) * esize(torch.int64)
+    assert activations == [relu_output + index] * 2
 
 
 def test_activations_without_checkpoint_for_comparison(saved_tensor_reading):
