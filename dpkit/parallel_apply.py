@@ -207,11 +207,17 @@ def _trace_outputs(work: list[tuple[Any, ...]], results: dict[int, Any]) -> None
         output = results[index]
         if isinstance(output, ExceptionWrapper):
             continue
-        outputs = _tensors_in(output)
+        outputs = [output] if isinstance(output, torch.Tensor) else _tensors_in(output)
         tracing.record_memory(device, "outputs", sum(map(comm.tensor_nbytes, outputs)))
         # replicate notes what a replica holds while tracing; any other module is walked
         own = tracing.held_by(module)
-        given = _tensors_in((input, kwargs), list(_module_tensors(module) if own is None else own))
+        given = list(_module_tensors(module)) if own is None else own.copy()
+        if isinstance(input, torch.Tensor):  # the usual case, without the recursion
+            given.append(input)
+        else:
+            _tensors_in(input, given)
+        if kwargs:
+            _tensors_in(kwargs, given)
         tracing.trace_replica(device, outputs, given)
 
 

@@ -151,10 +151,13 @@ class _Span:
     __slots__ += ("start", "start_event")
 
     def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any]):
-        self.phase, self.device, self.step, self.details = phase, device, step, details
+        self.phase = phase
+        self.device = device
+        self.step = step
+        self.details = details
         self.nbytes = 0
-        self.cuda = device.device_type == "cuda"
-        if self.cuda:
+        self.cuda = cuda = device.device_type == "cuda"
+        if cuda:
             _cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work
         # The profiler sees only the thread that started it, so worker threads' apply spans
         # open no range; parallel_apply opens dpkit.apply in the caller's thread instead.
@@ -183,7 +186,10 @@ class _Span:
         )  # fmt: skip
         if self.cuda:
             _resolve_later(event, device, self.start_event, _cuda_event_now())
-        _emit(event)
+        for recorder in _recorders:  # _emit, inlined: spans are the trace's most frequent call
+            recorder._events.append(event)
+        if _hooks:
+            _call_hooks(event)
 
 
 _pending: list[tuple[Event, torch.device, Any, Any]] = []
@@ -206,20 +212,24 @@ def resolve_pending() -> None:
 
 
 def _emit(event: Event) -> None:
-    for recorder in list(_recorders):
+    for recorder in _recorders:
         recorder._events.append(event)  # atomic: no lock needed in worker threads
     if _hooks:
-        for wanted, hook in list(_hooks.values()):
-            if wanted is None or event.phase in wanted:
-                hook(event)
+        _call_hooks(event)
+
+
+def _call_hooks(event: Event) -> None:
+    for wanted, hook in list(_hooks.values()):
+        if wanted is None or event.phase in wanted:
+            hook(event)
 
 
 def record_memory(device: Device, category: str, nbytes: int, step: int | None = None) -> None:
     """Note that ``device`` holds ``nbytes`` in ``category`` this step (kept while tracing)."""
     if _recorders:
-        step = _step if step is None else step
-        record = MemoryRecord(device.name, category, nbytes, step, device.kind)
-        for recorder in list(_recorders):
+        # a plain tuple (MemoryRecord is made when read): one per device and category
+        record = (device.name, category, nbytes, _step if step is None else step, device.kind)
+        for recorder in _recorders:
             recorder._memory.append(record)  # atomic: no lock needed in worker threads
 
 
@@ -308,13 +318,13 @@ class Trace:
 
     def __init__(self) -> None:
         self._events: list[Event] = []
-        self._memory: list[MemoryRecord] = []
+        self._memory: list[tuple[str, str, int, int, str]] = []  # MemoryRecord's fields
         self.origin = time.perf_counter()
 
     @property
     def memory(self) -> list[MemoryRecord]:
         """What each device held, by category and step."""
-        return list(self._memory)
+        return [MemoryRecord(*fields) for fields in self._memory]
 
     @property
     def events(self) -> list[Event]:
