@@ -13,8 +13,10 @@ was given (its parameters, buffers and inputs) and finds:
   (This holds while one thread made the replica's graph, which parallel_apply ensures.)
 
 Why not ``torch.autograd.graph.saved_tensors_hooks`` around each forward: its pack hook is
-Python called from inside every operator, and lengthened the ``apply`` times the trace
-measures. Walking afterwards costs nothing inside the forward. Each saved tensor is read
+Python called from inside every operator, which lengthens the ``apply`` times the trace
+measures, and its unpack hook runs again for every saved tensor in backward; counted with
+``benchmarks/trace_instructions.py``, a trace built that way cost 10% more instructions
+than one that walks the graph. Walking afterwards costs nothing inside the forward. Each saved tensor is read
 as autograd stores it (``SavedTensor.data``), never unpacked, so nothing is recomputed or
 copied back. Tensors that saved-tensor hooks packed are skipped: ``torch.utils.checkpoint``
 recomputes them rather than keep them, and ``save_on_cpu`` moves them off the device. (On

@@ -23,7 +23,8 @@ What tracing costs, and where: each phase opens a span (two clock reads and an e
 primitive adds the bytes it copied), and after each replica's forward
 :mod:`dpkit.replica_graph` walks its autograd graph once (its activations, and the two
 nodes whose hooks time its backward), outside the timed ``apply``. On 4 CPU lanes that is
-PLACEHOLDER of a training step of a small MLP (``benchmarks/trace_overhead.py``).
+about 3% of a training step of a small MLP in time (``benchmarks/trace_overhead.py``)
+and in CPU instructions (``benchmarks/trace_instructions.py``).
 """
 
 from __future__ import annotations
