@@ -16,12 +16,13 @@ Why not ``torch.autograd.graph.saved_tensors_hooks`` around each forward: its pa
 Python called from inside every operator, which lengthens the ``apply`` times the trace
 measures, and its unpack hook runs again for every saved tensor in backward; counted with
 ``benchmarks/trace_instructions.py``, a trace built that way cost 10% more instructions
-than one that walks the graph. Walking afterwards costs nothing inside the forward. Each saved tensor is read
-as autograd stores it (``SavedTensor.data``), never unpacked, so nothing is recomputed or
-copied back. Tensors that saved-tensor hooks packed are skipped: ``torch.utils.checkpoint``
-recomputes them rather than keep them, and ``save_on_cpu`` moves them off the device. (On
-a torch without ``SavedTensor.data``, each node is probed with ``SavedTensor.register_hooks``
-instead: slower, same counts.)
+than one that walks the graph. Walking afterwards costs nothing inside the forward.
+
+Each saved tensor is read as autograd stores it (``SavedTensor.data``), never unpacked, so
+nothing is recomputed or copied back. Tensors that saved-tensor hooks packed are skipped:
+``torch.utils.checkpoint`` recomputes them rather than keep them, and ``save_on_cpu`` moves
+them off the device. (On a torch without ``SavedTensor.data``, each node is probed with
+``SavedTensor.register_hooks`` instead: slower, same counts.)
 
 A node reached that was made elsewhere (a module using a global tensor with its own
 history) is walked too: nothing in a node says who made it.
