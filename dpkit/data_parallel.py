@@ -106,8 +106,9 @@ class DataParallel(nn.Module, Generic[T]):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("DataParallel.forward"):
-            if tracing.enabled():
-                tracing.begin_step()
+            tracing_on = tracing.enabled()
+            if tracing_on:
+                tracing.begin_step((*self.device_ids, self.output_device))
             _check_on_source(self.module, self.src_device_obj)
             inputs, module_kwargs = self.scatter(inputs, kwargs, self.device_ids)
             # A forward without inputs still runs once, on device_ids[0].
@@ -115,10 +116,14 @@ class DataParallel(nn.Module, Generic[T]):
                 inputs = ((),)
                 module_kwargs = ({},)
             if len(self.device_ids) == 1:
-                return self.module(*inputs[0], **module_kwargs[0])
-            replicas = self.replicate(self.module, self.device_ids[: len(inputs)])
-            outputs = self.parallel_apply(replicas, inputs, module_kwargs)
-            return self.gather(outputs, self.output_device)
+                result = self.module(*inputs[0], **module_kwargs[0])
+            else:
+                replicas = self.replicate(self.module, self.device_ids[: len(inputs)])
+                outputs = self.parallel_apply(replicas, inputs, module_kwargs)
+                result = self.gather(outputs, self.output_device)
+            if tracing_on:
+                tracing.record_allocated()
+            return result
 
     def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
         return replicate(module, device_ids, not torch.is_grad_enabled())
@@ -162,15 +167,20 @@ def data_parallel(
         inputs = (inputs,) if inputs is not None else ()
     resolved, output = _resolve(device_ids, output_device)
     _check_on_source(module, resolved[0])
-    if tracing.enabled():
-        tracing.begin_step()
+    tracing_on = tracing.enabled()
+    if tracing_on:
+        tracing.begin_step((*resolved, output))
     inputs, module_kwargs = scatter_kwargs(inputs, module_kwargs, resolved, dim, chunk_sizes)
     if not inputs and not module_kwargs:
         inputs = ((),)
         module_kwargs = ({},)
     if len(resolved) == 1:
-        return module(*inputs[0], **module_kwargs[0])
-    used = resolved[: len(inputs)]
-    replicas = replicate(module, used)
-    outputs = parallel_apply(replicas, inputs, module_kwargs, used)
-    return gather(outputs, output, dim)
+        result = module(*inputs[0], **module_kwargs[0])
+    else:
+        used = resolved[: len(inputs)]
+        replicas = replicate(module, used)
+        outputs = parallel_apply(replicas, inputs, module_kwargs, used)
+        result = gather(outputs, output, dim)
+    if tracing_on:
+        tracing.record_allocated()
+    return result

@@ -15,6 +15,10 @@ on GPUs each device has its own backward thread. Each event has ``phase``, ``dev
 ``start`` and ``end`` (seconds of ``time.perf_counter``, one clock for every device),
 ``nbytes`` moved between devices, ``step`` and free-form ``details``.
 
+Memory (``tr.memory``): the bytes each device holds, by category and step: counted from the
+tensors themselves on every device kind, and on real CUDA devices also read from torch's
+allocator (see :class:`MemoryRecord`).
+
 Timing: on the CPU from the monotonic clock inside the thread doing the work; on CUDA from
 CUDA events recorded on the work's stream and resolved after synchronisation (an event's
 times are NaN until then; ``tr.events`` resolves them).
@@ -42,7 +46,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from dpkit import replica_graph
-from dpkit.devices import Device
+from dpkit.devices import REAL, Device
 
 FORWARD_PHASES = ("scatter", "replicate", "apply", "gather")
 BACKWARD_PHASES = ("grad_scatter", "backward", "reduce", "grad_gather", "grad_broadcast")
@@ -70,10 +74,18 @@ class Event:
 class MemoryRecord:
     """Bytes one device holds in one category during one step.
 
-    Categories: ``parameters`` (the replica's parameters and buffers; lane 0's are the
-    module's own), ``input`` (its chunk), ``activations`` (tensors autograd saved for
-    backward in that replica), ``outputs`` (what the replica returned) and ``gathered``
-    (the combined output on the output device).
+    Counted categories, which add up: ``parameters`` (the replica's parameters and buffers;
+    lane 0's are the module's own), ``input`` (its chunk), ``activations`` (tensors autograd
+    saved for backward in that replica), ``outputs`` (what the replica returned) and
+    ``gathered`` (the combined output on the output device).
+
+    On real CUDA devices, two more from torch's caching allocator, each a total of everything
+    the process holds there (optimizer state and the caller's own tensors too), so they do
+    not add to the counted ones: ``allocated (torch)`` (``torch.cuda.memory_allocated`` at
+    the end of the step's forward, what backward starts from) and ``peak (torch)``
+    (``torch.cuda.max_memory_allocated`` from the step's forward until the next step begins
+    or the trace ends: backward and the optimizer step included). Virtual lanes on one GPU
+    share its allocator, so only their counted bytes are per lane.
     """
 
     device: str
@@ -82,6 +94,9 @@ class MemoryRecord:
     step: int = 0
     kind: str = ""
 
+
+ALLOCATED, PEAK = "allocated (torch)", "peak (torch)"
+ALLOCATOR_CATEGORIES = (ALLOCATED, PEAK)  # totals from torch's allocator, not parts of a sum
 
 _recorders: list[Trace] = []
 _hooks: OrderedDict[int, tuple[frozenset[str] | None, Callable[[Event], None]]] = OrderedDict()
@@ -98,11 +113,49 @@ def current_step() -> int:
     return _step
 
 
-def begin_step() -> int:
-    """Start a new step (DataParallel calls this at every forward while tracing)."""
-    global _step
+def begin_step(devices: Iterable[Device] = ()) -> int:
+    """Start a new step on ``devices`` (DataParallel calls this at every forward while tracing).
+
+    While a trace records, this ends the previous step's ``peak (torch)`` reading and, on the
+    real CUDA devices among ``devices``, resets torch's peak memory statistics
+    (``torch.cuda.reset_peak_memory_stats``), so that a step's peak is its own.
+    """
+    global _step, _allocator_devices
+    if _recorders:
+        record_allocator_peaks()
     _step += 1
+    if _recorders:
+        _allocator_devices = _cuda_allocators(devices)
+        for device in _allocator_devices:
+            torch.cuda.reset_peak_memory_stats(device.torch_device)
     return _step
+
+
+# --------------------------------------------------------------------------------------
+# Memory from torch's CUDA allocator: read at the end of a step's forward, and its peak
+# when the next step begins (or the trace ends).
+
+_allocator_devices: tuple[Device, ...] = ()  # the current step's real CUDA devices
+
+
+def _cuda_allocators(devices: Iterable[Device]) -> tuple[Device, ...]:
+    # Virtual lanes share one GPU's allocator: its totals are no lane's own.
+    return tuple(dict.fromkeys(d for d in devices if d.kind == REAL and d.device_type == "cuda"))
+
+
+def record_allocated() -> None:
+    """At the end of a forward: ``allocated (torch)`` on each of the step's CUDA devices."""
+    for device in _allocator_devices:
+        record_memory(device, ALLOCATED, torch.cuda.memory_allocated(device.torch_device))
+
+
+def record_allocator_peaks() -> None:
+    """``peak (torch)`` since the step began on each of its CUDA devices; ends the step's
+    readings (a second call records nothing)."""
+    global _allocator_devices
+    devices, _allocator_devices = _allocator_devices, ()
+    for device in devices:
+        record_memory(device, PEAK, torch.cuda.max_memory_allocated(device.torch_device))
 
 
 def register_phase_hook(
@@ -374,6 +427,7 @@ class Trace:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        record_allocator_peaks()  # the last step's peak, while this trace still records
         with _state_lock:
             _recorders.remove(self)
         resolve_pending()

@@ -178,3 +178,26 @@ def test_trace_on_gpu_times_every_phase_and_counts_activations(kind):
         assert {"scatter", "replicate", "apply", "gather", "backward"} <= phases
     activations = [r.nbytes for r in tr.memory if r.category == "activations"]
     assert activations == [5 * 256 * 4, 5 * 256 * 4]
+
+
+def test_real_gpu_memory_comes_from_torchs_allocator():
+    """On a real GPU the trace reads torch's allocator: at the end of forward it holds at
+    least the parameters, the input and the output, and the step's peak (read when the trace
+    ends, after backward) is at least that, and at least the gradients on top of the
+    parameters. Virtual lanes on the GPU share its allocator and get no such reading."""
+    (device,) = _real_or_skip(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).cuda()
+    x = torch.randn(512, 256, device="cuda")
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    with dpkit.trace() as tr:
+        y = dpkit.DataParallel(model, device_ids=[device])(x)
+        y.sum().backward()
+    readings = {r.category: r.nbytes for r in tr.memory if r.device == device.name}
+    at_least = parameter_bytes + 2 * x.numel() * x.element_size()  # x and y: same shape
+    assert readings["allocated (torch)"] >= at_least
+    assert readings["peak (torch)"] >= max(readings["allocated (torch)"], 2 * parameter_bytes)
+
+    with dpkit.trace() as lanes:
+        dpkit.DataParallel(model, device_ids=dpkit.virtual_devices(2, on="cuda"))(x)
+    assert not {r.category for r in lanes.memory} & {"allocated (torch)", "peak (torch)"}

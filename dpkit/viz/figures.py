@@ -24,7 +24,15 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from dpkit.trace_export import hardware_label
-from dpkit.tracing import BACKWARD_PHASES, FORWARD_PHASES, Event, MemoryRecord
+from dpkit.tracing import (
+    ALLOCATED,
+    ALLOCATOR_CATEGORIES,
+    BACKWARD_PHASES,
+    FORWARD_PHASES,
+    PEAK,
+    Event,
+    MemoryRecord,
+)
 
 # Forward phases in blues/greens, backward in warm colours: the two halves read apart.
 PHASE_COLORS = {
@@ -48,6 +56,11 @@ CATEGORY_COLORS = {
     "activations": "#54a24b",
     "outputs": "#eeca3b",
     "gathered": "#e45756",
+}
+# torch's allocator totals, drawn as marks across a device's bar, not stacked on it.
+ALLOCATOR_STYLES = {
+    ALLOCATED: {"color": "#222222", "linestyle": "-"},
+    PEAK: {"color": "#222222", "linestyle": "--"},
 }
 
 # The narrowest bar the timeline draws, as a share of the step: a 5 µs scatter would
@@ -222,14 +235,19 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
     """Stacked bars: what each device holds in one step, by category (default: the last step).
 
     The output device holds the ``gathered`` output on top of its own replica's share, the
-    imbalance that makes ``nn.DataParallel``'s first GPU run out of memory first.
+    imbalance that makes ``nn.DataParallel``'s first GPU run out of memory first. On real
+    CUDA devices a solid mark across the bar is torch's ``allocated (torch)`` at the end of
+    forward and a dashed one its ``peak (torch)`` over the step: the gap above the bar is
+    what dpkit does not count (optimizer state, the caller's tensors, temporaries).
     """
     step, records = _pick_step(_memory(trace), step)
     devices = device_order(r.device for r in records)
     held: dict[str, dict[str, int]] = {c: dict.fromkeys(devices, 0) for c in MEMORY_CATEGORIES}
+    totals: dict[str, dict[str, int]] = {}
     for record in records:
-        held.setdefault(record.category, dict.fromkeys(devices, 0))
-        held[record.category][record.device] += record.nbytes
+        into = totals if record.category in ALLOCATOR_CATEGORIES else held
+        into.setdefault(record.category, dict.fromkeys(devices, 0))
+        into[record.category][record.device] += record.nbytes
 
     figure, axes = _new_axes(8, 4.2)
     labels = [f"{d}\noutput device" if held["gathered"][d] else d for d in devices]
@@ -258,8 +276,19 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
             va="bottom",
             fontsize=8,
         )
+    for category, per_device in totals.items():
+        marked = [(x, per_device[d]) for x, d in enumerate(devices) if per_device[d]]
+        axes.hlines(
+            [nbytes for _, nbytes in marked],
+            [x - 0.45 for x, _ in marked],
+            [x + 0.45 for x, _ in marked],
+            linewidth=1.5,
+            label=category,
+            **ALLOCATOR_STYLES.get(category, {"color": OTHER_COLOR}),
+        )
+    tallest = max([*bottom, *(n for per in totals.values() for n in per.values())], default=0)
     # An explicit top leaves room for the totals (autoscaling ignores the annotations).
-    axes.set_ylim(0, max(bottom, default=0) * 1.15 or 1)
+    axes.set_ylim(0, tallest * 1.15 or 1)
     _bytes_axis(axes.yaxis)
     axes.set_ylabel("bytes held")
     axes.set_xlabel("device")

@@ -82,12 +82,13 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
 
 
 def held_per_device(recorded: dpkit.Trace, step: int | None = None) -> dict[str, int]:
-    """Total bytes each device holds in ``step`` (default: the last), all categories."""
+    """Total bytes each device holds in ``step`` (default: the last), all counted categories
+    (torch's allocator totals are no part of the sum)."""
     records = recorded.memory
     step = max(r.step for r in records) if step is None else step
     held: dict[str, int] = defaultdict(int)
     for record in records:
-        if record.step == step:
+        if record.step == step and record.category not in tracing.ALLOCATOR_CATEGORIES:
             held[record.device] += record.nbytes
     return dict(held)
 
