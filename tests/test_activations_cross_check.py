@@ -52,8 +52,12 @@ def _models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
         ),
         "conv, batch norm, pooling": (
             nn.Sequential(
-                nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Flatten(), nn.Linear(8 * 4 * 4, 5),
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.BatchNorm2d(8),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Flatten(),
+                nn.Linear(8 * 4 * 4, 5),
             ),  # fmt: skip
             torch.randn(10, 3, 8, 8),
         ),
