@@ -2,7 +2,8 @@
 
 dpkit devices            what hardware is here and which kind of device dpkit uses
 dpkit devices -n 2 -n 8  the same, for chosen device counts
-dpkit demo               a few traced training steps: summary, timeline.png, trace.json
+dpkit demo               a few traced training steps: summaries, timeline.png, memory.png,
+                         trace.json
 dpkit grade N            grade exercise N (see exercises/README.md)
 """
 
@@ -76,19 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     devices.set_defaults(run=_devices_command)
     demo = commands.add_parser(
         "demo",
-        help="train a tiny model for a few traced steps; print the summary, write a timeline "
-        "and a Chrome trace",
+        help="train a tiny model for a few traced steps; print the summaries, write a timeline, "
+        "a memory figure and a Chrome trace",
         description="Train a tiny model on random 1x28x28 images for a few SGD steps with "
         "dpkit.DataParallel, traced: print the devices used and the time and bytes of every "
-        "phase, write timeline.png (the last step) and trace.json (open it in "
-        "https://ui.perfetto.dev or chrome://tracing).",
+        "phase and the bytes each device held, write timeline.png and memory.png (the last "
+        "step) and trace.json (open it in https://ui.perfetto.dev or chrome://tracing).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     demo.add_argument("--devices", type=_at_least_one, default=4, help="number of devices")
     demo.add_argument("--batch", type=_at_least_one, default=256, help="batch size per step")
     demo.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="model on 1x28x28")
     demo.add_argument("--steps", type=_at_least_one, default=3, help="training steps to trace")
-    demo.add_argument("--out", default=".", help="folder for timeline.png and trace.json")
+    demo.add_argument("--out", default=".", help="folder for the figures and trace.json")
     demo.set_defaults(run=_demo_command)
     add_grade_command(commands)
     return parser

@@ -1,4 +1,5 @@
-"""``dpkit demo``: a few traced DataParallel training steps, a summary, a timeline and a trace.
+"""``dpkit demo``: a few traced DataParallel training steps: a summary per phase and per
+device's memory, a timeline, a memory figure and a Chrome trace.
 
 The surprise first: on a machine without a GPU the demo still splits the batch for real,
 across virtual lanes on the CPU (a thread and real tensor copies each); the output says
@@ -55,6 +56,7 @@ class DemoResult:
     devices: list[dpkit.Device]
     trace_path: Path
     timeline_path: Path | None  # None where matplotlib is not installed
+    memory_path: Path | None
 
 
 def run_demo(
@@ -62,7 +64,8 @@ def run_demo(
 ) -> DemoResult:
     """Train ``model`` for ``steps`` SGD steps on ``devices`` devices, traced; write the files.
 
-    Writes ``trace.json`` (Chrome trace) and ``timeline.png`` (the last step) into ``out``.
+    Writes ``trace.json`` (Chrome trace), ``timeline.png`` and ``memory.png`` (the last step)
+    into ``out``.
     """
     for argument, value in (("devices", devices), ("batch", batch), ("steps", steps)):
         if value < 1:
@@ -87,10 +90,11 @@ def run_demo(
     try:
         from dpkit import viz
     except ImportError:
-        return DemoResult(recorded, chosen, trace_path, None)
-    timeline_path = out / "timeline.png"
+        return DemoResult(recorded, chosen, trace_path, None, None)
+    timeline_path, memory_path = out / "timeline.png", out / "memory.png"
     viz.timeline(recorded).savefig(timeline_path, dpi=120)
-    return DemoResult(recorded, chosen, trace_path, timeline_path)
+    viz.memory_per_device(recorded).savefig(memory_path, dpi=120)
+    return DemoResult(recorded, chosen, trace_path, timeline_path, memory_path)
 
 
 def report(result: DemoResult, devices: int, batch: int, model: str, steps: int) -> str:
@@ -104,11 +108,15 @@ def report(result: DemoResult, devices: int, batch: int, model: str, steps: int)
         f"per phase, mean per step — {result.trace.hardware}:",
         str(result.trace.summary()),
         "",
+        "memory per device in the last step (counted: the sum of the categories):",
+        str(result.trace.memory_summary()),
+        "",
     ]
     if result.timeline_path is None:
-        lines.append("timeline.png: skipped, matplotlib is not installed (pip install matplotlib)")
+        lines.append("figures: skipped, matplotlib is not installed (pip install matplotlib)")
     else:
         lines.append(f"timeline (last step): {result.timeline_path}")
+        lines.append(f"memory (last step):   {result.memory_path}")
     lines += [
         f"Chrome trace:         {result.trace_path}",
         "  open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load);",

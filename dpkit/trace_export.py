@@ -1,4 +1,5 @@
-"""Exports of a Trace: rows for pandas, a per-phase summary, and Chrome trace JSON.
+"""Exports of a Trace: rows for pandas, a per-phase summary, a per-device memory table, and
+Chrome trace JSON.
 
 The Chrome trace opens in https://ui.perfetto.dev and chrome://tracing with one track per
 device; its process name says whether the devices were real, virtual or predicted.
@@ -12,7 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpkit.tracing import BACKWARD_PHASES, Event
+from dpkit.tracing import (
+    ALLOCATOR_CATEGORIES,
+    BACKWARD_PHASES,
+    MEMORY_CATEGORIES,
+    Event,
+    MemoryRecord,
+)
 
 KIND_LABELS = {
     "real": "real devices",
@@ -103,6 +110,52 @@ def summary(events: Sequence[Event]) -> Summary:
         }
         for phase in sorted(totals, key=order.get)
     )
+
+
+class MemorySummary(list):
+    """Per-device rows of one step's memory (bytes by category, ``counted``: their sum, and
+    torch's allocator readings where there are any) that print as a table."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "no memory records"
+        columns = [key for key in self[0] if key not in ("device", "step")]
+        width = max(len(row["device"]) for row in self) + 2
+        widths = [max(len(c), *(len(f"{row[c]:,d}") for row in self)) + 2 for c in columns]
+        header = f"{'device':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
+        lines = [f"step {self[0]['step']}, bytes held", header, "-" * len(header)]
+        for row in self:
+            cells = "".join(f"{row[c]:>{w},d}" for c, w in zip(columns, widths))
+            lines.append(f"{row['device']:<{width}}{cells}")
+        return "\n".join(lines)
+
+
+def memory_summary(records: Sequence[MemoryRecord], step: int | None = None) -> MemorySummary:
+    """What each device held in ``step`` (default: the last): one row per device, a column
+    per category, ``counted`` (the categories' sum; torch's allocator totals are not in it)."""
+    if not records:
+        return MemorySummary()
+    step = max(r.step for r in records) if step is None else step
+    chosen = [r for r in records if r.step == step]
+    if not chosen:
+        steps = sorted({r.step for r in records})
+        raise ValueError(f"step={step} has no memory records; recorded steps: {steps}")
+    present = dict.fromkeys(r.category for r in chosen)
+    categories = [c for c in MEMORY_CATEGORIES if c in present]
+    categories += [c for c in present if c not in MEMORY_CATEGORIES]
+    counted = [c for c in categories if c not in ALLOCATOR_CATEGORIES]
+    totals = [c for c in categories if c in ALLOCATOR_CATEGORIES]
+    rows: dict[str, dict[str, Any]] = {}
+    for record in chosen:
+        row = rows.setdefault(
+            record.device, {"device": record.device, "step": step, **dict.fromkeys(counted, 0)}
+        )
+        row[record.category] = row.get(record.category, 0) + record.nbytes
+    for row in rows.values():
+        row["counted"] = sum(row[c] for c in counted)
+        for category in totals:
+            row[category] = row.pop(category, 0)  # after "counted": not part of it
+    return MemorySummary(rows.values())
 
 
 def chrome_trace(events: Sequence[Event], origin: float) -> dict[str, Any]:

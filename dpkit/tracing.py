@@ -95,6 +95,8 @@ class MemoryRecord:
     kind: str = ""
 
 
+# What the primitives count, in the order figures and tables show it (others go after).
+MEMORY_CATEGORIES = ("parameters", "input", "activations", "outputs", "gathered")
 ALLOCATED, PEAK = "allocated (torch)", "peak (torch)"
 ALLOCATOR_CATEGORIES = (ALLOCATED, PEAK)  # totals from torch's allocator, not parts of a sum
 
@@ -403,6 +405,12 @@ class Trace:
         from dpkit import trace_export
 
         return trace_export.summary(self.events)
+
+    def memory_summary(self, step: int | None = None) -> Any:
+        """Bytes each device held in ``step`` (default: the last), by category, as a table."""
+        from dpkit import trace_export
+
+        return trace_export.memory_summary(self.memory, step)
 
     def to_chrome_trace(self, path: str | Any) -> Any:
         """Write Chrome trace JSON (opens in Perfetto and chrome://tracing); returns the path."""

@@ -30,7 +30,9 @@ def test_demo_writes_a_timeline_and_a_chrome_trace(tmp_path):
     assert result.returncode == 0, result.stderr
 
     timeline, trace_json = tmp_path / "timeline.png", tmp_path / "trace.json"
+    memory = tmp_path / "memory.png"
     assert timeline.read_bytes().startswith(b"\x89PNG")
+    assert memory.read_bytes().startswith(b"\x89PNG")
     events = json.loads(trace_json.read_text())["traceEvents"]
     phases = {e["name"] for e in events if e["ph"] == "X"}
     assert {"scatter", "replicate", "apply", "gather", "reduce"} <= phases
@@ -39,7 +41,11 @@ def test_demo_writes_a_timeline_and_a_chrome_trace(tmp_path):
     assert "virtual" in out  # this machine's lanes say what they are
     assert "devices(4) ->" in out
     assert "time/step" in out and "apply" in out  # the summary table
-    assert str(timeline) in out and str(trace_json) in out
+    assert str(timeline) in out and str(trace_json) in out and str(memory) in out
+    # the memory table: lane 0 holds its chunk of 64 images (1x28x28 float32) and the
+    # gathered logits of all 256 (10 float32 each)
+    lane0 = next(line for line in out.splitlines() if line.startswith("virtual:0"))
+    assert f"{64 * 28 * 28 * 4:,d}" in lane0 and f"{256 * 10 * 4:,d}" in lane0
     assert "perfetto" in out.lower() and "chrome://tracing" in out
 
 

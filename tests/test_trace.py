@@ -678,6 +678,35 @@ def test_summary_bytes_and_shares():
     assert all(phase in text for phase in expected)
 
 
+def test_memory_summary_a_row_per_device_of_the_last_step():
+    """Steps of batch 6 then 10 on 4 lanes, output on lane 2: the table shows step 2."""
+    devs = lanes(4)
+    model = mlp()
+    size = esize(torch.float32)
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, 6)
+        step_of_training(model, devs, 10, output_device=2)
+    table = tr.memory_summary()
+    assert [row["device"] for row in table] == [d.name for d in devs]
+    for device, rows, row in zip(devs, CHUNKS[10], table):
+        expected = {
+            "parameters": param_bytes(model),
+            "input": rows * F * size,
+            "activations": rows * H * size,  # the ReLU output, saved once
+            "outputs": rows * OUT * size,
+            "gathered": 10 * OUT * size if device is devs[2] else 0,
+        }
+        assert row == {"device": device.name, "step": 2, **expected,
+                       "counted": sum(expected.values())}  # fmt: skip
+    first = tr.memory_summary(step=1)
+    assert [row["device"] for row in first] == [d.name for d in devs[:3]]  # 6 rows: 3 lanes
+    text = str(table)
+    assert text.splitlines()[0] == "step 2, bytes held"
+    assert f"{10 * OUT * size:,d}" in text and "counted" in text
+    with pytest.raises(ValueError, match=r"step=5 .* \[1, 2\]"):
+        tr.memory_summary(step=5)
+
+
 def test_rows_one_per_event():
     devs = lanes(4)
     before = time.perf_counter()

@@ -122,6 +122,20 @@ def test_data_parallel_function_reads_the_allocator_too(fake):
     ]  # fmt: skip
 
 
+def test_memory_summary_shows_allocator_readings_beside_the_counted_sum(fake):
+    with dpkit.trace() as tr:
+        _train(1)
+    for row in tr.memory_summary():
+        columns = list(row)
+        assert columns[-3:] == ["counted", ALLOCATED, PEAK]  # after the sum, not in it
+        counted = sum(row[c] for c in columns[2:-3])
+        assert row["counted"] == counted
+        assert (row[ALLOCATED], row[PEAK]) == (
+            fake.allocated[row["device"]],
+            fake.peak_of[row["device"]],
+        )
+
+
 def test_nothing_resets_the_allocator_when_only_hooks_listen(fake):
     handle = dpkit.register_phase_hook(lambda event: None)
     try:

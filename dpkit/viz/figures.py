@@ -29,6 +29,7 @@ from dpkit.tracing import (
     ALLOCATOR_CATEGORIES,
     BACKWARD_PHASES,
     FORWARD_PHASES,
+    MEMORY_CATEGORIES,
     PEAK,
     Event,
     MemoryRecord,
@@ -49,7 +50,6 @@ PHASE_COLORS = {
 }
 OTHER_COLOR = "#bab0ac"
 
-MEMORY_CATEGORIES = ("parameters", "input", "activations", "outputs", "gathered")
 CATEGORY_COLORS = {
     "parameters": "#4c78a8",
     "input": "#72b7b2",
