@@ -46,7 +46,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from dpkit import replica_graph
-from dpkit.devices import REAL, Device
+from dpkit.devices import REAL, Device, stream_of
 
 FORWARD_PHASES = ("scatter", "replicate", "apply", "gather")
 BACKWARD_PHASES = ("grad_scatter", "backward", "reduce", "grad_gather", "grad_broadcast")
@@ -303,6 +303,11 @@ def span(phase: str, device: Device, step: int | None = None, **details: Any) ->
 class ReplicaBackward:
     """Times one replica's backward: from the first of its output nodes starting to its
     last node finishing (:mod:`dpkit.replica_graph` finds both), with autograd node hooks.
+
+    A backward that needs only part of the graph (``torch.autograd.grad(loss, inputs)``,
+    ``backward(inputs=...)``) may never run the last node (the transpose of the first
+    layer's weight, say); the event then ends when the whole backward does, read by a
+    callback queued on autograd's engine, and says so in ``details["end"]``.
     """
 
     __slots__ = ("device", "step", "cuda", "start", "start_event")
@@ -317,6 +322,7 @@ class ReplicaBackward:
         if self.start is None:
             self.start_event = _cuda_event_now() if self.cuda else None
             self.start = _clock()
+            _queue_callback(self.on_backward_end)
 
     def on_end(self, grad_inputs: Any, grad_outputs: Any) -> None:
         if self.start is None:  # no output took part in this backward
@@ -328,6 +334,27 @@ class ReplicaBackward:
             _resolve_later(event, device, self.start_event, end_event)
         self.start = None  # a second backward through the same graph starts afresh
         _emit(event)
+
+    def on_backward_end(self) -> None:
+        """The whole backward is done: end the event here if the last node did not run."""
+        if self.start is None:  # on_end did
+            return
+        device = self.device
+        end_event = None
+        if self.cuda:  # this thread's current stream need not be the replica's
+            end_event = torch.cuda.Event(enable_timing=True)
+            end_event.record(stream_of(device))
+        event = Event(
+            "backward", device.name, self.start, _clock(), 0, self.step, device.kind,
+            {"end": "when the whole backward ended: this backward skipped the replica's last node"},
+        )  # fmt: skip
+        if end_event is not None:
+            _resolve_later(event, device, self.start_event, end_event)
+        self.start = None
+        _emit(event)
+
+
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 
 
 def _cuda_event_now() -> Any:

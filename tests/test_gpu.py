@@ -201,3 +201,17 @@ def test_real_gpu_memory_comes_from_torchs_allocator():
     with dpkit.trace() as lanes:
         dpkit.DataParallel(model, device_ids=dpkit.virtual_devices(2, on="cuda"))(x)
     assert not {r.category for r in lanes.memory} & {"allocated (torch)", "peak (torch)"}
+
+
+def test_gpu_lanes_time_a_backward_that_skips_their_last_node():
+    """The input's gradient alone: each lane's backward event is ended by the engine's
+    callback, with a CUDA event on the lane's own stream, and resolves to finite times."""
+    devs = dpkit.virtual_devices(2, on="cuda")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 8)).cuda()
+    x = torch.randn(10, 32, device="cuda", requires_grad=True)
+    with dpkit.trace() as tr:
+        torch.autograd.grad(dpkit.DataParallel(model, device_ids=devs)(x).sum(), x)
+    backward = [e for e in tr.events if e.phase == "backward"]
+    assert sorted(e.device for e in backward) == sorted(d.name for d in devs)
+    assert all(e.start <= e.end < float("inf") and "end" in e.details for e in backward)

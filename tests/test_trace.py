@@ -332,6 +332,35 @@ def test_each_replica_backward_ends_when_its_own_gradients_are_done(then_linear)
         assert event.start < finished[device.name] - 0.03
 
 
+@pytest.mark.parametrize("how", ["autograd.grad", "backward(inputs=)"])
+def test_a_gradient_of_the_input_alone_still_times_each_replica_backward(how):
+    """A saliency map or an adversarial example needs the input's gradient only: the
+    weights' transpose nodes, made first in each replica, never run. Each replica still gets
+    its backward event, ending when the whole backward did, and saying so."""
+    devs = lanes(4)
+    x = torch.randn(10, F, requires_grad=True)
+    with dpkit.trace() as tr:
+        y = dpkit.DataParallel(mlp(), device_ids=devs)(x)
+        before_backward = time.perf_counter()
+        if how == "autograd.grad":
+            torch.autograd.grad(y.sum(), x)
+        else:
+            y.sum().backward(inputs=[x])
+        after_backward = time.perf_counter()
+    for device in devs:
+        event = one(tr.events, "backward", device.name)
+        assert before_backward < event.start <= event.end <= after_backward
+        assert "whole backward" in event.details["end"]
+        assert event.start >= one(tr.events, "grad_scatter", device.name).end
+
+
+def test_a_full_backward_ends_at_each_replicas_last_node():
+    with dpkit.trace() as tr:
+        step_of_training(mlp(), lanes(4), 10)
+    backward = [e for e in tr.events if e.phase == "backward"]
+    assert len(backward) == 4 and not any("end" in e.details for e in backward)
+
+
 # --------------------------------------------------------------------------------------
 # off by default
 
