@@ -80,42 +80,45 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
     buffer_copies_not_rg = _broadcast(buffers_not_rg, devices, detach=True)
 
     modules = list(network.modules())
-    module_copies: list[list[nn.Module]] = [[] for _ in devices]
-    module_indices: dict[nn.Module, int] = {}
-    for index, module in enumerate(modules):
-        module_indices[module] = index
-        for copies in module_copies:
-            replica = module._replicate_for_data_parallel()
-            # DDP reads replicated parameters from here (torch PR #33907 hid them).
-            replica._former_parameters = OrderedDict()
-            copies.append(replica)
-
-    for index, module in enumerate(modules):
-        for key, child in module._modules.items():
+    # The tensor copies above are traced per device. Building the module objects is Python in
+    # this thread, every replica's at once (in torch's loop order): traced on the source.
+    with tracing.host_span("replicate", devices[0], what="modules", modules=len(modules)):
+        module_copies: list[list[nn.Module]] = [[] for _ in devices]
+        module_indices: dict[nn.Module, int] = {}
+        for index, module in enumerate(modules):
+            module_indices[module] = index
             for copies in module_copies:
-                if child is None:
-                    copies[index]._modules[key] = None
-                else:
-                    setattr(copies[index], key, copies[module_indices[child]])
-        for key, param in module._parameters.items():
-            for replica_index, copies in enumerate(module_copies):
-                if param is None:
-                    copies[index]._parameters[key] = None
-                    continue
-                param_copy = param_copies[replica_index][param_indices[param]]
-                # Replica parameters are no longer leaves: set them as plain attributes.
-                setattr(copies[index], key, param_copy)
-                copies[index]._former_parameters[key] = param_copy
-        for key, buf in module._buffers.items():
-            for replica_index, copies in enumerate(module_copies):
-                if buf is None:
-                    copies[index]._buffers[key] = None
-                elif buf.requires_grad and not detach:
-                    copy = buffer_copies_rg[replica_index][buffer_indices_rg[buf]]
-                    setattr(copies[index], key, copy)
-                else:
-                    copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
-                    setattr(copies[index], key, copy)
+                replica = module._replicate_for_data_parallel()
+                # DDP reads replicated parameters from here (torch PR #33907 hid them).
+                replica._former_parameters = OrderedDict()
+                copies.append(replica)
+
+        for index, module in enumerate(modules):
+            for key, child in module._modules.items():
+                for copies in module_copies:
+                    if child is None:
+                        copies[index]._modules[key] = None
+                    else:
+                        setattr(copies[index], key, copies[module_indices[child]])
+            for key, param in module._parameters.items():
+                for replica_index, copies in enumerate(module_copies):
+                    if param is None:
+                        copies[index]._parameters[key] = None
+                        continue
+                    param_copy = param_copies[replica_index][param_indices[param]]
+                    # Replica parameters are no longer leaves: set them as plain attributes.
+                    setattr(copies[index], key, param_copy)
+                    copies[index]._former_parameters[key] = param_copy
+            for key, buf in module._buffers.items():
+                for replica_index, copies in enumerate(module_copies):
+                    if buf is None:
+                        copies[index]._buffers[key] = None
+                    elif buf.requires_grad and not detach:
+                        copy = buffer_copies_rg[replica_index][buffer_indices_rg[buf]]
+                        setattr(copies[index], key, copy)
+                    else:
+                        copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
+                        setattr(copies[index], key, copy)
 
     if tracing.enabled():  # the trace reads each replica's tensors from here
         for index, copies in enumerate(module_copies):

@@ -5,7 +5,9 @@ phase; nothing is timed, counted or stored. Inside ``with dpkit.trace() as tr:``
 primitive emits :class:`Event` records, and hooks registered with
 :func:`register_phase_hook` see the same events as they happen.
 
-Phases: ``scatter``, ``replicate``, ``apply`` (one per device), ``gather``, and in backward
+Phases: ``scatter``, ``replicate`` (one per device for its tensor copies, and one more on
+the source device, ``details["what"] == "modules"``, for building every replica's module
+objects in the caller's thread), ``apply`` (one per device), ``gather``, and in backward
 ``grad_scatter`` (gather's backward), ``backward`` (one per device: a replica's own backward,
 from its first autograd node starting to its last one finishing) and ``reduce``
 (replicate's backward: the reduce-add of gradients onto the source device). On the CPU,
@@ -206,13 +208,13 @@ class _Span:
     __slots__ = ("phase", "device", "step", "details", "nbytes", "cuda", "profiler_range")
     __slots__ += ("start", "start_event")
 
-    def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any]):
+    def __init__(self, phase: str, device: Device, step: int, details: dict[str, Any], cuda: bool):
         self.phase = phase
         self.device = device
         self.step = step
         self.details = details
         self.nbytes = 0
-        self.cuda = cuda = device.device_type == "cuda"
+        self.cuda = cuda
         if cuda:
             _cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work
         # The profiler sees only the thread that started it, so worker threads' apply spans
@@ -297,7 +299,17 @@ def span(phase: str, device: Device, step: int | None = None, **details: Any) ->
     the caller sets; when nothing listens, a shared no-op that gives None."""
     if not (_recorders or _hooks):
         return _OFF
-    return _Span(phase, device, _step if step is None else step, details)
+    step = _step if step is None else step
+    return _Span(phase, device, step, details, device.device_type == "cuda")
+
+
+def host_span(phase: str, device: Device, **details: Any) -> Any:
+    """Like :func:`span`, for Python work in the calling thread done on ``device``'s behalf
+    (building replica modules): timed by the CPU clock on every device kind, since CUDA
+    events would time the GPU's queue instead."""
+    if not (_recorders or _hooks):
+        return _OFF
+    return _Span(phase, device, _step, details, False)
 
 
 class ReplicaBackward:

@@ -99,8 +99,10 @@ def test_every_used_device_has_each_phase_once_per_step(batch):
     (events,) = steps.values()
     assert {e.phase for e in events} == ALL_PHASES
     for phase in ("scatter", "replicate", "apply", "gather", "grad_scatter"):
-        devices = Counter(e.device for e in events if e.phase == phase)
+        devices = Counter(e.device for e in events if e.phase == phase and "what" not in e.details)
         assert devices == Counter(used), phase
+    modules = [e for e in events if e.phase == "replicate" and e.details.get("what") == "modules"]
+    assert [e.device for e in modules] == [devs[0].name]
     per_device_reduce = Counter(
         e.device for e in events if e.phase == "reduce" and e.details.get("what") != "sum"
     )
@@ -226,6 +228,23 @@ def test_phases_are_ordered_on_each_device(batch):
         assert gather.end <= grad_scatter.start
         assert grad_scatter.end <= reduce.start
         assert reduce.end <= sum_event.start
+
+
+def test_building_the_replica_modules_is_timed_between_the_copies_and_apply():
+    """replicate copies tensors per device, then builds every replica's module objects in
+    the caller's thread: that second part is one more replicate event, on the source."""
+    devs = lanes(4)
+    model = mlp()
+    with dpkit.trace() as tr:
+        step_of_training(model, devs, 10)
+    events = tr.events
+    built = one(events, "replicate", devs[0].name, what="modules")
+    assert built.details["modules"] == len(list(model.modules()))
+    assert built.nbytes == 0
+    copies = [e for e in events if e.phase == "replicate" and e is not built]
+    assert len(copies) == 4
+    assert max(e.end for e in copies) <= built.start < built.end
+    assert built.end <= min(e.start for e in events if e.phase == "apply")
 
 
 # --------------------------------------------------------------------------------------
@@ -378,8 +397,9 @@ def test_nothing_is_recorded_outside_the_block():
     assert comm._listeners == listeners_before  # the trace counts bytes without a listener
     assert len(comm._listeners) == 0
     inside_events, inside_memory = len(tr.events), len(tr.memory)
-    # one step: 4 each of scatter, replicate, apply, gather, grad_scatter, backward; 4 + 1 reduce
-    assert inside_events == 4 * 7 + 1
+    # one step: 4 each of scatter, replicate, apply, gather, grad_scatter, backward and
+    # reduce; the replica modules built, and the reduce's sum, on device 0
+    assert inside_events == 4 * 7 + 2
     assert len({e.step for e in tr.events}) == 1
     step_of_training(model, devs, 10)  # after: nothing more arrives
     assert len(tr.events) == inside_events
@@ -438,7 +458,7 @@ def test_hook_for_all_phases_then_removed():
     assert trace_mod.enabled()
     step_of_training(model, devs, 10)
     assert {e.phase for e in seen} == ALL_PHASES
-    assert len(seen) == 4 * 7 + 1
+    assert len(seen) == 4 * 7 + 2  # with the modules built and the reduce sum on device 0
     assert Counter(e.phase for e in seen)["apply"] == 4
     assert all(e.end >= e.start for e in seen)
     handle.remove()
@@ -650,7 +670,7 @@ def test_chrome_trace(tmp_path):
     assert len({t["tid"] for t in threads}) == len(devs)
     tid_of = {t["args"]["name"]: t["tid"] for t in threads}
     spans = [e for e in trace_events if e["ph"] == "X"]
-    assert len(spans) == len(events) == (4 * 7 + 1) + (3 * 7 + 1)
+    assert len(spans) == len(events) == (4 * 7 + 2) + (3 * 7 + 2)
     for span, event in zip(spans, events, strict=True):
         assert {"name", "ph", "ts", "dur", "pid", "tid", "args"} <= span.keys()
         assert span["name"] == event.phase
@@ -746,7 +766,7 @@ def test_rows_one_per_event():
     if hasattr(table, "to_dict"):  # a pandas DataFrame where pandas is installed
         table = table.to_dict("records")
     events = tr.events
-    assert len(table) == len(events) == 3 * 7 + 1
+    assert len(table) == len(events) == 3 * 7 + 2
     for row, event in zip(table, events, strict=True):
         assert row["phase"] == event.phase and row["device"] == event.device
         assert row["nbytes"] == event.nbytes and row["step"] == event.step
