@@ -41,15 +41,17 @@ JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHOND
 	       JUPYTER_RUNTIME_DIR="$$state/jupyter/runtime"
 
 # The tests, then nbval over the stored notebooks; both run, and the first failure's exit code
-# is the target's.
+# is the target's. nbval runs the notebooks under dpkit's placement check (CPU lanes apart from
+# plain CPU memory, as lanes on a GPU), so a notebook that forgets .to(home) fails here as it
+# would on Colab; the explorer, viz and demo tests do the same (tests/conftest.py).
 test: venv
 	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
 	echo "$(BIN)/python -m pytest $(PYTEST_ARGS)"; \
 	$(BIN)/python -m pytest $(PYTEST_ARGS); status=$$?; \
 	if [ -n "$(NOTEBOOKS)" ]; then \
-	  echo "$(BIN)/python -m pytest $(NBVAL_ARGS) notebooks/"; \
-	  $(BIN)/python -m pytest $(NBVAL_ARGS) notebooks/; nbval=$$?; \
+	  echo "DPKIT_CHECK_PLACEMENT=1 $(BIN)/python -m pytest $(NBVAL_ARGS) notebooks/"; \
+	  DPKIT_CHECK_PLACEMENT=1 $(BIN)/python -m pytest $(NBVAL_ARGS) notebooks/; nbval=$$?; \
 	  [ $$status -ne 0 ] || status=$$nbval; \
 	fi; \
 	exit $$status

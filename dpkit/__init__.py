@@ -6,7 +6,7 @@ parallel_apply the replicas, gather the outputs. dpkit implements each of them w
 stream each) and on virtual lanes on the CPU (a thread and real copies each).
 """
 
-from dpkit.check import check
+from dpkit import placement_check
 from dpkit.comm import Transfer, add_transfer_listener
 from dpkit.data_parallel import DataParallel, data_parallel
 from dpkit.devices import (
@@ -16,8 +16,10 @@ from dpkit.devices import (
     current_device,
     device_of,
     devices,
+    to_device,
     virtual_devices,
 )
+from dpkit.environment import check_environment
 from dpkit.gather import gather
 from dpkit.parallel_apply import parallel_apply
 from dpkit.replicate import replicate
@@ -31,6 +33,8 @@ from dpkit.scatter import (
 )
 from dpkit.tracing import Event, Trace, register_phase_hook, trace
 
+placement_check.enable_from_environment()  # DPKIT_CHECK_PLACEMENT=1: the tests' placement check
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -43,7 +47,7 @@ __all__ = [
     "as_device",
     "as_devices",
     "balanced_chunk_sizes",
-    "check",
+    "check_environment",
     "current_device",
     "data_parallel",
     "device_of",
@@ -55,6 +59,7 @@ __all__ = [
     "replicate",
     "scatter",
     "scatter_kwargs",
+    "to_device",
     "torch_chunk_sizes",
     "trace",
     "virtual_devices",

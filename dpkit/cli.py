@@ -10,6 +10,7 @@ dpkit grade N            grade exercise N (see exercises/README.md)
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -103,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except (ValueError, TypeError) as error:
-        print(f"dpkit: error: {error}", file=sys.stderr)
+    except (ValueError, TypeError, RuntimeError) as error:
+        # torch reports device problems as RuntimeError; a learner needs the message, not
+        # a traceback (DPKIT_DEBUG=1 shows it).
+        if os.environ.get("DPKIT_DEBUG"):
+            raise
+        print(f"dpkit: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 2

@@ -7,20 +7,26 @@ target is used as it is, never copied, exactly as ``torch.nn.parallel.comm`` doe
 chunk or parameter that already sits on the target GPU.
 
 Copies run on the caller's current stream. Lanes on one GPU do their *compute* on their
-own streams (see ``parallel_apply``), which wait for these copies before they start.
+own streams (see ``parallel_apply``), which wait for these copies before they start. A
+tensor made on one stream and read on another must also be *recorded* on the reader's
+stream (:func:`record_use`), or torch's caching allocator may hand its memory to new work on
+the maker's stream while the reader's kernels are still queued: ``parallel_apply`` records
+what each lane's forward reads, and in backward, where no ``parallel_apply`` runs, these
+functions record the gradients they hand to lanes or take from them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from dpkit import tracing
-from dpkit.devices import Device, device_of, place, resides_on
+from dpkit.devices import VIRTUAL_GPU, Device, device_of, place, resides_on, stream_of
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
 
 
 def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
-    if tensor.device == destination.torch_device:
+    if tensor.device == destination.memory:
         # Another lane of the same physical device: a real copy in the same memory.
         return tensor.clone()  # keeps strides; sparse tensors take no memory_format
     # Copies into CPU memory block, so the result is ready when it is returned.
@@ -77,12 +83,39 @@ def _moved_nbytes(originals: Sequence[torch.Tensor], results: Sequence[torch.Ten
         return sum(tensor_nbytes(o) for o, r in zip(originals, results) if r is not o)
 
 
-def _same_memory(source: Device, destination: Device) -> bool:
-    """Whether two devices share memory: the same device, or lane 0 and its plain memory."""
-    if source.torch_device != destination.torch_device:
-        return False
-    home = [not d.is_virtual or d.index == 0 for d in (source, destination)]
-    return source == destination or all(home)
+def record_use(tensors: Iterable[torch.Tensor], stream: Any) -> None:
+    """Tell torch's caching allocator that work queued on ``stream`` reads ``tensors``.
+
+    The allocator gives a freed block back to the stream that allocated it at once; a block
+    another stream still reads must first wait for that stream's queued work, which
+    ``Tensor.record_stream`` arranges (torch's own scatter does the same for its copy
+    streams). Only CUDA memory has such blocks: other tensors are skipped, a sparse COO
+    tensor is recorded through its indices and values (it has no storage of its own), and
+    other layouts are left alone (``record_stream`` does not take them).
+    """
+    for tensor in tensors:
+        if not tensor.is_cuda:
+            continue
+        if tensor.layout is torch.strided:
+            tensor.record_stream(stream)
+        elif tensor.layout is torch.sparse_coo:
+            tensor._indices().record_stream(stream)
+            tensor._values().record_stream(stream)
+
+
+def _backward_lanes(devices: Sequence[Device], phase: str) -> bool:
+    """Whether ``phase`` moves gradients to or from lanes with streams of their own, which
+    the lanes' autograd nodes read or made on those streams (see the module docstring)."""
+    return devices[0].kind == VIRTUAL_GPU and phase in tracing.BACKWARD_PHASES
+
+
+def _record_on_current_stream(per_device: Iterable[Sequence[torch.Tensor]], lane: Device) -> None:
+    """Record tensors the lanes made on their streams as read on this thread's current stream
+    of their GPU, where the copies and sums that read them are queued (a copy into CPU
+    memory too)."""
+    stream = torch.get_device_module(lane.device_type).current_stream(lane.torch_device)
+    for tensors in per_device:
+        record_use(tensors, stream)
 
 
 def copy_to(
@@ -92,7 +125,11 @@ def copy_to(
 
     ``source`` says where the tensor is when its tag cannot (gradients carry no lane tag).
     """
-    there = resides_on(tensor, destination) if source is None else _same_memory(source, destination)
+    there = (
+        resides_on(tensor, destination)
+        if source is None
+        else source.shares_memory_with(destination)
+    )
     if there:
         return tensor  # the caller's own object: never tagged, never copied
     _notify(op, tensor, source, destination)
@@ -124,6 +161,9 @@ def scatter(
             results.append(place(moved, device))
         if phase == "scatter" and tracing.enabled():
             tracing.record_memory(device, "input", tensor_nbytes(chunk), step)
+    if _backward_lanes(devices, phase):  # a lane's backward reads its chunk on its stream
+        for chunk, device in zip(results, devices):
+            record_use((chunk,), stream_of(device))
     return tuple(results)
 
 
@@ -153,6 +193,9 @@ def broadcast(
                     span.nbytes = _moved_nbytes(tensors, copies[-1])
             if phase == "replicate":
                 tracing.record_memory(device, "parameters", held, step)
+    if _backward_lanes(devices, phase):  # double backward: read on each lane's stream
+        for device_copies, device in zip(copies, devices):
+            record_use(device_copies, stream_of(device))
     return copies
 
 
@@ -169,6 +212,8 @@ def reduce_add(
     ``destination`` (those already there are not), then summed in device order starting
     from the one on ``destination``, as torch does.
     """
+    if _backward_lanes(devices, phase):  # the lanes made these gradients on their streams
+        _record_on_current_stream(per_device, devices[0])
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
         with tracing.span(
@@ -215,6 +260,8 @@ def gather(
                 f"gather: output {position} has shape {tuple(tensor.shape)} but output 0 has "
                 f"{tuple(first.shape)}; replica outputs may differ only along dim={dim}"
             )
+    if _backward_lanes(sources, phase):  # the lanes made these gradients on their streams
+        _record_on_current_stream((tensors,), sources[0])
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
     result = torch.empty(shape, dtype=first.dtype, device=destination.torch_device)
@@ -223,7 +270,7 @@ def gather(
     for tensor, source in zip(tensors, sources, strict=True):
         rows = tensor.shape[dim]
         with tracing.span(phase, source, step, rows=rows, destination=destination.name) as span:
-            if not _same_memory(source, destination):
+            if not source.shares_memory_with(destination):
                 _notify("gather", tensor, source, destination)
                 if span is not None:
                     span.nbytes = tensor_nbytes(tensor)

@@ -19,7 +19,8 @@ Unlike ``torch.nn.DataParallel``, this one runs without an accelerator: on a lap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import chain
 from typing import Any, Generic, TypeVar
 
@@ -57,7 +58,8 @@ def _check_on_source(module: nn.Module, source: Device) -> None:
         if resides_on(tensor, source):
             continue
         found = device_of(tensor)
-        if source.is_virtual and source.index != 0 and tensor.device == source.torch_device:
+        home = Device(0, source.kind, source.torch_device)  # lane 0 of the lanes in use
+        if source.is_virtual and source.index != 0 and found.shares_memory_with(home):
             fix = (
                 f"a module you create sits on lane 0 (the plain {source.torch_device} memory), "
                 "so list lane 0 first: use device_ids=dpkit.virtual_devices(n)"
@@ -82,6 +84,42 @@ def _resolve(
     return resolved, output
 
 
+def _parallel_forward(
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    device_ids: list[Device],
+    output_device: Device,
+    scatter: Callable[..., Any],
+    replicate: Callable[..., Any],
+    parallel_apply: Callable[..., Any],
+    gather: Callable[..., Any],
+) -> Any:
+    """One forward, the pipeline ``DataParallel.forward`` and ``data_parallel`` share.
+
+    The four steps come with the signatures of torch's ``DataParallel`` methods: the
+    DataParallel's own (so a subclass can override any of them), or the plain primitives
+    for ``data_parallel``.
+    """
+    _check_on_source(module, device_ids[0])
+    tracing_on = tracing.enabled()
+    if tracing_on:
+        tracing.begin_step((*device_ids, output_device))
+    inputs, kwargs = scatter(inputs, kwargs, device_ids)
+    # A forward without inputs still runs once, on device_ids[0].
+    if not inputs and not kwargs:
+        inputs, kwargs = ((),), ({},)
+    if len(device_ids) == 1:
+        result = module(*inputs[0], **kwargs[0])
+    else:
+        replicas = replicate(module, device_ids[: len(inputs)])
+        outputs = parallel_apply(replicas, inputs, kwargs)
+        result = gather(outputs, output_device)
+    if tracing_on:
+        tracing.record_allocated()
+    return result
+
+
 class DataParallel(nn.Module, Generic[T]):
     """Split the input across devices, run a replica of ``module`` on each, gather outputs."""
 
@@ -100,30 +138,21 @@ class DataParallel(nn.Module, Generic[T]):
         self.dim = dim
         self.chunk_sizes = chunk_sizes
         self.device_ids, self.output_device = _resolve(device_ids, output_device)
-        self.src_device_obj = self.device_ids[0]
+        self.source_device = self.device_ids[0]  # where the module lives; torch: src_device_obj
         if len(self.device_ids) == 1:
-            self.module.to(self.src_device_obj.torch_device)
+            self.module.to(self.source_device.torch_device)
+
+    @property
+    def src_device_obj(self) -> Device:
+        """torch's name for ``source_device``, ``device_ids[0]`` (a GPU or a virtual lane)."""
+        return self.source_device
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("DataParallel.forward"):
-            tracing_on = tracing.enabled()
-            if tracing_on:
-                tracing.begin_step((*self.device_ids, self.output_device))
-            _check_on_source(self.module, self.src_device_obj)
-            inputs, module_kwargs = self.scatter(inputs, kwargs, self.device_ids)
-            # A forward without inputs still runs once, on device_ids[0].
-            if not inputs and not module_kwargs:
-                inputs = ((),)
-                module_kwargs = ({},)
-            if len(self.device_ids) == 1:
-                result = self.module(*inputs[0], **module_kwargs[0])
-            else:
-                replicas = self.replicate(self.module, self.device_ids[: len(inputs)])
-                outputs = self.parallel_apply(replicas, inputs, module_kwargs)
-                result = self.gather(outputs, self.output_device)
-            if tracing_on:
-                tracing.record_allocated()
-            return result
+            steps = self.scatter, self.replicate, self.parallel_apply, self.gather
+            return _parallel_forward(
+                self.module, inputs, kwargs, self.device_ids, self.output_device, *steps
+            )
 
     def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
         return replicate(module, device_ids, not torch.is_grad_enabled())
@@ -161,26 +190,23 @@ def data_parallel(
     *,
     chunk_sizes: ChunkSizes = None,
 ) -> Any:
-    """Evaluate ``module(*inputs)`` in parallel on ``device_ids``: DataParallel as a function."""
+    """Evaluate ``module(*inputs)`` in parallel on ``device_ids``: DataParallel as a function.
+
+    As torch's ``data_parallel``, it never detaches the replicas (``DataParallel`` does
+    when grad is off).
+    """
     _check_module(module)
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()
     resolved, output = _resolve(device_ids, output_device)
-    _check_on_source(module, resolved[0])
-    tracing_on = tracing.enabled()
-    if tracing_on:
-        tracing.begin_step((*resolved, output))
-    inputs, module_kwargs = scatter_kwargs(inputs, module_kwargs, resolved, dim, chunk_sizes)
-    if not inputs and not module_kwargs:
-        inputs = ((),)
-        module_kwargs = ({},)
-    if len(resolved) == 1:
-        result = module(*inputs[0], **module_kwargs[0])
-    else:
-        used = resolved[: len(inputs)]
-        replicas = replicate(module, used)
-        outputs = parallel_apply(replicas, inputs, module_kwargs, used)
-        result = gather(outputs, output, dim)
-    if tracing_on:
-        tracing.record_allocated()
-    return result
+
+    def apply_on_used(replicas: Sequence[nn.Module], chunks: Any, chunk_kwargs: Any) -> Any:
+        return parallel_apply(replicas, chunks, chunk_kwargs, resolved[: len(replicas)])
+
+    steps = (
+        partial(scatter_kwargs, dim=dim, chunk_sizes=chunk_sizes),
+        replicate,
+        apply_on_used,
+        partial(gather, dim=dim),
+    )
+    return _parallel_forward(module, inputs, module_kwargs, resolved, output, *steps)

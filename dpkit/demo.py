@@ -72,11 +72,13 @@ def run_demo(
             raise ValueError(f"{argument} must be at least 1, got {value}")
     torch.manual_seed(0)
     chosen = dpkit.devices(devices)
-    module = build_model(model)
+    # Made on the CPU (the same numbers on every machine), then put on device_ids[0].
+    module = dpkit.to_device(build_model(model), chosen[0])
     parallel = dpkit.DataParallel(module, device_ids=chosen)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
-    images = torch.randn(batch, *IMAGE_SHAPE)
-    labels = torch.randint(0, CLASSES, (batch,))
+    images, labels = dpkit.to_device(
+        (torch.randn(batch, *IMAGE_SHAPE), torch.randint(0, CLASSES, (batch,))), chosen[0]
+    )
 
     with dpkit.trace() as recorded:
         for _ in range(steps):

@@ -22,7 +22,7 @@ kind            what it is                                           ``torch_dev
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,15 @@ HOST = "host"
 
 # Where a tensor that dpkit copied onto a virtual lane records its lane.
 _LANE_ATTRIBUTE = "_dpkit_lane"
+
+# Under the placement check (dpkit.placement_check, for tests), CPU lanes pretend to live on a
+# device of their own, apart from plain CPU memory, as lanes on one GPU live on cuda:0.
+CHECKED_LANE_MEMORY = torch.device("cpu", 0)
+_check_placement = False
+
+# torch hands out CUDA streams from a pool of 32 per device and priority, round-robin: more
+# lanes than that on one GPU would share streams and run one after another.
+MAX_GPU_LANES = 32
 
 
 @dataclass(frozen=True)
@@ -49,11 +58,36 @@ class Device:
     name: str = field(init=False, compare=False, repr=False)
     is_virtual: bool = field(init=False, compare=False, repr=False)
     device_type: str = field(init=False, compare=False, repr=False)  # "cpu", "cuda", ...
+    # The torch device its bytes are in, as tensor.device says it: "cpu" or "cuda:i".
+    memory: torch.device = field(init=False, compare=False, repr=False)
+    # Whether tensors dpkit never placed are on this device: true for the host, a real
+    # accelerator and the home lane (lane 0, the plain memory of its device), false for
+    # lanes 1, 2, ... and for every lane under the placement check.
+    holds_plain_memory: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        torch_device = self.torch_device
+        if torch_device.type != "cpu" and torch_device.index is None:
+            # "cuda" means the current device in torch, device 0 for dpkit as for DataParallel;
+            # normalised so that Device(0, REAL, "cuda") and Device(0, REAL, "cuda:0") agree.
+            torch_device = torch.device(torch_device.type, 0)
+            object.__setattr__(self, "torch_device", torch_device)
         object.__setattr__(self, "name", self._name())
         object.__setattr__(self, "is_virtual", self.kind in (VIRTUAL_GPU, VIRTUAL_CPU))
-        object.__setattr__(self, "device_type", self.torch_device.type)
+        object.__setattr__(self, "device_type", torch_device.type)
+        cpu = torch_device.type == "cpu"
+        object.__setattr__(self, "memory", torch.device("cpu") if cpu else torch_device)
+        checked = torch_device == CHECKED_LANE_MEMORY
+        plain = not self.is_virtual or (self.index == 0 and not checked)
+        object.__setattr__(self, "holds_plain_memory", plain)
+
+    def shares_memory_with(self, other: Device) -> bool:
+        """Whether a tensor on this device is also on ``other`` without a copy: the same
+        device, or the host and lane 0 of ordinary CPU lanes (one plain memory)."""
+        if self == other:
+            return True
+        both_plain = self.holds_plain_memory and other.holds_plain_memory
+        return both_plain and self.memory == other.memory
 
     def _name(self) -> str:
         if self.kind == REAL:
@@ -129,10 +163,17 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
         on = torch.device(kind, 0) if kind is not None else torch.device("cpu")
     on = torch.device(on)
     if on.type == "cpu":
-        return [Device(i, VIRTUAL_CPU, torch.device("cpu")) for i in range(n)]
+        memory = CHECKED_LANE_MEMORY if _check_placement else torch.device("cpu")
+        return [Device(i, VIRTUAL_CPU, memory) for i in range(n)]
     if on.type != accelerator_type():
         raise ValueError(
             f"on={str(on)!r}: no {on.type} accelerator is available here; use on='cpu'"
+        )
+    if n > MAX_GPU_LANES:
+        raise ValueError(
+            f"n={n} lanes on one GPU: at most {MAX_GPU_LANES}, since torch's pool has "
+            f"{MAX_GPU_LANES} CUDA streams per device and lanes sharing a stream would run one "
+            f"after another; use n<={MAX_GPU_LANES}, or on='cpu' for more lanes"
         )
     if on.index is None:
         on = torch.device(on.type, 0)
@@ -280,40 +321,76 @@ def resides_on(tensor: torch.Tensor, device: Device) -> bool:
     dpkit never placed is on lane 0 (and on the host, for a CPU tensor), and a tensor placed
     on lane 0 is still in that plain memory; only lanes 1, 2, ... hold copies of their own.
     """
-    if tensor.device != device.torch_device:
+    if tensor.device != device.memory:
         return False
     lane = getattr(tensor, _LANE_ATTRIBUTE, None)
+    if lane is None:
+        return device.holds_plain_memory
+    return lane.shares_memory_with(device)
+
+
+def to_device(obj: Any, device: DeviceLike) -> Any:
+    """``obj`` put where ``device`` keeps the data it starts from: a tensor, a module, or lists,
+    tuples and dicts of them, moved with ``.to(device.torch_device)`` (a module in place).
+
+    The one way the course puts a model, its inputs and its targets on ``device_ids[0]``
+    before ``DataParallel``: on a GPU box that is ``cuda:0``, on ordinary CPU lanes the plain
+    memory (nothing moves), and under :mod:`dpkit.placement_check` the lanes' own device.
+    Lanes 1, 2, ... get their copies from scatter and replicate, never from here.
+    """
+    device = as_device(device, argument="device")
     if device.is_virtual and device.index != 0:
-        return lane == device
-    return lane is None or lane.index == 0
+        raise ValueError(
+            f"device={device}: only lane 0 holds data you create; scatter and replicate make "
+            "the other lanes' copies. Pass devices[0]"
+        )
+    if isinstance(obj, (list, tuple)):
+        moved = [to_device(item, device) for item in obj]
+        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
+    if isinstance(obj, dict):
+        return type(obj)((key, to_device(value, device)) for key, value in obj.items())
+    if isinstance(obj, torch.Tensor) or hasattr(obj, "to"):
+        return obj.to(device.torch_device)
+    return obj
 
 
 # --------------------------------------------------------------------------------------
 # Streams: each GPU lane runs on its own CUDA stream; a real device on its current stream.
 
-_lane_streams: dict[Device, Any] = {}
+_lane_streams: dict[torch.device, list[Any]] = {}  # the lanes' streams, by GPU, by lane index
 _lane_streams_lock = threading.Lock()
 
 
+def _new_lane_streams(module: Any, gpu: torch.device) -> list[Any]:
+    """One stream per possible lane of ``gpu``, all taken from torch's pool in one go: the pool
+    hands its streams out round-robin, so streams taken one at a time, with other code taking
+    some in between, could come back to a lane that already has them."""
+    for _ in range(3):
+        streams = [module.Stream(gpu) for _ in range(MAX_GPU_LANES)]
+        if len({stream.stream_id for stream in streams}) == MAX_GPU_LANES:
+            return streams
+    raise RuntimeError(
+        f"could not get {MAX_GPU_LANES} distinct CUDA streams on {gpu} from torch's pool "
+        "(another thread takes streams at the same time); create dpkit's lanes first"
+    )
+
+
 def stream_of(device: Device) -> Any | None:
-    """The stream work for ``device`` runs on (None on CPU)."""
+    """The stream work for ``device`` runs on (None on CPU): a GPU lane's own stream (the
+    same one for the whole process), or a real device's current stream in this thread."""
     if device.device_type == "cpu":
         return None
     module = torch.get_device_module(device.device_type)
     if device.kind == REAL:
         return module.current_stream(device.torch_device)
-    with _lane_streams_lock:
-        if device not in _lane_streams:
-            _lane_streams[device] = module.Stream(device.torch_device)
-        return _lane_streams[device]
-
-
-def synchronize(devices_to_wait_for: Sequence[Device]) -> None:
-    """Block until all queued work on these devices is done (a no-op on CPU)."""
-    for device in devices_to_wait_for:
-        stream = stream_of(device)
-        if stream is not None:
-            stream.synchronize()
+    streams = _lane_streams.get(device.torch_device)
+    if streams is None:
+        with _lane_streams_lock:
+            streams = _lane_streams.get(device.torch_device)
+            if streams is None:
+                streams = _new_lane_streams(module, device.torch_device)
+                _lane_streams[device.torch_device] = streams
+    return streams[device.index]
 
 
 # The lane the current worker thread runs on, for code that wants to know (dpkit.current_device).

@@ -42,7 +42,7 @@ def _cannot_gather(value: Any) -> TypeError:
     return TypeError(f"gather cannot combine replica outputs of type {kind}; {hint}")
 
 
-def _check_dim(output: torch.Tensor, dim: int) -> None:
+def _check_gatherable(output: torch.Tensor, dim: int) -> None:
     if output.dim() == 0 and dim != 0:
         raise ValueError(f"replica outputs are scalars, which gather only along dim=0, not {dim}")
     if output.dim() > 0 and not -output.dim() <= dim < output.dim():
@@ -61,7 +61,7 @@ def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> A
     def gather_map(outputs: Sequence[Any]) -> Any:
         out = outputs[0]
         if isinstance(out, torch.Tensor):
-            _check_dim(out, dim)
+            _check_gatherable(out, dim)
             input_devices = tuple(device_of(t) for t in outputs)
             return Gather.apply(destination, dim, input_devices, "gather", None, *outputs)
         if out is None:

@@ -1,4 +1,4 @@
-"""Grading the exercises: ``dpkit grade N``, ``check(N)`` in a notebook, a class into a CSV.
+"""Grading the exercises: ``dpkit grade N``, ``grade_and_report(N)``, a class into a CSV.
 
 The surprise first: the graders never run inside the caller's process. Each grading run is
 a fresh ``python -m pytest`` over ``exercises/graders/`` in its own process group, with a
@@ -14,7 +14,12 @@ Commands (offline, no GPU needed)::
     dpkit grade --all                           # every task in exercises/
     dpkit grade --submissions class/ --csv grades.csv   # class/<student>/taskN_*.py
 
-From a notebook cell: ``from dpkit.grading import check; check(1)``.
+From a notebook cell: ``from dpkit.grading import grade_and_report; grade_and_report(1)``.
+
+The tasks are whatever ``exercises/taskN_*.py`` files there are (:func:`task_files`):
+adding a task means adding its stub, its solution in ``solutions/``, its grader
+``graders/test_taskN.py`` and its row in ``exercises/README.md`` (``tests/test_exercises.py``
+checks that all four are there), and nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,17 +69,31 @@ def find_exercises(start: str | os.PathLike[str] | None = None) -> Path:
     )
 
 
+TASK_FILE = re.compile(r"task(\d+)_\w+\.py")  # a student file: task1_scatter.py
+
+
+def task_files(exercises: Path) -> dict[int, str]:
+    """Each task's student file name (``task1_scatter.py``, ...) by task number, in order."""
+    found = {}
+    for path in exercises.glob("task*_*.py"):
+        match = TASK_FILE.fullmatch(path.name)
+        if match:
+            found[int(match.group(1))] = path.name
+    return dict(sorted(found.items()))
+
+
 def task_numbers(exercises: Path) -> list[int]:
-    """The task numbers that have a grader, in order."""
-    names = (p.stem for p in (exercises / "graders").glob("test_task*.py"))
-    return sorted(int(name[len("test_task") :]) for name in names)
+    """The task numbers, in order: one per ``exercises/taskN_*.py``."""
+    return list(task_files(exercises))
 
 
 def _grader(exercises: Path, task: int) -> Path:
     grader = exercises / "graders" / f"test_task{task}.py"
-    if not grader.is_file():
+    if task not in task_files(exercises):
         known = ", ".join(map(str, task_numbers(exercises)))
         raise ValueError(f"there is no task {task}; the tasks are {known}")
+    if not grader.is_file():
+        raise ValueError(f"task {task} has no grader: {grader} is missing")
     return grader
 
 
@@ -234,7 +254,9 @@ def report(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def check(task: int, file: str | os.PathLike[str] | None = None, timeout: float = 60.0) -> bool:
+def grade_and_report(
+    task: int, file: str | os.PathLike[str] | None = None, timeout: float = 60.0
+) -> bool:
     """For a notebook cell: grade task ``task``, print the report, return whether all passed."""
     results = grade(task, file, timeout)
     print(report(results))
@@ -317,7 +339,9 @@ def add_grade_command(commands: argparse._SubParsersAction) -> None:
         epilog="examples: dpkit grade 1 | dpkit grade 3 --file mine.py | dpkit grade --all | "
         "dpkit grade --submissions class/ --csv grades.csv",
     )
-    grade_parser.add_argument("task", nargs="?", type=int, help="the task number, 1-7")
+    grade_parser.add_argument(
+        "task", nargs="?", type=int, help="the task number: N of exercises/taskN_*.py"
+    )
     grade_parser.add_argument("--file", help="grade this file (default: exercises/taskN_*.py)")
     grade_parser.add_argument("--all", action="store_true", help="grade every task")
     grade_parser.add_argument("--dir", help="with --all: the folder of taskN_*.py files")

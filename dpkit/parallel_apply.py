@@ -12,9 +12,19 @@ The surprises first, as in ``torch.nn.parallel.parallel_apply``:
   "in replica i on device d" and the worker's original traceback in the message.
 - A single replica runs in the calling thread.
 
-On a GPU lane the replica runs on that lane's own CUDA stream, which first waits for the
-caller's stream (where scatter and replicate queued their copies); the caller's stream
-waits for every lane before the outputs are used.
+Streams, read in the caller's thread before any worker starts (a worker thread's own
+current stream is its device's default stream, whatever stream the caller is on):
+
+- On real devices each replica runs on the stream that is current *in the caller* for its
+  device, as in torch: under ``with torch.cuda.stream(s)`` that is ``s``, where scatter
+  queued the replica's input.
+- On a GPU lane the replica runs on that lane's own CUDA stream, which first waits for the
+  caller's stream (where scatter and replicate queued their copies); the caller's stream
+  waits for every lane before the outputs are used. Tensors made on one of these streams and
+  read on the other are recorded on the reader's (``Tensor.record_stream``): what a replica
+  reads (its input, keyword arguments, parameters and buffers) on its lane's stream, since
+  autograd may free them in the middle of backward while the lane's kernels still read them,
+  and its CUDA outputs on the caller's stream.
 """
 
 from __future__ import annotations
@@ -93,25 +103,42 @@ def _autocast_state() -> dict[str, tuple[bool, torch.dtype]]:
     return states
 
 
-def _caller_stream(devices: Sequence[Device]) -> Any | None:
-    """The stream the caller queued its copies on, when lanes share one GPU (else None)."""
-    if devices[0].kind != VIRTUAL_GPU:
-        return None  # real devices: each replica uses its device's current stream, as torch
-    return torch.get_device_module(devices[0].device_type).current_stream(devices[0].torch_device)
+def _streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
+    """The stream each replica runs on (None on CPU), and the caller's stream when lanes
+    share one GPU (else None). Called in the caller's thread, whose streams these are."""
+    first = devices[0]
+    if first.device_type == "cpu":
+        return [None] * len(devices), None
+    module = torch.get_device_module(first.device_type)
+    if first.kind == VIRTUAL_GPU:
+        return [stream_of(device) for device in devices], module.current_stream(first.torch_device)
+    # Real devices: the caller's current stream on each, as torch does; in a worker thread
+    # current_stream would give the device's default stream instead.
+    return [module.current_stream(device.torch_device) for device in devices], None
+
+
+def _record_reads(module: nn.Module, input: Any, kwargs: dict[str, Any], stream: Any) -> None:
+    """Record on a lane's stream the CUDA tensors its replica reads that were made on the
+    caller's stream (see the module docstring)."""
+    held = tracing.held_by(module)  # replicate notes them while tracing
+    comm.record_use(_module_tensors(module) if held is None else held, stream)
+    comm.record_use(_tensors_in(input), stream)
+    if kwargs:
+        comm.record_use(_tensors_in(kwargs), stream)
 
 
 def _worker_context(
     stack: ExitStack,
     device: Device,
+    stream: Any | None,
+    caller_stream: Any | None,
     autocast: dict[str, tuple[bool, torch.dtype]],
     inference_mode: bool,
-    caller_stream: Any | None,
 ) -> None:
-    torch_device, device_type = device.torch_device, device.device_type
-    if device_type != "cpu":
+    device_type = device.device_type
+    if stream is not None:
         module = torch.get_device_module(device_type)
-        stack.enter_context(module.device(torch_device))
-        stream = stream_of(device)
+        stack.enter_context(module.device(device.torch_device))
         if caller_stream is not None:
             stream.wait_stream(caller_stream)  # the lane's inputs were copied on the caller's
         stack.enter_context(module.stream(stream))
@@ -141,25 +168,37 @@ def parallel_apply(
         for i, (input, device) in enumerate(zip(inputs, devices))
     ]
     resolved = as_devices(devices, argument="devices")
-    caller_stream = _caller_stream(resolved)
+    streams, caller_stream = _streams(resolved)
     lock = threading.Lock()
     results: dict[int, Any] = {}
     # These modes are thread-local in torch, so each worker must be told the caller's.
     grad_enabled, autocast = torch.is_grad_enabled(), _autocast_state()
     inference_mode = torch.is_inference_mode_enabled()
 
-    def worker(index: int, module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device):
+    def worker(
+        index: int,
+        module: nn.Module,
+        input: Any,
+        kwargs: dict[str, Any],
+        device: Device,
+        stream: Any | None,
+    ):
         torch.set_grad_enabled(grad_enabled)
         _set_current_device(device)
         try:
             with ExitStack() as stack:
-                _worker_context(stack, device, autocast, inference_mode, caller_stream)
+                _worker_context(stack, device, stream, caller_stream, autocast, inference_mode)
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
+                if caller_stream is not None:
+                    _record_reads(module, input, kwargs, stream)
                 with tracing.span("apply", device, replica=index):
                     output = module(*input, **kwargs)
-            for tensor in _tensors_in(output):
+            tensors = _tensors_in(output)
+            if caller_stream is not None:  # a GPU lane's CPU tensors (a count, say) are the host's
+                tensors = [t for t in tensors if t.device == device.torch_device]
+            for tensor in tensors:
                 if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
                     place(tensor, device)
             with lock:
@@ -170,7 +209,7 @@ def parallel_apply(
         finally:
             _set_current_device(None)
 
-    work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, resolved))
+    work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, resolved, streams))
     with (
         torch.autograd.profiler.record_function("dpkit.apply")
         if tracing.enabled() and torch.autograd._profiler_enabled()
@@ -182,11 +221,10 @@ def parallel_apply(
         _trace_outputs(work, results)
 
     if caller_stream is not None:
-        for device in resolved:
-            caller_stream.wait_stream(stream_of(device))
-        for tensor in _tensors_in(list(results.values())):
-            # Made on a lane's stream, used on the caller's: keep the allocator from reusing it.
-            tensor.record_stream(caller_stream)
+        for stream in streams:
+            caller_stream.wait_stream(stream)
+        # Made on a lane's stream, used on the caller's: keep the allocator from reusing it.
+        comm.record_use(_tensors_in(list(results.values())), caller_stream)
 
     outputs = []
     for index in range(len(inputs)):
@@ -203,7 +241,7 @@ def _trace_outputs(work: list[tuple[Any, ...]], results: dict[int, Any]) -> None
     Done here, after the workers, so that none of it is timed as ``apply`` and no worker
     waits for the GIL on the trace's behalf.
     """
-    for index, module, input, kwargs, device in work:
+    for index, module, input, kwargs, device, _ in work:
         output = results[index]
         if isinstance(output, ExceptionWrapper):
             continue

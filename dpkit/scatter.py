@@ -91,7 +91,7 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
 
 
-def _check_dim(tensor: torch.Tensor, dim: int) -> None:
+def _check_splittable(tensor: torch.Tensor, dim: int) -> None:
     if tensor.dim() == 0:
         raise ValueError(
             f"cannot scatter a 0-dim tensor (a scalar) along dim={dim}; pass it as a Python "
@@ -116,13 +116,14 @@ def scatter(
 
     Returns a tuple of chunks for a tensor, else a list with one entry per used device,
     exactly as ``torch.nn.parallel.scatter``. Containers whose elements split into different
-    numbers of chunks are cut to the shortest (torch zips them).
+    numbers of chunks are cut to the shortest (torch zips them). ``target_gpus`` keeps
+    torch's name; any devices will do, virtual lanes included.
     """
     devices = as_devices(target_gpus, argument="target_gpus")
 
     def scatter_map(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
-            _check_dim(obj, dim)
+            _check_splittable(obj, dim)
             sizes = plan_chunks(obj.shape[dim], len(devices), chunk_sizes)
             used = devices[: len(sizes)]
             return Scatter.apply(used, sizes, dim, device_of(obj), "scatter", None, obj)

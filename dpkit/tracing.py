@@ -22,8 +22,13 @@ tensors themselves on every device kind, and on real CUDA devices also read from
 allocator (see :class:`MemoryRecord`).
 
 Timing: on the CPU from the monotonic clock inside the thread doing the work; on CUDA from
-CUDA events recorded on the work's stream and resolved after synchronisation (an event's
-times are NaN until then; ``tr.events`` resolves them).
+CUDA events recorded on the stream where the thread queues the device's work (the device's
+current stream in that thread: a lane's own stream in its worker and in its backward, the
+caller's stream for the copies the caller queues) and resolved after synchronisation. While
+a trace records, an event's CUDA times are NaN until the trace resolves them (``tr.events``
+and the end of the ``with`` block do); hooks called meanwhile see the NaN. With hooks and no
+trace, each event's times are resolved before the hooks are called (see
+:func:`register_phase_hook`).
 
 What tracing costs, and where: each phase opens a span (two clock reads and an event; the
 primitive adds the bytes it copied), and after each replica's forward
@@ -168,6 +173,13 @@ def register_phase_hook(
     """Call ``hook(event)`` for every event (or only for ``phases``) until the handle is removed.
 
     Hooks run in the thread that did the work (a worker thread for ``apply``).
+
+    On CUDA, with no trace recording, each event's times are final when a hook gets it:
+    dpkit first waits for the GPU to finish the event's work (``Event.synchronize``). That
+    costs the overlap of host and GPU at every phase (lanes still overlap one another, each
+    worker waiting for its own), so measure with ``dpkit.trace()``; but nothing is kept for
+    a trace that never comes. While a trace records, hooks get the same events with NaN
+    times, which the trace fills in when it resolves them (see the module docstring).
     """
     wanted = frozenset([phases] if isinstance(phases, str) else phases) if phases else None
     with _state_lock:
@@ -229,7 +241,7 @@ class _Span:
         if self.profiler_range is not None:
             self.profiler_range.__enter__()
         if self.cuda:
-            self.start_event = _cuda_event_now()
+            self.start_event = _cuda_event_now(self.device)
         self.start = _clock()
         return self
 
@@ -243,7 +255,7 @@ class _Span:
             self.details,
         )  # fmt: skip
         if self.cuda:
-            _resolve_later(event, device, self.start_event, _cuda_event_now())
+            _time_on_gpu(event, device, self.start_event, _cuda_event_now(device))
         for recorder in _recorders:  # _emit, inlined: spans are the trace's most frequent call
             recorder._events.append(event)
         if _hooks:
@@ -253,20 +265,31 @@ class _Span:
 _pending: list[tuple[Event, torch.device, Any, Any]] = []
 
 
-def _resolve_later(event: Event, device: Device, start_event: Any, end_event: Any) -> None:
-    """Leave ``event``'s times NaN until :func:`resolve_pending` reads them off the GPU."""
-    event.start = event.end = math.nan
-    _pending.append((event, device.torch_device, start_event, end_event))
+def _time_on_gpu(event: Event, device: Device, start_event: Any, end_event: Any) -> None:
+    """Give ``event`` the times of two CUDA events: later while a trace records (NaN until
+    :func:`resolve_pending`, one wait for the GPU for all of them), at once when only hooks
+    listen (they get final times, and nothing piles up waiting for a trace)."""
+    if _recorders:
+        event.start = event.end = math.nan
+        _pending.append((event, device.torch_device, start_event, end_event))
+    elif _hooks:
+        _resolve(event, device.torch_device, start_event, end_event)
+
+
+def _resolve(event: Event, device: torch.device, start_event: Any, end_event: Any) -> None:
+    # The two may be on different streams (a backward ended by the engine's callback), so
+    # one finishing says nothing of the other; elapsed_time needs both done.
+    start_event.synchronize()
+    end_event.synchronize()
+    origin, origin_time = _cuda_origin(device)
+    event.start = origin_time + origin.elapsed_time(start_event) / 1000
+    event.end = origin_time + origin.elapsed_time(end_event) / 1000
 
 
 def resolve_pending() -> None:
     """Fill in the times of CUDA events: wait for the GPU, then read its clocks."""
     while _pending:
-        event, device, start_event, end_event = _pending.pop()
-        end_event.synchronize()
-        origin, origin_time = _cuda_origin(device)
-        event.start = origin_time + origin.elapsed_time(start_event) / 1000
-        event.end = origin_time + origin.elapsed_time(end_event) / 1000
+        _resolve(*_pending.pop())
 
 
 def _emit(event: Event) -> None:
@@ -331,19 +354,20 @@ class ReplicaBackward:
         self.start_event: Any = None
 
     def on_start(self, grad_outputs: Any) -> None:
-        if self.start is None:
-            self.start_event = _cuda_event_now() if self.cuda else None
+        # A backward run after the trace ended (and with no hook) is timed for no one.
+        if self.start is None and (_recorders or _hooks):
+            self.start_event = _cuda_event_now(self.device) if self.cuda else None
             self.start = _clock()
             _queue_callback(self.on_backward_end)
 
     def on_end(self, grad_inputs: Any, grad_outputs: Any) -> None:
         if self.start is None:  # no output took part in this backward
             return
-        end_event = _cuda_event_now() if self.cuda else None
         device = self.device
+        end_event = _cuda_event_now(device) if self.cuda else None
         event = Event("backward", device.name, self.start, _clock(), 0, self.step, device.kind)
         if end_event is not None:
-            _resolve_later(event, device, self.start_event, end_event)
+            _time_on_gpu(event, device, self.start_event, end_event)
         self.start = None  # a second backward through the same graph starts afresh
         _emit(event)
 
@@ -361,7 +385,7 @@ class ReplicaBackward:
             {"end": "when the whole backward ended: this backward skipped the replica's last node"},
         )  # fmt: skip
         if end_event is not None:
-            _resolve_later(event, device, self.start_event, end_event)
+            _time_on_gpu(event, device, self.start_event, end_event)
         self.start = None
         _emit(event)
 
@@ -369,10 +393,13 @@ class ReplicaBackward:
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 
 
-def _cuda_event_now() -> Any:
-    """A timing event recorded now on the current CUDA stream."""
+def _cuda_event_now(device: Device) -> Any:
+    """A timing event recorded now on ``device``'s current stream in this thread, where this
+    thread queues that device's work. (Not the current *device*'s stream: the caller's
+    thread queues copies for ``cuda:1`` while ``cuda:0`` is current, and the event must be
+    on the device whose clock origin times it.)"""
     event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    event.record(torch.cuda.current_stream(device.torch_device))
     return event
 
 

@@ -169,6 +169,21 @@ def test_data_parallel_function_checks_device_ids_zero_too():
         dpkit.data_parallel(model, torch.randn(4, 3), device_ids=device_ids)
 
 
+def test_a_module_off_device_ids_zero_begins_no_trace_step_in_either_entry_point():
+    # DataParallel.forward and data_parallel share one pipeline: the check comes first.
+    model, device_ids = _model_on_home_lane_with_ids_starting_at_lane_one()
+    calls = [
+        lambda: dpkit.DataParallel(model, device_ids=device_ids)(torch.randn(4, 3)),
+        lambda: dpkit.data_parallel(model, torch.randn(4, 3), device_ids=device_ids),
+    ]
+    with dpkit.trace() as recorded:
+        for call in calls:
+            with pytest.raises(RuntimeError, match=r"device_ids\[0\]"):
+                call()
+        dpkit.DataParallel(model, device_ids=lanes(2))(torch.randn(4, 3))
+    assert {e.step for e in recorded.events} == {1}, "a failed call took a step number"
+
+
 def test_module_not_on_device_ids_zero_fix_is_not_a_no_op():
     # The message's suggested fix must change something: telling a learner whose model is
     # already in CPU memory to call module.to('cpu') leaves them exactly where they were.

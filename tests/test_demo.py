@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _demo(*options: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MPLBACKEND": "Agg"}
+    # Under the placement check, as on a GPU: a model or batch left off the devices fails.
+    env = {**os.environ, "MPLBACKEND": "Agg", "DPKIT_CHECK_PLACEMENT": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "dpkit", "demo", *options],
@@ -80,3 +83,18 @@ def test_demo_help_lists_the_options():
     assert result.returncode == 0
     for option in ("--devices", "--batch", "--model", "--steps", "--out", "cnn"):
         assert option in result.stdout
+
+
+def test_a_runtime_error_from_torch_is_a_message_not_a_traceback(monkeypatch, capsys):
+    from dpkit import cli, demo
+
+    def misplaced(*args, **kwargs):
+        raise RuntimeError("module must have its parameters and buffers on device cuda:0")
+
+    monkeypatch.setattr(demo, "run_demo", misplaced)
+    monkeypatch.delenv("DPKIT_DEBUG", raising=False)
+    assert cli.main(["demo"]) == 2
+    assert "dpkit: error: RuntimeError: module must have" in capsys.readouterr().err
+    monkeypatch.setenv("DPKIT_DEBUG", "1")  # and the traceback for whoever asks
+    with pytest.raises(RuntimeError):
+        cli.main(["demo"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from lanes import recorded_transfers
@@ -165,3 +167,32 @@ def test_transfer_listener_remove_stops_it():
 
 def test_current_device_is_none_outside_parallel_apply():
     assert dpkit.current_device() is None
+
+
+class _RoundRobinPool:
+    """Stands in for torch.cuda's stream pool: ``size`` streams handed out in turn."""
+
+    def __init__(self, size: int, others_take_every: int | None = None) -> None:
+        self.size, self.taken, self.others_take_every = size, 0, others_take_every
+
+    def Stream(self, device):  # noqa: N802 - the name torch.cuda gives it
+        if self.others_take_every and self.taken % self.others_take_every == 1:
+            self.taken += 1  # another thread took one in between
+        stream = type("FakeStream", (), {"stream_id": self.taken % self.size})()
+        self.taken += 1
+        return stream
+
+
+def test_the_lanes_of_one_gpu_get_distinct_streams_taken_in_one_go():
+    devices_module = sys.modules["dpkit.devices"]
+    pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
+    pool.taken = 7  # other code took some streams before dpkit's first lane
+    streams = devices_module._new_lane_streams(pool, torch.device("cuda", 0))
+    assert len({s.stream_id for s in streams}) == devices_module.MAX_GPU_LANES
+
+
+def test_lane_streams_that_would_repeat_are_refused_with_a_clear_error():
+    devices_module = sys.modules["dpkit.devices"]
+    pool = _RoundRobinPool(devices_module.MAX_GPU_LANES, others_take_every=3)
+    with pytest.raises(RuntimeError, match="distinct CUDA streams"):
+        devices_module._new_lane_streams(pool, torch.device("cuda", 0))

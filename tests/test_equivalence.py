@@ -781,3 +781,31 @@ def test_output_device_other_than_device_0():
     out.sum().backward()
     expected.sum().backward()
     assert_same_grads(model, reference)
+
+
+def test_a_subclass_overriding_the_steps_is_called_as_torchs_dataparallel_calls_it():
+    # torch's DataParallel.forward calls self.scatter, self.replicate, self.parallel_apply and
+    # self.gather: overriding one is how users customise a step.
+    calls = []
+
+    class Watched(dpkit.DataParallel):
+        def scatter(self, inputs, kwargs, device_ids):
+            calls.append(("scatter", len(device_ids)))
+            return super().scatter(inputs, kwargs, device_ids)
+
+        def replicate(self, module, device_ids):
+            calls.append(("replicate", len(device_ids)))
+            return super().replicate(module, device_ids)
+
+        def parallel_apply(self, replicas, inputs, kwargs):
+            calls.append(("parallel_apply", len(replicas)))
+            return super().parallel_apply(replicas, inputs, kwargs)
+
+        def gather(self, outputs, output_device):
+            calls.append(("gather", len(outputs)))
+            return super().gather(outputs, output_device)
+
+    model = mlp(seed=31)
+    x = torch.randn(2, 5, dtype=F64)  # 2 rows over 4 devices: 2 replicas
+    assert_close(Watched(model, lanes(4))(x), copy.deepcopy(model)(x))
+    assert calls == [("scatter", 4), ("replicate", 2), ("parallel_apply", 2), ("gather", 2)]

@@ -1,8 +1,12 @@
 """The exercises' graders mean something: solutions pass every check, stubs fail every check.
 
 Each grading run is a subprocess (a fresh Python that imports torch), so the graders run
-once per variant: all seven against the reference solutions, all seven against the
+once per variant: every task against the reference solutions, every task against the
 untouched stubs, then a small class of submissions including one that hangs.
+
+The tasks are discovered from the ``exercises/taskN_*.py`` files, never counted here; the
+tests check that each has a solution, a grader and a row in ``exercises/README.md``, and
+that stub and solution agree on everything but the bodies (docstrings, signatures).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from dpkit import grading
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
 SOLUTIONS = EXERCISES / "solutions"
-STUBS = sorted(EXERCISES.glob("task*_*.py"))
-TASKS = list(range(1, 8))
+GRADERS = EXERCISES / "graders"
+TASK_FILES = grading.task_files(EXERCISES)
+TASKS = list(TASK_FILES)
+STUBS = [EXERCISES / name for name in TASK_FILES.values()]
 TODO = re.compile(r"TODO (\d+)\.(\d+): \S.*")
 
 
@@ -41,12 +47,16 @@ def stub_results() -> list[grading.CheckResult]:
     return grading.grade_folder(EXERCISES)
 
 
-def test_seven_tasks_each_with_stub_solution_and_grader():
-    assert [int(p.name[4 : p.name.index("_")]) for p in STUBS] == TASKS
+def test_tasks_are_numbered_from_1_each_with_stub_solution_and_grader():
+    assert TASKS == list(range(1, len(TASKS) + 1)), f"tasks {TASKS} skip a number"
+    assert len(TASKS) >= 2
     assert grading.task_numbers(EXERCISES) == TASKS
+    graders = sorted(int(p.stem[len("test_task") :]) for p in GRADERS.glob("test_task*.py"))
+    assert graders == TASKS, "every task needs a grader, every grader a task"
+    assert sorted(p.name for p in SOLUTIONS.glob("task*.py")) == sorted(TASK_FILES.values())
     for task, stub in zip(TASKS, STUBS):
         assert (SOLUTIONS / stub.name).is_file(), f"no reference solution for {stub.name}"
-        grader = (EXERCISES / "graders" / f"test_task{task}.py").read_text()
+        grader = (GRADERS / f"test_task{task}.py").read_text()
         assert f'EXERCISE = "{stub.name}"' in grader
         assert f"pytestmark = pytest.mark.task{task}" in grader
 
@@ -110,6 +120,29 @@ def test_todo_comments_match_not_implemented(stub):
             assert text in lines[index + 1] or text in lines[index + 2], f"{text} is not raised"
 
 
+def _interface(body: list[ast.stmt], prefix: str = "") -> dict[str, str]:
+    """What a student sees of a module besides function bodies, by qualified name: each
+    function's decorators, signature and docstring; each class's decorators, bases,
+    docstring, fields and methods; each module-level alias (``Traffic = dict[...]``)."""
+    found = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            decorators = [f"@{ast.unparse(d)}" for d in node.decorator_list]
+            if isinstance(node, ast.ClassDef):
+                shape = f"({', '.join(ast.unparse(b) for b in node.bases)})"
+            else:
+                returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+                shape = f"({ast.unparse(node.args)}){returns}"
+            docstring = ast.get_docstring(node)
+            found[prefix + node.name] = "\n".join([*decorators, shape, repr(docstring)])
+            if isinstance(node, ast.ClassDef):
+                found.update(_interface(node.body, f"{prefix}{node.name}."))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            found[prefix + ast.unparse(target)] = ast.unparse(node)
+    return found
+
+
 @pytest.mark.parametrize("stub", STUBS, ids=[p.name for p in STUBS])
 def test_solution_has_the_stub_api_and_no_todo(stub):
     solution = SOLUTIONS / stub.name
@@ -124,6 +157,38 @@ def test_solution_has_the_stub_api_and_no_todo(stub):
     )
     assert not _not_implemented_messages(solution)
     assert not [c for c in _comments(solution) if c.startswith("TODO")]
+
+
+@pytest.mark.parametrize("stub", STUBS, ids=[p.name for p in STUBS])
+def test_stub_and_solution_have_the_same_docstrings_and_signatures(stub):
+    """The stub is what students read, the solution what instructors maintain: an edit to
+    one docstring or signature must reach the other (only function bodies may differ)."""
+    stub_api = _interface(ast.parse(stub.read_text()).body)
+    solution_api = _interface(ast.parse((SOLUTIONS / stub.name).read_text()).body)
+    assert list(stub_api) == list(solution_api), "stub and solution define different names"
+    differing = [name for name in stub_api if stub_api[name] != solution_api[name]]
+    assert not differing, "\n\n".join(
+        f"{name} differs:\nstub:     {stub_api[name]}\nsolution: {solution_api[name]}"
+        for name in differing
+    )
+
+
+def test_the_interface_comparison_sees_a_changed_docstring_and_signature():
+    original = _interface(ast.parse('def f(x: int) -> int:\n    """Doc."""\n').body)
+    new_docstring = 'def f(x: int) -> int:\n    """Doc!"""\n'
+    new_signature = 'def f(x: float) -> int:\n    """Doc."""\n'
+    for edited in (new_docstring, new_signature):
+        assert _interface(ast.parse(edited).body) != original
+    body_only = 'def f(x: int) -> int:\n    """Doc."""\n    return x\n'
+    assert _interface(ast.parse(body_only).body) == original
+
+
+README_ROW = re.compile(r"^\| (\d+) \| `(task\d+_\w+\.py)` \|", re.M)
+
+
+def test_exercises_readme_has_one_row_per_task():
+    rows = README_ROW.findall((EXERCISES / "README.md").read_text())
+    assert [(int(task), name) for task, name in rows] == list(TASK_FILES.items())
 
 
 def test_submissions_into_csv(tmp_path):
@@ -156,8 +221,8 @@ def test_submissions_into_csv(tmp_path):
     assert all("file missing" in r["hint"] for r in by[("cy", "2")])
 
 
-def test_check_prints_and_returns_bool(capsys):
-    assert grading.check(1, file=SOLUTIONS / stub_of(1).name) is True
+def test_grade_and_report_prints_and_returns_bool(capsys):
+    assert grading.grade_and_report(1, file=SOLUTIONS / stub_of(1).name) is True
     printed = capsys.readouterr().out
     assert grading.PASS in printed and "checks passed: all checks pass" in printed
 

@@ -1,11 +1,16 @@
 """The core suite on real GPUs and on virtual lanes on one GPU, and torch's own primitives.
 
 Marked ``gpu`` and skipped without CUDA; ``scripts/gpu_check.sh`` runs it on a GPU machine.
+The stream tests at the end (issue 19) stall a stream with ``torch.cuda._sleep`` to open the
+window a missing wait or a missing ``record_stream`` leaves; ``tests/test_cuda_streams.py``
+checks the same behaviour on the CPU, with a pretend GPU.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import threading
 
 import pytest
 import torch
@@ -13,6 +18,8 @@ from torch import nn
 from torch.nn import parallel as torch_parallel
 
 import dpkit
+from dpkit import tracing
+from dpkit.devices import HOST_DEVICE, stream_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -149,14 +156,51 @@ def test_data_parallel_matches_torch():
 
 
 def test_replicate_matches_torch():
+    """Replica parameters are plain attributes (``named_parameters()`` is empty): compare
+    them through ``_former_parameters``, which both replicates fill, and the buffers."""
     devices = _real_or_skip(1) if torch.cuda.device_count() < 2 else dpkit.devices(2)
     model = _model()
     ours = dpkit.replicate(model, devices)
     theirs = torch_parallel.replicate(model, [d.index for d in devices])
-    for a, b in zip(ours, theirs):
-        for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
-            assert p.device == q.device, name
+    compared = 0
+    for ours_replica, theirs_replica in zip(ours, theirs, strict=True):
+        for a, b in zip(ours_replica.modules(), theirs_replica.modules(), strict=True):
+            assert type(a) is type(b)
+            assert list(a._former_parameters) == list(b._former_parameters)
+            pairs = [(a._former_parameters[k], q) for k, q in b._former_parameters.items()]
+            pairs += [(a._buffers[k], q) for k, q in b._buffers.items()]
+            for p, q in pairs:
+                assert p.device == q.device
+                assert p.requires_grad == q.requires_grad
+                torch.testing.assert_close(p, q)
+                compared += 1
+    held = len(list(model.parameters())) + len(list(model.buffers()))
+    assert compared == len(devices) * held
     assert ours[0][0].weight.data_ptr() == model[0].weight.data_ptr()
+    x = torch.randn(6, 32, device="cuda")
+    for device, ours_replica, theirs_replica in zip(devices, ours, theirs):
+        chunk = x.to(device.torch_device)
+        torch.testing.assert_close(ours_replica(chunk), theirs_replica(chunk))
+
+
+def test_parallel_apply_matches_torch_on_real_gpus():
+    """replicate, scatter and parallel_apply on real devices, one GPU included (a single
+    replica runs in the calling thread, as in torch)."""
+    devices = _real_or_skip(1) if torch.cuda.device_count() < 2 else dpkit.devices(2)
+    ids = [d.index for d in devices]
+    torch.manual_seed(0)
+    model = _model().eval()
+    x = torch.randn(9, 32, device="cuda")
+    ours = dpkit.parallel_apply(
+        dpkit.replicate(model, devices), dpkit.scatter(x, devices), devices=devices
+    )
+    theirs = torch_parallel.parallel_apply(
+        torch_parallel.replicate(model, ids), torch_parallel.scatter(x, ids), devices=ids
+    )
+    assert len(ours) == len(theirs) == len(devices)
+    for a, b in zip(ours, theirs):
+        assert a.device == b.device
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("kind", ["lanes", "real"])
@@ -215,3 +259,204 @@ def test_gpu_lanes_time_a_backward_that_skips_their_last_node():
     backward = [e for e in tr.events if e.phase == "backward"]
     assert sorted(e.device for e in backward) == sorted(d.name for d in devs)
     assert all(e.start <= e.end < float("inf") and "end" in e.details for e in backward)
+
+
+# -- streams (issue 19) ------------------------------------------------------------------
+
+# torch.cuda._sleep spins for this many GPU clock cycles: about 25 ms at 2 GHz, longer at a
+# lower clock. Long enough for the host to do what a test checks while a stream still waits.
+STALL_CYCLES = 50_000_000
+
+
+class Stall(torch.autograd.Function):
+    """Identity that stalls the current stream in forward and again in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        torch.cuda._sleep(STALL_CYCLES)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.cuda._sleep(STALL_CYCLES)
+        return grad.clone()
+
+
+class StalledNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+
+    def forward(self, x):
+        return Stall.apply(self.net(Stall.apply(x)))
+
+
+class Mixed(nn.Module):
+    """Returns a dense CUDA tensor, a CPU tensor and a sparse CUDA tensor."""
+
+    def forward(self, x):
+        doubled = x * 2
+        return {"dense": doubled, "rows": torch.tensor(x.shape[0]), "sparse": doubled.to_sparse()}
+
+
+def test_gpu_lane_replicas_may_return_cpu_and_sparse_tensors():
+    """Only a lane's dense CUDA outputs are recorded on the caller's stream (record_stream
+    takes neither a CPU nor a sparse tensor), and a CPU output stays on the host."""
+    lanes = dpkit.virtual_devices(2, on="cuda")
+    x = torch.randn(4, 3, device="cuda")
+    chunks = dpkit.scatter(x, lanes)
+    outputs = dpkit.parallel_apply([Mixed(), Mixed()], chunks, devices=lanes)
+    for output, chunk in zip(outputs, chunks):
+        torch.testing.assert_close(output["dense"], chunk * 2)
+        torch.testing.assert_close(output["sparse"].to_dense(), chunk * 2)
+        assert output["rows"].device.type == "cpu" and output["rows"].item() == 2
+        assert dpkit.device_of(output["rows"]) == HOST_DEVICE
+    gathered = dpkit.gather([output["dense"] for output in outputs], lanes[0])
+    torch.testing.assert_close(gathered, x * 2)
+
+
+class ScaledSum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(1 << 20))
+
+    def forward(self, x):
+        return (Stall.apply(x) * self.scale).sum(dim=1)
+
+
+def test_gpu_lane_inputs_and_parameters_keep_their_memory_while_the_lane_runs():
+    """Lane copies are made on the caller's stream and read on the lane's. Freed while the
+    lane is still stalled, their memory must not go to new work on the caller's stream: that
+    is what happens to tensors saved for backward when autograd frees them mid-backward."""
+    lanes = dpkit.virtual_devices(2, on="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # so that the caller's free blocks are the ones freed below
+    model = ScaledSum().cuda()
+    x = torch.randn(2, 1 << 20, device="cuda")  # a 4 MiB row per lane: lane 1's is a copy
+    with torch.no_grad():
+        expected = (x * model.scale).sum(dim=1)
+    torch.cuda.synchronize()
+    replicas = dpkit.replicate(model, lanes, detach=True)
+    chunks = dpkit.scatter(x, lanes)
+    # x itself (lane 0 reads a view of it), lane 1's input and lane 1's parameter copy
+    blocks = {x.data_ptr(), chunks[1].data_ptr(), replicas[1].scale.data_ptr()}
+    with torch.no_grad():
+        outputs = dpkit.parallel_apply(replicas, chunks, devices=lanes)
+    del x, chunks, replicas
+    fresh = [torch.empty(1 << 20, device="cuda") for _ in range(6)]  # on the caller's stream
+    lanes_busy = not any(stream_of(lane).query() for lane in lanes)
+    reused = blocks & {tensor.data_ptr() for tensor in fresh}
+    torch.cuda.synchronize()
+    if not lanes_busy:
+        pytest.skip("the lanes finished before the check; raise STALL_CYCLES")
+    assert not reused
+    torch.testing.assert_close(torch.cat(outputs), expected)
+
+
+@pytest.mark.parametrize("side_stream", [False, True])
+@pytest.mark.parametrize("n", [2, 4])
+def test_gpu_lanes_stay_exact_when_stalled_in_forward_and_backward(n, side_stream):
+    """Training on lanes that stall before and after their work, in forward and in backward,
+    called from the default stream or from a side stream, matches one device exactly."""
+    torch.manual_seed(0)
+    model = StalledNet().cuda().double()
+    reference = copy.deepcopy(model)
+    wrapped = dpkit.DataParallel(model, device_ids=dpkit.virtual_devices(n, on="cuda"))
+    x = torch.randn(64, 64, device="cuda", dtype=torch.double)
+    caller = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    caller.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(caller):
+        y = wrapped(x)
+        y.pow(2).mean().backward()
+    torch.cuda.current_stream().wait_stream(caller)
+    y_reference = reference(x)
+    y_reference.pow(2).mean().backward()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, y_reference)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_real_gpus_run_replicas_on_the_callers_current_streams():
+    """A worker thread's current stream is its device's default stream: each replica must
+    run on the stream current in the caller for its device instead, as in torch."""
+    devices = _real_or_skip(2)
+    sides = [torch.cuda.Stream(device=d.torch_device) for d in devices]
+    seen = {}
+
+    class Where(nn.Module):
+        def forward(self, x):
+            seen[x.device.index] = torch.cuda.current_stream(x.device).cuda_stream
+            return x + 1
+
+    chunks = [torch.zeros(1, device=d.torch_device) for d in devices]
+    torch.cuda.synchronize()
+    with torch.cuda.stream(sides[0]), torch.cuda.stream(sides[1]):
+        outputs = dpkit.parallel_apply([Where(), Where()], chunks, devices=devices)
+    torch.cuda.synchronize()
+    assert seen == {i: side.cuda_stream for i, side in enumerate(sides)}
+    assert [output.item() for output in outputs] == [1.0, 1.0]
+
+
+def test_real_gpus_wait_for_work_the_caller_queued_on_a_side_stream():
+    """Under ``with torch.cuda.stream(s)`` the input is written on s, late (s is stalled):
+    replicas on the workers' default streams would read it before it is written."""
+    devices = _real_or_skip(2)
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64).cuda()
+    values = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        expected = model(values)
+    x = torch.zeros_like(values)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(STALL_CYCLES)
+        x.copy_(values)
+        with torch.no_grad():
+            y = dpkit.DataParallel(model, device_ids=devices)(x)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, expected)
+
+
+def test_trace_times_each_gpu_on_its_own_stream():
+    """The caller's thread (cuda:0 current) queues the copy to cuda:1; with cuda:1's stream
+    stalled the copy lands late, and cuda:1's scatter event, timed on cuda:1's stream against
+    cuda:1's clock, says so."""
+    devices = _real_or_skip(2)
+    x = torch.randn(8, 64, device="cuda")
+    with dpkit.trace():  # fixes each GPU's clock origin while nothing is stalled
+        dpkit.scatter(x, devices)
+    torch.cuda.synchronize()
+    with dpkit.trace() as tr:
+        with torch.cuda.device(1):
+            torch.cuda._sleep(STALL_CYCLES)
+        dpkit.scatter(x, devices)
+    scatter = {e.device: e for e in tr.events if e.phase == "scatter"}
+    assert all(0 < e.start <= e.end < math.inf for e in scatter.values())
+    assert scatter["cuda:1"].end - scatter["cuda:0"].end > 0.01  # STALL_CYCLES: >= ~25 ms
+
+
+def test_hooks_without_a_trace_get_final_times_on_gpu():
+    """With no trace recording, hooks get finite times and no CUDA event is left pending."""
+    lanes = dpkit.virtual_devices(2, on="cuda")
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
+    wrapped = dpkit.DataParallel(model, device_ids=lanes)
+    seen, lock = [], threading.Lock()
+
+    def hook(event):
+        with lock:  # apply events come from the workers, backward ones from autograd
+            seen.append((event.phase, event.start, event.end))
+
+    pending = len(tracing._pending)
+    handle = dpkit.register_phase_hook(hook)
+    try:
+        for _ in range(3):
+            wrapped(torch.randn(32, 64, device="cuda")).sum().backward()
+    finally:
+        handle.remove()
+    assert {"scatter", "replicate", "apply", "gather", "backward", "reduce"} <= {
+        phase for phase, _, _ in seen
+    }
+    assert all(0 < start <= end < math.inf for _, start, end in seen)
+    assert len(tracing._pending) == pending

@@ -20,6 +20,9 @@ import dpkit
 from dpkit import viz
 from dpkit.tracing import BACKWARD_PHASES, FORWARD_PHASES
 
+# As on a GPU: code that leaves a model or a tensor off the devices fails (tests/conftest.py).
+pytestmark = pytest.mark.placement_check
+
 FIRST_BATCH, LAST_BATCH = 32, 64  # different sizes, so the two steps' numbers differ
 
 
@@ -29,12 +32,12 @@ def _mlp() -> nn.Module:
 
 
 def _traced_steps(output_index: int = 0, batches=(FIRST_BATCH, LAST_BATCH)) -> dpkit.Trace:
-    model = _mlp()
     lanes = dpkit.virtual_devices(4, on="cpu")
+    model = dpkit.to_device(_mlp(), lanes[0])
     parallel = dpkit.DataParallel(model, device_ids=lanes, output_device=lanes[output_index])
     with dpkit.trace() as recorded:
         for batch in batches:
-            parallel(torch.randn(batch, 16)).sum().backward()
+            parallel(dpkit.to_device(torch.randn(batch, 16), lanes[0])).sum().backward()
     return recorded
 
 

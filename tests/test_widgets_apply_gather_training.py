@@ -15,7 +15,10 @@ import torch
 
 import dpkit
 from dpkit import viz
-from dpkit.viz import apply, memory
+from dpkit.viz import apply, common, memory
+
+# As on a GPU: code that leaves a model or a tensor off the devices fails (tests/conftest.py).
+pytestmark = pytest.mark.placement_check
 
 pytest.importorskip("ipywidgets")
 
@@ -36,7 +39,7 @@ def _scattered_rows(recorded: dpkit.Trace) -> int:
     return sum(e.details["rows"] for e in scatters)
 
 
-PARAMETER_BYTES = sum(p.numel() * p.element_size() for p in apply.demo_model().parameters())
+PARAMETER_BYTES = sum(p.numel() * p.element_size() for p in common.demo_model().parameters())
 
 
 # --------------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def test_moving_the_batch_slider_scatters_the_new_batch():
 def test_the_timeline_says_it_came_from_virtual_devices():
     figure = apply.apply_timeline(apply.apply_trace(devices=3, batch=32))
     assert "virtual" in figure.axes[0].get_title()
-    assert tuple(figure.get_size_inches())[0] == apply.FIGURE_WIDTH
+    assert tuple(figure.get_size_inches())[0] == common.FIGURE_WIDTH
 
 
 def test_the_explorer_shows_its_marker_where_widgets_do_not_render():
@@ -159,6 +162,21 @@ def test_the_loss_outside_forward_is_recorded_on_the_output_device_only():
     assert loss_records[0].nbytes >= 32 * memory.CLASSES * 4  # log-softmax of the logits
 
 
+def test_memory_trace_only_reads_the_trace_and_keeps_the_loss_beside_it():
+    run = viz.memory_trace(devices=3, batch=32, loss="outside")
+    assert isinstance(run.trace, dpkit.Trace)
+    assert memory.LOSS_CATEGORY not in {r.category for r in run.trace.memory}
+    added = [r for r in run.memory if r not in run.trace.memory]
+    assert [(r.device, r.category, r.nbytes) for r in added] == [
+        (run.output_device.name, memory.LOSS_CATEGORY, run.loss_bytes)
+    ]
+    assert added[0].step == max(r.step for r in run.trace.memory)
+    legend = viz.memory_figure(run).axes[0].get_legend().get_texts()
+    assert memory.LOSS_CATEGORY in {text.get_text() for text in legend}
+    inside = viz.memory_trace(devices=3, batch=32, loss="inside")
+    assert inside.loss_bytes == 0 and inside.memory == inside.trace.memory
+
+
 def test_memory_trace_names_the_argument_it_rejects():
     with pytest.raises(ValueError, match="loss must be"):
         viz.memory_trace(loss="sideways")
@@ -166,10 +184,12 @@ def test_memory_trace_names_the_argument_it_rejects():
 
 def test_with_loss_gives_the_exact_mean_for_uneven_chunks():
     torch.manual_seed(0)
-    model = memory.classifier()
+    lanes = dpkit.devices(4)
+    model = dpkit.to_device(memory.classifier(), lanes[0])
     inputs = torch.randn(10, memory.FEATURES)  # 3, 3, 3, 1 rows over 4 devices
     targets = torch.randint(0, memory.CLASSES, (10,))
-    sums = dpkit.DataParallel(viz.WithLoss(model), device_ids=dpkit.devices(4))(inputs, targets)
+    inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
+    sums = dpkit.DataParallel(viz.WithLoss(model), device_ids=lanes)(inputs, targets)
     assert sums.shape == (4,)
     expected = torch.nn.functional.cross_entropy(model(inputs), targets)
     assert torch.allclose(sums.sum() / 10, expected, atol=1e-6)

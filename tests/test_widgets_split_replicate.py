@@ -17,6 +17,9 @@ import dpkit
 from dpkit.viz import replicas, split
 from dpkit.viz.explorer import figure_png
 
+# As on a GPU: code that leaves a model or a tensor off the devices fails (tests/conftest.py).
+pytestmark = pytest.mark.placement_check
+
 pytest.importorskip("ipywidgets")
 
 cpu_lanes = functools.partial(dpkit.virtual_devices, on="cpu")
@@ -128,6 +131,7 @@ def _model_bytes(model: nn.Module) -> int:
 def test_replication_copies_model_bytes_to_every_device_but_the_first(num_devices):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 2))
+    model = dpkit.to_device(model, cpu_lanes(1)[0])
     cost = replicas.replication_cost(model, num_devices, cpu_lanes)
     assert cost.replica_bytes == _model_bytes(model)
     assert cost.copied_bytes == _model_bytes(model) * (num_devices - 1)

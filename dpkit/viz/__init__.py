@@ -7,6 +7,8 @@ save it with ``fig.savefig("timeline.png")``. Needs matplotlib (``pip install dp
 The explorers and the quiz (modules ``split``, ``replicas``, ``apply``, ``memory``,
 ``training``, ``quiz``) are loaded on first use, so ``import dpkit.viz`` needs neither
 ipywidgets nor tqdm, and a module that is missing or broken fails only when it is used.
+What they share (figure sizes, :func:`~dpkit.viz.common.intra_op_threads`, the demo model)
+lives in ``dpkit.viz.common``. Everything here only reads traces; none writes into one.
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ _LAZY_EXPORTS = {
         "overlap_figure",
         "timeline_explorer",
     ),
-    "memory": ("WithLoss", "held_per_device", "memory_explorer", "memory_figure", "memory_trace"),
+    "memory": (
+        "MemoryRun",
+        "WithLoss",
+        "held_per_device",
+        "memory_explorer",
+        "memory_figure",
+        "memory_trace",
+    ),
     "training": (
         "SpeedupRow",
         "backward_explorer",
@@ -73,7 +82,7 @@ _LAZY_EXPORTS = {
         "training_trace",
     ),
 }
-SUBMODULES = ("figures", *_LAZY_EXPORTS)
+SUBMODULES = ("figures", "common", *_LAZY_EXPORTS)
 _OWNER = {name: module for module, names in _LAZY_EXPORTS.items() for name in names}
 
 __all__ = [

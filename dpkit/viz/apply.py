@@ -20,11 +20,8 @@ keeps the last data, figure and PNG, so tests can move a slider and check both c
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,57 +29,18 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit.trace_export import KIND_LABELS
+from dpkit.viz.common import (
+    FIGURE_DPI,
+    FIGURE_WIDTH,
+    demo_model,
+    hardware_of,
+    intra_op_threads,
+    notebook_timeline,
+)
 from dpkit.viz.explorer import Explorer, int_slider
-from dpkit.viz.figures import timeline
-
-FIGURE_WIDTH = 7.0  # inches; notebook figures are small and rendered at FIGURE_DPI
-FIGURE_DPI = 90
-
-
-# --------------------------------------------------------------------------------------
-# Shared helpers of the explorers
-
-
-def compact(figure: Figure, width: float = FIGURE_WIDTH, height: float | None = None) -> Figure:
-    """Resize a dpkit figure to notebook size (constrained layout re-flows it)."""
-    old_width, old_height = figure.get_size_inches()
-    figure.set_size_inches(width, height if height is not None else old_height * 0.8)
-    figure.set_dpi(FIGURE_DPI)
-    return figure
-
-
-def hardware_of(lanes: list[dpkit.Device]) -> str:
-    """How a figure names the devices it measured: "virtual devices on the CPU", ..."""
-    return " + ".join(sorted({KIND_LABELS.get(d.kind, d.kind) for d in lanes}))
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Run torch with ``threads`` intra-op threads inside the block (None: leave as is).
-
-    Virtual CPU lanes share the machine's cores; with torch's default each lane would also
-    spread every op over all cores, and the lanes' threads would fight over them.
-    """
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
 
 # --------------------------------------------------------------------------------------
 # The timeline explorer: devices x batch -> traced forward -> timeline
-
-
-def demo_model(seed: int = 0) -> nn.Module:
-    """The MLP the apply and training explorers run: a step takes milliseconds on a CPU."""
-    torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
 
 
 def apply_trace(
@@ -92,9 +50,10 @@ def apply_trace(
 
     The last step is the one to look at; the first warms up the worker threads.
     """
-    model = demo_model()
-    parallel = dpkit.DataParallel(model, device_ids=dpkit.devices(devices))
-    inputs = torch.randn(batch, 256)
+    lanes = dpkit.devices(devices)
+    model = dpkit.to_device(demo_model(), lanes[0])
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
+    inputs = dpkit.to_device(torch.randn(batch, 256), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
         for _ in range(steps):
             parallel(inputs)
@@ -103,8 +62,7 @@ def apply_trace(
 
 def apply_timeline(recorded: dpkit.Trace) -> Figure:
     """The timeline of the last step, notebook-sized."""
-    rows = len({e.device for e in recorded.events})
-    return compact(timeline(recorded), height=1.3 + 0.42 * rows)
+    return notebook_timeline(recorded)
 
 
 def timeline_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) -> Explorer:
@@ -176,6 +134,7 @@ def measure_apply_overlap(
 ) -> ApplyOverlap:
     """Run ``model``'s replicas in parallel and one after another; medians of ``repeats``."""
     lanes = dpkit.devices(devices)
+    model, inputs = dpkit.to_device((model, inputs), lanes[0])
     chunks = dpkit.scatter(inputs, lanes)
     lanes = lanes[: len(chunks)]
     replicas = dpkit.replicate(model, lanes, detach=True)
@@ -244,11 +203,3 @@ def overlap_figure(results: list[ApplyOverlap]) -> Figure:
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, fontsize=8, frameon=False)
     axes.set_title(f"Does parallel_apply overlap? — {results[0].hardware}", fontsize=10)
     return figure
-
-
-def cores() -> int:
-    """CPU cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1

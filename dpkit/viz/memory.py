@@ -7,22 +7,26 @@ vocabulary) device 0 holds the whole batch's logits plus the loss's own saved te
 on top of its replica's share: it runs out of memory while the others have room. Computing
 the loss inside ``forward`` gathers one number per replica instead.
 
-Three layers: :func:`memory_trace` (data: one traced forward and loss, either way),
-:func:`memory_figure` (:func:`dpkit.viz.figures.memory_per_device`, notebook-sized) and
-:func:`memory_explorer` (sliders "devices" and "batch", toggle "loss").
+Three layers: :func:`memory_trace` (data: one traced forward and loss, either way, as a
+:class:`MemoryRun`), :func:`memory_figure` (:func:`dpkit.viz.figures.memory_per_device`,
+notebook-sized) and :func:`memory_explorer` (sliders "devices" and "batch", toggle "loss").
+Like all of :mod:`dpkit.viz`, this module only reads traces: the loss's bytes, which no trace
+records, travel beside the trace in the :class:`MemoryRun`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit import replica_graph, tracing
-from dpkit.viz.apply import compact
+from dpkit import replica_graph
+from dpkit.tracing import ALLOCATOR_CATEGORIES, MemoryRecord
+from dpkit.viz.common import compact
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device
 
@@ -55,18 +59,57 @@ class WithLoss(nn.Module):
         return nn.functional.cross_entropy(logits, targets, reduction="sum").reshape(1)
 
 
-def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -> dpkit.Trace:
+@dataclass(frozen=True)
+class MemoryRun:
+    """What :func:`memory_trace` measured: the step's Trace and, with the loss outside
+    forward, the bytes the loss saved for backward on the output device.
+
+    The trace records what DataParallel's forward holds; a loss computed after it on the
+    gathered output is none of DataParallel's doing, so no trace records it. ``memory`` is the
+    trace's records plus one for those bytes (category ``LOSS_CATEGORY``, on the output device,
+    in the trace's last step), so :func:`held_per_device` and the figures take a MemoryRun
+    wherever they take a Trace. With the loss inside forward, the replicas' activations hold
+    what it saves, and the trace counts them.
+    """
+
+    trace: dpkit.Trace
+    loss: str  # LOSS_OUTSIDE or LOSS_INSIDE
+    output_device: dpkit.Device
+    loss_bytes: int = 0  # saved for backward by the loss outside forward; 0 inside
+
+    @property
+    def memory(self) -> list[MemoryRecord]:
+        records = self.trace.memory
+        if self.loss != LOSS_OUTSIDE:
+            return records
+        step = max(record.step for record in records)
+        device = self.output_device
+        held = MemoryRecord(device.name, LOSS_CATEGORY, self.loss_bytes, step, device.kind)
+        return [*records, held]
+
+    @property
+    def events(self) -> list[dpkit.Event]:
+        return self.trace.events
+
+    @property
+    def hardware(self) -> str:
+        return self.trace.hardware
+
+
+def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -> MemoryRun:
     """One traced forward and loss on ``dpkit.devices(devices)``, the loss ``outside`` or
     ``inside`` the module's forward. With the loss outside, the bytes the loss saves for
-    backward on the output device are measured and recorded as ``LOSS_CATEGORY``.
+    backward on the output device are measured too (see :class:`MemoryRun`).
     """
     if loss not in (LOSS_OUTSIDE, LOSS_INSIDE):
         raise ValueError(f"loss must be {LOSS_OUTSIDE!r} or {LOSS_INSIDE!r}, got {loss!r}")
     lanes = dpkit.devices(devices)
-    model = classifier()
+    model = dpkit.to_device(classifier(), lanes[0])
     torch.manual_seed(1)
     inputs = torch.randn(batch, FEATURES)
     targets = torch.randint(0, CLASSES, (batch,))
+    inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
+    saved = 0
     with dpkit.trace() as recorded:
         if loss == LOSS_INSIDE:
             parallel = dpkit.DataParallel(WithLoss(model), device_ids=lanes)
@@ -77,23 +120,22 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
             loss_value = nn.functional.cross_entropy(logits, targets)
             given = [logits, targets, *model.parameters()]
             saved = replica_graph.saved_bytes([loss_value], given)
-            tracing.record_memory(parallel.output_device, LOSS_CATEGORY, saved)
-    return recorded
+    return MemoryRun(recorded, loss, parallel.output_device, saved)
 
 
-def held_per_device(recorded: dpkit.Trace, step: int | None = None) -> dict[str, int]:
+def held_per_device(recorded: dpkit.Trace | MemoryRun, step: int | None = None) -> dict[str, int]:
     """Total bytes each device holds in ``step`` (default: the last), all counted categories
     (torch's allocator totals are no part of the sum)."""
     records = recorded.memory
     step = max(r.step for r in records) if step is None else step
     held: dict[str, int] = defaultdict(int)
     for record in records:
-        if record.step == step and record.category not in tracing.ALLOCATOR_CATEGORIES:
+        if record.step == step and record.category not in ALLOCATOR_CATEGORIES:
             held[record.device] += record.nbytes
     return dict(held)
 
 
-def memory_figure(recorded: dpkit.Trace, top: float | None = None) -> Figure:
+def memory_figure(recorded: dpkit.Trace | MemoryRun, top: float | None = None) -> Figure:
     """:func:`~dpkit.viz.figures.memory_per_device`, notebook-sized, its y axis up to ``top``
     bytes (default: 15% above the tallest bar), so two figures can share a scale."""
     figure = compact(memory_per_device(recorded), height=3.3)

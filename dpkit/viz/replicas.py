@@ -32,9 +32,9 @@ from dpkit.comm import add_transfer_listener
 from dpkit.devices import Device
 from dpkit.devices import devices as pick_devices
 from dpkit.replicate import replicate
+from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import PHASE_COLORS, hardware_title, human_bytes
-from dpkit.viz.split import DPI, MAX_DEVICES, DeviceFactory
 
 IN_FEATURES, CLASSES = 64, 10
 MAX_WIDTH = 2048
@@ -151,7 +151,7 @@ def replication_cost(
 def replication_figure(cost: ReplicationCost) -> Figure:
     """Left: what each replica holds, copied or shared. Right: bytes copied per forward
     against the device count, the current count marked."""
-    figure = Figure(figsize=(7, 3.3), dpi=DPI, layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH, 3.3), dpi=DIAGRAM_DPI, layout="constrained")
     held, growth = figure.subplots(1, 2, width_ratios=[1.25, 1])
     bytes_axis = FuncFormatter(lambda value, _: human_bytes(value))
     fontsize = 6 if cost.num_devices > 8 else 8

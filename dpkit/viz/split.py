@@ -21,7 +21,7 @@ keyword arguments.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from dpkit.devices import Device, device_of
 from dpkit.devices import devices as pick_devices
 from dpkit.scatter import scatter, scatter_kwargs
 from dpkit.trace_export import as_dataframe
+from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import PHASE_COLORS, hardware_title
 
@@ -42,10 +43,7 @@ SPLIT_MODES = {"torch": "torch.chunk", "balanced": "balanced"}
 FEATURES = 3  # columns of the example input
 SEQUENCE = 5  # time steps of the sequence-first example input (dim=1)
 IDLE_COLOR = "#e45756"
-DPI = 100
-MAX_BATCH, MAX_DEVICES = 512, 16
-
-DeviceFactory = Callable[[int], Sequence[Device]]
+MAX_BATCH = 512
 
 
 def example_input(batch: int, dim: int = 0) -> torch.Tensor:
@@ -113,7 +111,8 @@ class SplitPlan:
         return self.marker
 
 
-def _check_count(value: Any, name: str, largest: int | None = None) -> int:
+def _positive_int(value: Any, name: str, largest: int | None = None) -> int:
+    """``value`` if it is an int from 1 to ``largest``, else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     if largest is not None and value > largest:
@@ -135,8 +134,8 @@ def split_plan(
     there are rows enough). ``devices`` makes the device list (default ``dpkit.devices``:
     real accelerators where there are enough, else virtual lanes).
     """
-    _check_count(batch, "batch")
-    _check_count(num_devices, "num_devices")
+    _positive_int(batch, "batch")
+    _positive_int(num_devices, "num_devices")
     if mode not in SPLIT_MODES:
         raise ValueError(f"mode={mode!r} is not known; use one of {sorted(SPLIT_MODES)}")
     targets = list(devices(num_devices))
@@ -163,7 +162,7 @@ def split_plan(
 
 def split_figure(plan: SplitPlan) -> Figure:
     """One bar per device: the rows of its chunk; idle devices shaded and labelled."""
-    figure = Figure(figsize=(7, 3.3), dpi=DPI, layout="constrained")
+    figure = Figure(figsize=(FIGURE_WIDTH, 3.3), dpi=DIAGRAM_DPI, layout="constrained")
     axes = figure.add_subplot()
     positions = range(plan.num_devices)
     fontsize = 7 if plan.num_devices > 10 else 8
@@ -303,8 +302,8 @@ def split_explorer(
     ``.last_data`` is the :class:`SplitPlan` shown.
     """
     controls = _split_controls(
-        _check_count(batch, "batch", MAX_BATCH),
-        _check_count(num_devices, "num_devices", MAX_DEVICES),
+        _positive_int(batch, "batch", MAX_BATCH),
+        _positive_int(num_devices, "num_devices", MAX_DEVICES),
         dim,
         mode,
     )

@@ -26,13 +26,13 @@ from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 import dpkit
-from dpkit.viz.apply import (
+from dpkit.viz.common import (
     FIGURE_DPI,
     FIGURE_WIDTH,
-    apply_timeline,
     demo_model,
     hardware_of,
     intra_op_threads,
+    notebook_timeline,
 )
 from dpkit.viz.explorer import Explorer, int_slider
 
@@ -44,9 +44,11 @@ def training_trace(
     devices: int = 4, batch: int = 256, steps: int = 2, threads: int | None = 1
 ) -> dpkit.Trace:
     """Trace ``steps`` training steps (forward, cross-entropy, backward) of the demo MLP."""
-    model = demo_model()
-    parallel = dpkit.DataParallel(model, device_ids=dpkit.devices(devices))
+    lanes = dpkit.devices(devices)
+    model = dpkit.to_device(demo_model(), lanes[0])
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
         for _ in range(steps):
             model.zero_grad(set_to_none=True)
@@ -56,7 +58,7 @@ def training_trace(
 
 def backward_timeline(recorded: dpkit.Trace) -> Figure:
     """The last training step: forward phases, then grad_scatter, backward and reduce."""
-    return apply_timeline(recorded)
+    return notebook_timeline(recorded)
 
 
 def backward_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) -> Explorer:
@@ -106,10 +108,10 @@ def compare_with_single_device(
 
     The default batch of 30 splits unevenly over 4 devices (8, 8, 8, 6), the harder case.
     """
-    single = toy_model()
+    lanes = dpkit.devices(devices)
+    single = dpkit.to_device(toy_model(), lanes[0])  # "one device" is device_ids[0]
     initial = copy.deepcopy(single)
     replicated = copy.deepcopy(single)
-    lanes = dpkit.devices(devices)
     parallel = dpkit.DataParallel(replicated, device_ids=lanes)
     optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (single, replicated)]
     generator = torch.Generator().manual_seed(0)
@@ -118,7 +120,7 @@ def compare_with_single_device(
     # threads the machine happens to have would otherwise decide the last bits of the result.
     with intra_op_threads(1):
         for _ in range(steps):
-            inputs, targets = toy_batch(batch, generator)
+            inputs, targets = dpkit.to_device(toy_batch(batch, generator), lanes[0])
             for index, (net, optimizer) in enumerate(zip((single, parallel), optimizers)):
                 optimizer.zero_grad()
                 loss = nn.functional.cross_entropy(net(inputs), targets)
@@ -151,15 +153,15 @@ def train(
     """Train the toy MLP with DataParallel and SGD; a tqdm progress bar shows the loss."""
     from tqdm.auto import tqdm
 
-    model = toy_model()
     lanes = dpkit.devices(devices)
+    model = dpkit.to_device(toy_model(), lanes[0])
     parallel = dpkit.DataParallel(model, device_ids=lanes)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(0)
     run = TrainingRun([d.name for d in lanes], hardware_of(lanes), batch)
     with intra_op_threads(1), tqdm(range(steps), desc="training", disable=not progress) as bar:
         for _ in bar:
-            inputs, targets = toy_batch(batch, generator)
+            inputs, targets = dpkit.to_device(toy_batch(batch, generator), lanes[0])
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(parallel(inputs), targets)
             loss.backward()
@@ -167,7 +169,7 @@ def train(
             run.losses.append(loss.item())
             bar.set_postfix(loss=f"{run.losses[-1]:.3f}")
         with torch.no_grad():
-            inputs, targets = toy_batch(1024, generator)
+            inputs, targets = dpkit.to_device(toy_batch(1024, generator), lanes[0])
             run.accuracy = (parallel(inputs).argmax(dim=1) == targets).float().mean().item()
     return run
 
@@ -208,8 +210,11 @@ class SpeedupRow:
         return self.parallel_ms - self.single_ms
 
 
-def _median_step_ms(net: nn.Module, model: nn.Module, batch: int, repeats: int) -> float:
+def _median_step_ms(
+    net: nn.Module, model: nn.Module, batch: int, repeats: int, home: dpkit.Device
+) -> float:
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    inputs, targets = dpkit.to_device((inputs, targets), home)
     times = []
     for _ in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
@@ -230,14 +235,14 @@ def measure_speedup(
     ``threads`` intra-op threads (default 1) for both, so that "a device" means the same
     compute in both runs; None leaves torch's setting.
     """
-    model = demo_model()
     lanes = dpkit.devices(devices)
+    model = dpkit.to_device(demo_model(), lanes[0])
     parallel = dpkit.DataParallel(model, device_ids=lanes)
     rows = []
     with intra_op_threads(threads):
         for batch in batches:
-            single_ms = _median_step_ms(model, model, batch, repeats)
-            parallel_ms = _median_step_ms(parallel, model, batch, repeats)
+            single_ms = _median_step_ms(model, model, batch, repeats, lanes[0])
+            parallel_ms = _median_step_ms(parallel, model, batch, repeats, lanes[0])
             rows.append(SpeedupRow(batch, single_ms, parallel_ms, len(lanes), hardware_of(lanes)))
     return rows
 

@@ -139,6 +139,8 @@ class LabServer:
             MPLCONFIGDIR=str(state / "matplotlib"),
             JUPYTER_PLATFORM_DIRS="1",
             PYTHONUNBUFFERED="1",
+            # Kernels run under dpkit's placement check, as on a GPU box (tests/conftest.py).
+            DPKIT_CHECK_PLACEMENT="1",
         )
         # Kernels should draw as a learner's do (inline), not with the Agg of the test run.
         env.pop("MPLBACKEND", None)

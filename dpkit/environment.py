@@ -1,4 +1,4 @@
-"""dpkit.check(): is this environment ready for the course? One line per thing checked.
+"""dpkit.check_environment(): is this environment ready for the course? One line per item.
 
 The usual trouble it catches: ipywidgets without its JupyterLab extension, or the two at
 versions that do not fit ("Error displaying widget" in the browser while the kernel is
@@ -21,8 +21,8 @@ MIN_TORCH = (2, 4)
 
 
 @dataclass
-class CheckReport:
-    """What ``check()`` found: a line per item, and whether everything needed is there."""
+class EnvironmentReport:
+    """What ``check_environment()`` found: a line per item, and whether all it needs is there."""
 
     lines: list[str] = field(default_factory=list)
     ok: bool = True
@@ -57,9 +57,9 @@ def _widget_extension_installed() -> bool:
     return (share / "jupyterlab-manager").exists()
 
 
-def check(verbose: bool = True) -> CheckReport:
+def check_environment(verbose: bool = True) -> EnvironmentReport:
     """Check torch, the devices dpkit will use, and the widget stack; print and return it."""
-    report = CheckReport()
+    report = EnvironmentReport()
     report.add(sys.version_info >= (3, 10), f"python {platform.python_version()} (needs >= 3.10)")
     report.add(_torch_ok(), f"torch {torch.__version__} (needs >= 2.4)")
     kind, count = accelerator_type(), accelerator_count()

@@ -1,0 +1,32 @@
+"""dpkit.check_environment(): the course's readiness check (notebook 00 runs it first)."""
+
+from __future__ import annotations
+
+import importlib
+
+import dpkit
+from dpkit.environment import EnvironmentReport
+
+
+def test_check_environment_prints_a_line_per_item_and_a_verdict(capsys):
+    report = dpkit.check_environment()
+    printed = capsys.readouterr().out
+    assert printed.strip() == str(report).strip()
+    assert any(line.endswith("(needs >= 2.4)") and "torch" in line for line in report.lines)
+    verdict = str(report).splitlines()[-1]
+    assert verdict == "ready for the course" if report.ok else verdict.startswith("not ready")
+
+
+def test_a_missing_requirement_fails_and_a_missing_extra_only_notes():
+    report = EnvironmentReport()
+    report.add(False, "an extra", required=False)
+    assert report.ok and report.lines == ["note  an extra"]
+    report.add(False, "a requirement")
+    assert not report.ok and report.lines[-1] == "FAIL  a requirement"
+
+
+def test_the_check_and_its_module_have_different_names():
+    module = importlib.import_module("dpkit.environment")
+    assert dpkit.environment is module  # not shadowed by a function, as dpkit.check was
+    assert module.check_environment is dpkit.check_environment
+    assert "check_environment" in dpkit.__all__ and not hasattr(dpkit, "check")

@@ -1,0 +1,178 @@
+"""The placement check: on CPU lanes, code that forgets to put its model or data on the devices
+fails as it would on a GPU, and code that does put them there runs as it does on a GPU."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+
+import dpkit
+from dpkit.placement_check import checking_placement
+
+ROOT = Path(__file__).resolve().parents[1]
+devices_module = sys.modules["dpkit.devices"]  # dpkit.devices is also the function
+
+
+@pytest.fixture
+def checked_lanes():
+    with checking_placement():
+        yield dpkit.virtual_devices(4, on="cpu")
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_a_model_left_on_the_cpu_runs_on_ordinary_lanes_but_fails_under_the_check():
+    dpkit.DataParallel(_mlp(), device_ids=dpkit.virtual_devices(4, on="cpu"))(torch.randn(8, 5))
+    with checking_placement():
+        lanes = dpkit.virtual_devices(4, on="cpu")
+        with pytest.raises(RuntimeError, match=r"on device virtual:0 \(cpu\) \(device_ids\[0\]\)"):
+            dpkit.DataParallel(_mlp(), device_ids=lanes)(torch.randn(8, 5))
+        with pytest.raises(RuntimeError, match=r"module\.to\('cpu:0'\)"):
+            dpkit.DataParallel(_mlp(), device_ids=lanes)(torch.randn(8, 5))
+        with pytest.raises(ValueError, match="broadcast source must be on devices"):
+            dpkit.replicate(_mlp(), lanes)
+
+
+def test_to_home_places_model_and_batch_and_training_matches_one_device(checked_lanes):
+    home = checked_lanes[0].torch_device
+    assert home == torch.device("cpu", 0)
+    model = _mlp().to(home)
+    plain = copy.deepcopy(model)  # on device 0 too, as a deepcopy of a cuda:0 model is
+    assert {dpkit.device_of(p) for p in (*model.parameters(), *plain.parameters())} == {
+        checked_lanes[0]
+    }
+    parallel = dpkit.DataParallel(model, device_ids=checked_lanes)
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.1) for m in (model, plain)]
+    for _ in range(3):
+        inputs = torch.randn(10, 5, device=home)
+        targets = torch.randint(0, 3, (10,)).to(home)
+        for net, optimizer in zip((parallel, plain), optimizers):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(net(inputs), targets).backward()
+            optimizer.step()
+    for a, b in zip(model.parameters(), plain.parameters()):
+        assert dpkit.device_of(a) == checked_lanes[0]  # zero_grad and step keep them there
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_scatter_copies_the_same_bytes_as_on_ordinary_lanes_once_data_is_home(checked_lanes):
+    moved = []
+    handle = dpkit.add_transfer_listener(lambda t: moved.append(t.nbytes))
+    try:
+        dpkit.scatter(torch.randn(8, 2, device=checked_lanes[0].torch_device), checked_lanes)
+        home_copy = sum(moved)
+        moved.clear()
+        dpkit.scatter(torch.randn(8, 2), checked_lanes)  # left on the host: chunk 0 copied too
+        host_copy = sum(moved)
+    finally:
+        handle.remove()
+    assert home_copy == 3 * 2 * 2 * 4  # lanes 1..3, as on ordinary lanes and on a GPU
+    assert host_copy == 4 * 2 * 2 * 4  # as a CPU batch scattered onto cuda:0 ... cuda:3
+
+
+def test_a_target_left_on_the_host_fails_as_on_a_gpu_and_cpu_scalars_mix(checked_lanes):
+    home = checked_lanes[0].torch_device
+    model = _mlp().to(home)
+    logits = dpkit.DataParallel(model, device_ids=checked_lanes)(torch.randn(6, 5, device=home))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        nn.functional.cross_entropy(logits, torch.randint(0, 3, (6,)))
+    scaled = logits * torch.tensor(2.0)  # a 0-dim CPU tensor mixes with a GPU's, so here too
+    assert dpkit.device_of(scaled) == checked_lanes[0]
+
+
+def test_cpu_brings_data_back_and_numpy_of_lane_data_says_how(checked_lanes):
+    on_lane = torch.ones(3, device=checked_lanes[0].torch_device)
+    with pytest.raises(TypeError, match=r"Use Tensor\.cpu\(\)"):
+        on_lane.numpy()
+    for back in (on_lane.cpu(), on_lane.to("cpu")):
+        assert dpkit.device_of(back).name == "cpu"
+        assert back.numpy().tolist() == [1.0, 1.0, 1.0]
+    assert dpkit.device_of(on_lane) == checked_lanes[0]  # the original stays on the lane
+
+
+def test_parameters_made_from_lane_data_and_state_dicts_stay_on_the_lane(checked_lanes):
+    home = checked_lanes[0].torch_device
+    weight = nn.Parameter(torch.randn(3, 2, device=home))
+    assert dpkit.device_of(weight) == checked_lanes[0]
+    model = _mlp().to(home)
+    model.load_state_dict(_mlp().state_dict())  # values from the host, copied in place
+    assert {dpkit.device_of(p) for p in model.parameters()} == {checked_lanes[0]}
+
+
+def test_the_explorers_fail_under_the_check_when_placement_is_forgotten(monkeypatch):
+    from dpkit import viz
+
+    viz.apply_trace(devices=2, batch=16, steps=1)  # placed: runs under the check
+    monkeypatch.setattr(dpkit, "to_device", lambda obj, device: obj)  # "forget" to place
+    viz.apply_trace(devices=2, batch=16, steps=1)  # ordinary CPU lanes do not notice
+    with checking_placement(), pytest.raises(RuntimeError, match=r"device_ids\[0\]"):
+        viz.apply_trace(devices=2, batch=16, steps=1)
+
+
+def _notebook_cells(name: str, upto: int) -> list[str]:
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    cells = [c.source for c in notebook.cells[: upto + 1] if c.cell_type == "code"]
+    return ["\n".join(x for x in s.splitlines() if not x.startswith("%")) for s in cells]
+
+
+def test_a_notebook_cell_without_to_home_fails_under_the_check():
+    cells = _notebook_cells("04_gather.ipynb", upto=3)
+    model_cell = cells[-1]
+    assert "nn.Linear(8, 2).to(home)" in model_cell
+    with checking_placement():
+        namespace = {"__name__": "__notebook__"}
+        for source in cells:  # as stored: runs
+            exec(source, namespace)
+        forgotten = [*cells[:-1], model_cell.replace(".to(home)", "")]
+        namespace = {"__name__": "__notebook__"}
+        with pytest.raises(RuntimeError, match=r"device_ids\[0\]"):
+            for source in forgotten:
+                exec(source, namespace)
+
+
+def test_the_environment_variable_turns_the_check_on_at_import():
+    env = {**os.environ, "DPKIT_CHECK_PLACEMENT": "1"}
+    code = "import dpkit; print(dpkit.devices(2)[0].torch_device)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.stdout.strip() == "cpu:0", result.stderr
+    assert dpkit.devices(2)[0].torch_device == torch.device("cpu")  # not in this process
+
+
+def test_to_device_moves_nested_data_and_refuses_other_lanes():
+    lanes = dpkit.virtual_devices(3, on="cpu")
+    x = torch.randn(2)
+    assert dpkit.to_device(x, lanes[0]) is x  # ordinary lanes: lane 0 is the plain memory
+    with checking_placement():
+        checked = dpkit.virtual_devices(3, on="cpu")
+        moved = dpkit.to_device({"x": x, "pair": (x, 3)}, checked[0])
+        assert dpkit.device_of(moved["x"]) == checked[0]
+        assert dpkit.device_of(moved["pair"][0]) == checked[0] and moved["pair"][1] == 3
+    with pytest.raises(ValueError, match="only lane 0 holds data you create"):
+        dpkit.to_device(x, lanes[1])
+
+
+def test_a_cuda_device_without_index_is_device_zero():
+    plain = dpkit.Device(0, devices_module.REAL, torch.device("cuda"))
+    indexed = dpkit.Device(0, devices_module.REAL, torch.device("cuda", 0))
+    assert plain == indexed and plain.torch_device == torch.device("cuda", 0)
+    assert plain.name == "cuda:0"
+
+
+def test_more_lanes_than_cuda_streams_on_one_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(devices_module, "accelerator_type", lambda: "cuda")
+    assert len(dpkit.virtual_devices(devices_module.MAX_GPU_LANES, on="cuda")) == 32
+    with pytest.raises(ValueError, match="at most 32"):
+        dpkit.virtual_devices(33, on="cuda")
