@@ -15,8 +15,8 @@ thread (valgrind runs one thread at a time anyway) and torch uses one thread.
 
 Configurations: ``off`` (no trace), ``on`` (inside ``dpkit.trace()``), and two with a part of
 the trace switched off, which show where its instructions go: ``no-replica-walk``
-(``tracing.trace_replica`` does nothing: no activations, no backward events) and
-``no-spans`` (``tracing.span`` returns the no-op). Results go to
+(``tracing.backward.trace_replica`` does nothing: no activations, no backward events) and
+``no-spans`` (``tracing.span``, ``copy_span`` and ``host_span`` return the no-op). Results go to
 ``benchmarks/results/trace_instructions.json``.
 """
 
@@ -59,10 +59,12 @@ def _configuration(name: str) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     if name == "off":
         return stack
-    if name == "no-replica-walk":
-        stack.enter_context(_replaced(tracing, "trace_replica", lambda *args: None))
+    if name == "no-replica-walk":  # after_apply calls it by its name in tracing.backward
+        stack.enter_context(_replaced(tracing.backward, "trace_replica", lambda *args: None))
     if name == "no-spans":
-        stack.enter_context(_replaced(tracing, "span", lambda *args, **kwargs: tracing._OFF))
+        for entry in ("span", "copy_span", "host_span"):
+            off = tracing.recorder.OFF
+            stack.enter_context(_replaced(tracing, entry, lambda *args, off=off, **kwargs: off))
     stack.enter_context(dpkit.trace())
     return stack
 

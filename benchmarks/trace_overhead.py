@@ -72,8 +72,12 @@ _NO_OP = nullcontext()
 # The baseline's trace entry points: what each would be if it tested nothing.
 UNCHECKED: dict[str, Callable[..., Any]] = {
     "span": lambda *args, **kwargs: _NO_OP,
+    "copy_span": lambda *args, **kwargs: _NO_OP,
+    "host_span": lambda *args, **kwargs: _NO_OP,
+    "holds": lambda *args, **kwargs: None,
     "record_memory": lambda *args, **kwargs: None,
     "enabled": lambda: False,
+    "recording": lambda: False,
 }
 
 

@@ -11,8 +11,11 @@ function           forward                     backward
 ``Gather``         concatenate onto a device   ``Scatter`` of grads
 =================  ==========================  ==============================
 
-Each also takes the trace ``phase`` it records and the ``step`` it belongs to (None: the
-current step); a backward records under the step of the forward that created it.
+They take what the maths needs, as torch's do, with one addition: where a piece comes from
+is an argument when a tensor cannot say it (a virtual lane is not a tensor's
+``torch.device``, and gradients carry no lane tag). A backward runs under the step of the
+forward that made it (:func:`dpkit.context.backward_of`), so its copies are filed as that
+step's gradients.
 """
 
 from __future__ import annotations
@@ -22,24 +25,22 @@ from itertools import chain
 
 from torch.autograd import Function
 
-from dpkit import comm, tracing
-
-
-def _step(step):
-    return tracing.current_step() if step is None else step
+from dpkit import comm
+from dpkit.context import backward_of, current_step
+from dpkit.devices import device_of
 
 
 class Broadcast(Function):
     @staticmethod
-    def forward(ctx, devices, phase, step, *inputs):
-        ctx.devices = devices
-        ctx.step = _step(step)
+    def forward(ctx, target_devices, *inputs):
+        ctx.target_devices = target_devices
+        ctx.step = current_step()
         if len(inputs) == 0:
             return ()
         ctx.num_inputs = len(inputs)
-        outputs = comm.broadcast(inputs, devices, phase, ctx.step)
+        outputs = comm.broadcast(inputs, target_devices)
         non_differentiables = []
-        for index, input_requires_grad in enumerate(ctx.needs_input_grad[3:]):
+        for index, input_requires_grad in enumerate(ctx.needs_input_grad[1:]):
             if not input_requires_grad:
                 non_differentiables.extend(output[index] for output in outputs)
         ctx.mark_non_differentiable(*non_differentiables)
@@ -47,38 +48,44 @@ class Broadcast(Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = ReduceAddCoalesced.apply(ctx.devices, ctx.num_inputs, ctx.step, *grad_outputs)
-        return (None, None, None) + grads
+        with backward_of(ctx.step):
+            grads = ReduceAddCoalesced.apply(ctx.target_devices, ctx.num_inputs, *grad_outputs)
+        return (None,) + grads
 
 
 class ReduceAddCoalesced(Function):
     @staticmethod
-    def forward(ctx, devices, num_inputs, step, *grads):
-        ctx.devices = devices
-        ctx.step = step
+    def forward(ctx, source_devices, num_inputs, *grads):
+        # Grads arrive in groups of num_inputs, one group per device of source_devices; the
+        # sum lands on source_devices[0].
+        ctx.source_devices = source_devices
+        ctx.step = current_step()
         per_device = [grads[i : i + num_inputs] for i in range(0, len(grads), num_inputs)]
-        return tuple(comm.reduce_add(per_device, devices[0], devices, "reduce", step))
+        return tuple(comm.reduce_add(per_device, source_devices[0], source_devices))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        copies = Broadcast.apply(ctx.devices, "grad_broadcast", ctx.step, *grad_outputs)
-        return (None, None, None) + copies
+        with backward_of(ctx.step):
+            copies = Broadcast.apply(ctx.source_devices, *grad_outputs)
+        return (None, None) + copies
 
 
 class Scatter(Function):
     @staticmethod
-    def forward(ctx, devices, chunk_sizes, dim, source, phase, step, input):
-        ctx.devices = devices
+    def forward(ctx, target_devices, chunk_sizes, dim, source, input):
+        # source: where input is, None to read it off the input (a gradient cannot say).
+        ctx.target_devices = target_devices
         ctx.dim = dim
-        ctx.source = source
-        ctx.step = _step(step)
-        return comm.scatter(input, devices, chunk_sizes, dim, source, phase, ctx.step)
+        ctx.source = device_of(input) if source is None else source
+        ctx.step = current_step()
+        return comm.scatter(input, target_devices, chunk_sizes, dim, ctx.source)
 
     @staticmethod
     def backward(ctx, *grad_output):
-        devices = ctx.devices[: len(grad_output)]
-        gathered = Gather.apply(ctx.source, ctx.dim, devices, "grad_gather", ctx.step, *grad_output)
-        return None, None, None, None, None, None, gathered
+        devices = ctx.target_devices[: len(grad_output)]
+        with backward_of(ctx.step):
+            gathered = Gather.apply(ctx.source, ctx.dim, devices, *grad_output)
+        return None, None, None, None, gathered
 
 
 _SCALAR_WARNING = (
@@ -89,13 +96,13 @@ _SCALAR_WARNING = (
 
 class Gather(Function):
     @staticmethod
-    def forward(ctx, destination, dim, input_devices, phase, step, *inputs):
-        # Gradients carry no lane tag, so the lanes the inputs came from are passed in: the
-        # backward scatters each gradient slice back to its own lane.
+    def forward(ctx, target_device, dim, input_devices, *inputs):
+        # input_devices[i] holds inputs[i]: the backward scatters each gradient slice back to
+        # its own lane, which a gradient's tensor cannot name.
+        ctx.target_device = target_device
         ctx.dim = dim
-        ctx.destination = destination
         ctx.input_devices = input_devices
-        ctx.step = _step(step)
+        ctx.step = current_step()
         if all(t.dim() == 0 for t in inputs) and dim == 0:
             inputs = tuple(t.view(1) for t in inputs)
             warnings.warn(_SCALAR_WARNING, stacklevel=2)
@@ -103,19 +110,14 @@ class Gather(Function):
         else:
             ctx.unsqueezed_scalar = False
         ctx.input_sizes = tuple(t.size(ctx.dim) for t in inputs)
-        return comm.gather(inputs, ctx.dim, destination, input_devices, phase, ctx.step)
+        return comm.gather(inputs, ctx.dim, target_device, input_devices)
 
     @staticmethod
     def backward(ctx, grad_output):
-        scattered = Scatter.apply(
-            ctx.input_devices,
-            ctx.input_sizes,
-            ctx.dim,
-            ctx.destination,
-            "grad_scatter",
-            ctx.step,
-            grad_output,
-        )
+        with backward_of(ctx.step):
+            scattered = Scatter.apply(
+                ctx.input_devices, ctx.input_sizes, ctx.dim, ctx.target_device, grad_output
+            )
         if ctx.unsqueezed_scalar:
             scattered = tuple(g[0] for g in scattered)
-        return (None, None, None, None, None) + tuple(scattered)
+        return (None, None, None) + tuple(scattered)

@@ -1,10 +1,13 @@
-"""The one place where bytes move between devices.
+"""The one place where bytes move between devices, and the one place a move is reported.
 
-Every copy dpkit makes from one device to another goes through :func:`copy_to`, so the
-bytes can be counted in one place (:func:`add_transfer_listener`); the trace's spans count
-the bytes of the copies made while they are open. A tensor already on its
-target is used as it is, never copied, exactly as ``torch.nn.parallel.comm`` does for the
-chunk or parameter that already sits on the target GPU.
+Four collectives, named and behaving as in ``torch.nn.parallel.comm``: :func:`scatter`,
+:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Every copy they make goes through
+:func:`copy_to` (gather's copies straight into its result's slices too), so the bytes are
+counted in one place: for transfer listeners (:func:`add_transfer_listener`) and for the
+trace, which times each collective on each device (:func:`dpkit.tracing.copy_span`: the
+phase follows from the collective and the pass, ``scatter`` in forward, ``grad_scatter``
+in backward). A tensor already on its target is used as it is, never copied, exactly as
+torch does for the chunk or parameter that already sits on the target GPU.
 
 Copies run on the caller's current stream. Lanes on one GPU do their *compute* on their
 own streams (see ``parallel_apply``), which wait for these copies before they start. A
@@ -26,17 +29,25 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from dpkit import tracing
-from dpkit.devices import VIRTUAL_GPU, Device, device_of, place, resides_on, stream_of
+from dpkit.context import in_backward
+from dpkit.devices import Device, device_of, place, resides_on, stream_of
+from dpkit.nested import tensor_nbytes
+from dpkit.tracing import Collective, Phase
+
+__all__ = ["Transfer", "add_transfer_listener", "tensor_nbytes", "copy_to", "record_use"]
 
 
 @dataclass(frozen=True)
 class Transfer:
-    """One copy between devices: which primitive made it, from where, to where, how big."""
+    """One copy between devices: what made it (``op``: the collective, "scatter",
+    "broadcast", "reduce" or "gather", or the label a caller of :func:`copy_to` gave), in
+    which phase (None for a label that names none), from where, to where, how big."""
 
     op: str
     source: Device
     destination: Device
     nbytes: int
+    phase: Phase | None
 
 
 _listeners: OrderedDict[int, Callable[[Transfer], None]] = OrderedDict()
@@ -49,11 +60,25 @@ def add_transfer_listener(listener: Callable[[Transfer], None]) -> RemovableHand
     return handle
 
 
-def tensor_nbytes(tensor: torch.Tensor) -> int:
-    """Bytes a copy of ``tensor`` moves (values and indices for a sparse tensor)."""
-    if tensor.is_sparse:
-        return tensor_nbytes(tensor._values()) + tensor_nbytes(tensor._indices())
-    return tensor.nbytes  # numel x element size (of a view: its own elements only)
+def _phase_of(op: Collective | str) -> Phase | None:
+    """The phase of a copy labelled ``op``: a collective's in this pass, a phase's own name
+    (exercises label their copies "grad_scatter", "allreduce"), else None ("setup")."""
+    if op in _COLLECTIVES:
+        return Collective(op).phase(in_backward())
+    return _PHASES.get(op)
+
+
+_COLLECTIVES = frozenset(c.value for c in Collective)
+_PHASES = {p.value: p for p in Phase}
+
+
+def _report(op: Collective | str, tensor: torch.Tensor, source: Device | None, destination: Device):
+    """Tell the transfer listeners about one copy."""
+    if _listeners:
+        source = device_of(tensor) if source is None else source
+        transfer = Transfer(str(op), source, destination, tensor_nbytes(tensor), _phase_of(op))
+        for listener in list(_listeners.values()):
+            listener(transfer)
 
 
 def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
@@ -65,13 +90,27 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)
 
 
-def _notify(op: str, tensor: torch.Tensor, source: Device | None, destination: Device) -> None:
-    """Tell the transfer listeners about one copy (the trace counts bytes per span)."""
-    if _listeners:
-        source = device_of(tensor) if source is None else source
-        transfer = Transfer(op, source, destination, tensor_nbytes(tensor))
-        for listener in list(_listeners.values()):
-            listener(transfer)
+def copy_to(
+    tensor: torch.Tensor,
+    destination: Device,
+    op: Collective | str,
+    source: Device | None = None,
+) -> torch.Tensor:
+    """``tensor`` on ``destination``: itself if it is already there, else a counted copy,
+    reported as made by ``op``: a :class:`~dpkit.tracing.Collective` or its name
+    ("scatter", "broadcast", "reduce", "gather"), or any label (see :class:`Transfer`).
+
+    ``source`` says where the tensor is when its tag cannot (gradients carry no lane tag).
+    """
+    there = (
+        resides_on(tensor, destination)
+        if source is None
+        else source.shares_memory_with(destination)
+    )
+    if there:
+        return tensor  # the caller's own object: never tagged, never copied
+    _report(op, tensor, source, destination)
+    return place(_copy_data(tensor, destination), destination)
 
 
 def _moved_nbytes(originals: Sequence[torch.Tensor], results: Sequence[torch.Tensor]) -> int:
@@ -81,6 +120,10 @@ def _moved_nbytes(originals: Sequence[torch.Tensor], results: Sequence[torch.Ten
         return sum(o.nbytes for o, r in zip(originals, results) if r is not o)
     except RuntimeError:  # a sparse tensor among them: count its values and indices
         return sum(tensor_nbytes(o) for o, r in zip(originals, results) if r is not o)
+
+
+# --------------------------------------------------------------------------------------
+# Streams: what a lane reads or made on its own stream is recorded for the allocator.
 
 
 def record_use(tensors: Iterable[torch.Tensor], stream: Any) -> None:
@@ -103,10 +146,10 @@ def record_use(tensors: Iterable[torch.Tensor], stream: Any) -> None:
             tensor._values().record_stream(stream)
 
 
-def _backward_lanes(devices: Sequence[Device], phase: str) -> bool:
-    """Whether ``phase`` moves gradients to or from lanes with streams of their own, which
+def _gradients_on_lane_streams(devices: Sequence[Device]) -> bool:
+    """Whether this copy moves gradients to or from lanes with streams of their own, which
     the lanes' autograd nodes read or made on those streams (see the module docstring)."""
-    return devices[0].kind == VIRTUAL_GPU and phase in tracing.BACKWARD_PHASES
+    return devices[0].has_own_stream and in_backward()
 
 
 def _record_on_current_stream(per_device: Iterable[Sequence[torch.Tensor]], lane: Device) -> None:
@@ -118,22 +161,8 @@ def _record_on_current_stream(per_device: Iterable[Sequence[torch.Tensor]], lane
         record_use(tensors, stream)
 
 
-def copy_to(
-    tensor: torch.Tensor, destination: Device, op: str, source: Device | None = None
-) -> torch.Tensor:
-    """``tensor`` on ``destination``: itself if it is already there, else a counted copy.
-
-    ``source`` says where the tensor is when its tag cannot (gradients carry no lane tag).
-    """
-    there = (
-        resides_on(tensor, destination)
-        if source is None
-        else source.shares_memory_with(destination)
-    )
-    if there:
-        return tensor  # the caller's own object: never tagged, never copied
-    _notify(op, tensor, source, destination)
-    return place(_copy_data(tensor, destination), destination)
+# --------------------------------------------------------------------------------------
+# The collectives
 
 
 def scatter(
@@ -142,8 +171,6 @@ def scatter(
     chunk_sizes: Sequence[int],
     dim: int,
     source: Device | None = None,
-    phase: str = "scatter",
-    step: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Split ``tensor`` along ``dim`` into ``chunk_sizes`` and put chunk *i* on ``devices[i]``.
 
@@ -151,27 +178,23 @@ def scatter(
     """
     results = []
     for chunk, device in zip(tensor.split(list(chunk_sizes), dim), devices, strict=True):
-        with tracing.span(
-            phase, device, step, rows=chunk.shape[dim], shape=tuple(chunk.shape)
+        with tracing.copy_span(
+            Collective.SCATTER, device, rows=chunk.shape[dim], shape=tuple(chunk.shape)
         ) as span:
-            moved = copy_to(chunk, device, "scatter", source)
+            moved = copy_to(chunk, device, Collective.SCATTER, source)
             if span is not None and moved is not chunk:  # tracing, and a copy was made
                 span.nbytes = tensor_nbytes(chunk)
             # A new view: tagging one that stays home touches no caller's object.
             results.append(place(moved, device))
-        if phase == "scatter" and tracing.enabled():
-            tracing.record_memory(device, "input", tensor_nbytes(chunk), step)
-    if _backward_lanes(devices, phase):  # a lane's backward reads its chunk on its stream
+        tracing.holds(Collective.SCATTER, device, (chunk,))
+    if _gradients_on_lane_streams(devices):  # a lane's backward reads its chunk on its stream
         for chunk, device in zip(results, devices):
             record_use((chunk,), stream_of(device))
     return tuple(results)
 
 
 def broadcast(
-    tensors: Sequence[torch.Tensor],
-    devices: Sequence[Device],
-    phase: str = "replicate",
-    step: int | None = None,
+    tensors: Sequence[torch.Tensor], devices: Sequence[Device]
 ) -> list[list[torch.Tensor]]:
     """One list of ``tensors`` per device; ``devices[0]`` gets the originals themselves.
 
@@ -184,16 +207,14 @@ def broadcast(
                 f"{device_of(tensor)}; move the module to devices[0] first"
             )
     copies = []
-    held = sum(tensor_nbytes(t) for t in tensors) if tracing.enabled() else 0
     with torch.no_grad():
         for device in devices:
-            with tracing.span(phase, device, step, tensors=len(tensors)) as span:
-                copies.append([copy_to(t, device, "broadcast") for t in tensors])
+            with tracing.copy_span(Collective.BROADCAST, device, tensors=len(tensors)) as span:
+                copies.append([copy_to(t, device, Collective.BROADCAST) for t in tensors])
                 if span is not None:
                     span.nbytes = _moved_nbytes(tensors, copies[-1])
-            if phase == "replicate":
-                tracing.record_memory(device, "parameters", held, step)
-    if _backward_lanes(devices, phase):  # double backward: read on each lane's stream
+            tracing.holds(Collective.BROADCAST, device, tensors)
+    if _gradients_on_lane_streams(devices):  # double backward: read on each lane's stream
         for device_copies, device in zip(copies, devices):
             record_use(device_copies, stream_of(device))
     return copies
@@ -203,8 +224,6 @@ def reduce_add(
     per_device: Sequence[Sequence[torch.Tensor]],
     destination: Device,
     devices: Sequence[Device],
-    phase: str = "reduce",
-    step: int | None = None,
 ) -> list[torch.Tensor]:
     """Sum the i-th tensor of every device's list onto ``destination``, as torch's reduce_add.
 
@@ -212,20 +231,21 @@ def reduce_add(
     ``destination`` (those already there are not), then summed in device order starting
     from the one on ``destination``, as torch does.
     """
-    if _backward_lanes(devices, phase):  # the lanes made these gradients on their streams
+    if _gradients_on_lane_streams(devices):  # the lanes made these gradients on their streams
         _record_on_current_stream(per_device, devices[0])
+    reduce = Collective.REDUCE
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
-        with tracing.span(
-            phase, device, step, tensors=len(tensors), destination=destination.name
+        with tracing.copy_span(
+            reduce, device, tensors=len(tensors), destination=destination.name
         ) as span:
-            on_destination.append([copy_to(t, destination, "reduce", device) for t in tensors])
+            on_destination.append([copy_to(t, destination, reduce, device) for t in tensors])
             if span is not None:
                 span.nbytes = _moved_nbytes(tensors, on_destination[-1])
     root = next((j for j, d in enumerate(devices) if d == destination), 0)
     order = [root] + [j for j in range(len(devices)) if j != root]
     results = []
-    with tracing.span(phase, destination, step, what="sum", tensors=len(on_destination[0])):
+    with tracing.copy_span(reduce, destination, what="sum", tensors=len(on_destination[0])):
         for same_tensor in zip(*on_destination, strict=True):
             total = same_tensor[order[0]]
             if len(order) > 1:
@@ -241,8 +261,6 @@ def gather(
     dim: int,
     destination: Device,
     sources: Sequence[Device],
-    phase: str = "gather",
-    step: int | None = None,
 ) -> torch.Tensor:
     """Concatenate ``tensors`` (``tensors[i]`` on ``sources[i]``) into one on ``destination``.
 
@@ -260,7 +278,7 @@ def gather(
                 f"gather: output {position} has shape {tuple(tensor.shape)} but output 0 has "
                 f"{tuple(first.shape)}; replica outputs may differ only along dim={dim}"
             )
-    if _backward_lanes(sources, phase):  # the lanes made these gradients on their streams
+    if _gradients_on_lane_streams(sources):  # the lanes made these gradients on their streams
         _record_on_current_stream((tensors,), sources[0])
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
@@ -269,13 +287,15 @@ def gather(
     offset = 0
     for tensor, source in zip(tensors, sources, strict=True):
         rows = tensor.shape[dim]
-        with tracing.span(phase, source, step, rows=rows, destination=destination.name) as span:
+        with tracing.copy_span(
+            Collective.GATHER, source, rows=rows, destination=destination.name
+        ) as span:
             if not source.shares_memory_with(destination):
-                _notify("gather", tensor, source, destination)
+                _report(Collective.GATHER, tensor, source, destination)
                 if span is not None:
                     span.nbytes = tensor_nbytes(tensor)
+            # The copy into the result's slice: same bytes as copy_to, no tensor in between.
             result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
         offset += rows
-    if phase == "gather":
-        tracing.record_memory(destination, "gathered", tensor_nbytes(result), step)
+    tracing.holds(Collective.GATHER, destination, (result,))
     return place(result, destination)

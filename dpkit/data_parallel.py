@@ -116,7 +116,7 @@ def _parallel_forward(
         outputs = parallel_apply(replicas, inputs, kwargs)
         result = gather(outputs, output_device)
     if tracing_on:
-        tracing.record_allocated()
+        tracing.end_forward()
     return result
 
 

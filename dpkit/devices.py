@@ -22,7 +22,7 @@ kind            what it is                                           ``torch_dev
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,16 @@ REAL = "real"
 VIRTUAL_GPU = "virtual-gpu"
 VIRTUAL_CPU = "virtual-cpu"
 HOST = "host"
+PREDICTED = "predicted"  # devices of the cost model (dpkit.cost): their events are predictions
+
+# How figures, tables and traces name each kind (a trace's events carry the kind).
+KIND_LABELS = {
+    REAL: "real devices",
+    VIRTUAL_GPU: "virtual devices on one GPU",
+    VIRTUAL_CPU: "virtual devices on the CPU",
+    HOST: "host CPU",
+    PREDICTED: "predicted devices (cost model)",
+}
 
 # Where a tensor that dpkit copied onto a virtual lane records its lane.
 _LANE_ATTRIBUTE = "_dpkit_lane"
@@ -39,7 +49,10 @@ _LANE_ATTRIBUTE = "_dpkit_lane"
 # Under the placement check (dpkit.placement_check, for tests), CPU lanes pretend to live on a
 # device of their own, apart from plain CPU memory, as lanes on one GPU live on cuda:0.
 CHECKED_LANE_MEMORY = torch.device("cpu", 0)
-_check_placement = False
+# Set by dpkit.placement_check while it is on: called whenever checked lanes are made, so
+# that the thread asking for them (a widget's callback may run in a thread of its own)
+# follows lane tags too.
+_placement_check: Callable[[], None] | None = None
 
 # torch hands out CUDA streams from a pool of 32 per device and priority, round-robin: more
 # lanes than that on one GPU would share streams and run one after another.
@@ -64,6 +77,12 @@ class Device:
     # accelerator and the home lane (lane 0, the plain memory of its device), false for
     # lanes 1, 2, ... and for every lane under the placement check.
     holds_plain_memory: bool = field(init=False, compare=False, repr=False)
+    # Whether its work runs on a CUDA stream of its own (lanes on one GPU), apart from the
+    # caller's stream where copies are queued.
+    has_own_stream: bool = field(init=False, compare=False, repr=False)
+    # Whether torch's allocator totals for its torch device are its own (a real CUDA device;
+    # lanes on one GPU share its allocator).
+    has_own_allocator: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         torch_device = self.torch_device
@@ -80,6 +99,15 @@ class Device:
         checked = torch_device == CHECKED_LANE_MEMORY
         plain = not self.is_virtual or (self.index == 0 and not checked)
         object.__setattr__(self, "holds_plain_memory", plain)
+        object.__setattr__(self, "has_own_stream", self.kind == VIRTUAL_GPU)
+        object.__setattr__(
+            self, "has_own_allocator", self.kind == REAL and torch_device.type == "cuda"
+        )
+
+    @property
+    def label(self) -> str:
+        """Its kind in words, for figures: "virtual devices on the CPU", "real devices", ..."""
+        return KIND_LABELS[self.kind]
 
     def shares_memory_with(self, other: Device) -> bool:
         """Whether a tensor on this device is also on ``other`` without a copy: the same
@@ -163,7 +191,10 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
         on = torch.device(kind, 0) if kind is not None else torch.device("cpu")
     on = torch.device(on)
     if on.type == "cpu":
-        memory = CHECKED_LANE_MEMORY if _check_placement else torch.device("cpu")
+        memory = torch.device("cpu")
+        if _placement_check is not None:
+            _placement_check()
+            memory = CHECKED_LANE_MEMORY
         return [Device(i, VIRTUAL_CPU, memory) for i in range(n)]
     if on.type != accelerator_type():
         raise ValueError(

@@ -63,7 +63,7 @@ def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> A
         if isinstance(out, torch.Tensor):
             _check_gatherable(out, dim)
             input_devices = tuple(device_of(t) for t in outputs)
-            return Gather.apply(destination, dim, input_devices, "gather", None, *outputs)
+            return Gather.apply(destination, dim, input_devices, *outputs)
         if out is None:
             return None
         if isinstance(out, dict):

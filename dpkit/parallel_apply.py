@@ -30,7 +30,7 @@ current stream is its device's default stream, whatever stream the caller is on)
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -40,7 +40,6 @@ from torch._utils import ExceptionWrapper
 
 from dpkit import comm, tracing
 from dpkit.devices import (
-    VIRTUAL_GPU,
     Device,
     DeviceLike,
     _set_current_device,
@@ -49,33 +48,13 @@ from dpkit.devices import (
     place,
     stream_of,
 )
-
-
-def _tensors_in(obj: Any, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Every tensor in ``obj``: a tensor, or lists, tuples and dicts holding tensors."""
-    found = [] if found is None else found
-    if isinstance(obj, torch.Tensor):
-        found.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            _tensors_in(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _tensors_in(item, found)
-    return found
-
-
-def _module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
-    """A module's parameters and buffers, for a replica too (whose parameters are attributes)."""
-    for submodule in module.modules():
-        params = getattr(submodule, "_former_parameters", None) or submodule._parameters
-        yield from (t for t in params.values() if t is not None)
-        yield from (t for t in submodule._buffers.values() if t is not None)
+from dpkit.nested import module_tensors, tensors_in
+from dpkit.tracing import Phase
 
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
     """The first tensor found in ``obj`` (a tensor, or a list, tuple or dict holding one)."""
-    found = _tensors_in(obj)
+    found = tensors_in(obj)
     return found[0] if found else None
 
 
@@ -110,7 +89,7 @@ def _streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
     if first.device_type == "cpu":
         return [None] * len(devices), None
     module = torch.get_device_module(first.device_type)
-    if first.kind == VIRTUAL_GPU:
+    if first.has_own_stream:
         return [stream_of(device) for device in devices], module.current_stream(first.torch_device)
     # Real devices: the caller's current stream on each, as torch does; in a worker thread
     # current_stream would give the device's default stream instead.
@@ -120,11 +99,10 @@ def _streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
 def _record_reads(module: nn.Module, input: Any, kwargs: dict[str, Any], stream: Any) -> None:
     """Record on a lane's stream the CUDA tensors its replica reads that were made on the
     caller's stream (see the module docstring)."""
-    held = tracing.held_by(module)  # replicate notes them while tracing
-    comm.record_use(_module_tensors(module) if held is None else held, stream)
-    comm.record_use(_tensors_in(input), stream)
+    comm.record_use(module_tensors(module), stream)
+    comm.record_use(tensors_in(input), stream)
     if kwargs:
-        comm.record_use(_tensors_in(kwargs), stream)
+        comm.record_use(tensors_in(kwargs), stream)
 
 
 def _worker_context(
@@ -193,9 +171,9 @@ def parallel_apply(
                     input = (input,)
                 if caller_stream is not None:
                     _record_reads(module, input, kwargs, stream)
-                with tracing.span("apply", device, replica=index):
+                with tracing.span(Phase.APPLY, device, replica=index):
                     output = module(*input, **kwargs)
-            tensors = _tensors_in(output)
+            tensors = tensors_in(output)
             if caller_stream is not None:  # a GPU lane's CPU tensors (a count, say) are the host's
                 tensors = [t for t in tensors if t.device == device.torch_device]
             for tensor in tensors:
@@ -217,14 +195,14 @@ def parallel_apply(
     ):
         _run_workers(worker, work)
 
-    if tracing.enabled():
-        _trace_outputs(work, results)
+    if tracing.enabled():  # outputs, activations, backward timers: after the workers
+        tracing.after_apply(work, results)
 
     if caller_stream is not None:
         for stream in streams:
             caller_stream.wait_stream(stream)
         # Made on a lane's stream, used on the caller's: keep the allocator from reusing it.
-        comm.record_use(_tensors_in(list(results.values())), caller_stream)
+        comm.record_use(tensors_in(list(results.values())), caller_stream)
 
     outputs = []
     for index in range(len(inputs)):
@@ -233,30 +211,6 @@ def parallel_apply(
             output.reraise()
         outputs.append(output)
     return outputs
-
-
-def _trace_outputs(work: list[tuple[Any, ...]], results: dict[int, Any]) -> None:
-    """What each replica's outputs and activations hold, and a hook to time its backward.
-
-    Done here, after the workers, so that none of it is timed as ``apply`` and no worker
-    waits for the GIL on the trace's behalf.
-    """
-    for index, module, input, kwargs, device, _ in work:
-        output = results[index]
-        if isinstance(output, ExceptionWrapper):
-            continue
-        outputs = [output] if isinstance(output, torch.Tensor) else _tensors_in(output)
-        tracing.record_memory(device, "outputs", sum(map(comm.tensor_nbytes, outputs)))
-        # replicate notes what a replica holds while tracing; any other module is walked
-        own = tracing.held_by(module)
-        given = list(_module_tensors(module)) if own is None else own.copy()
-        if isinstance(input, torch.Tensor):  # the usual case, without the recursion
-            given.append(input)
-        else:
-            _tensors_in(input, given)
-        if kwargs:
-            _tensors_in(kwargs, given)
-        tracing.trace_replica(device, outputs, given)
 
 
 def _run_workers(worker: Any, work: list[tuple[Any, ...]]) -> None:

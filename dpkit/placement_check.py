@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -62,7 +63,7 @@ _PRIMITIVES = frozenset(
     f"dpkit.{name}"
     for name in (
         "comm", "scatter", "replicate", "parallel_apply", "gather", "data_parallel",
-        "_functions", "devices", "tracing", "replica_graph",
+        "_functions", "devices", "context", "nested",
     )
 )  # fmt: skip
 
@@ -87,7 +88,7 @@ def _called_by_primitive() -> bool:
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if not module.startswith("torch"):
-            return module in _PRIMITIVES
+            return module in _PRIMITIVES or module.startswith("dpkit.tracing")
         frame = frame.f_back
     return False
 
@@ -143,6 +144,8 @@ class _PlacementMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _mode is None:  # the check is off: a mode left in another thread does nothing
+            return func(*args, **kwargs)
         if func is torch.Tensor.to or func is torch.Tensor.cpu:
             return self._move(func, args, kwargs)
         if func is torch.Tensor.numpy and _lane(args[0]) is not None:
@@ -196,7 +199,17 @@ def _parameter_new(cls, data=None, requires_grad=True):
     return parameter
 
 
-_mode: _PlacementMode | None = None
+_mode: _PlacementMode | None = None  # the mode of the thread that turned the check on
+_followed = threading.local()  # .mode: set in each thread whose torch calls are followed
+
+
+def _follow_this_thread() -> None:
+    """Follow lane tags through this thread's torch calls too (once per thread): checked
+    lanes are being made here, so the code that uses them runs here (a JupyterLab widget's
+    callback runs in a kernel thread of its own, not where ``import dpkit`` ran)."""
+    if getattr(_followed, "mode", None) is None:
+        _followed.mode = _PlacementMode()
+        _followed.mode.__enter__()  # stays for the thread's life; inert once the check is off
 
 
 def enable() -> None:
@@ -204,21 +217,24 @@ def enable() -> None:
     global _mode
     if _mode is not None:
         return
-    _mode = _PlacementMode()
-    _mode.__enter__()
+    _follow_this_thread()
+    _mode = _followed.mode
     nn.Parameter.__new__ = staticmethod(_parameter_new)  # type: ignore[method-assign]
-    devices._check_placement = True
+    devices._placement_check = _follow_this_thread
 
 
 def disable() -> None:
-    """Turn the check off again (in the thread that turned it on)."""
+    """Turn the check off again; in the thread that turned it on, torch calls are no longer
+    followed (other threads' modes stay, but do nothing)."""
     global _mode
     if _mode is None:
         return
-    devices._check_placement = False
+    devices._placement_check = None
     nn.Parameter.__new__ = staticmethod(_original_parameter_new)  # type: ignore[method-assign]
     mode, _mode = _mode, None
-    mode.__exit__(None, None, None)
+    if getattr(_followed, "mode", None) is mode:
+        _followed.mode = None
+        mode.__exit__(None, None, None)
 
 
 def active() -> bool:

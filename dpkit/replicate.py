@@ -25,6 +25,7 @@ from torch import nn
 from dpkit import comm, tracing
 from dpkit._functions import Broadcast
 from dpkit.devices import Device, DeviceLike, as_devices
+from dpkit.tracing import Phase
 
 T = TypeVar("T", bound=nn.Module)
 
@@ -58,7 +59,7 @@ def _broadcast(
         return [[] for _ in devices]
     if detach:
         return comm.broadcast(tensors, devices)
-    copies = Broadcast.apply(devices, "replicate", None, *tensors)
+    copies = Broadcast.apply(devices, *tensors)
     return [list(copies[i : i + len(tensors)]) for i in range(0, len(copies), len(tensors))]
 
 
@@ -82,7 +83,7 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
     modules = list(network.modules())
     # The tensor copies above are traced per device. Building the module objects is Python in
     # this thread, every replica's at once (in torch's loop order): traced on the source.
-    with tracing.host_span("replicate", devices[0], what="modules", modules=len(modules)):
+    with tracing.host_span(Phase.REPLICATE, devices[0], what="modules", modules=len(modules)):
         module_copies: list[list[nn.Module]] = [[] for _ in devices]
         module_indices: dict[nn.Module, int] = {}
         for index, module in enumerate(modules):
@@ -120,8 +121,4 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
                         copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
                         setattr(copies[index], key, copy)
 
-    if tracing.enabled():  # the trace reads each replica's tensors from here
-        for index, copies in enumerate(module_copies):
-            held = param_copies[index] + buffer_copies_rg[index] + buffer_copies_not_rg[index]
-            tracing.note_held(copies[0], held)
     return [copies[0] for copies in module_copies]  # type: ignore[misc]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dpkit._functions import Scatter
-from dpkit.devices import DeviceLike, as_devices, device_of
+from dpkit.devices import DeviceLike, as_devices
 
 ChunkSizes = str | Sequence[int] | Callable[[int, int], Sequence[int]] | None
 
@@ -126,7 +126,7 @@ def scatter(
             _check_splittable(obj, dim)
             sizes = plan_chunks(obj.shape[dim], len(devices), chunk_sizes)
             used = devices[: len(sizes)]
-            return Scatter.apply(used, sizes, dim, device_of(obj), "scatter", None, obj)
+            return Scatter.apply(used, sizes, dim, None, obj)
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj))]
         if isinstance(obj, tuple) and len(obj) > 0:

@@ -1,7 +1,7 @@
 """The trace's activations against torch's own account of what a forward saves.
 
 dpkit finds a replica's activations by walking its autograd graph after the forward (see
-``dpkit/replica_graph.py`` for why). Here the expected bytes come from the other way torch
+``dpkit/tracing/replica_graph.py`` for why). Here the expected bytes come from the other way torch
 offers, ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves passes
 through the pack hook. Each storage counts once; the module's parameters and buffers and
 the input count elsewhere. The same chunk run through the plain module under those hooks

@@ -24,7 +24,10 @@ from torch import nn
 
 import dpkit
 from dpkit import comm, tracing
+from dpkit.context import backward_of
 from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_GPU, Device
+from dpkit.tracing import backward as trace_backward
+from dpkit.tracing import clock as trace_clock
 
 # The module, which dpkit.parallel_apply (the function) hides.
 parallel_apply_module = importlib.import_module("dpkit.parallel_apply")
@@ -177,10 +180,10 @@ def gpu(monkeypatch) -> FakeGpu:
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "current_stream", fake.current_stream)
     # Lanes' streams and clock origins come from the fake, and stay out of dpkit's caches.
-    for module in (parallel_apply_module, comm, tracing):
+    for module in (parallel_apply_module, comm, trace_backward):
         monkeypatch.setattr(module, "stream_of", fake.stream_of)
-    monkeypatch.setattr(tracing, "_cuda_origins", {})
-    monkeypatch.setattr(tracing, "_pending", [])
+    monkeypatch.setattr(trace_clock, "_cuda_origins", {})
+    monkeypatch.setattr(trace_clock, "_pending", [])
     monkeypatch.setattr(PretendCuda, "records", [])
     return fake
 
@@ -254,9 +257,10 @@ def test_gradients_handed_to_gpu_lanes_in_backward_are_recorded_on_their_streams
     leaves that to parallel_apply."""
     devices = gpu_lanes(2)
     gradient = on_gpu(torch.randn(4, 3))
-    chunks = comm.scatter(gradient, devices, [2, 2], 0, devices[0], phase="grad_scatter")
+    with backward_of(step=1):
+        chunks = comm.scatter(gradient, devices, [2, 2], 0, devices[0])
     assert [recorded_on(chunk) for chunk in chunks] == [[gpu.stream_of(d)] for d in devices]
-    forward = comm.scatter(gradient, devices, [2, 2], 0, devices[0], phase="scatter")
+    forward = comm.scatter(gradient, devices, [2, 2], 0, devices[0])
     assert [recorded_on(chunk) for chunk in forward] == [[], []]
 
 
@@ -264,8 +268,8 @@ def test_gradients_from_gpu_lanes_are_recorded_on_the_stream_that_sums_them(gpu)
     devices = gpu_lanes(3)
     per_lane = [[on_gpu(torch.full((2,), float(i)))] for i in range(3)]
     side = FakeStream("backward's stream")
-    with gpu.stream(side):
-        (total,) = comm.reduce_add(per_lane, devices[0], devices, "reduce")
+    with gpu.stream(side), backward_of(step=1):  # a reduce runs in replicate's backward
+        (total,) = comm.reduce_add(per_lane, devices[0], devices)
     assert torch.equal(total, torch.full((2,), 3.0))
     assert [recorded_on(grads[0]) for grads in per_lane] == [[side]] * 3
 
@@ -323,7 +327,7 @@ def test_a_backward_timed_on_two_streams_waits_for_both_ends(gpu, monkeypatch):
     """A lane's backward starts on the stream its first node runs on and may end on another
     (the engine's callback records on the lane's stream): both events must be done before
     their times are read."""
-    monkeypatch.setattr(tracing, "_queue_callback", lambda callback: None)
+    monkeypatch.setattr(trace_backward, "_queue_callback", lambda callback: None)
     lane = gpu_lanes(2)[1]
     with dpkit.trace() as tr:
         with tracing.span("apply", lane):  # fixes the clock origin, as the forward does
@@ -346,7 +350,7 @@ def test_hooks_without_a_trace_get_final_times_and_nothing_piles_up(gpu):
         handle.remove()
     assert [e.phase for e in seen] == ["scatter"] * 6
     assert all(0 <= e.start <= e.end < math.inf for e in seen)
-    assert tracing._pending == []
+    assert trace_clock._pending == []
 
 
 def test_hooks_under_a_trace_get_the_events_the_trace_resolves(gpu):
@@ -360,13 +364,13 @@ def test_hooks_under_a_trace_get_the_events_the_trace_resolves(gpu):
         handle.remove()
     assert sorted(map(id, seen)) == sorted(map(id, tr.events))
     assert all(0 <= e.start <= e.end < math.inf for e in seen)
-    assert tracing._pending == []
+    assert trace_clock._pending == []
 
 
 def test_a_backward_after_the_trace_ended_leaves_nothing_pending(gpu, monkeypatch):
-    monkeypatch.setattr(tracing, "_queue_callback", lambda callback: None)
+    monkeypatch.setattr(trace_backward, "_queue_callback", lambda callback: None)
     lane = gpu_lanes(1)[0]
     timer = tracing.ReplicaBackward(lane, step=1)  # made while a trace recorded
     timer.on_start(None)
     timer.on_end(None, None)
-    assert tracing._pending == [] and gpu.events == []
+    assert trace_clock._pending == [] and gpu.events == []

@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn import parallel as torch_parallel
 
 import dpkit
-from dpkit import tracing
 from dpkit.devices import HOST_DEVICE, stream_of
+from dpkit.tracing import clock as trace_clock
 
 pytestmark = [
     pytest.mark.gpu,
@@ -448,7 +448,7 @@ def test_hooks_without_a_trace_get_final_times_on_gpu():
         with lock:  # apply events come from the workers, backward ones from autograd
             seen.append((event.phase, event.start, event.end))
 
-    pending = len(tracing._pending)
+    pending = len(trace_clock._pending)
     handle = dpkit.register_phase_hook(hook)
     try:
         for _ in range(3):
@@ -459,4 +459,4 @@ def test_hooks_without_a_trace_get_final_times_on_gpu():
         phase for phase, _, _ in seen
     }
     assert all(0 < start <= end < math.inf for _, start, end in seen)
-    assert len(tracing._pending) == pending
+    assert len(trace_clock._pending) == pending

@@ -176,3 +176,25 @@ def test_more_lanes_than_cuda_streams_on_one_gpu_is_refused(monkeypatch):
     assert len(dpkit.virtual_devices(devices_module.MAX_GPU_LANES, on="cuda")) == 32
     with pytest.raises(ValueError, match="at most 32"):
         dpkit.virtual_devices(33, on="cuda")
+
+
+def test_the_check_follows_into_a_thread_that_makes_lanes():
+    """A JupyterLab widget's callback may run in a kernel thread other than the one where
+    ``import dpkit`` turned the check on: the explorers must work there too."""
+    import threading
+
+    from dpkit import viz
+
+    errors = []
+
+    def explorer_callback():
+        try:
+            viz.apply_trace(devices=2, batch=16, steps=1)
+        except Exception as error:  # reported to the test's thread
+            errors.append(error)
+
+    with checking_placement():
+        thread = threading.Thread(target=explorer_callback)
+        thread.start()
+        thread.join()
+    assert errors == []

@@ -17,9 +17,9 @@ from matplotlib.container import BarContainer
 from torch import nn
 
 import dpkit
-from dpkit import tracing, viz
+from dpkit import viz
 from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
-from dpkit.tracing import ALLOCATED, PEAK, MemoryRecord
+from dpkit.tracing import ALLOCATED, PEAK, MemoryRecord, allocator
 
 
 class FakeAllocator:
@@ -47,7 +47,9 @@ class FakeAllocator:
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", peak)
         # Every lane counts as a real CUDA device, and tells the fake which lane it is.
         monkeypatch.setattr(
-            tracing, "_cuda_allocators", lambda devs: tuple(map(_Named, dict.fromkeys(devs)))
+            allocator,
+            "devices_with_allocator",
+            lambda devs: tuple(map(_Named, dict.fromkeys(devs))),
         )
 
 
@@ -81,7 +83,7 @@ def test_only_real_cuda_devices_have_allocator_readings():
     cuda0, cuda1 = (Device(i, REAL, torch.device("cuda", i)) for i in (0, 1))
     shared = Device(0, VIRTUAL_GPU, torch.device("cuda", 0))
     cpu_lane = Device(0, VIRTUAL_CPU, torch.device("cpu"))
-    chosen = tracing._cuda_allocators([cuda0, shared, cpu_lane, cuda1, cuda0, HOST_DEVICE])
+    chosen = allocator.devices_with_allocator([cuda0, shared, cpu_lane, cuda1, cuda0, HOST_DEVICE])
     assert chosen == (cuda0, cuda1)
 
 

@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
+from dpkit.tracing import Phase
 from dpkit.viz.common import (
     FIGURE_DPI,
     FIGURE_WIDTH,
@@ -143,7 +144,7 @@ def measure_apply_overlap(
         for _ in range(repeats + 1):  # the first round warms up
             with dpkit.trace() as recorded:
                 dpkit.parallel_apply(replicas, chunks, devices=lanes)
-            applies = [e for e in recorded.events if e.phase == "apply"]
+            applies = [e for e in recorded.events if e.phase == Phase.APPLY]
             parallel.append(max(e.end for e in applies) - min(e.start for e in applies))
             busy.append(sum(e.duration for e in applies))
             start = time.perf_counter()

@@ -20,7 +20,6 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from dpkit.devices import Device
-from dpkit.trace_export import KIND_LABELS
 from dpkit.tracing import Trace
 from dpkit.viz.figures import timeline
 
@@ -48,7 +47,7 @@ def notebook_timeline(recorded: Trace) -> Figure:
 
 def hardware_of(lanes: Sequence[Device]) -> str:
     """How a figure names the devices it measured: "virtual devices on the CPU", ..."""
-    return " + ".join(sorted({KIND_LABELS.get(d.kind, d.kind) for d in lanes}))
+    return " + ".join(sorted({d.label for d in lanes}))
 
 
 @contextlib.contextmanager

@@ -23,31 +23,20 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from dpkit.trace_export import hardware_label
-from dpkit.tracing import (
+from dpkit.tracing.events import (
     ALLOCATED,
     ALLOCATOR_CATEGORIES,
     BACKWARD_PHASES,
     FORWARD_PHASES,
     MEMORY_CATEGORIES,
     PEAK,
+    PHASE_COLOURS,
     Event,
     MemoryRecord,
 )
+from dpkit.tracing.export import hardware_label
 
-# Forward phases in blues/greens, backward in warm colours: the two halves read apart.
-PHASE_COLORS = {
-    "scatter": "#4c78a8",
-    "replicate": "#72b7b2",
-    "apply": "#54a24b",
-    "gather": "#9ecae9",
-    "grad_scatter": "#f58518",
-    "backward": "#b79a20",
-    "reduce": "#e45756",
-    "grad_gather": "#ff9da6",
-    "grad_broadcast": "#b279a2",
-    "allreduce": "#9d755d",
-}
+PHASE_COLORS = PHASE_COLOURS  # one colour per phase, from the phase vocabulary
 OTHER_COLOR = "#bab0ac"
 
 CATEGORY_COLORS = {

@@ -24,8 +24,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit import replica_graph
-from dpkit.tracing import ALLOCATOR_CATEGORIES, MemoryRecord
+from dpkit.tracing import ALLOCATOR_CATEGORIES, MemoryRecord, replica_graph
 from dpkit.viz.common import compact
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device

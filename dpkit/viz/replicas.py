@@ -32,9 +32,10 @@ from dpkit.comm import add_transfer_listener
 from dpkit.devices import Device
 from dpkit.devices import devices as pick_devices
 from dpkit.replicate import replicate
+from dpkit.tracing import Phase
 from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
-from dpkit.viz.figures import PHASE_COLORS, hardware_title, human_bytes
+from dpkit.viz.figures import hardware_title, human_bytes
 
 IN_FEATURES, CLASSES = 64, 10
 MAX_WIDTH = 2048
@@ -158,7 +159,7 @@ def replication_figure(cost: ReplicationCost) -> Figure:
 
     positions = range(cost.num_devices)
     hatches = ["//" if shared else "" for shared in cost.shares_storage]
-    color = PHASE_COLORS["replicate"]
+    color = Phase.REPLICATE.colour
     for bottom, height, colour in (
         (0, cost.parameter_bytes, color),
         (cost.parameter_bytes, cost.buffer_bytes, BUFFER_COLOR),

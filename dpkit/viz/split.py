@@ -34,10 +34,11 @@ from matplotlib.ticker import MaxNLocator
 from dpkit.devices import Device, device_of
 from dpkit.devices import devices as pick_devices
 from dpkit.scatter import scatter, scatter_kwargs
-from dpkit.trace_export import as_dataframe
+from dpkit.tracing import Phase
+from dpkit.tracing.export import as_dataframe
 from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
-from dpkit.viz.figures import PHASE_COLORS, hardware_title
+from dpkit.viz.figures import hardware_title
 
 SPLIT_MODES = {"torch": "torch.chunk", "balanced": "balanced"}
 FEATURES = 3  # columns of the example input
@@ -166,7 +167,7 @@ def split_figure(plan: SplitPlan) -> Figure:
     axes = figure.add_subplot()
     positions = range(plan.num_devices)
     fontsize = 7 if plan.num_devices > 10 else 8
-    bars = axes.bar(positions, plan.chunk_sizes, color=PHASE_COLORS["scatter"], width=0.7)
+    bars = axes.bar(positions, plan.chunk_sizes, color=Phase.SCATTER.colour, width=0.7)
     labels = [str(size) if size else "" for size in plan.chunk_sizes]
     axes.bar_label(bars, labels=labels, fontsize=fontsize, padding=2)
     top = max(max(plan.chunk_sizes), plan.even_share) * 1.2
@@ -193,7 +194,7 @@ def split_figure(plan: SplitPlan) -> Figure:
     axes.set_ylabel("samples in its chunk")
     figure.legend(
         handles=[
-            Patch(color=PHASE_COLORS["scatter"], label="gets a chunk: a replica runs"),
+            Patch(color=Phase.SCATTER.colour, label="gets a chunk: a replica runs"),
             Patch(color=IDLE_COLOR, alpha=0.3, label="idle: no chunk, no replica"),
             Line2D(
                 [],

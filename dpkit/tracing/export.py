@@ -1,5 +1,5 @@
 """Exports of a Trace: rows for pandas, a per-phase summary, a per-device memory table, and
-Chrome trace JSON.
+Chrome trace JSON. They read events and memory records only (:mod:`dpkit.tracing.events`).
 
 The Chrome trace opens in https://ui.perfetto.dev and chrome://tracing with one track per
 device; its process name says whether the devices were real, virtual or predicted.
@@ -13,26 +13,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpkit.tracing import (
+from dpkit.devices import HOST, KIND_LABELS
+from dpkit.tracing.events import (
     ALLOCATOR_CATEGORIES,
+    BACKWARD,
     BACKWARD_PHASES,
+    FORWARD,
     MEMORY_CATEGORIES,
     Event,
     MemoryRecord,
 )
 
-KIND_LABELS = {
-    "real": "real devices",
-    "virtual-gpu": "virtual devices on one GPU",
-    "virtual-cpu": "virtual devices on the CPU",
-    "host": "host CPU",
-    "predicted": "predicted devices (cost model)",
-}
-
 
 def hardware_label(events: Sequence[Event]) -> str:
     """What the events ran on, in words: "virtual devices on the CPU", "real devices", ..."""
-    kinds = sorted({e.kind for e in events if e.kind != "host"}) or ["host"]
+    kinds = sorted({e.kind for e in events if e.kind != HOST}) or [HOST]
     return " + ".join(KIND_LABELS.get(kind, kind) for kind in kinds)
 
 
@@ -171,7 +166,7 @@ def chrome_trace(events: Sequence[Event], origin: float) -> dict[str, Any]:
     trace_events += [
         {
             "name": e.phase,
-            "cat": "backward" if e.phase in BACKWARD_PHASES else "forward",
+            "cat": BACKWARD if e.phase in BACKWARD_PHASES else FORWARD,
             "ph": "X",
             "ts": (e.start - origin) * 1e6,
             "dur": e.duration * 1e6,

@@ -1,0 +1,117 @@
+"""After each replica's forward: what its outputs and activations hold, and its backward timed.
+
+``parallel_apply`` hands the finished replicas to :func:`after_apply` while tracing. Done
+there, after the workers, so that none of it is timed as ``apply`` and no worker waits for
+the GIL on the trace's behalf: each replica's ``outputs`` are counted, and
+:mod:`~dpkit.tracing.replica_graph` walks its autograd graph once, for its ``activations``
+(the bytes saved for backward) and the nodes where its backward starts and ends, which get
+the hooks of a :class:`ReplicaBackward`.
+
+On the CPU, autograd runs every replica's backward in the one thread that called
+``backward()``, their nodes interleaved, so the replicas' ``backward`` events overlap
+without running in parallel; on GPUs each device has its own backward thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch._utils import ExceptionWrapper
+
+from dpkit.context import current_step
+from dpkit.devices import Device, stream_of
+from dpkit.nested import module_tensors, tensor_nbytes, tensors_in
+from dpkit.tracing import clock, recorder, replica_graph
+from dpkit.tracing.events import Event, Phase
+
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_BACKWARD = Phase.BACKWARD.value
+
+
+class ReplicaBackward:
+    """Times one replica's backward: from the first of its output nodes starting to its
+    last node finishing (:mod:`~dpkit.tracing.replica_graph` finds both), with autograd
+    node hooks.
+
+    A backward that needs only part of the graph (``torch.autograd.grad(loss, inputs)``,
+    ``backward(inputs=...)``) may never run the last node (the transpose of the first
+    layer's weight, say); the event then ends when the whole backward does, read by a
+    callback queued on autograd's engine, and says so in ``details["end"]``.
+    """
+
+    __slots__ = ("device", "step", "cuda", "start", "start_event")
+
+    def __init__(self, device: Device, step: int):
+        self.device, self.step = device, step
+        self.cuda = device.device_type == "cuda"
+        self.start: float | None = None
+        self.start_event: Any = None
+
+    def on_start(self, grad_outputs: Any) -> None:
+        # A backward run after the trace ended (and with no hook) is timed for no one.
+        if self.start is None and recorder.enabled():
+            self.start_event = clock.cuda_event_now(self.device) if self.cuda else None
+            self.start = clock.now()
+            _queue_callback(self.on_backward_end)
+
+    def on_end(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        if self.start is None:  # no output took part in this backward
+            return
+        end_event = clock.cuda_event_now(self.device) if self.cuda else None
+        self._emit(end_event, {})
+
+    def on_backward_end(self) -> None:
+        """The whole backward is done: end the event here if the last node did not run."""
+        if self.start is None:  # on_end did
+            return
+        # This thread's current stream need not be the replica's: record on the replica's.
+        end_event = clock.cuda_event_now(self.device, stream_of(self.device)) if self.cuda else None
+        why = "when the whole backward ended: this backward skipped the replica's last node"
+        self._emit(end_event, {"end": why})
+
+    def _emit(self, end_event: Any, details: dict[str, Any]) -> None:
+        device = self.device
+        event = Event(
+            _BACKWARD, device.name, self.start, clock.now(), 0, self.step, device.kind, details
+        )
+        if end_event is not None:
+            recorder.time_on_gpu(event, device, self.start_event, end_event)
+        self.start = None  # a second backward through the same graph starts afresh
+        recorder.emit(event)
+
+
+def trace_replica(
+    device: Device, outputs: Iterable[torch.Tensor], given: Iterable[torch.Tensor]
+) -> None:
+    """After a replica's forward: record its activations (the bytes autograd saved between
+    ``outputs`` and the tensors it was ``given``) and time its backward."""
+    recording = recorder.recording()
+    graph = replica_graph.walk(outputs, given, count_saved=recording)
+    if recording:
+        recorder.record_memory(device, "activations", graph.saved_nbytes)
+    if graph.first_nodes and graph.last_node is not None:
+        timer = ReplicaBackward(device, current_step())
+        for node in graph.first_nodes:
+            node.register_prehook(timer.on_start)
+        graph.last_node.register_hook(timer.on_end)
+
+
+def after_apply(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> None:
+    """For each ``(index, module, input, kwargs, device, ...)`` of ``parallel_apply`` whose
+    result is not an exception: its outputs' bytes, its activations, its backward's timer."""
+    for index, module, input, kwargs, device, *_ in work:
+        output = results[index]
+        if isinstance(output, ExceptionWrapper):
+            continue
+        outputs = [output] if isinstance(output, torch.Tensor) else tensors_in(output)
+        recorder.record_memory(device, "outputs", sum(map(tensor_nbytes, outputs)))
+        given = list(module_tensors(module))
+        if isinstance(input, torch.Tensor):  # the usual case, without the recursion
+            given.append(input)
+        else:
+            tensors_in(input, given)
+        if kwargs:
+            tensors_in(kwargs, given)
+        trace_replica(device, outputs, given)

@@ -1,0 +1,317 @@
+"""The recorder: ``dpkit.trace()``, phase hooks, spans, memory records and steps.
+
+Recording is off by default, and then each entry point costs one test of two lists
+(:func:`enabled`) and returns a shared no-op. While a :class:`Trace` records or a hook
+listens (:func:`register_phase_hook`), every span becomes an :class:`Event`, appended to
+each open trace and passed to the hooks in the thread that did the work.
+
+Who calls what: :mod:`dpkit.comm` opens a :func:`copy_span` around each copy (its phase
+follows from the copy's :class:`~dpkit.tracing.events.Collective` and the pass, read from
+:mod:`dpkit.context`) and says what a copy leaves on a device (:func:`holds`);
+``parallel_apply`` opens an ``apply`` :func:`span` per replica and hands its results to
+:func:`dpkit.tracing.backward.after_apply`; replicate times building the replica modules
+with a :func:`host_span`; DataParallel begins each step (:func:`begin_step`) and ends its
+forward (:func:`end_forward`), where torch's allocator is read on real CUDA devices.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from dpkit import context
+from dpkit.devices import Device
+from dpkit.nested import tensor_nbytes
+from dpkit.tracing import allocator, clock, export
+from dpkit.tracing.events import (
+    ALLOCATED,
+    HELD_AFTER,
+    PEAK,
+    Collective,
+    Event,
+    MemoryRecord,
+    Phase,
+)
+
+_recorders: list[Trace] = []
+_hooks: OrderedDict[int, tuple[frozenset[str] | None, Callable[[Event], None]]] = OrderedDict()
+_state_lock = threading.Lock()
+_profiler_enabled = torch.autograd._profiler_enabled
+_current_step = context.current_step
+_in_backward = context.in_backward
+
+
+def enabled() -> bool:
+    """True while a trace records or a hook listens: only then do primitives emit events."""
+    return bool(_recorders or _hooks)
+
+
+def recording() -> bool:
+    """True while a trace records (hooks alone keep no memory records)."""
+    return bool(_recorders)
+
+
+# --------------------------------------------------------------------------------------
+# Steps, and torch's allocator read at their edges
+
+_allocator_devices: tuple[Device, ...] = ()  # the current step's devices with an allocator
+
+
+def begin_step(devices: Iterable[Device] = ()) -> int:
+    """Start a new step on ``devices`` (DataParallel calls this at every forward while tracing).
+
+    While a trace records, this ends the previous step's ``peak (torch)`` reading and, on the
+    real CUDA devices among ``devices``, resets torch's peak memory statistics
+    (``torch.cuda.reset_peak_memory_stats``), so that a step's peak is its own.
+    """
+    global _allocator_devices
+    if _recorders:
+        record_allocator_peaks()
+    step = context.begin_step()
+    if _recorders:
+        _allocator_devices = allocator.devices_with_allocator(devices)
+        allocator.reset_peaks(_allocator_devices)
+    return step
+
+
+def end_forward() -> None:
+    """At the end of a step's forward: ``allocated (torch)`` on each device with an allocator."""
+    for device in _allocator_devices:
+        record_memory(device, ALLOCATED, allocator.allocated(device))
+
+
+def record_allocator_peaks() -> None:
+    """``peak (torch)`` since the step began on each of its devices with an allocator; ends
+    the step's readings (a second call records nothing)."""
+    global _allocator_devices
+    devices, _allocator_devices = _allocator_devices, ()
+    for device in devices:
+        record_memory(device, PEAK, allocator.peak(device))
+
+
+# --------------------------------------------------------------------------------------
+# Hooks and events
+
+
+def register_phase_hook(
+    hook: Callable[[Event], None], phases: Iterable[str] | str | None = None
+) -> RemovableHandle:
+    """Call ``hook(event)`` for every event (or only for ``phases``) until the handle is removed.
+
+    Hooks run in the thread that did the work (a worker thread for ``apply``). With hooks
+    and no trace, CUDA events reach the hooks with their final times: each one waits for
+    its own work on the GPU first (a lane's span waits for that lane, not for all of them;
+    the copies of its caller's stream wait for the caller's), which also slows the work (a
+    worker waiting for its own), so measure with ``dpkit.trace()``; but nothing is kept for
+    a trace that never comes. While a trace records, hooks get the same events with NaN
+    times, which the trace fills in when it resolves them.
+    """
+    wanted = frozenset([phases] if isinstance(phases, str) else phases) if phases else None
+    with _state_lock:
+        handle = RemovableHandle(_hooks)
+        _hooks[handle.id] = (wanted, hook)
+    original_remove = handle.remove
+
+    def remove() -> None:
+        with _state_lock:
+            original_remove()
+
+    handle.remove = remove  # type: ignore[method-assign]
+    return handle
+
+
+def emit(event: Event) -> None:
+    """Hand ``event`` to every open trace and to the hooks that want its phase."""
+    for recorder in _recorders:
+        recorder._events.append(event)  # atomic: no lock needed in worker threads
+    if _hooks:
+        emit_to_hooks(event)
+
+
+def time_on_gpu(event: Event, device: Device, start: Any, end: Any) -> None:
+    """Give ``event`` the times of two CUDA events: late while a trace records (it resolves
+    them all at once), at once for hooks alone (nothing piles up for a trace to come)."""
+    clock.time_on_gpu(event, device, start, end, later=bool(_recorders))
+
+
+def record_memory(device: Device, category: str, nbytes: int, step: int | None = None) -> None:
+    """Note that ``device`` holds ``nbytes`` in ``category`` this step (kept while tracing)."""
+    if _recorders:
+        # a plain tuple (MemoryRecord is made when read): one per device and category
+        step = _current_step() if step is None else step
+        record = (device.name, category, nbytes, step, device.kind)
+        for recorder in _recorders:
+            recorder._memory.append(record)  # atomic: no lock needed in worker threads
+
+
+def holds(collective: Collective, device: Device, tensors: Sequence[torch.Tensor]) -> None:
+    """After a copy: what ``tensors`` it leaves on ``device`` are (a forward scatter's chunk:
+    the device's ``input``); counted only while a trace records."""
+    if _recorders and not _in_backward():
+        category = HELD_AFTER.get(collective)
+        if category is not None:
+            record_memory(device, category, sum(map(tensor_nbytes, tensors)))
+
+
+# --------------------------------------------------------------------------------------
+# Spans: one phase on one device, timed
+
+
+class _Span:
+    """Times one phase on one device; the primitive that opened it sets ``nbytes``, the
+    bytes it copied while the span was open."""
+
+    __slots__ = ("phase", "device", "step", "details", "nbytes", "cuda", "profiler_range")
+    __slots__ += ("start", "start_event")
+
+    def __init__(self, phase: str, device: Device, details: dict[str, Any], cuda: bool):
+        self.phase = phase
+        self.device = device
+        self.step = _current_step()
+        self.details = details
+        self.nbytes = 0
+        self.cuda = cuda
+        if cuda:
+            clock.cuda_origin(device.torch_device)  # fix the GPU clock's origin before the work
+        # The profiler sees only the thread that started it, so worker threads' apply spans
+        # open no range; parallel_apply opens dpkit.apply in the caller's thread instead.
+        self.profiler_range = (
+            torch.autograd.profiler.record_function(f"dpkit.{phase}")
+            if phase != Phase.APPLY and _profiler_enabled()
+            else None
+        )
+
+    def __enter__(self) -> _Span:
+        if self.profiler_range is not None:
+            self.profiler_range.__enter__()
+        if self.cuda:
+            self.start_event = clock.cuda_event_now(self.device)
+        self.start = clock.now()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        end = clock.now()
+        if self.profiler_range is not None:
+            self.profiler_range.__exit__(*exc_info)
+        device = self.device
+        event = Event(
+            self.phase, device.name, self.start, end, self.nbytes, self.step, device.kind,
+            self.details,
+        )  # fmt: skip
+        if self.cuda:
+            time_on_gpu(event, device, self.start_event, clock.cuda_event_now(device))
+        for recorder in _recorders:  # emit, inlined: spans are the trace's most frequent call
+            recorder._events.append(event)
+        if _hooks:
+            emit_to_hooks(event)
+
+
+def emit_to_hooks(event: Event) -> None:
+    for wanted, hook in list(_hooks.values()):
+        if wanted is None or event.phase in wanted:
+            hook(event)
+
+
+OFF = nullcontext()  # what every span is while nothing listens: gives None
+
+
+def span(phase: Phase | str, device: Device, **details: Any) -> Any:
+    """A context that records ``phase`` on ``device`` in the current step and gives the
+    span, whose ``nbytes`` the caller sets; when nothing listens, :data:`OFF`."""
+    if not (_recorders or _hooks):
+        return OFF
+    name = getattr(phase, "value", phase)  # a Phase, or its name
+    return _Span(name, device, details, device.device_type == "cuda")
+
+
+def copy_span(collective: Collective, device: Device, **details: Any) -> Any:
+    """:func:`span` for a copy of comm's: its phase is the collective's in this pass."""
+    if not (_recorders or _hooks):
+        return OFF
+    phase = collective.phase(_in_backward()).value
+    return _Span(phase, device, details, device.device_type == "cuda")
+
+
+def host_span(phase: Phase | str, device: Device, **details: Any) -> Any:
+    """Like :func:`span`, for Python work in the calling thread done on ``device``'s behalf
+    (building replica modules): timed by the CPU clock on every device kind, since CUDA
+    events would time the GPU's queue instead."""
+    if not (_recorders or _hooks):
+        return OFF
+    return _Span(getattr(phase, "value", phase), device, details, False)
+
+
+# --------------------------------------------------------------------------------------
+# The Trace
+
+
+class Trace:
+    """The events recorded inside one ``with dpkit.trace():`` block."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._memory: list[tuple[str, str, int, int, str]] = []  # MemoryRecord's fields
+        self.origin = time.perf_counter()
+
+    @property
+    def memory(self) -> list[MemoryRecord]:
+        """What each device held, by category and step."""
+        return [MemoryRecord(*fields) for fields in self._memory]
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event in the order it finished (CUDA times resolved first)."""
+        clock.resolve_pending()
+        return list(self._events)
+
+    def rows(self) -> Any:
+        """One row per event: a pandas DataFrame where pandas is installed, else a list of dicts."""
+        return export.as_dataframe(export.rows(self.events, self.origin))
+
+    def memory_rows(self) -> Any:
+        """One row per memory record (device, category, bytes, step), like :meth:`rows`."""
+        return export.as_dataframe([asdict(record) for record in self.memory])
+
+    def summary(self) -> Any:
+        """Time per step, bytes per step and share of the step, per phase; prints as a table."""
+        return export.summary(self.events)
+
+    def memory_summary(self, step: int | None = None) -> Any:
+        """Bytes each device held in ``step`` (default: the last), by category, as a table."""
+        return export.memory_summary(self.memory, step)
+
+    def to_chrome_trace(self, path: str | Any) -> Any:
+        """Write Chrome trace JSON (opens in Perfetto and chrome://tracing); returns the path."""
+        return export.write_chrome_trace(self.events, self.origin, path)
+
+    @property
+    def hardware(self) -> str:
+        """What the events ran on, in words (for titles): e.g. "virtual devices on the CPU"."""
+        return export.hardware_label(self.events)
+
+    def __enter__(self) -> Trace:
+        with _state_lock:
+            if not _recorders:
+                context.restart_steps()  # steps count from 1 in each outermost trace
+            _recorders.append(self)
+        self.origin = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        record_allocator_peaks()  # the last step's peak, while this trace still records
+        with _state_lock:
+            _recorders.remove(self)
+        clock.resolve_pending()
+
+
+def trace() -> Trace:
+    """Record every phase of every step inside a ``with`` block: ``with dpkit.trace() as tr:``."""
+    return Trace()
