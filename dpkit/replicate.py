@@ -121,4 +121,8 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
                         copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
                         setattr(copies[index], key, copy)
 
-    return [copies[0] for copies in module_copies]  # type: ignore[misc]
+    replicas = [copies[0] for copies in module_copies]
+    if tracing.enabled():  # what each replica holds, known here: the trace need not walk it
+        held = [p + b + c for p, b, c in zip(param_copies, buffer_copies_rg, buffer_copies_not_rg)]
+        tracing.replicated(replicas, held)
+    return replicas  # type: ignore[return-value]

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 import torch
+from stalls import STALL_CYCLES, Stall, StalledNet
 from torch import nn
 from torch.nn import parallel as torch_parallel
 
@@ -262,33 +263,6 @@ def test_gpu_lanes_time_a_backward_that_skips_their_last_node():
 
 
 # -- streams (issue 19) ------------------------------------------------------------------
-
-# torch.cuda._sleep spins for this many GPU clock cycles: about 25 ms at 2 GHz, longer at a
-# lower clock. Long enough for the host to do what a test checks while a stream still waits.
-STALL_CYCLES = 50_000_000
-
-
-class Stall(torch.autograd.Function):
-    """Identity that stalls the current stream in forward and again in backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        torch.cuda._sleep(STALL_CYCLES)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        torch.cuda._sleep(STALL_CYCLES)
-        return grad.clone()
-
-
-class StalledNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
-
-    def forward(self, x):
-        return Stall.apply(self.net(Stall.apply(x)))
 
 
 class Mixed(nn.Module):

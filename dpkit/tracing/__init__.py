@@ -37,7 +37,7 @@ timed ``apply``. On 4 CPU lanes that is about 3% of a training step of a small M
 """
 
 from dpkit.context import current_step
-from dpkit.tracing.backward import ReplicaBackward, after_apply, trace_replica
+from dpkit.tracing.backward import ReplicaBackward, after_apply, replicated, trace_replica
 from dpkit.tracing.clock import resolve_pending
 from dpkit.tracing.events import (
     ALLOCATED,
@@ -92,6 +92,7 @@ __all__ = [
     "record_memory",
     "recording",
     "register_phase_hook",
+    "replicated",
     "resolve_pending",
     "span",
     "trace",

@@ -47,6 +47,11 @@ _state_lock = threading.Lock()
 _profiler_enabled = torch.autograd._profiler_enabled
 _current_step = context.current_step
 _in_backward = context.in_backward
+# Keyed by plain strings: an Enum member hashes in Python, a str in C, and these are read for
+# every copy while tracing.
+_COPY_PHASES = {c.value: (c.phase(False).value, c.phase(True).value) for c in Collective}
+_HELD_AFTER = {collective.value: category for collective, category in HELD_AFTER.items()}
+_APPLY = Phase.APPLY.value
 
 
 def enabled() -> bool:
@@ -156,7 +161,7 @@ def holds(collective: Collective, device: Device, tensors: Sequence[torch.Tensor
     """After a copy: what ``tensors`` it leaves on ``device`` are (a forward scatter's chunk:
     the device's ``input``); counted only while a trace records."""
     if _recorders and not _in_backward():
-        category = HELD_AFTER.get(collective)
+        category = _HELD_AFTER.get(collective._value_)
         if category is not None:
             record_memory(device, category, sum(map(tensor_nbytes, tensors)))
 
@@ -185,7 +190,7 @@ class _Span:
         # open no range; parallel_apply opens dpkit.apply in the caller's thread instead.
         self.profiler_range = (
             torch.autograd.profiler.record_function(f"dpkit.{phase}")
-            if phase != Phase.APPLY and _profiler_enabled()
+            if phase != _APPLY and _profiler_enabled()
             else None
         )
 
@@ -228,7 +233,7 @@ def span(phase: Phase | str, device: Device, **details: Any) -> Any:
     span, whose ``nbytes`` the caller sets; when nothing listens, :data:`OFF`."""
     if not (_recorders or _hooks):
         return OFF
-    name = getattr(phase, "value", phase)  # a Phase, or its name
+    name = getattr(phase, "_value_", phase)  # a Phase, or its name (._value_: no property)
     return _Span(name, device, details, device.device_type == "cuda")
 
 
@@ -236,7 +241,7 @@ def copy_span(collective: Collective, device: Device, **details: Any) -> Any:
     """:func:`span` for a copy of comm's: its phase is the collective's in this pass."""
     if not (_recorders or _hooks):
         return OFF
-    phase = collective.phase(_in_backward()).value
+    phase = _COPY_PHASES[collective._value_][_in_backward()]
     return _Span(phase, device, details, device.device_type == "cuda")
 
 
@@ -246,7 +251,7 @@ def host_span(phase: Phase | str, device: Device, **details: Any) -> Any:
     events would time the GPU's queue instead."""
     if not (_recorders or _hooks):
         return OFF
-    return _Span(getattr(phase, "value", phase), device, details, False)
+    return _Span(getattr(phase, "_value_", phase), device, details, False)
 
 
 # --------------------------------------------------------------------------------------
