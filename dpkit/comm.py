@@ -186,7 +186,7 @@ def scatter(
                 span.nbytes = tensor_nbytes(chunk)
             # A new view: tagging one that stays home touches no caller's object.
             results.append(place(moved, device))
-        tracing.holds(Collective.SCATTER, device, (chunk,))
+        tracing.holds(Collective.SCATTER, (device,), (chunk,))
     if _gradients_on_lane_streams(devices):  # a lane's backward reads its chunk on its stream
         for chunk, device in zip(results, devices):
             record_use((chunk,), stream_of(device))
@@ -213,7 +213,7 @@ def broadcast(
                 copies.append([copy_to(t, device, Collective.BROADCAST) for t in tensors])
                 if span is not None:
                     span.nbytes = _moved_nbytes(tensors, copies[-1])
-            tracing.holds(Collective.BROADCAST, device, tensors)
+    tracing.holds(Collective.BROADCAST, devices, tensors)
     if _gradients_on_lane_streams(devices):  # double backward: read on each lane's stream
         for device_copies, device in zip(copies, devices):
             record_use(device_copies, stream_of(device))
@@ -297,5 +297,5 @@ def gather(
             # The copy into the result's slice: same bytes as copy_to, no tensor in between.
             result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
         offset += rows
-    tracing.holds(Collective.GATHER, destination, (result,))
+    tracing.holds(Collective.GATHER, (destination,), (result,))
     return place(result, destination)

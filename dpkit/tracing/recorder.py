@@ -157,13 +157,17 @@ def record_memory(device: Device, category: str, nbytes: int, step: int | None =
             recorder._memory.append(record)  # atomic: no lock needed in worker threads
 
 
-def holds(collective: Collective, device: Device, tensors: Sequence[torch.Tensor]) -> None:
-    """After a copy: what ``tensors`` it leaves on ``device`` are (a forward scatter's chunk:
-    the device's ``input``); counted only while a trace records."""
+def holds(
+    collective: Collective, devices: Sequence[Device], tensors: Sequence[torch.Tensor]
+) -> None:
+    """After a copy: what ``tensors`` it leaves on each of ``devices`` are (a forward
+    scatter's chunk: the device's ``input``); counted once, only while a trace records."""
     if _recorders and not _in_backward():
         category = _HELD_AFTER.get(collective._value_)
         if category is not None:
-            record_memory(device, category, sum(map(tensor_nbytes, tensors)))
+            nbytes = sum(map(tensor_nbytes, tensors))
+            for device in devices:
+                record_memory(device, category, nbytes)
 
 
 # --------------------------------------------------------------------------------------
