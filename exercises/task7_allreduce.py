@@ -7,9 +7,15 @@ sends one ``1/n`` chunk to its neighbour per step, first ``n - 1`` steps that ad
 (reduce-scatter: afterwards lane ``i`` holds the full sum of chunk ``(i + 1) % n``), then
 ``n - 1`` steps that pass the finished chunks on (all-gather). Every lane ends with the
 sum, and every lane sends and receives ``2 * (n - 1) / n * N`` bytes: no hot spot.
-The surprise: the ring moves twice as many bytes in total as the reduce-add, yet no lane
-sends or receives more than two gradients' worth however many lanes there are, while the
-reduce-add's lane 0 receives ``n - 1`` gradients.
+The surprise: counted fairly, the two move the same total. The ring's gradient sync moves
+``2 (n - 1) N`` bytes per step; DataParallel's reduce-add moves ``(n - 1) N``, but it also
+broadcasts the parameters from device 0 on every forward, another ``(n - 1) N``. What
+differs is the load per link (every DataParallel byte goes through device 0, while no ring
+lane sends or receives more than two gradients' worth however many lanes there are) and
+when the bytes move (DDP's all-reduce overlaps the backward; see notebook 05). Real DDP calls
+its process group's all-reduce once per gradient bucket and lets the backend (NCCL, gloo)
+choose a ring or a tree; on GPUs with NCCL, torch's own reduce-add and broadcast run as
+NCCL collectives too, and only fall back to copy-then-add as dpkit does.
 
 You may use torch, ``dpkit.comm.copy_to`` (a real, counted copy between lanes; slices and
 gradients carry no lane tag, so pass ``source=``), ``dpkit.add_transfer_listener`` and
@@ -49,11 +55,14 @@ def ring_allreduce_(tensors: Sequence[torch.Tensor], devices: Sequence[Device]) 
 
 
 def allreduce_gradients_(replicas: Sequence[nn.Module], devices: Sequence[Device]) -> None:
-    """DDP's step after backward: sum every parameter's ``.grad`` across the replicas.
+    """The all-reduce at the heart of DDP: sum every parameter's ``.grad`` across replicas.
 
     ``replicas[i]`` is a full copy of the model on ``devices[i]`` that ran backward on its
     own chunk. Afterwards every replica holds the same ``.grad`` for each parameter: the
-    sum over replicas, computed with :func:`ring_allreduce_`.
+    sum over replicas, computed with :func:`ring_allreduce_`. (Real DDP then divides by the
+    number of processes, so its gradients are the *average*, and it all-reduces during
+    backward, one bucket of gradients at a time as each bucket is ready; here it runs after
+    backward, parameter by parameter, so that the sum is plain to check.)
     """
     # TODO 7.2: all-reduce each parameter's gradient across the replicas
     raise NotImplementedError("TODO 7.2: all-reduce each parameter's gradient across the replicas")

@@ -32,7 +32,10 @@ def chunk_sizes(batch: int, num_devices: int) -> list[int]:
 
     Every chunk has ``ceil(batch / num_devices)`` rows except the last, which has what is
     left; so there may be fewer chunks than devices. ``chunk_sizes(10, 4) == [3, 3, 3, 1]``,
-    ``chunk_sizes(6, 4) == [2, 2, 2]``, ``chunk_sizes(0, 4) == []``.
+    ``chunk_sizes(6, 4) == [2, 2, 2]``. One case differs from torch on purpose:
+    ``chunk_sizes(0, 4) == []`` (no rows, no chunk to run a replica on), where
+    ``torch.empty(0).chunk(4)`` gives four empty chunks and torch's DataParallel would run
+    four replicas on nothing.
     """
     if batch <= 0:
         return []
