@@ -199,10 +199,20 @@ class SpeedupRow:
     parallel_ms: float  # the same step with DataParallel on `devices` devices (median)
     devices: int
     hardware: str
+    single_forward_ms: float = 0.0  # the forward (and loss) part of single_ms (median)
 
     @property
     def speedup(self) -> float:
         return self.single_ms / self.parallel_ms
+
+    def ceiling(self, cores: int) -> float:
+        """The most DataParallel could gain over one device on ``cores`` CPU cores, from what
+        was measured: replicas' forwards overlap (up to one per core), but on the CPU autograd
+        runs every replica's backward in the one thread that called ``backward()``, so the
+        backward part of the step stays serial (on GPUs each device has a backward thread)."""
+        forward = self.single_forward_ms
+        backward = self.single_ms - forward
+        return self.single_ms / (forward / max(1, min(self.devices, cores)) + backward)
 
     @property
     def extra_ms(self) -> float:
@@ -212,16 +222,19 @@ class SpeedupRow:
 
 def _median_step_ms(
     net: nn.Module, model: nn.Module, batch: int, repeats: int, home: dpkit.Device
-) -> float:
+) -> tuple[float, float]:
+    """Median step time and median forward-and-loss time, in ms."""
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
     inputs, targets = dpkit.to_device((inputs, targets), home)
-    times = []
+    steps, forwards = [], []
     for _ in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(net(inputs), targets).backward()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
+        loss = nn.functional.cross_entropy(net(inputs), targets)
+        forwards.append(time.perf_counter() - start)
+        loss.backward()
+        steps.append(time.perf_counter() - start)
+    return statistics.median(steps[1:]) * 1e3, statistics.median(forwards[1:]) * 1e3
 
 
 def measure_speedup(
@@ -241,9 +254,13 @@ def measure_speedup(
     rows = []
     with intra_op_threads(threads):
         for batch in batches:
-            single_ms = _median_step_ms(model, model, batch, repeats, lanes[0])
-            parallel_ms = _median_step_ms(parallel, model, batch, repeats, lanes[0])
-            rows.append(SpeedupRow(batch, single_ms, parallel_ms, len(lanes), hardware_of(lanes)))
+            single_ms, forward_ms = _median_step_ms(model, model, batch, repeats, lanes[0])
+            parallel_ms, _ = _median_step_ms(parallel, model, batch, repeats, lanes[0])
+            rows.append(
+                SpeedupRow(
+                    batch, single_ms, parallel_ms, len(lanes), hardware_of(lanes), forward_ms
+                )
+            )
     return rows
 
 
