@@ -42,3 +42,31 @@ def test_torch_gather_of_an_iterable_dataclass_misses_constructor_arguments():
 def test_torch_chunk_gives_every_device_an_empty_chunk_for_an_empty_batch():
     """Exercise 1: chunk_sizes(0, 4) == [] on purpose, where torch gives four empty chunks."""
     assert [len(chunk) for chunk in torch.empty(0).chunk(4)] == [0, 0, 0, 0]
+
+
+def _torch_message(call) -> str:
+    try:
+        call()
+    except Exception as error:  # the claim is about which error, with which words
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    return "no error"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the claim is about a CPU-only machine")
+def test_torchs_primitives_fail_on_cpu_tensors_as_the_readme_says():
+    from torch import nn
+    from torch.nn import parallel
+
+    x, model = torch.randn(4, 3), nn.Linear(3, 2)
+    assert _torch_message(lambda: parallel.replicate(model, [0, 1])) == (
+        "AssertionError: Broadcast function not implemented for CPU tensors"
+    )
+    assert _torch_message(lambda: parallel.gather([x, x], "cpu")) == (
+        "AssertionError: Gather function not implemented for CPU tensors"
+    )
+    assert _torch_message(lambda: parallel.scatter(x, [0, 1])) == (
+        "AttributeError: module 'torch._C' has no attribute '_scatter'"
+    )
+    assert _torch_message(lambda: parallel.parallel_apply([model, model], [x, x])) == (
+        "RuntimeError: Cannot access accelerator device when none is available."
+    )
