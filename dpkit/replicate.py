@@ -2,9 +2,10 @@
 
 The surprises first, all as in ``torch.nn.parallel.replicate``:
 
-- Replica 0 *shares storage* with the original module: its parameters and buffers are the
-  original tensors (seen through the broadcast's autograd node), so in-place updates such
-  as BatchNorm's running statistics made by replica 0 land in the original module. Every
+- Replica 0 *shares storage* with the original module: its buffers are the original
+  tensors, and its parameters are views of the original memory made by the broadcast (not
+  leaves: their ``grad_fn`` is ``BroadcastBackward``), so in-place updates such as
+  BatchNorm's running statistics made by replica 0 land in the original module. Every
   other replica holds its own copies, and what it writes to them is lost.
 - Replica parameters are not ``nn.Parameter`` leaves: they are outputs of a broadcast, set
   as plain attributes, so ``replica.parameters()`` is empty. Gradients flow back through

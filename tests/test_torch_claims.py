@@ -70,3 +70,45 @@ def test_torchs_primitives_fail_on_cpu_tensors_as_the_readme_says():
     assert _torch_message(lambda: parallel.parallel_apply([model, model], [x, x])) == (
         "RuntimeError: Cannot access accelerator device when none is available."
     )
+
+
+def test_replica_0_shares_storage_buffers_are_the_modules_parameters_are_views():
+    """Notebook 02 and dpkit.replicate's docstring, for dpkit's replicate as for torch's:
+    storage is shared; buffers are the same objects; parameters are non-leaf views."""
+    from torch import nn
+
+    import dpkit
+
+    module = nn.BatchNorm1d(3)
+    replica = dpkit.replicate(module, dpkit.virtual_devices(2, on="cpu"))[0]
+    assert replica.running_mean is module.running_mean
+    assert replica.weight is not module.weight
+    assert replica.weight.data_ptr() == module.weight.data_ptr()
+    assert not replica.weight.is_leaf
+    assert type(replica.weight.grad_fn).__name__ == "BroadcastBackward"
+
+
+def test_a_replicas_exception_keeps_its_type_only_when_one_message_rebuilds_it():
+    """Notebook 03: torch's ExceptionWrapper (which parallel_apply uses) re-raises with the
+    original type when it takes one message string, else as RuntimeError."""
+    from torch._utils import ExceptionWrapper
+
+    class TwoArguments(Exception):
+        def __init__(self, first, second):
+            super().__init__(first, second)
+
+    raised = {}
+    for error in (ValueError("bad row"), KeyError("missing"), TwoArguments(1, 2)):
+        try:
+            raise error
+        except Exception:
+            wrapper = ExceptionWrapper(where="in replica 1 on device virtual:1")
+        try:
+            wrapper.reraise()
+        except Exception as again:
+            raised[type(error).__name__] = type(again).__name__
+    assert raised == {
+        "ValueError": "ValueError",
+        "KeyError": "KeyError",
+        "TwoArguments": "RuntimeError",
+    }
