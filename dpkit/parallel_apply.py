@@ -5,9 +5,12 @@ The surprises first, as in ``torch.nn.parallel.parallel_apply``:
 - One Python thread per replica. Threads overlap only while torch runs kernels without the
   GIL; a forward made of many small Python steps runs one replica at a time.
 - Grad mode and autocast are thread-local in torch, so the caller's settings are carried
-  into every worker explicitly. dpkit also carries autocast's dtype and inference mode,
-  which torch's own parallel_apply drops (a float16 autocast becomes the CPU default
-  bfloat16 in its workers; a BatchNorm under inference_mode fails on lanes 1 and up).
+  into every worker explicitly. torch's own parallel_apply carries grad mode and one flag,
+  ``torch.is_autocast_enabled()`` with no argument (CUDA's: False inside
+  ``autocast("cpu")``), re-entered at the default dtype. dpkit carries, per device type,
+  whether autocast is on and at which dtype, and inference mode (with torch's, a float16
+  autocast becomes the default dtype in the workers; a BatchNorm under inference_mode
+  fails on lanes 1 and up).
 - An exception in one replica is re-raised in the caller with its original type, the words
   "in replica i on device d" and the worker's original traceback in the message.
 - A single replica runs in the calling thread.

@@ -112,3 +112,15 @@ def test_a_replicas_exception_keeps_its_type_only_when_one_message_rebuilds_it()
         "KeyError": "KeyError",
         "TwoArguments": "RuntimeError",
     }
+
+
+def test_the_no_argument_autocast_flag_torchs_workers_read_is_cudas():
+    """README and parallel_apply's docstring: torch's parallel_apply reads
+    ``torch.is_autocast_enabled()``, which inside ``autocast("cpu")`` is False."""
+    import inspect
+
+    from torch.nn.parallel import parallel_apply
+
+    assert "torch.is_autocast_enabled()," in inspect.getsource(parallel_apply)
+    with torch.autocast("cpu"):
+        assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled()
