@@ -280,3 +280,17 @@ def test_report_lists_every_check_with_hints():
         "      hint: h",
         "1/2 checks passed: keep going",
     ]
+
+
+def test_a_one_element_gradient_for_a_scalar_piece_is_caught(tmp_path):
+    """Task 4: a backward that gives a scalar piece a (1,)-shaped gradient passes if only
+    .grad is checked (autograd reshapes it); the grader must name the mistake."""
+    source = (SOLUTIONS / stub_of(4).name).read_text()
+    wrong = source.replace("grad.view(()) if ctx.scalars else grad", "grad")
+    assert wrong != source
+    submission = tmp_path / stub_of(4).name
+    submission.write_text(wrong)
+    results = {r.check: r for r in grading.grade(4, file=submission)}
+    scalar = results["a scalar piece gets a scalar gradient"]
+    assert not scalar.passed and "shape ()" in scalar.hint
+    assert sum(not r.passed for r in results.values()) == 1  # and only that check fails

@@ -92,11 +92,17 @@ def test_gather_backward_to_lanes(exercise, lanes, transfers):
 def test_gather_scalar_backward(exercise, lanes):
     """a scalar piece gets a scalar gradient"""
     pieces = on_lanes([torch.tensor(1.0), torch.tensor(2.0)], lanes, requires_grad=True)
-    (exercise.Gather.apply(lanes[0], 0, *pieces) * torch.tensor([3.0, 4.0])).sum().backward()
-    grads = [None if p.grad is None else (tuple(p.grad.shape), p.grad.item()) for p in pieces]
-    assert grads == [((), 3.0), ((), 4.0)], (
-        f"(shape, value) of the gradients: {grads}; a scalar piece needs a gradient of shape ()"
+    gathered = exercise.Gather.apply(lanes[0], 0, *pieces)
+    # What backward itself returns: autograd would quietly reshape a 1-element gradient to
+    # the scalar's shape before it reaches .grad, so .grad alone cannot tell.
+    returned = gathered.grad_fn.apply(torch.tensor([3.0, 4.0]))[2:]
+    shapes = [None if g is None else tuple(g.shape) for g in returned]
+    assert shapes == [(), ()], (
+        f"Gather.backward returned gradients of shapes {shapes} for two scalar pieces; a "
+        "scalar piece needs a gradient of shape (): view each slice as a scalar"
     )
+    (gathered * torch.tensor([3.0, 4.0])).sum().backward()
+    assert [p.grad.item() for p in pieces] == [3.0, 4.0]
 
 
 def test_gather_containers(exercise, lanes):

@@ -64,7 +64,8 @@ def scatter(inputs: Any, devices: Sequence[Device], dim: int = 0) -> list[Any]:
 
     - a tensor: its chunks, from :func:`scatter_tensor`;
     - a tuple, list or dict: one tuple, list or dict per device, each holding that device's
-      share of every element (dict keys are kept);
+      share of every element (dict keys are kept, and so is the mapping type: an
+      ``OrderedDict`` gives one ``OrderedDict`` per device);
     - a namedtuple: one namedtuple of the same type per device;
     - anything else: the same object, by reference, once per device.
 
