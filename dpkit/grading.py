@@ -325,6 +325,11 @@ def _grade(args: argparse.Namespace) -> int:
         folder = args.dir if args.dir is not None else find_exercises()
         results = grade_folder(folder, args.tasks, args.timeout)
     else:
+        # Say which file: run outside a checkout, the default is the checkout's own stub.
+        exercises = find_exercises()
+        default = exercises / task_files(exercises).get(args.task, f"task{args.task}")
+        graded = Path(args.file) if args.file else default
+        print(f"grading task {args.task}: {graded.resolve()}")
         results = grade(args.task, args.file, args.timeout)
     print(report(results))
     return 0 if results and all(r.passed for r in results) else 1

@@ -294,3 +294,17 @@ def test_a_one_element_gradient_for_a_scalar_piece_is_caught(tmp_path):
     scalar = results["a scalar piece gets a scalar gradient"]
     assert not scalar.passed and "shape ()" in scalar.hint
     assert sum(not r.passed for r in results.values()) == 1  # and only that check fails
+
+
+def test_an_import_error_names_the_line_and_the_cli_names_the_file(tmp_path, capsys):
+    broken = tmp_path / stub_of(1).name
+    broken.write_text("import torch\n\n\ndef chunk_sizes(batch, num_devices)\n    return []\n")
+    results = grading.grade(1, file=broken)
+    assert all("could not be imported (line 4): SyntaxError" in r.hint for r in results)
+    raising = tmp_path / "raising" / stub_of(1).name
+    raising.parent.mkdir()
+    raising.write_text("x = 1\ny = {}['missing']\n")
+    assert all("(line 2): KeyError" in r.hint for r in grading.grade(1, file=raising))
+    args = _parser().parse_args(["grade", "1", "--file", str(broken)])
+    args.run(args)
+    assert f"grading task 1: {broken.resolve()}" in capsys.readouterr().out

@@ -126,12 +126,23 @@ def load_exercise(path: Path) -> ModuleType:
                 except pytest.fail.Exception as failure:
                     _loaded[path] = str(failure.msg)
                 except BaseException as error:  # noqa: B036 - a student's file may raise anything
-                    where = traceback.format_exception_only(type(error), error)[-1].strip()
-                    _loaded[path] = f"{path.name} could not be imported: {where}"
+                    _loaded[path] = _import_failure(path, error)
         loaded = _loaded[path]
     if isinstance(loaded, str):
         pytest.fail(loaded, pytrace=False)
     return loaded
+
+
+def _import_failure(path: Path, error: BaseException) -> str:
+    """Why ``path`` could not be imported, with the line of the student's file to look at."""
+    what = traceback.format_exception_only(type(error), error)[-1].strip()
+    line = getattr(error, "lineno", None) if isinstance(error, SyntaxError) else None
+    if line is None:  # the deepest frame in the student's file
+        frames = traceback.extract_tb(error.__traceback__)
+        mine = [frame for frame in frames if Path(frame.filename) == path]
+        line = mine[-1].lineno if mine else None
+    where = f" (line {line})" if line is not None else ""
+    return f"{path.name} could not be imported{where}: {what}"
 
 
 @pytest.fixture(scope="module")
