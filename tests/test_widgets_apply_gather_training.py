@@ -279,3 +279,21 @@ def test_every_explorer_is_exported(name):
 def test_an_unknown_name_gives_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         viz.nothing_here  # noqa: B018
+
+
+def test_the_overlap_verdict_concludes_only_beyond_the_rounds_spread():
+    def measured(low: float, high: float) -> apply.ApplyOverlap:
+        return apply.ApplyOverlap(
+            "M", 4, "virtual devices on the CPU", 10.0, 9.0, 30.0, (low, high)
+        )
+
+    assert measured(0.95, 1.08).verdict().endswith("no difference beyond the run-to-run noise")
+    assert measured(1.2, 1.5).verdict().endswith("the replicas overlapped")
+    assert measured(0.1, 0.3).verdict().endswith("slower than one after another")
+    assert "1.11x (middle half of the rounds: 0.95-1.08x)" in measured(0.95, 1.08).verdict()
+
+
+def test_measured_overlap_reports_the_spread_of_its_rounds():
+    result = apply.measure_apply_overlap(apply.MatmulNet(width=32), torch.randn(8, 32), repeats=3)
+    low, high = result.speedup_quartiles
+    assert 0 < low <= high

@@ -114,11 +114,35 @@ class ApplyOverlap:
     serial_ms: float  # the same replicas on the same chunks, one after another, one thread
     parallel_ms: float  # wall span of parallel_apply (first start to last end)
     busy_ms: float  # sum over devices of each replica's apply duration in the parallel run
+    # The speed-up of each round (serial over parallel, measured back to back), its 25th and
+    # 75th percentiles: how much it moves from run to run on this machine.
+    speedup_quartiles: tuple[float, float] = (0.0, 0.0)
 
     @property
     def speedup(self) -> float:
         """Serial time over parallel time: how many replicas' worth of work ran at once."""
         return self.serial_ms / self.parallel_ms
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether the replicas clearly overlapped: a speed-up above 1 in three rounds of four
+        (the lower quartile above 1), not a median that noise pushed past 1."""
+        return self.speedup_quartiles[0] > 1.0
+
+    @property
+    def slowed_down(self) -> bool:
+        """Whether threads clearly made it slower: the upper quartile below 1."""
+        return self.speedup_quartiles[1] < 1.0
+
+    def verdict(self) -> str:
+        """The speed-up with its spread over rounds, and only the conclusion the spread allows."""
+        low, high = self.speedup_quartiles
+        measured = f"{self.speedup:.2f}x (middle half of the rounds: {low:.2f}-{high:.2f}x)"
+        if self.overlapped:
+            return f"{measured}: the replicas overlapped"
+        if self.slowed_down:
+            return f"{measured}: threads made it slower than one after another"
+        return f"{measured}: no difference beyond the run-to-run noise"
 
     @property
     def busy_over_span(self) -> float:
@@ -151,6 +175,8 @@ def measure_apply_overlap(
             for replica, chunk, lane in zip(replicas, chunks, lanes):
                 dpkit.parallel_apply([replica], [chunk], devices=[lane])  # runs in this thread
             serial.append(time.perf_counter() - start)
+    rounds = sorted(s / p for s, p in zip(serial[1:], parallel[1:]))
+    low, _, high = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else rounds * 3
     return ApplyOverlap(
         type(model).__name__,
         len(lanes),
@@ -158,6 +184,7 @@ def measure_apply_overlap(
         statistics.median(serial[1:]) * 1e3,
         statistics.median(parallel[1:]) * 1e3,
         statistics.median(busy[1:]) * 1e3,
+        (low, high),
     )
 
 
