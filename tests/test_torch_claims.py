@@ -124,3 +124,34 @@ def test_the_no_argument_autocast_flag_torchs_workers_read_is_cudas():
     assert "torch.is_autocast_enabled()," in inspect.getsource(parallel_apply)
     with torch.autocast("cpu"):
         assert torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled()
+
+
+def test_torch_coalesces_broadcasts_into_10_mib_buffers():
+    """README: torch packs parameters into buffers of 10 MiB before broadcasting them."""
+    import inspect
+
+    from torch.nn.parallel import comm
+
+    default = inspect.signature(comm.broadcast_coalesced).parameters["buffer_size"].default
+    assert default == 10 * 1024 * 1024
+
+
+def test_ddp_broadcasts_buffers_at_every_forward_by_default(tmp_path):
+    """Notebook 05: DDP does not re-send parameters, but syncs buffers from rank 0 at every
+    forward by default (torch 2.13: ``forward_sync_buffers``, which replaces the deprecated
+    ``broadcast_buffers``)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        ddp = DistributedDataParallel(nn.BatchNorm1d(3))
+        synced = getattr(ddp, "forward_sync_buffers", None)
+        if synced is None:  # torch before 2.13 called it broadcast_buffers
+            synced = ddp.broadcast_buffers
+        assert synced is True
+    finally:
+        dist.destroy_process_group()
