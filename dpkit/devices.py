@@ -16,6 +16,7 @@ kind            what it is                                           ``torch_dev
 ``virtual-gpu`` lane *i* on one GPU, with its own CUDA stream        ``cuda:0``
 ``virtual-cpu`` lane *i* on the CPU, with its own thread and copies  ``cpu``
 ``host``        plain CPU memory as a source or gather target        ``cpu``
+``rank``        a process of DistributedDataParallel (dpkit.ddp)     ``cpu``, ``cuda:i``
 ==============  ===================================================  ===============
 """
 
@@ -33,6 +34,7 @@ VIRTUAL_GPU = "virtual-gpu"
 VIRTUAL_CPU = "virtual-cpu"
 HOST = "host"
 PREDICTED = "predicted"  # devices of the cost model (dpkit.cost): their events are predictions
+RANK = "rank"  # the processes of torch's DistributedDataParallel (dpkit.ddp), a rank each
 
 # How figures, tables and traces name each kind (a trace's events carry the kind).
 KIND_LABELS = {
@@ -41,6 +43,7 @@ KIND_LABELS = {
     VIRTUAL_CPU: "virtual devices on the CPU",
     HOST: "host CPU",
     PREDICTED: "predicted devices (cost model)",
+    RANK: "processes (DistributedDataParallel, a rank each)",
 }
 
 # Where a tensor that dpkit copied onto a virtual lane records its lane.

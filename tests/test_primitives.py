@@ -506,7 +506,9 @@ class Recorder(nn.Module):
     def forward(self, *args, **kwargs):
         self.calls.append(
             {
-                "thread": threading.get_ident(),
+                # The Thread object, not its ident: an ident is reused once a thread ends,
+                # which on a busy machine can be before the next worker starts.
+                "thread": threading.current_thread(),
                 "device": dpkit.current_device(),
                 "num_args": len(args),
                 "args": args,
@@ -531,13 +533,13 @@ def test_parallel_apply_runs_each_replica_in_its_own_thread():
     dpkit.parallel_apply(modules, [torch.ones(1)] * 3, devices=lanes(3))
     threads = [m.calls[0]["thread"] for m in modules]
     assert len(set(threads)) == 3
-    assert threading.get_ident() not in threads
+    assert threading.current_thread() not in threads
 
 
 def test_parallel_apply_with_one_replica_runs_in_the_calling_thread():
     module = Recorder()
     dpkit.parallel_apply([module], [torch.ones(1)], devices=lanes(1))
-    assert module.calls[0]["thread"] == threading.get_ident()
+    assert module.calls[0]["thread"] is threading.current_thread()
     assert module.calls[0]["device"] == lanes(1)[0]
 
 

@@ -32,6 +32,7 @@ class Phase(str, Enum):
     GRAD_GATHER = "grad_gather"  # scatter's backward: the input's gradient gathered
     GRAD_BROADCAST = "grad_broadcast"  # reduce's backward (double backward)
     ALLREDUCE = "allreduce"  # DistributedDataParallel's gradient all-reduce
+    OPTIMIZER = "optimizer"  # the optimizer's step (dpkit.ddp: each rank steps its own replica)
 
     def __str__(self) -> str:
         return self.value
@@ -61,6 +62,7 @@ _DIRECTION_AND_COLOUR = {
     Phase.GRAD_GATHER: (BACKWARD, "#ff9da6"),
     Phase.GRAD_BROADCAST: (BACKWARD, "#b279a2"),
     Phase.ALLREDUCE: (BACKWARD, "#9d755d"),
+    Phase.OPTIMIZER: (BACKWARD, "#6b6ecf"),  # after backward: figures draw it in that half
 }
 FORWARD_PHASES = tuple(p.value for p in Phase if p.direction == FORWARD)
 BACKWARD_PHASES = tuple(p.value for p in Phase if p.direction == BACKWARD)

@@ -1,0 +1,69 @@
+"""The cost model: predict a DataParallel or DDP step on hardware you may not have.
+
+The surprise first: a prediction is a :class:`~dpkit.tracing.Trace`, the same kind of object
+``dpkit.trace()`` records, with every event marked predicted. Its bytes are exact (they follow
+from the model's tensors); its times come from FLOPs, bytes, link bandwidths and latencies,
+and host overheads, each either measured on this machine (:func:`calibrate`) or taken from
+a spec sheet or a published measurement (:func:`presets`, every number cited)::
+
+    import dpkit.cost as cost
+    tr = cost.predict(model, x[:1], batch_size=256, devices=8, hardware="8xA100-SXM-NVLink")
+    print(tr.summary()); dpkit.viz.timeline(tr)            # titled "predicted devices ..."
+    here = cost.calibrate()                               # this machine's virtual CPU lanes
+    cost.predict(model, x[:1], 256, 4, here).step_time    # seconds, to set beside a measurement
+
+=================  =====================================================================
+``hardware``       :class:`Hardware` and :class:`Link`: every field documented
+``presets``        named machines, from a T4 to two nodes of 8 A100 over 10 GbE, cited
+``profile``        FLOPs (``FlopCounterMode``), bytes and activations of the real module
+``collectives``    the formulas: through device 0 (DataParallel), ring, hierarchical
+``compute``        one pass on one device: the roofline, or calibrated op times
+``predict``        the step, simulated on the host's and the devices' clocks, as a Trace
+``calibrate``      this machine measured into a Hardware
+``models``         the course's models by name (the demo's, and a small transformer)
+``cli``            ``dpkit predict``
+=================  =====================================================================
+
+How accurate it is, on this machine and against published measurements:
+``benchmarks/cost_accuracy.py`` and ``benchmarks/README.md``.
+"""
+
+from dpkit.cost.calibrate import calibrate
+from dpkit.cost.collectives import (
+    allreduce,
+    broadcast_through_device0,
+    bus_bandwidth,
+    hierarchical_allreduce,
+    reduce_through_device0,
+    ring_allreduce,
+    ring_bytes_sent,
+    through_device0,
+    transfer,
+)
+from dpkit.cost.hardware import Hardware, Link
+from dpkit.cost.predict import PredictedTrace, allreduce_schedule, ddp_buckets, predict
+from dpkit.cost.presets import preset, presets
+from dpkit.cost.profile import Profile, profile
+
+__all__ = [
+    "Hardware",
+    "Link",
+    "PredictedTrace",
+    "Profile",
+    "allreduce",
+    "allreduce_schedule",
+    "broadcast_through_device0",
+    "bus_bandwidth",
+    "calibrate",
+    "ddp_buckets",
+    "hierarchical_allreduce",
+    "predict",
+    "preset",
+    "presets",
+    "profile",
+    "reduce_through_device0",
+    "ring_allreduce",
+    "ring_bytes_sent",
+    "through_device0",
+    "transfer",
+]

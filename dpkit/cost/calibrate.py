@@ -1,0 +1,475 @@
+"""calibrate: this machine's virtual lanes measured into a :class:`~dpkit.cost.Hardware`.
+
+The surprise first: on CPU lanes the "hardware" is mostly software. A copy between lanes is
+a memcpy of a few microseconds plus dpkit's own Python around it; a replica's forward is a
+handful of kernels plus Python's GIL, which its threads take turns holding; all the lanes'
+threads share a couple of cores. So calibration times dpkit's own primitives (a traced
+scatter, a traced replicate, a traced parallel_apply) as well as raw kernels, and fits each
+of the cost model's overheads to what it saw. It takes a few seconds (``quick=True``: about
+two) and shows a progress bar where tqdm is installed.
+
+What is measured, in order:
+
+1. copies: traced scatters between two lanes of 4 KB to 16 MB: the link's bandwidth and
+   latency;
+2. memory and FLOP/s: an elementwise add (bytes/s) and a square float32 matmul (FLOP/s);
+3. ops: every aten op of the given models (by default the course's MLP, CNN and small
+   transformer), timed alone at several chunk sizes, forward and backward: the measured
+   seconds per kind of op (``Hardware.op_seconds``), and the Python and autograd overhead
+   per op (eager time minus the ops' own);
+4. threads: a traced parallel_apply of modules that do nothing (the stagger between
+   threads' starts), and of modules of many tiny ops (the GIL contention that fits it);
+5. cores: one thread of matmuls against several at once (how many lanes compute at once);
+6. replicas and steps: a traced replicate (building one replica's module objects), and
+   traced DataParallel steps of the models: the time outside and between the phases, and
+   dpkit's own overhead per copy and per event inside a step.
+
+Every timing is the fastest of its repeats (see :func:`_fastest`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import dpkit
+from dpkit.cost.hardware import Hardware, Link, OpSamples
+from dpkit.cost.models import COURSE_MODELS, course_model, sample_input
+from dpkit.cost.presets import this_machine_default
+from dpkit.cost.profile import profile, rows_like, run_passes
+from dpkit.devices import VIRTUAL_GPU, Device
+
+_STEPS = ("copies", "memory and FLOP/s", "ops", "cores", "threads", "replicas and steps")
+
+
+def _fastest(work: Callable[[], Any], repeats: int, synchronize: Callable[[], None]) -> float:
+    """The fastest of ``repeats`` timed runs: on a machine shared with other work the
+    fastest run is the repeatable one, slower ones measure the others (as Python's timeit
+    documentation advises for its repeats)."""
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        work()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A progress bar over the calibration's steps (tqdm where installed, else nothing)."""
+    bar = None
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(_STEPS), desc="calibrating", unit="step", leave=False)
+        except ImportError:
+            bar = None
+
+    def advance(name: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+    try:
+        yield advance
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _lanes(devices: int | Sequence[Device] | None) -> list[Device]:
+    if devices is None:
+        return dpkit.virtual_devices(4, on="cpu")
+    if isinstance(devices, int):
+        return dpkit.virtual_devices(devices, on="cpu")
+    lanes = list(devices)
+    if len(lanes) < 2:
+        raise ValueError("calibrate needs at least 2 devices to time copies between them")
+    return lanes
+
+
+def _measure_copies(lanes: list[Device], repeats: int, sizes: Sequence[int]) -> Link:
+    """Traced scatters of ``sizes`` bytes over two lanes: the link between lanes (dpkit's
+    overheads around a copy are measured inside real steps, by :func:`_measure_steps`)."""
+    pair = lanes[:2]
+    points = []
+    for nbytes in sizes:
+        tensor = torch.zeros(2, nbytes // 8, device=pair[0].torch_device)  # 2 rows of nbytes/2
+        for _ in range(repeats):
+            with dpkit.trace() as recorded:
+                dpkit.scatter(tensor, pair)
+            points += [(e.nbytes, e.duration) for e in recorded.events if e.nbytes]
+    # Two points, each the fastest, rather than a least-squares line: one slow copy of the
+    # largest size (a busy machine) would otherwise tilt the line.
+    smallest, largest = min(b for b, _ in points), max(b for b, _ in points)
+    small_time = min(d for b, d in points if b == smallest)
+    large_time = min(d for b, d in points if b == largest)
+    slope = (large_time - small_time) / (largest - smallest)
+    small = torch.zeros(16, device=pair[0].torch_device)
+    latency = _fastest(small.clone, repeats * 20, lambda: None)
+    return Link(1.0 / slope if slope > 0 else 1e10, max(latency, 1e-7))
+
+
+def _measure_rates(device: torch.device, repeats: int, synchronize: Callable[[], None]):
+    size = 1 << 22  # 4 Mi floats: 16 MB per tensor, past the caches
+    a, b = torch.ones(size, device=device), torch.ones(size, device=device)
+    bandwidth = 3 * a.nbytes / _fastest(lambda: a.add(b), repeats, synchronize)
+    n = 512
+    x, y = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    flops = 2 * n**3 / _fastest(lambda: x.mm(y), repeats * 2, synchronize)
+    return bandwidth, flops
+
+
+def _by_work(samples: list[tuple[float, float]]) -> OpSamples:
+    """Samples sorted by work, one per amount of work (the median of its times)."""
+    by_work: dict[float, list[float]] = defaultdict(list)
+    for work, seconds in samples:
+        by_work[work].append(seconds)
+    return tuple((work, statistics.median(by_work[work])) for work in sorted(by_work))
+
+
+def _measure_ops(
+    models: Sequence[tuple[nn.Module, torch.Tensor]],
+    rows_list: Sequence[int],
+    repeats: int,
+    device: torch.device,
+    synchronize: Callable[[], None],
+) -> tuple[dict[str, OpSamples], float, float]:
+    """Each aten op of ``models`` timed at each chunk size in ``rows_list``: samples of
+    (work, seconds) per op kind, and the host's overhead per op in forward and backward."""
+    samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    forward_overheads, backward_overheads = [], []
+    for module, sample in models:
+        module = module.to(device)
+        cost = profile(module, sample.to(device))
+        for rows in rows_list:
+            inputs = rows_like(sample.to(device), rows)
+            timed = [run_passes(module, inputs, None, timed=True) for _ in range(repeats)]
+            for passes, ops_cost in ((0, cost.forward.ops), (1, cost.backward.ops)):
+                runs = [run[passes] for run in timed]
+                if any(len(ops) != len(ops_cost) for ops in runs):
+                    continue  # a run that took another path: its ops cannot be matched
+                for position, op in enumerate(ops_cost):
+                    seconds = min(run[position][3] for run in runs)
+                    flops = op.flops_at(rows)
+                    sample_point = (flops if flops > 0 else op.bytes_at(rows), seconds)
+                    samples[op.name].append(sample_point)  # for any op of this kind
+                    samples[op.shape_key].append(sample_point)  # for this layer's shape
+            if rows == rows_list[0]:
+                own_forward = sum(op[3] for op in timed[-1][0])
+                own_backward = sum(op[3] for op in timed[-1][1])
+                params = [p for p in module.parameters() if p.requires_grad]
+
+                def forward(module: nn.Module = module, inputs: torch.Tensor = inputs) -> None:
+                    module(inputs)
+
+                def backward(
+                    module: nn.Module = module, inputs: torch.Tensor = inputs, params=params
+                ) -> None:
+                    output = module(inputs)
+                    torch.autograd.grad([output], params, [torch.ones_like(output)])
+
+                eager_forward = _fastest(forward, repeats * 5, synchronize)
+                eager_both = _fastest(backward, repeats * 5, synchronize)
+                forward_overheads.append((eager_forward - own_forward) / len(cost.forward))
+                backward_overheads.append(
+                    (eager_both - eager_forward - own_backward) / max(len(cost.backward), 1)
+                )
+    # the reduce-add's sums: adds of gradient-sized tensors
+    for numel in (256, 1 << 14, 1 << 18, 1 << 21):
+        a, b = torch.ones(numel, device=device), torch.ones(numel, device=device)
+        seconds = _fastest(lambda a=a, b=b: a.add(b), repeats * 3, synchronize)
+        samples["aten.add"].append((3 * a.nbytes, seconds))
+    ops = {name: _by_work(found) for name, found in samples.items()}
+    floor = 0.5e-6  # an op never costs the host less than this
+    return (
+        ops,
+        max(statistics.median(forward_overheads), floor),
+        max(statistics.median(backward_overheads), floor),
+    )
+
+
+def _apply_span(
+    modules: Sequence[nn.Module], inputs: Sequence[torch.Tensor], lanes: list[Device], repeats: int
+) -> tuple[float, float]:
+    """The fastest span of a traced parallel_apply, and the fastest run's median stagger
+    between its threads' starts."""
+    spans, staggers = [], []
+    for _ in range(repeats):
+        with dpkit.trace() as recorded:
+            dpkit.parallel_apply(list(modules), list(inputs), devices=lanes)
+        events = [e for e in recorded.events if e.phase == "apply"]
+        spans.append(max(e.end for e in events) - min(e.start for e in events))
+        starts = sorted(e.start for e in events)
+        staggers.append(statistics.median(b - a for a, b in zip(starts, starts[1:])))
+    return min(spans), min(staggers)
+
+
+def _measure_threads(
+    models: Sequence[tuple[nn.Module, torch.Tensor]],
+    lanes: list[Device],
+    repeats: int,
+    provisional: Hardware,
+) -> tuple[float, float]:
+    """The stagger between parallel_apply's thread starts (replicas that do nothing), and the
+    GIL contention per op that makes the cost model's apply span match the
+    measured one for each model's replicas on one-row chunks (the median over models)."""
+    from dpkit.cost.compute import pass_time
+    from dpkit.cost.predict import _threads_end
+
+    n = len(lanes)
+    nothing = [torch.ones(1, 8, device=lane.torch_device) for lane in lanes]
+    _, thread_start = _apply_span([nn.Identity() for _ in lanes], nothing, lanes, repeats)
+    contentions = []
+    for module, sample in models:
+        module = module.to(lanes[0].torch_device)
+        cost = profile(module, sample)
+        replicas = dpkit.replicate(module, lanes)
+        chunks = [rows_like(sample, 1).to(lane.torch_device) for lane in lanes]
+        span, _ = _apply_span(replicas, chunks, lanes, repeats)
+        rate = provisional.flops_per_second(cost.dtype)
+        own = pass_time(cost.forward, 1, provisional, rate, backward=False).device
+        ops = len(cost.forward)
+
+        def predicted(contention: float, own: float = own, ops: int = ops) -> float:
+            starts = [(i + 1) * thread_start for i in range(n)]
+            host = ops * (provisional.launch_overhead + contention)
+            ends = _threads_end(starts, [host + own] * n, n * host, provisional.compute_units)
+            return max(ends) - starts[0]
+
+        low, high = 0.0, 1e-3
+        if predicted(low) >= span:
+            contentions.append(0.0)
+            continue
+        for _ in range(40):
+            middle = (low + high) / 2
+            low, high = (middle, high) if predicted(middle) < span else (low, middle)
+        contentions.append(low)
+    return thread_start, max(statistics.median(contentions), 1e-7)
+
+
+def _per_event(events: Sequence[Any], phase: str, link: Link) -> float:
+    """Seconds per event of a phase, less the link's time for its bytes: a phase's span holds
+    its events and the Python between them (each event's span is built before it starts)."""
+    chosen = [e for e in events if e.phase == phase]
+    moved = sum(link.time(e.nbytes) for e in chosen if e.nbytes)
+    span = max(e.end for e in chosen) - min(e.start for e in chosen)
+    return (span - moved) / len(chosen)
+
+
+def _per_tensor_copy(events: Sequence[Any], link: Link, event: float) -> float:
+    """dpkit's seconds per tensor copied by replicate's and reduce's copies (the bulk of a
+    step's copies by count), less the link's time and each event's own overhead."""
+    costs = []
+    for phase in ("replicate", "reduce"):
+        chosen = [e for e in events if e.phase == phase and "what" not in e.details]
+        copied = [e for e in chosen if e.nbytes]
+        if not copied:
+            continue
+        span = max(e.end for e in chosen) - min(e.start for e in chosen)
+        moved = sum(e.nbytes / link.bandwidth for e in copied)
+        tensors = sum(e.details.get("tensors", 1) for e in copied)
+        costs.append((span - moved - len(chosen) * event) / tensors - link.latency)
+    return statistics.median(costs)
+
+
+def _measure_steps(
+    models: Sequence[tuple[nn.Module, torch.Tensor]],
+    lanes: list[Device],
+    repeats: int,
+    thread_start: float,
+    link: Link,
+) -> dict[str, float]:
+    """Traced DataParallel steps of each model, a row per lane, measure what isolated runs
+    cannot: the time outside the phases and around the loss (``step_overhead``), between
+    DataParallel's other phases less the threads' start (``dp_overhead``), the gap after the
+    replicas' forwards per replica and forward op (``graph_overhead``), and dpkit's overhead
+    per copy and per event *inside* a step, where caches are cold after the replicas ran
+    (``copy_overhead``, ``event_overhead``). The fastest step's, then the median over models."""
+    from torch.nn.functional import cross_entropy
+
+    found: dict[str, list[float]] = defaultdict(list)
+    runs = []
+    for module, sample in models:
+        module = module.to(lanes[0].torch_device)
+        parallel = dpkit.DataParallel(module, device_ids=lanes)
+        inputs = rows_like(sample, len(lanes)).to(lanes[0].torch_device)
+        labels = torch.zeros(len(lanes), dtype=torch.long, device=lanes[0].torch_device)
+        ops = len(profile(module, sample).forward)
+        runs.append((module, parallel, inputs, labels, ops, defaultdict(list)))
+    # The models take turns, step by step, so that each step starts with caches full of
+    # another model's data, as a step does after the last one's large tensors.
+    for _ in range(repeats + 1):
+        for module, parallel, inputs, labels, ops, steps in runs:
+            module.zero_grad(set_to_none=True)
+            with dpkit.trace() as recorded:
+                start = time.perf_counter()
+                cross_entropy(parallel(inputs), labels).backward()
+                end = time.perf_counter()
+            events = recorded.events
+            spans: dict[str, tuple[float, float]] = {}
+            for e in events:
+                first, last = spans.get(e.phase, (e.start, e.end))
+                spans[e.phase] = (min(first, e.start), max(last, e.end))
+            outside = spans["scatter"][0] - start + end - max(e for _, e in spans.values())
+            loss = spans["grad_scatter"][0] - spans["gather"][1]
+            between = sum(
+                spans[after][0] - spans[before][1]
+                for before, after in (("scatter", "replicate"), ("replicate", "apply"),
+                                      ("backward", "reduce"))
+            )  # fmt: skip
+            steps["step_overhead"].append(outside + loss)
+            steps["dp_overhead"].append(between - thread_start)
+            walk = spans["gather"][0] - spans["apply"][1]
+            steps["graph_overhead"].append(walk / (len(lanes) * ops))
+
+            event = statistics.median(
+                [_per_event(events, "scatter", link), _per_event(events, "grad_scatter", link)]
+            )
+            steps["event_overhead"].append(event)
+            steps["copy_overhead"].append(_per_tensor_copy(events, link, event))
+    for *_, steps in runs:
+        for name, values in steps.items():
+            # the first step warms up; the fastest step's glue, but the typical event: a
+            # phase of several small events is never as fast as each one's fastest
+            typical = name in ("copy_overhead", "event_overhead")
+            found[name].append((statistics.median if typical else min)(values[1:]))
+    return {name: max(statistics.median(values), 1e-7) for name, values in found.items()}
+
+
+def _measure_cores(device: torch.device, lanes: int, repeats: int) -> float:
+    """How many threads compute at full speed at once: one thread's matmuls against
+    ``lanes`` threads' (each the same work), at most ``lanes``. Many short tries: the fastest
+    of them catch the cores free of other work, as the fastest of a measurement's steps do."""
+    x = torch.randn(256, 256, device=device)
+    repeats *= 4
+
+    def work() -> None:
+        for _ in range(10):
+            x.mm(x)
+
+    def together() -> None:
+        threads = [threading.Thread(target=work) for _ in range(lanes)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    alone = _fastest(work, repeats, lambda: None)
+    at_once = _fastest(together, repeats, lambda: None)
+    return min(float(lanes), max(1.0, lanes * alone / at_once))
+
+
+def _measure_replicas(lanes: list[Device], repeats: int) -> float:
+    module = course_model("transformer").to(lanes[0].torch_device)
+    durations = []
+    for _ in range(repeats):
+        with dpkit.trace() as recorded:
+            dpkit.replicate(module, lanes)
+        built = [e for e in recorded.events if e.details.get("what") == "modules"]
+        modules = built[0].details["modules"]
+        durations.append(built[0].duration / (modules * len(lanes)))
+    return min(durations)
+
+
+def calibrate(
+    devices: int | Sequence[Device] | None = None,
+    *,
+    models: Sequence[nn.Module | str] = COURSE_MODELS,
+    sample: torch.Tensor | None = None,
+    quick: bool = False,
+    progress: bool = True,
+) -> Hardware:
+    """Measure this machine's lanes (default: 4 virtual CPU lanes) into a Hardware.
+
+    ``models`` are the models whose ops are timed (names of the course's models, or modules
+    that take ``sample``, default a 1x28x28 image); ``quick`` measures fewer sizes with fewer
+    repeats (about 2 s instead of about 10); ``progress`` shows a tqdm bar where installed.
+    Calibrate in the process and with the torch threads the measurement will use: the numbers
+    hold for this machine as it is loaded now.
+    """
+    lanes = _lanes(devices)
+    first = lanes[0]
+    gpu = first.kind == VIRTUAL_GPU or first.device_type == "cuda"
+    device = first.torch_device
+
+    def synchronize() -> None:
+        if gpu:
+            torch.cuda.synchronize(device)
+
+    repeats = 3 if quick else 7
+    rows_list = (1, 16, 128) if quick else (1, 8, 64, 512, 2048)
+    sizes = (1 << 12, 1 << 18, 1 << 22) if quick else (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+    chosen = [
+        (course_model(m), sample_input()) if isinstance(m, str) else (m, sample or sample_input())
+        for m in models
+    ]
+    with _progress(progress) as advance:
+        link = _measure_copies(lanes, 3 * repeats, sizes)  # cheap: more tries, fewer stalls
+        advance("copies")
+        bandwidth, flops = _measure_rates(device, repeats, synchronize)
+        advance("memory and FLOP/s")
+        ops, launch, autograd = _measure_ops(chosen, rows_list, repeats, device, synchronize)
+        advance("ops")
+        cores = min(len(lanes), os.cpu_count() or 1)
+        units = float(len(lanes)) if gpu else _measure_cores(device, cores, repeats)
+        advance("cores")
+        provisional = dataclasses.replace(
+            this_machine_default(), peak_flops={"float32": flops}, memory_bandwidth=bandwidth,
+            compute_units=units, launch_overhead=launch, op_seconds=ops,
+        )  # fmt: skip
+        thread_start, contention = _measure_threads(chosen, lanes, repeats * 2, provisional)
+        advance("threads")
+        replica = _measure_replicas(lanes, repeats)
+        in_steps = _measure_steps(chosen, lanes, repeats, thread_start, link)
+        advance("replicas and steps")
+    default = this_machine_default()
+    kind = "virtual GPU lanes" if gpu else "virtual CPU lanes"
+    return Hardware(
+        name="this-machine",
+        description=f"{kind} of this machine ({platform.node() or 'here'}), calibrated, "
+        f"{torch.get_num_threads()} torch thread(s)",
+        device_name="GPU lane" if gpu else "CPU lane",
+        source=f"calibrate() on {platform.platform()}, torch {torch.__version__}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}" + (" (quick)" if quick else ""),
+        peak_flops={"float32": flops},
+        compute_efficiency=1.0,  # the peak *is* the FLOP/s measured
+        memory_bandwidth=bandwidth,
+        memory_efficiency=1.0,
+        compute_units=units,
+        host_to_device=link,
+        device_to_device=link,
+        node_to_node=link,
+        devices_per_node=max(default.devices_per_node, len(lanes)),
+        nodes=1,
+        nics_per_node=1,
+        peer_to_peer=True,
+        funnel_through_device0=True,
+        asynchronous=gpu,
+        serial_backward=not gpu,
+        launch_overhead=launch,
+        autograd_overhead=autograd,
+        gil_contention=contention,
+        thread_start=thread_start,
+        replica_overhead=replica,
+        copy_overhead=in_steps["copy_overhead"],
+        event_overhead=in_steps["event_overhead"],
+        step_overhead=in_steps["step_overhead"],
+        dp_overhead=in_steps["dp_overhead"],
+        graph_overhead=in_steps["graph_overhead"],
+        op_seconds=ops,
+    )

@@ -1,0 +1,198 @@
+"""What the cost model knows about a machine: a :class:`Hardware` made of :class:`Link` objects.
+
+The surprise first: every number here is an *achieved* number, not the spec sheet's. A spec
+sheet gives peaks (an A100's 19.5 TFLOP/s in float32, NVLink's 300 GB/s per direction);
+real kernels and real copies reach a fraction of them. So a Hardware keeps the peak (with
+its source, in :mod:`dpkit.cost.presets`) *and* the fraction assumed, and the model only
+ever uses their product. Link bandwidths are stored already achieved (for NVLink and
+InfiniBand, what nccl-tests reports as bus bandwidth), since that is what published
+measurements give.
+
+Three groups of fields:
+
+- **compute, per device**: peak FLOP/s per dtype and the fraction reached, memory bandwidth
+  and its fraction (for memory-bound ops), how many devices can compute at once at full speed,
+  and, once :func:`dpkit.cost.calibrate` has run, measured seconds per kind of op;
+- **links**: host↔device, device↔device and node↔node, each a bandwidth and a latency, and
+  the topology: devices per node, network ports per node (shared by that node's devices),
+  whether device-to-device copies go peer to peer or through host memory, and whether
+  DataParallel's copies funnel one after another through device 0's link;
+- **host overheads**: what the Python side costs per op, per copy, per thread, per replica
+  module: on a GPU these hide behind the device's work, on CPU lanes they *are* the work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of connection: ``bandwidth`` achieved in one direction (bytes/s) and the
+    ``latency`` of one transfer (s). A transfer of ``n`` bytes takes ``latency + n /
+    bandwidth`` (the alpha-beta, or Hockney, model of a message)."""
+
+    bandwidth: float
+    latency: float
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` over this link, one transfer."""
+        return self.latency + nbytes / self.bandwidth
+
+
+# Op samples: for one kind of op (an aten op such as "aten.addmm"), measured (work, seconds)
+# pairs, work being the op's FLOPs where it has any, else the bytes it reads and writes.
+OpSamples = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A machine as the cost model sees it. Every field is documented; presets cite sources.
+
+    Compute (per device):
+
+    - ``peak_flops``: spec-sheet FLOP/s by dtype name (``"float32"``, ``"bfloat16"``, ...).
+    - ``compute_efficiency``: the fraction of ``peak_flops`` that matmul-like ops reach.
+    - ``memory_bandwidth``: spec-sheet bytes/s of the device's own memory (HBM, GDDR, DRAM).
+    - ``memory_efficiency``: the fraction of ``memory_bandwidth`` memory-bound ops reach.
+    - ``compute_units``: how many devices of one node can compute at full speed at once:
+      every GPU has its own, so ``devices_per_node``; virtual CPU lanes share the cores.
+    - ``op_seconds``: measured (work, seconds) samples per kind of op (``"aten.addmm"``) and
+      per kind and shape (``"aten.addmm@401408"``, see ``OpCost.shape_key``), filled by
+      :func:`~dpkit.cost.calibrate` on this machine; ops without samples use the roofline
+      (FLOPs at the achieved FLOP/s or bytes at the achieved bandwidth, whichever is slower).
+
+    Links (:class:`Link`, achieved bandwidth in one direction and latency per transfer):
+
+    - ``host_to_device``: host memory to a device and back (PCIe on a GPU box).
+    - ``device_to_device``: between two devices of one node (NVLink, PCIe peer to peer);
+      for collectives, the bandwidth nccl-tests reports as bus bandwidth.
+    - ``node_to_node``: one network port between nodes (InfiniBand, Ethernet).
+
+    Topology:
+
+    - ``devices_per_node``: devices in one node; more devices than that span nodes.
+    - ``nodes``: nodes in the system as named (a prediction for more devices assumes more
+      nodes of the same kind on the same network).
+    - ``nics_per_node``: network ports per node; the node's devices share them.
+    - ``peer_to_peer``: device-to-device copies go directly (True) or are staged through host
+      memory, a copy down and a copy up over ``host_to_device`` (False).
+    - ``funnel_through_device0``: DataParallel's copies to and from devices 1, 2, ... run one
+      after another through device 0's link (True: one copy stream, as dpkit issues them, and
+      one path out of device 0 through a switch or the PCIe root) or at once over separate
+      links (False).
+    - ``asynchronous``: the host queues work on the device and runs ahead (GPUs: a phase
+      lasts the longer of the host's and the device's part), or does the work itself (CPU
+      lanes: a phase lasts the sum).
+    - ``serial_backward``: every replica's backward runs in one thread, one after another
+      (torch's autograd on the CPU; each GPU has its own backward thread).
+
+    Host overheads (seconds):
+
+    - ``launch_overhead``: per op in forward: Python, torch's dispatcher, a kernel launch.
+    - ``autograd_overhead``: per op in backward (the autograd engine, no Python).
+    - ``gil_contention``: per op of a replica's forward while several replica threads run:
+      handing Python's GIL from thread to thread (their Python runs one thread at a time).
+    - ``thread_start``: starting one worker thread of parallel_apply.
+    - ``replica_overhead``: building one module object of one replica in replicate.
+    - ``copy_overhead``: dpkit's Python around one tensor copy (on top of the link's latency).
+    - ``event_overhead``: one phase on one device, its loop step and its trace span.
+    - ``step_overhead``: per step, outside the phases: DataParallel's entry checks, the loss
+      on the gathered output, autograd starting and finishing the backward.
+    - ``dp_overhead``: per DataParallel step on several devices, between its phases: the
+      lists of chunks and replicas, parallel_apply's set-up before its first thread.
+    - ``graph_overhead``: per op of a replica's forward, after the forwards: the replica's
+      autograd graph handed back (and, while tracing, walked for its activations).
+
+    ``device_name`` names one device in figures ("A100", "CPU lane"); ``source`` says where
+    the numbers come from (spec sheets and published measurements, or a calibration run).
+    """
+
+    name: str
+    description: str
+    device_name: str
+    peak_flops: Mapping[str, float]
+    compute_efficiency: float
+    memory_bandwidth: float
+    memory_efficiency: float
+    compute_units: float
+    host_to_device: Link
+    device_to_device: Link
+    node_to_node: Link
+    devices_per_node: int
+    nodes: int
+    nics_per_node: int
+    peer_to_peer: bool
+    funnel_through_device0: bool
+    asynchronous: bool
+    serial_backward: bool
+    launch_overhead: float
+    autograd_overhead: float
+    gil_contention: float
+    thread_start: float
+    replica_overhead: float
+    copy_overhead: float
+    event_overhead: float
+    step_overhead: float
+    dp_overhead: float
+    graph_overhead: float
+    source: str
+    op_seconds: Mapping[str, OpSamples] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(
+                    f"Hardware {self.name!r}: {spec.name}={value!r} must be a positive finite "
+                    "number (seconds, bytes/s, FLOP/s or a count)"
+                )
+        for rate in self.peak_flops.values():
+            if not rate > 0:
+                raise ValueError(f"Hardware {self.name!r}: peak_flops must be positive")
+
+    @property
+    def max_devices(self) -> int:
+        """Devices in the system as named (``nodes * devices_per_node``)."""
+        return self.nodes * self.devices_per_node
+
+    def flops_per_second(self, dtype: torch.dtype | str) -> float:
+        """Achieved FLOP/s for ``dtype``: its peak times ``compute_efficiency``."""
+        name = str(dtype).removeprefix("torch.")
+        if name not in self.peak_flops:
+            known = ", ".join(sorted(self.peak_flops))
+            raise ValueError(
+                f"hardware {self.name!r} has no peak FLOP/s for dtype {name}; it knows {known}. "
+                "Cast the model (e.g. model.float()) or add the dtype to peak_flops"
+            )
+        return self.peak_flops[name] * self.compute_efficiency
+
+    @property
+    def achieved_memory_bandwidth(self) -> float:
+        """Bytes/s that memory-bound ops reach: ``memory_bandwidth * memory_efficiency``."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+    def device_link(self) -> Link:
+        """The link a copy between two devices of one node takes: direct, or through the host
+        (a copy down and a copy up: twice the latency, half the bandwidth)."""
+        if self.peer_to_peer:
+            return self.device_to_device
+        host = self.host_to_device
+        return Link(host.bandwidth / 2, 2 * host.latency)
+
+    def network_share(self) -> Link:
+        """One device's share of its node's network ports when every device of the node
+        sends at once (as in the inter-node stage of a hierarchical all-reduce)."""
+        ports = self.node_to_node
+        share = ports.bandwidth * self.nics_per_node / self.devices_per_node
+        return Link(min(share, ports.bandwidth), ports.latency)
+
+    def summary(self) -> str:
+        """One line: the name, then what it is (``dpkit predict --list`` prints these)."""
+        return f"{self.name}: {self.description}"

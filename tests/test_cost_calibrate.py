@@ -1,0 +1,48 @@
+"""calibrate() on virtual CPU lanes: quick, every number positive and in a sane range."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import dpkit.cost as cost
+from dpkit.cost.models import course_model, sample_input
+
+
+@pytest.fixture(scope="module")
+def measured() -> cost.Hardware:
+    # One torch thread, as lanes run in the course: with one per core, a copy's OpenMP team
+    # waits for a descheduled thread whenever the machine is busy, and measures that.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return cost.calibrate(2, models=("mlp",), quick=True, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_calibration_measures_sane_positive_numbers(measured):
+    assert measured.name == "this-machine" and "calibrate()" in measured.source
+    assert not measured.asynchronous and measured.serial_backward  # CPU lanes
+    # a memcpy: about 1 to 200 GB/s; a loaded 2-core machine was seen at 0.4 GB/s
+    assert 5e7 < measured.device_to_device.bandwidth < 2e11
+    assert 1e8 < measured.memory_bandwidth < 1e12
+    assert 1e8 < measured.peak_flops["float32"] < 1e13  # a CPU core's matmul
+    assert 1 <= measured.compute_units <= 2
+    for name in ("launch_overhead", "autograd_overhead", "gil_contention", "thread_start",
+                 "replica_overhead", "copy_overhead", "event_overhead"):  # fmt: skip
+        seconds = getattr(measured, name)
+        assert 0 < seconds < 0.05 and math.isfinite(seconds), name
+    addmm = measured.op_seconds["aten.addmm"]
+    works = [work for work, _ in addmm]
+    assert works == sorted(works) and len(works) >= 3  # the MLP's three layers at 3 sizes
+    assert all(seconds > 0 for _, seconds in addmm)
+    assert addmm[-1][1] > addmm[0][1]  # the largest matmul takes longer than the smallest
+
+
+def test_a_calibrated_machine_predicts(measured):
+    predicted = cost.predict(course_model("mlp"), sample_input(), 256, 2, measured)
+    assert predicted.step_time > 0
+    assert "this-machine" in predicted.hardware

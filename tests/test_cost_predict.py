@@ -1,0 +1,224 @@
+"""The cost model's predictions: bytes and memory exactly as dpkit measures them, every export
+and figure working on a predicted trace and saying "predicted", DDP's buckets, speed, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+import dpkit
+import dpkit.cost as cost
+from dpkit.cost.models import course_model, sample_input
+from dpkit.tracing import BACKWARD_PHASES
+from tests.lanes import lanes
+
+viz = pytest.importorskip("dpkit.viz")
+
+
+def with_batchnorm() -> nn.Module:
+    """A model with buffers: replicate broadcasts them in events of their own."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+        nn.Linear(4 * 28 * 28, 10),
+    )  # fmt: skip
+
+
+def _index(device: str) -> int:
+    return int(re.search(r":(\d+)", device).group(1))
+
+
+def measured_trace(model: nn.Module, devices: int, batch: int) -> dpkit.Trace:
+    chosen = lanes(devices)
+    parallel = dpkit.DataParallel(model, device_ids=chosen)
+    images = torch.randn(batch, 1, 28, 28)
+    labels = torch.randint(0, 10, (batch,))
+    with dpkit.trace() as recorded:
+        nn.functional.cross_entropy(parallel(images), labels).backward()
+    return recorded
+
+
+def moves(trace: dpkit.Trace) -> Counter:
+    """Every event as (phase, device index, bytes, what): the multiset a trace's copies make."""
+    return Counter(
+        (e.phase, _index(e.device), e.nbytes, e.details.get("what")) for e in trace.events
+    )
+
+
+def held(trace: dpkit.Trace) -> Counter:
+    return Counter((_index(r.device), r.category, r.nbytes) for r in trace.memory)
+
+
+CASES = [("mlp", 2, 64), ("mlp", 3, 10), ("cnn", 4, 37), ("transformer", 3, 20), ("bn", 2, 9)]
+
+
+@pytest.mark.parametrize(("name", "devices", "batch"), CASES)
+def test_predicted_dp_events_and_bytes_equal_a_measured_trace(name, devices, batch):
+    model = with_batchnorm() if name == "bn" else course_model(name)
+    predicted = cost.predict(model, sample_input(), batch, devices, "this-machine")
+    measured = measured_trace(model, devices, batch)
+    # the same events, phase by phase and device by device, with the same bytes (exact)
+    assert moves(predicted) == moves(measured)
+    for phase in ("scatter", "replicate", "gather", "grad_scatter", "reduce"):
+        total = sum(e.nbytes for e in predicted.events if e.phase == phase)
+        assert total == sum(e.nbytes for e in measured.events if e.phase == phase), phase
+    # and the same memory records: parameters, input, activations, outputs, gathered
+    assert held(predicted) == held(measured)
+
+
+def test_predicted_bytes_follow_chunks_and_parameters():
+    model = course_model("mlp")
+    params = sum(p.nbytes for p in model.parameters())
+    predicted = cost.predict(model, sample_input(), 10, 4, "8xA100-SXM-NVLink")
+    by_phase = {row["phase"]: row["nbytes"] for row in predicted.summary()}
+    assert by_phase["scatter"] == (3 + 3 + 1) * 784 * 4  # chunks 3, 3, 3, 1; device 0's stays
+    assert by_phase["replicate"] == 3 * params
+    assert by_phase["reduce"] == 3 * params
+    assert by_phase["gather"] == by_phase["grad_scatter"] == (3 + 3 + 1) * 10 * 4
+
+
+@pytest.mark.parametrize("strategy", ["dp", "ddp"])
+def test_predicted_trace_goes_through_every_export_and_figure(strategy, tmp_path):
+    predicted = cost.predict(
+        course_model("cnn"), sample_input(), 256, 4, "4xA100-PCIe4", strategy=strategy, steps=2
+    )
+    assert "predicted" in predicted.hardware and "4xA100-PCIe4" in predicted.hardware
+    summary = predicted.summary()
+    assert {row["phase"] for row in summary} >= {"apply", "backward"}
+    assert all(row["time_s"] > 0 for row in summary)
+    assert "phase" in str(summary)
+    memory = predicted.memory_summary()
+    assert len(memory) == 4 and all(row["counted"] > 0 for row in memory)
+    assert "predicted:0 (A100 PCIe)" in str(memory)
+    chrome = json.loads(predicted.to_chrome_trace(tmp_path / "trace.json").read_text())
+    names = [e["args"]["name"] for e in chrome["traceEvents"] if e["name"] == "process_name"]
+    assert names == ["predicted devices (cost model)"]
+    tracks = [e for e in chrome["traceEvents"] if e["name"] == "thread_name"]
+    assert len(tracks) == 4
+    assert all(e["args"]["kind"] == "predicted" for e in chrome["traceEvents"] if e["ph"] == "X")
+    rows = predicted.rows()
+    assert len(rows) == len(predicted.events)
+    for figure in (
+        viz.timeline(predicted),
+        viz.bytes_per_phase(predicted),
+        viz.memory_per_device(predicted),
+    ):
+        title = figure.axes[0].get_title()
+        assert "predicted" in title and "4xA100-PCIe4" in title, title
+        figure.savefig(tmp_path / "figure.png")
+    assert predicted.step_time > 0
+    assert {e.step for e in predicted.events} == {1, 2}
+
+
+def test_ddp_all_reduces_the_gradients_in_buckets_overlapping_backward():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 1024), nn.ReLU(),
+        nn.Linear(1024, 10),
+    )  # fmt: skip
+    params = [p.nbytes for p in model.parameters()]
+    predicted = cost.predict(model, sample_input(), 512, 8, "8xA100-SXM-NVLink", strategy="ddp")
+    device0 = [e for e in predicted.events if e.device.startswith("predicted:0")]
+    allreduces = [e for e in device0 if e.phase == "allreduce"]
+    buckets = cost.ddp_buckets(params)
+    # the first bucket closes past 1 MiB (the last two layers), the second holds the rest
+    assert len(allreduces) == len(buckets) == 2
+    assert sum(e.details["bucket_bytes"] for e in allreduces) == sum(params)
+    # a ring all-reduce sends 2 (n-1)/n of each bucket from every device: 14/8 on 8 devices
+    expected = sum(round(14 * sum(params[i] for i in b) / 8) for b in buckets)
+    assert sum(e.nbytes for e in allreduces) == expected
+    backward = next(e for e in device0 if e.phase == "backward")
+    assert allreduces[0].start < backward.end  # the first bucket overlaps the backward
+    assert not [e for e in predicted.events if e.phase in ("scatter", "gather", "reduce")]
+    memory = predicted.memory_summary()
+    assert len({row["counted"] for row in memory}) == 1  # no device-0 imbalance
+    assert all(e.phase in BACKWARD_PHASES or e.phase == "apply" for e in predicted.events)
+
+
+def test_ddp_buckets_match_torch():
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    sizes = [4 << 20, 4, 30 << 20, 2 << 20, 500 << 10, 700 << 10, 300 << 10, 8]
+    tensors = [torch.empty(size // 4) for size in sizes]
+    expected, _ = dist._compute_bucket_assignment_by_size(
+        list(reversed(tensors)), [1 << 20, 25 << 20], [False] * len(tensors)
+    )
+    assert cost.ddp_buckets(sizes) == [[len(sizes) - 1 - i for i in b] for b in expected]
+
+
+def test_more_devices_than_a_node_span_nodes_and_slow_dp_down():
+    model, x = course_model("mlp"), sample_input()
+    one_node = cost.predict(model, x, 4096, 8, "2x8xA100-10GbE")
+    two_nodes = cost.predict(model, x, 4096, 16, "2x8xA100-10GbE")
+    names = {e.device for e in two_nodes.events}
+    assert "predicted:8 (A100, node 1)" in names
+    assert two_nodes.step_time > one_node.step_time  # DP through device 0 over 10 GbE
+    # the copy to device 8 crosses the network: at least 10 GbE's time for its bytes
+    eth = cost.preset("2x8xA100-10GbE")
+    to_node1 = next(e for e in two_nodes.events if e.phase == "scatter" and "node 1" in e.device)
+    assert to_node1.duration >= eth.node_to_node.time(to_node1.nbytes)
+    to_node0 = next(e for e in two_nodes.events if e.phase == "scatter" and e.nbytes)
+    assert to_node0.duration < eth.node_to_node.time(to_node0.nbytes) / 10  # NVLink inside
+    over_ib = cost.predict(model, x, 4096, 16, "2x8xA100-IB-HDR")
+    assert two_nodes.step_time > 2 * over_ib.step_time
+    ddp_ib = cost.predict(model, x, 4096, 16, "2x8xA100-IB-HDR", strategy="ddp")
+    ddp_eth = cost.predict(model, x, 4096, 16, "2x8xA100-10GbE", strategy="ddp")
+    assert ddp_ib.step_time < ddp_eth.step_time < two_nodes.step_time
+
+
+def test_one_device_runs_the_module_itself():
+    predicted = cost.predict(course_model("mlp"), sample_input(), 64, 1, "T4-PCIe3")
+    phases = [e.phase for e in predicted.events]
+    assert phases == ["scatter", "apply", "backward"]
+    assert sum(e.nbytes for e in predicted.events) == 0
+
+
+def test_a_prediction_takes_milliseconds_once_profiled():
+    model, x = course_model("transformer"), sample_input()
+    cost.predict(model, x, 1024, 8, "8xH100-SXM-NVLink")  # profiles once
+    times = []
+    for strategy in ("dp", "ddp") * 5:
+        start = time.perf_counter()
+        cost.predict(model, x, 1024, 8, "8xH100-SXM-NVLink", strategy=strategy)
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.02
+
+
+def test_profile_counts_flops_like_flop_counter_mode_and_leaves_the_model_alone():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = with_batchnorm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    profiled = cost.profile(model, sample_input())
+    assert cost.profile(model, sample_input()) is profiled  # cached
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(p.grad is None for p in model.parameters())
+    x = torch.randn(7, 1, 28, 28)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    assert profiled.forward.flops(7) == counter.get_total_flops()
+    assert profiled.input_bytes(7) == x.nbytes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"strategy": "zero"}, "strategy"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"devices": 0}, "devices"),
+        ({"hardware": "laptop-gpu"}, "preset"),
+        ({"steps": 0}, "steps"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, words):
+    arguments = {"batch_size": 32, "devices": 2, "hardware": "T4-PCIe3", **kwargs}
+    with pytest.raises(ValueError, match=words):
+        cost.predict(course_model("mlp"), sample_input(), **arguments)

@@ -1,0 +1,66 @@
+"""Every preset machine fully set, positive and cited; names as the CLI lists them."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+
+import pytest
+
+import dpkit.cost as cost
+from dpkit.cost import Hardware, Link
+
+REQUIRED = {
+    "this-machine", "T4-PCIe3", "4xA100-PCIe4", "8xV100-NVLink", "8xA100-SXM-NVLink",
+    "8xH100-SXM-NVLink", "2x8xA100-IB-HDR", "2x8xA100-100GbE", "2x8xA100-10GbE",
+}  # fmt: skip
+# the module, not the function of the same name that dpkit.cost exports
+SOURCES = importlib.import_module("dpkit.cost.presets").__doc__
+CITED = set(re.findall(r"^- \[([\w-]+)\]", SOURCES, flags=re.MULTILINE))
+
+
+def test_the_issue_s_machines_are_all_there():
+    assert REQUIRED <= set(cost.presets())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_every_field_is_set_and_positive(name):
+    hardware = cost.presets()[name]
+    for field in dataclasses.fields(Hardware):
+        value = getattr(hardware, field.name)
+        if field.name == "op_seconds":
+            continue  # filled by calibrate() only
+        if isinstance(value, Link):
+            assert value.bandwidth > 0 and value.latency > 0, field.name
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, (int, float)):
+            assert value > 0, field.name
+        elif isinstance(value, str):
+            assert value.strip(), field.name
+        else:
+            assert value and all(rate > 0 for rate in value.values()), field.name
+    assert "float32" in hardware.peak_flops
+    assert 0 < hardware.compute_efficiency <= 1 and 0 < hardware.memory_efficiency <= 1
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED - {"this-machine"}))
+def test_every_gpu_machine_cites_its_sources(name):
+    keys = set(re.findall(r"\[([\w-]+)\]", cost.presets()[name].source))
+    assert keys and keys <= CITED, keys - CITED
+
+
+def test_preset_names_are_case_insensitive_and_unknown_names_list_the_choices():
+    assert cost.preset("t4-pcie3").name == "T4-PCIe3"
+    with pytest.raises(ValueError, match="8xA100-SXM-NVLink"):
+        cost.preset("a-laptop-gpu")
+
+
+def test_hardware_refuses_numbers_that_are_not_positive():
+    good = cost.preset("8xA100-SXM-NVLink")
+    with pytest.raises(ValueError, match="thread_start"):
+        dataclasses.replace(good, thread_start=0.0)
+    with pytest.raises(ValueError, match="dtype"):
+        good.flops_per_second("float64")
+    assert good.flops_per_second("float32") == pytest.approx(19.5e12 * 0.6)
