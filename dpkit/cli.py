@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from dpkit.cost.cli import add_predict_command
+from dpkit.ddp.command import add_ddp_command
 from dpkit.devices import accelerator_count, accelerator_type, describe_choice
 from dpkit.grading import add_grade_command
 
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default=".", help="folder for the figures and trace.json")
     demo.set_defaults(run=_demo_command)
     add_grade_command(commands)
+    add_ddp_command(commands)
     add_predict_command(commands)
     return parser
 

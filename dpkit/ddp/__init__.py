@@ -1,0 +1,78 @@
+"""dpkit.ddp: torch's real DistributedDataParallel, run and traced into dpkit's trace format.
+
+The surprise first: this is not a re-implementation. The ranks are real processes running
+``torch.nn.parallel.DistributedDataParallel`` over ``torch.distributed`` (gloo on the CPU,
+NCCL with a GPU per rank); dpkit only starts them, watches them, and records them from
+the hooks DDP offers, into one :class:`dpkit.Trace` whose devices are the ranks, so the
+figures, summaries and Chrome traces of a DataParallel run work on it unchanged.
+
+From a notebook or a script (functions the ranks run must be importable, see
+:mod:`dpkit.ddp.workload`; a script must start ranks under ``if __name__ == "__main__":``)::
+
+    from dpkit import ddp
+    result = ddp.run_ddp("mlp", nproc=2, batch=64, steps=3)     # or "cnn", "transformer"
+    result.trace.summary(); result.trace.memory_summary(); dpkit.viz.timeline(result.trace)
+    print(ddp.compare_with_data_parallel("mlp", nproc=2, batch=64))  # DP vs DDP, interleaved
+    print(ddp.bucket_sweep((0.001, 0.1, 25)))                       # all-reduces per cap
+
+From the shell::
+
+    dpkit ddp --nproc 2 --batch 64 --model mlp --bucket-mb 25 --out runs/ddp
+    torchrun --nproc_per_node=2 -m dpkit.ddp.train --out runs/ddp     # as clusters launch
+    bash scripts/two_nodes_localhost.sh runs/two_nodes                # two nodes, one machine
+
+=================  ==================================================================
+``workload``       what every rank trains: model, data, optimizer, step (importable)
+``checks``         world size, backend and port checked before anything starts
+``launch``         the rank processes: spawned, watched, stopped; errors name the rank
+``process``        a rank process's life: its stage, its error, its parent's death
+``rank``           inside a rank: the group, then a DDP model per run, trained
+``record``         the recorder on DDP's and autograd's hooks: phases, memory, clock
+``hook``           the communication hook: one ``allreduce`` event per bucket
+``run``            ``run_ddp``: the ranks' records merged into one Trace
+``compare``        DataParallel vs DDP side by side; the bucket size sweep
+``command``        ``dpkit ddp``
+``train``          the script ``torchrun`` starts, one per rank
+=================  ==================================================================
+"""
+
+from dpkit.ddp.checks import free_port
+from dpkit.ddp.compare import (
+    Comparison,
+    bucket_sweep,
+    compare_with_data_parallel,
+    single_process_gradients,
+    traffic_per_device,
+)
+from dpkit.ddp.launch import RankFailed, RanksTimedOut
+from dpkit.ddp.process import child_processes
+from dpkit.ddp.run import DDPResult, merged_trace, run_ddp
+from dpkit.ddp.workload import (
+    MODELS,
+    Workload,
+    named_workload,
+    random_images,
+    sgd,
+    training_step,
+)
+
+__all__ = [
+    "MODELS",
+    "Comparison",
+    "DDPResult",
+    "RankFailed",
+    "RanksTimedOut",
+    "Workload",
+    "bucket_sweep",
+    "child_processes",
+    "compare_with_data_parallel",
+    "free_port",
+    "merged_trace",
+    "named_workload",
+    "random_images",
+    "run_ddp",
+    "sgd",
+    "single_process_gradients",
+    "training_step",
+    "traffic_per_device",
+]

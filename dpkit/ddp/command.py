@@ -1,0 +1,137 @@
+"""``dpkit ddp``: a few traced DistributedDataParallel steps on N processes, like ``dpkit demo``.
+
+    dpkit ddp                                   2 ranks (gloo on the CPU), batch 64, MLP
+    dpkit ddp --nproc 4 --model transformer --bucket-mb 0.1 --out /tmp/ddp
+
+It prints the ranks' per-phase summary and memory, and writes the merged ``trace.json``
+(every rank a track), ``timeline.png`` and ``memory.png`` (the last step) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dpkit.ddp.workload import MODELS
+
+
+def write_figures(trace: Any, out: Path) -> tuple[Path | None, Path | None]:
+    """``timeline.png`` and ``memory.png`` of ``trace`` in ``out`` (None, None without
+    matplotlib)."""
+    try:
+        from dpkit import viz
+    except ImportError:
+        return None, None
+    timeline_path, memory_path = out / "timeline.png", out / "memory.png"
+    viz.timeline(trace).savefig(timeline_path, dpi=120)
+    viz.memory_per_device(trace).savefig(memory_path, dpi=120)
+    return timeline_path, memory_path
+
+
+def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]) -> str:
+    """What ``dpkit ddp`` prints: the setup, the bytes, the summaries, where the files are."""
+    trace_path, timeline_path, memory_path = paths
+    last = max(e.step for e in result.trace.events)
+    buckets = [
+        e
+        for e in result.trace.events
+        if e.phase == "allreduce" and e.step == last and e.device.startswith("rank:0 ")
+    ]
+    payload = sum(e.nbytes for e in buckets)
+    ring = sum(e.details["ring_sent_bytes"] for e in buckets)
+    where = "the CPU" if result.backend == "gloo" else "one GPU each"
+    lines = [
+        f"DistributedDataParallel: {result.nproc} processes (ranks), backend "
+        f"{result.backend}, on {where}; pids {', '.join(map(str, result.pids))}",
+        f"model {model}, global batch {result.batch} ({result.batch // result.nproc} rows per "
+        f"rank, random 1x28x28 images), {len(result.step_times)} SGD steps, bucket_cap_mb "
+        f"{result.bucket_cap_mb:g}",
+        f"parameters: {result.parameter_bytes:,d} bytes; all-reduced per step by each rank: "
+        f"{payload:,d} bytes in {len(buckets)} bucket(s), of which a ring sends "
+        f"{ring:,d} per rank (2(n-1)/n)",
+        "step times (ms, slowest rank): " + ", ".join(f"{t * 1e3:.1f}" for t in result.step_times),
+        "",
+        f"per phase, mean per step — {result.trace.hardware}:",
+        str(result.trace.summary()),
+        "",
+        "memory per rank in the last step (counted: the sum of the categories):",
+        str(result.trace.memory_summary()),
+        "",
+    ]
+    if timeline_path is None:
+        lines.append("figures: skipped, matplotlib is not installed (pip install matplotlib)")
+    else:
+        lines.append(f"timeline (last step): {timeline_path}")
+        lines.append(f"memory (last step):   {memory_path}")
+    lines += [
+        f"Chrome trace:         {trace_path}",
+        "  open it at https://ui.perfetto.dev; one track per rank, all-reduces over backward.",
+    ]
+    return "\n".join(lines)
+
+
+def _ddp_command(args: argparse.Namespace) -> int:
+    from dpkit.ddp.run import run_ddp
+
+    result = run_ddp(
+        args.model,
+        nproc=args.nproc,
+        batch=args.batch,
+        steps=args.steps,
+        bucket_cap_mb=args.bucket_mb,
+        backend=args.backend,
+        timeout=args.timeout,
+    )
+    out = Path(args.out).resolve()
+    trace_path = result.trace.to_chrome_trace(out / "trace.json")
+    print(report(result, args.model, (trace_path, *write_figures(result.trace, out))))
+    return 0
+
+
+def _positive_number(text: str) -> float:
+    """An argparse type: a number > 0 (argparse names the option in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def add_ddp_command(commands: Any) -> None:
+    """Add ``dpkit ddp`` to the ``dpkit`` command's subparsers."""
+    from dpkit.cli import _at_least_one  # here: dpkit.cli imports this module
+
+    parser = commands.add_parser(
+        "ddp",
+        help="train a tiny model for a few steps under torch's DistributedDataParallel on N "
+        "processes, traced; print the summaries, write a timeline and a Chrome trace",
+        description="Train a tiny model on random 1x28x28 images for a few SGD steps under "
+        "torch.nn.parallel.DistributedDataParallel, one process per rank (gloo on the CPU, "
+        "NCCL with a GPU per rank), every rank traced: print the time and bytes of every "
+        "phase, one all-reduce per gradient bucket, and the bytes each rank held; write "
+        "timeline.png and memory.png (the last step) and trace.json (one track per rank; "
+        "open it in https://ui.perfetto.dev).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--nproc", type=_at_least_one, default=2, help="rank processes")
+    parser.add_argument(
+        "--batch", type=_at_least_one, default=64, help="global batch, split over the ranks"
+    )
+    parser.add_argument("--model", choices=MODELS, default="mlp", help="model on 1x28x28")
+    parser.add_argument(
+        "--bucket-mb", type=_positive_number, default=25.0, help="DDP's bucket_cap_mb (MiB)"
+    )
+    parser.add_argument("--steps", type=_at_least_one, default=3, help="training steps")
+    parser.add_argument("--out", default=".", help="folder for the figures and trace.json")
+    parser.add_argument(
+        "--backend", choices=("gloo", "nccl"), default=None, help="default: NCCL with a GPU "
+        "per rank, else gloo"
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=_positive_number, default=120.0,
+        help="seconds with no rank moving on before all are stopped",
+    )  # fmt: skip
+    parser.set_defaults(run=_ddp_command)

@@ -1,0 +1,250 @@
+"""DataParallel and DistributedDataParallel side by side, and DDP's bucket size swept.
+
+The surprise first: the two move the *same* gradients, by different roads. dpkit's
+DataParallel (as torch's) runs every replica in one process, copies the module to every
+device on every forward, and sums all gradients onto device 0; DDP runs a process per
+device, copies the module once (in its constructor), and all-reduces gradient buckets
+between the ranks while backward still runs, so no device is special. Same model, same
+global batch, same device count: :func:`compare_with_data_parallel` measures both, and
+:func:`single_process_gradients` is the reference both must equal.
+
+Timing is interleaved: the ranks start first and wait; then a block of DataParallel steps
+runs in this process while the ranks wait, then a block of DDP steps while this process
+waits, and so on, so that both meet the machine in the same state (other programs, heat,
+caches). The first block of each is warm-up and left out. Both are recorded while timed
+(dpkit's trace for DataParallel, the rank recorders for DDP), so both pay for recording.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import dpkit
+from dpkit.ddp.launch import Ranks
+from dpkit.ddp.rank import run_rank
+from dpkit.ddp.run import DDPResult, launch_plan, make_plan, result_of
+from dpkit.ddp.workload import Workload, as_workload
+from dpkit.devices import RANK
+from dpkit.nested import tensor_nbytes
+from dpkit.tracing import Trace, record_memory
+
+
+class Table(list):
+    """Rows (dicts) that print as an aligned table; a list, for pandas or a test."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "(no rows)"
+        columns = list(self[0])
+        cells = [[_cell(row[c]) for c in columns] for row in self]
+        widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+        lines.append("-" * len(lines[0]))
+        lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells]
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,d}"
+    return str(value)
+
+
+def spread(times: Sequence[float]) -> dict[str, float]:
+    """Median and quartiles of ``times`` in milliseconds (quartiles equal the median for one)."""
+    ms = sorted(t * 1e3 for t in times)
+    q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], 0, ms[0])
+    return {"median_ms": statistics.median(ms), "q1_ms": q1, "q3_ms": q3}
+
+
+def single_process_gradients(workload: Workload | str, batch: int) -> dict[str, Any]:
+    """The reference: each parameter's gradient after one step of ``workload`` on the whole
+    ``batch`` in this process (numpy arrays by name), from the weights every rank starts with."""
+    workload = as_workload(workload)
+    torch.manual_seed(workload.seed)
+    inputs, targets = workload.data(batch)
+    torch.manual_seed(workload.seed)
+    model = workload.model()
+    workload.step(model, inputs, targets, workload.optimizer(model.parameters()))
+    return {name: p.grad.detach().numpy().copy() for name, p in model.named_parameters()}
+
+
+def _gradient_bytes(model: torch.nn.Module) -> int:
+    return sum(tensor_nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+
+
+def traffic_per_device(trace: Trace, step: int | None = None) -> dict[str, int]:
+    """Bytes in and out of each device in ``step`` (default: the last), by device name.
+
+    DataParallel: every copy leaves or reaches ``device_ids[0]``, so a copy's bytes count on
+    its device and on device 0 (its ``destination``, or the source of every scatter and
+    broadcast). DDP: each rank sends and receives what a ring all-reduce of its buckets
+    moves, ``2 (n - 1) / n`` of them each way (the ring's model, not a count of packets).
+    """
+    events = trace.events
+    step = max(e.step for e in events) if step is None else step
+    names = sorted({e.device for e in events}, key=_index)
+    traffic = dict.fromkeys(names, 0)
+    for event in events:
+        if event.step != step or not event.nbytes:
+            continue
+        if event.kind == RANK:
+            sent = event.details.get("ring_sent_bytes")
+            traffic[event.device] += event.nbytes if sent is None else 2 * sent
+        else:
+            traffic[event.device] += event.nbytes
+            traffic[event.details.get("destination", names[0])] += event.nbytes
+    return traffic
+
+
+def _index(name: str) -> tuple[int, str]:
+    found = re.search(r":(\d+)", name)
+    return (int(found.group(1)) if found else -1, name)
+
+
+@dataclass
+class Comparison:
+    """Step times, traffic and memory per device of DataParallel and DDP, one workload."""
+
+    nproc: int
+    batch: int
+    threads: int
+    data_parallel: Trace  # dpkit's trace of the DataParallel steps
+    data_parallel_step_times: list[float]  # seconds, warm-up left out
+    ddp: DDPResult  # its step_times: warm-up left out too
+
+    def engines(self) -> list[tuple[str, Trace, list[float]]]:
+        return [
+            ("DataParallel", self.data_parallel, self.data_parallel_step_times),
+            ("DDP", self.ddp.trace, self.ddp.step_times),
+        ]
+
+    def rows(self) -> Table:
+        """One row per engine: step time (median, quartiles), and on device 0 and on the
+        busiest other device: bytes in and out per step, and bytes held (last step)."""
+        rows = Table()
+        for engine, trace, times in self.engines():
+            traffic = list(traffic_per_device(trace).values())
+            held = [row["counted"] for row in trace.memory_summary()]
+            rows.append(
+                {
+                    "engine": engine,
+                    **spread(times),
+                    "steps": len(times),
+                    "traffic dev 0": traffic[0],
+                    "traffic others": max(traffic[1:], default=0),
+                    "memory dev 0": held[0],
+                    "memory others": max(held[1:], default=0),
+                }
+            )
+        return rows
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.nproc} devices, global batch {self.batch}, {self.threads} torch thread(s) "
+            "per process. Step times in ms (interleaved, warm-up left out); traffic: bytes in "
+            "and out of a device per step; memory: bytes it held, as counted",
+            str(self.rows()),
+        ]
+        for engine, trace, _ in self.engines():
+            lines += ["", f"{engine} — {trace.hardware}:", str(trace.memory_summary())]
+        return "\n".join(lines)
+
+
+def compare_with_data_parallel(
+    workload: Workload | str = "mlp",
+    nproc: int = 2,
+    batch: int = 64,
+    steps: int = 3,
+    repeats: int = 4,
+    bucket_cap_mb: float = 25.0,
+    threads: int = 1,
+    timeout: float = 120.0,
+) -> Comparison:
+    """Train ``workload`` with dpkit's DataParallel on ``nproc`` virtual CPU lanes and with
+    DDP on ``nproc`` gloo ranks, in ``repeats`` interleaved blocks of ``steps`` steps each
+    (after one warm-up block of each); ``threads`` torch intra-op threads per process (the
+    DataParallel process too: its lanes are threads sharing them)."""
+    plan = make_plan(
+        workload, nproc, batch, steps, [bucket_cap_mb], "gloo", timeout, None, threads,
+        blocks=repeats + 1,
+    )  # fmt: skip
+    workload = plan.workload
+    lanes = dpkit.virtual_devices(nproc, on="cpu")
+    torch.manual_seed(workload.seed)
+    inputs, targets = dpkit.to_device(workload.data(batch), lanes[0])
+    torch.manual_seed(workload.seed)
+    model = dpkit.to_device(workload.model(), lanes[0])
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
+    optimizer = workload.optimizer(model.parameters())
+
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dp_times: list[float] = []
+    try:
+        with Ranks(run_rank, (plan,), nproc, timeout) as running, dpkit.trace() as recorded:
+            for block in range(plan.blocks):
+                running.wait_for("waiting", block)  # the ranks are idle: DataParallel's turn
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    workload.step(parallel, inputs, targets, optimizer)
+                    dp_times.append(time.perf_counter() - start)
+                    # DataParallel's gradients live on device 0 only (the reduce puts them
+                    # there); the trace does not count them, so they are added here.
+                    record_memory(lanes[0], "gradients", _gradient_bytes(model))
+                running.release()  # DDP's turn; this process waits in wait_for
+            per_rank, pids = running.wait_for("done"), running.pids
+    finally:
+        torch.set_num_threads(threads_before)
+    ddp = result_of([runs[0] for runs in per_rank], plan, pids)
+    ddp.step_times = ddp.step_times[steps:]
+    return Comparison(nproc, batch, threads, recorded, dp_times[steps:], ddp)
+
+
+def bucket_sweep(
+    bucket_caps_mb: Sequence[float] = (0.001, 0.01, 0.1, 1.0, 25.0),
+    workload: Workload | str = "mlp",
+    nproc: int = 2,
+    batch: int = 64,
+    steps: int = 4,
+    threads: int = 1,
+    timeout: float = 120.0,
+) -> Table:
+    """For each ``bucket_cap_mb``: how many all-reduces a step makes, their sizes, the bytes
+    per rank, and the median step time (step 1 left out: its buckets are DDP's first guess).
+
+    One set of ranks trains a fresh DDP model for each cap in turn (the processes start once).
+    """
+    plan = make_plan(
+        workload, nproc, batch, steps, list(bucket_caps_mb), None, timeout, None, threads
+    )
+    per_rank, pids = launch_plan(plan, timeout, port_given=False)
+    rows = Table()
+    for index, cap in enumerate(plan.bucket_caps):
+        result = result_of([runs[index] for runs in per_rank], plan, pids)
+        last = max(e.step for e in result.trace.events)
+        rank0 = [
+            e
+            for e in result.trace.events
+            if e.phase == "allreduce" and e.step == last and e.device.startswith("rank:0 ")
+        ]
+        rows.append(
+            {
+                "bucket_cap_mb": cap,
+                "allreduces/step": len(rank0),
+                "bucket sizes (B)": " ".join(f"{e.nbytes:,d}" for e in rank0),
+                "bytes/step/rank": sum(e.nbytes for e in rank0),
+                "ring sent/rank": sum(e.details["ring_sent_bytes"] for e in rank0),
+                "median_ms": result.median_step_s * 1e3,
+            }
+        )
+    return rows

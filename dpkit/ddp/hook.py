@@ -1,0 +1,73 @@
+"""The all-reduce, seen from inside DDP: a communication hook that times every bucket.
+
+The surprise first: DDP does not all-reduce gradients one by one, nor all at once after
+backward. It packs them into *buckets* (about ``bucket_cap_mb`` each) and all-reduces a
+bucket as soon as every gradient in it is ready, while backward goes on computing the
+rest: that is the overlap the timeline shows. Which parameters share a bucket is decided
+twice. Before the first step DDP cannot know the order in which gradients become ready;
+so torch (since 1.12, through 2.x) puts *every* parameter in one bucket for step 1: one
+all-reduce after the whole backward (the comment in ``DistributedDataParallel.
+_ddp_init_helper`` says why; with ``find_unused_parameters=True`` it guesses the reverse
+order of ``model.parameters()`` instead). At the start of step 2's
+forward DDP *rebuilds* the buckets in the order the gradients actually became ready, each
+filled until it reaches ``bucket_cap_mb`` (so a bucket can be larger than the cap: a
+parameter is never split). Bucket indices and contents therefore change after step 1;
+each event records the bucket's index, its parameters and its bytes in ``details``.
+
+:func:`recorded_allreduce` does exactly what DDP does without a hook (torch's
+``default_hooks.allreduce_hook``: divide by the world size, then an asynchronous
+all-reduce, so the sum is the mean), and adds a clock reading when DDP hands it the bucket
+and another when the all-reduce's future completes. See "DDP Communication Hooks",
+https://pytorch.org/docs/stable/ddp_comm_hooks.html.
+
+Bytes: ``nbytes`` is the bucket, what every rank contributes and gets back. A ring
+all-reduce (gloo's and NCCL's usual algorithm) *sends* ``2 (n - 1) / n`` of that per rank
+(and receives as much): reduce-scatter then all-gather, ``n - 1`` steps each of ``1 / n``
+of the bucket; that is ``details["ring_sent_bytes"]``
+(:func:`dpkit.cost.collectives.ring_bytes_sent`, the cost model's formula).
+
+No ``from __future__ import annotations`` here: DDP checks the hook's annotations against
+``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]`` at registration, and string
+annotations would fail that check.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from dpkit.cost.collectives import ring_bytes_sent
+from dpkit.tracing.events import Phase
+
+if TYPE_CHECKING:
+    from dpkit.ddp.record import RankRecorder
+
+ALLREDUCE = Phase.ALLREDUCE.value
+
+
+def recorded_allreduce(
+    recorder: "RankRecorder", bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own all-reduce of one bucket (the mean over ranks), timed into ``recorder``."""
+    start = recorder.clock.mark()
+    tensor = bucket.buffer()
+    nbytes = tensor.numel() * tensor.element_size()
+    details = {
+        "bucket": bucket.index(),
+        "parameters": recorder.names_of(bucket.parameters()),
+        "last_bucket": bucket.is_last(),
+        "ring_sent_bytes": ring_bytes_sent(nbytes, recorder.nproc),
+    }
+    step = recorder.step
+    recorder.bucket_bytes[step] = recorder.bucket_bytes.get(step, 0) + nbytes
+    # Divide first, as torch's allreduce_hook does, so that large sums cannot overflow (fp16).
+    tensor.div_(recorder.nproc)
+    future = dist.all_reduce(tensor, async_op=True).get_future()
+
+    def done(finished: torch.futures.Future) -> torch.Tensor:
+        # Runs when the all-reduce has finished (on gloo, in its own thread; on CUDA with
+        # the collective's stream current, so the clock's CUDA event marks its end).
+        recorder.add(ALLREDUCE, start, recorder.clock.mark(), nbytes, step, details)
+        return finished.value()[0]
+
+    return future.then(done)

@@ -1,0 +1,140 @@
+"""What every rank process is, from birth to death: its stage, its errors, its parent.
+
+Each rank runs :func:`rank_main` (in a process the launcher spawns), which first asks Linux
+to kill the rank when its parent dies, then runs its target and, if that raises, sends the
+error to the parent with its traceback and ends at once. Where the rank is (its step and
+its :data:`STAGES` index) sits in two shared integers that the parent reads to see that the
+ranks move on, and to say where each one was when they stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from typing import Any
+
+# Where a rank is, in order: a rank at a later stage of the same step is further ahead.
+STAGES = (
+    "starting",  # importing torch and the workload: a fresh interpreter
+    "connecting",  # init_process_group: waiting for every rank at the rendezvous
+    "wrapping the model in DDP",  # the constructor broadcasts rank 0's parameters
+    "waiting for the parent",  # between timed blocks (dpkit.ddp.compare)
+    "the step's code before forward",
+    "forward",  # and the loss, up to backward
+    "backward",  # DDP's all-reduces run inside backward and finish before it returns
+    "optimizer step",
+    "the step's code after the optimizer",
+    "finished",
+)
+(
+    STARTING,
+    CONNECTING,
+    WRAPPING,
+    WAITING,
+    BEFORE_FORWARD,
+    FORWARD,
+    BACKWARD,
+    OPTIMIZER,
+    AFTER_OPTIMIZER,
+    FINISHED,
+) = range(len(STAGES))
+
+
+@dataclass
+class Progress:
+    """Where one rank is: its step and stage, in integers the parent can read at any time."""
+
+    shared: Any  # a multiprocessing Array of 2 x nproc ints: (step, stage) per rank
+    rank: int
+
+    def at(self, stage: int, step: int | None = None) -> None:
+        if step is not None:
+            self.shared[2 * self.rank] = step
+        self.shared[2 * self.rank + 1] = stage
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``, as
+    ``torch.multiprocessing`` asks for SIGINT); elsewhere nothing. A parent that died before
+    the request was made is caught by its id: this process then ends at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1  # from <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def _communication_error(error: BaseException) -> bool:
+    """Whether a rank's error is a peer's failure seen through a collective (a symptom)."""
+    import torch.distributed as dist
+
+    backend_error = getattr(dist, "DistBackendError", ())  # torch >= 2.1
+    text = str(error)
+    return isinstance(error, backend_error) or any(
+        sign in text
+        for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
+
+
+def rank_main(
+    rank: int, target: Callable[..., Any], progress: Any, messages: Any, args: Sequence[Any]
+) -> None:
+    """What each process runs: ``target(rank, Progress, messages, *args)``, its error reported."""
+    parent = multiprocessing.parent_process()
+    _die_with_parent(None if parent is None else parent.pid)
+    where = Progress(progress, rank)
+    try:
+        target(rank, where, messages, *args)
+    except BaseException as error:  # KeyboardInterrupt and SystemExit too: the parent must hear
+        messages.put(
+            (
+                "error",
+                rank,
+                {
+                    "type": type(error).__name__,
+                    "message": str(error),
+                    "traceback": traceback.format_exc(),
+                    "communication": _communication_error(error),
+                },
+            )
+        )
+        messages.close()
+        messages.join_thread()  # the message is out before the process is
+        # os._exit: no interpreter shutdown, which can wait on the backend's threads.
+        os._exit(1)
+
+
+def child_processes(pid: int | None = None) -> list[int]:
+    """The ids of the children of process ``pid`` (default: this one), read from ``/proc``
+    (Linux; an empty list elsewhere), zombies too (a child ended but never joined is left
+    behind as well): a test's proof that no rank outlived its run.
+
+    Left out: Python's multiprocessing resource tracker, one helper per parent process that
+    the ranks' queue and semaphore start on first use; it serves every later run and ends
+    with the parent (https://docs.python.org/3/library/multiprocessing.html, "resource
+    tracker").
+    """
+    pid = os.getpid() if pid is None else pid
+    helper = getattr(resource_tracker._resource_tracker, "_pid", None)
+    children = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == helper:
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:  # it ended while we looked
+                continue
+            if int(fields[1]) == pid:  # the parent's id; fields[0] is the state
+                children.append(int(entry))
+    return sorted(children)

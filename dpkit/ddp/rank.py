@@ -1,0 +1,129 @@
+"""What each rank process runs: join the group, then train and record one DDP model per run.
+
+The body of every rank that :func:`dpkit.ddp.run_ddp` (and the comparisons) spawn:
+:func:`run_rank` joins the process group (gloo on the CPU, NCCL with a GPU per rank),
+takes its rows of the batch, and for each bucket size in the :class:`Plan` wraps a fresh
+model in DDP and trains it, recorded by :class:`dpkit.ddp.record.RankRecorder`; in blocks
+of steps that wait for the parent's go when the parent times something in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpkit.ddp import process
+from dpkit.ddp.record import RankRecorder, RankRun
+from dpkit.ddp.workload import Workload, shard
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a rank needs, sent to it when it starts (it must pickle)."""
+
+    workload: Workload
+    nproc: int
+    batch: int
+    steps: int  # per block
+    backend: str
+    port: int
+    timeout: float  # for torch's collectives; the parent's own deadline ends a run first
+    bucket_caps: tuple[float, ...] = (25.0,)  # one DDP run after another, a model each
+    blocks: int = 1  # >1: each block of steps waits for the parent's go (interleaved timing)
+    threads: int = 1  # torch intra-op threads per rank
+    keep_gradients: bool = False  # send step 1's gradients back
+    address: str = "127.0.0.1"
+
+
+def import_what_ddp_imports() -> None:
+    """Import torch._dynamo, which DDP's constructor imports on first use (recent torch;
+    1-3 s on a laptop): done while every rank starts anyway, so that ``replicate`` times
+    the constructor's own work, not an import."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch._dynamo")
+
+
+def _move(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    return type(batch)(_move(item, device) for item in batch)
+
+
+def free_reducers() -> None:
+    """Free every DDP module already out of use (and its reducer) now: call it after the
+    function that used DDP has returned, and before ``destroy_process_group``.
+
+    Why: a reducer holds its process group. Freed last (at exit, after
+    ``destroy_process_group``), it destroys the group while holding the GIL, and gloo's
+    destructor joins its worker thread, which may be waiting for the GIL to free a finished
+    collective's tensors: a deadlock at exit, seen here about one run in ten under torchrun
+    (gdb: ``~Reducer -> ~ProcessGroupGloo -> thread::join`` against
+    ``~AsyncAllgatherWork -> gil_scoped_acquire``; see pytorch/pytorch#75097 and #179291).
+    Freed first, the group dies in ``destroy_process_group``, whose binding releases the GIL.
+    """
+    gc.collect()  # a DDP module caught in a reference cycle (hooks can make one) goes too
+
+
+def train_run(
+    rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan, bucket_cap_mb: float,
+    batch: tuple[Any, torch.Tensor], device: torch.device,
+) -> RankRun:  # fmt: skip
+    """One DDP model trained for ``plan.blocks`` x ``plan.steps`` steps, recorded."""
+    workload, cuda = plan.workload, device.type == "cuda"
+    where.at(process.WRAPPING, 0)
+    torch.manual_seed(workload.seed)  # every rank, every run: the same first weights
+    model = workload.model().to(device)
+    recorder = RankRecorder(rank, plan.nproc, device, where)
+    ddp = recorder.wrap(model, device_ids=[device] if cuda else None, bucket_cap_mb=bucket_cap_mb)
+    optimizer = workload.optimizer(ddp.parameters())
+    recorder.watch(optimizer, plan.keep_gradients)
+    for block in range(plan.blocks):
+        if plan.blocks > 1:  # the parent times something else meanwhile: wait for it
+            where.at(process.WAITING)
+            messages.put(("waiting", rank, block))
+            if not go.acquire(timeout=plan.timeout):
+                raise TimeoutError(f"the parent never started block {block}")
+        for _ in range(plan.steps):
+            recorder.run_step(workload.step, ddp, *batch, optimizer)
+    recorder.close()
+    return recorder.result(bucket_cap_mb)
+
+
+def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan) -> None:
+    """The body of every rank process (started by :class:`dpkit.ddp.launch.Ranks`).
+
+    On an error the process group is left alone: the launcher reports the error and ends
+    the process at once (``destroy_process_group`` while peers still wait in a collective
+    can hang, as torchtitan found: pytorch/torchtitan#1342).
+    """
+    torch.set_num_threads(plan.threads)  # ranks share the cores: one thread each by default
+    import_what_ddp_imports()
+    where.at(process.CONNECTING)
+    dist.init_process_group(
+        plan.backend,
+        init_method=f"tcp://{plan.address}:{plan.port}",
+        rank=rank,
+        world_size=plan.nproc,
+        timeout=datetime.timedelta(seconds=plan.timeout),
+    )
+    cuda = plan.backend == "nccl"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(plan.workload.seed)
+    batch = _move(shard(plan.workload.data(plan.batch), rank, plan.nproc), device)
+    runs = []
+    for bucket_cap_mb in plan.bucket_caps:
+        # Each run's DDP lives and dies inside train_run: freed at its return.
+        runs.append(train_run(rank, where, messages, go, plan, bucket_cap_mb, batch, device))
+        free_reducers()
+    where.at(process.FINISHED)
+    messages.put(("done", rank, runs))
+    dist.destroy_process_group()

@@ -1,0 +1,207 @@
+"""``run_ddp``: N rank processes train under DistributedDataParallel; one Trace comes back.
+
+The surprise first: the trace's devices are *processes*. Each rank records its own events
+(:mod:`dpkit.ddp.rank`) on the machine's one monotonic clock, sends them to the parent
+when it ends, and the parent merges them into a :class:`dpkit.Trace` whose devices are
+``rank:0 (cpu)``, ``rank:1 (cpu)``, ... of kind ``rank``, so ``tr.summary()``,
+``tr.memory_summary()``, ``tr.to_chrome_trace()`` and every figure of :mod:`dpkit.viz`
+work on it as on a DataParallel trace, and say "processes (DistributedDataParallel)".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dpkit.ddp import checks, launch
+from dpkit.ddp.rank import Plan, run_rank
+from dpkit.ddp.record import RankRun
+from dpkit.ddp.workload import Workload, as_workload
+from dpkit.devices import RANK
+from dpkit.tracing import Event, Trace
+
+
+def rank_name(rank: int, device: str) -> str:
+    """How traces and figures name a rank: ``rank:1 (cpu)``, ``rank:1 (cuda:1)``."""
+    return f"rank:{rank} ({device})"
+
+
+def merged_trace(runs: Sequence[RankRun]) -> Trace:
+    """One Trace of every rank's events and memory records, ordered by start time (so a
+    timeline draws a rank's backward first and the all-reduces overlapping it on top)."""
+    events = [
+        Event(phase, rank_name(run.rank, run.device), start, end, nbytes, step, RANK, details)
+        for run in runs
+        for phase, start, end, nbytes, step, details in run.events
+    ]
+    events.sort(key=lambda event: event.start)
+    trace = Trace()
+    # A Trace is filled by recording; these events were recorded in other processes, so
+    # they go straight into its lists (the fields its properties read).
+    trace._events = events
+    trace._memory = [
+        (rank_name(run.rank, run.device), category, nbytes, step, RANK)
+        for run in runs
+        for category, nbytes, step in run.memory
+    ]
+    trace.origin = min((event.start for event in events), default=trace.origin)
+    return trace
+
+
+@dataclass
+class DDPResult:
+    """What :func:`run_ddp` measured: the merged trace and the numbers a learner asks for.
+
+    ``step_times``: per step, the wall time of the slowest rank (a DDP step ends for every
+    rank when the last one's gradients are all-reduced). ``gradients``: per rank, each
+    parameter's gradient after step 1's all-reduce (numpy arrays), when asked for.
+    """
+
+    trace: Trace
+    nproc: int
+    backend: str
+    batch: int
+    bucket_cap_mb: float
+    parameter_bytes: int
+    step_times: list[float]
+    pids: list[int]
+    gradients: list[dict[str, Any]] | None
+
+    @property
+    def median_step_s(self) -> float:
+        """The median step time, leaving out step 1 (it builds DDP's buckets) when there
+        are later steps."""
+        times = self.step_times[1:] or self.step_times
+        return statistics.median(times)
+
+    def allreduce_bytes_per_step(self, step: int | None = None) -> dict[str, int]:
+        """Bytes each rank all-reduced in ``step`` (default: the last), by rank name."""
+        return bytes_per_device(self.trace.events, "allreduce", step)
+
+
+def bytes_per_device(events: Sequence[Event], phase: str | None, step: int | None) -> dict:
+    """Bytes each device moved in ``step`` (default: the last), in ``phase`` or in all."""
+    step = max(e.step for e in events) if step is None else step
+    moved: dict[str, int] = {}
+    for event in events:
+        if event.step == step and (phase is None or event.phase == phase):
+            moved[event.device] = moved.get(event.device, 0) + event.nbytes
+    return dict(sorted(moved.items()))
+
+
+def result_of(runs: Sequence[RankRun], plan: Plan, pids: list[int]) -> DDPResult:
+    """A :class:`DDPResult` from every rank's record of one run."""
+    steps = len(runs[0].step_times)
+    step_times = [
+        max(run.step_times[i][1] for run in runs) - min(run.step_times[i][0] for run in runs)
+        for i in range(steps)
+    ]
+    return DDPResult(
+        trace=merged_trace(runs),
+        nproc=plan.nproc,
+        backend=plan.backend,
+        batch=plan.batch,
+        bucket_cap_mb=runs[0].bucket_cap_mb,
+        parameter_bytes=runs[0].parameter_bytes,
+        step_times=step_times,
+        pids=pids,
+        gradients=[run.gradients for run in runs] if plan.keep_gradients else None,
+    )
+
+
+def make_plan(
+    workload: Workload | str,
+    nproc: int,
+    batch: int,
+    steps: int,
+    bucket_caps: Sequence[float],
+    backend: str | None,
+    timeout: float,
+    port: int | None,
+    threads: int,
+    keep_gradients: bool = False,
+    blocks: int = 1,
+) -> Plan:
+    """Every argument checked (a clear error naming it), into a :class:`Plan` for the ranks."""
+    workload = as_workload(workload)
+    nproc = checks.check_nproc(nproc)
+    for argument, value in (("batch", batch), ("steps", steps), ("threads", threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{argument} must be a whole number of at least 1, got {value!r}")
+    if batch % nproc:
+        even = (batch // nproc + 1) * nproc
+        raise ValueError(
+            f"batch={batch} does not split evenly over nproc={nproc}: DDP averages the ranks' "
+            "gradients, which equals the full batch's gradient only when every rank has as "
+            f"many rows; use a multiple of {nproc}, e.g. batch={even}"
+        )
+    for cap in bucket_caps:
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    backend = checks.choose_backend(backend, nproc)
+    port = checks.free_port() if port is None else checks.check_port(port)
+    return Plan(
+        workload=workload,
+        nproc=nproc,
+        batch=batch,
+        steps=steps,
+        backend=backend,
+        # torch's collectives give up later than the parent: the parent's message, which
+        # names the rank that is behind, comes first.
+        timeout=timeout + 30,
+        bucket_caps=tuple(float(cap) for cap in bucket_caps),
+        blocks=blocks,
+        threads=threads,
+        keep_gradients=keep_gradients,
+        port=port,
+    )
+
+
+def launch_plan(plan: Plan, timeout: float, port_given: bool) -> tuple[list[list[RankRun]], list]:
+    """Run ``plan`` on its ranks: every rank's runs, and their process ids. An automatically
+    chosen port that another program took first is retried once with a new one."""
+    for attempt in (1, 2):
+        try:
+            with launch.Ranks(run_rank, (plan,), plan.nproc, timeout) as running:
+                return running.wait_for("done"), running.pids
+        except launch.RankFailed as error:
+            if port_given or attempt == 2 or not checks.address_in_use(error):
+                raise
+            plan = Plan(**{**plan.__dict__, "port": checks.free_port()})
+    raise AssertionError("unreachable")
+
+
+def run_ddp(
+    workload: Workload | str = "mlp",
+    nproc: int = 2,
+    batch: int = 64,
+    steps: int = 3,
+    bucket_cap_mb: float = 25.0,
+    backend: str | None = None,
+    timeout: float = 120.0,
+    port: int | None = None,
+    threads: int = 1,
+    keep_gradients: bool = False,
+) -> DDPResult:
+    """Train ``workload`` under DistributedDataParallel on ``nproc`` processes, traced.
+
+    ``workload``: a demo model's name (``"mlp"``, ``"cnn"``, ``"transformer"``, on random
+    1x28x28 images with SGD) or a :class:`~dpkit.ddp.Workload` of importable functions.
+    ``batch`` is the global batch: each rank trains on ``batch // nproc`` rows of it.
+    ``backend``: None picks NCCL with a GPU per rank, else gloo (CPU). ``timeout``: seconds
+    for the whole run, after which every rank is stopped and the error says where each one
+    was. ``port``: None picks a free one. ``threads``: torch intra-op threads per rank.
+    ``keep_gradients``: send step 1's all-reduced gradients back (``result.gradients``).
+
+    Returns a :class:`DDPResult` whose ``trace`` holds every rank's events.
+    """
+    plan = make_plan(
+        workload, nproc, batch, steps, [bucket_cap_mb], backend, timeout, port, threads,
+        keep_gradients,
+    )  # fmt: skip
+    per_rank, pids = launch_plan(plan, timeout, port_given=port is not None)
+    return result_of([runs[0] for runs in per_rank], plan, pids)

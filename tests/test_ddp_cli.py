@@ -1,0 +1,127 @@
+"""The shell entry points of dpkit.ddp, each in a subprocess: ``dpkit ddp``, the training
+script on its own, and under torchrun as two nodes on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpkit import cli
+from dpkit.demo import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {
+    **os.environ,
+    "MPLBACKEND": "Agg",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+}
+
+
+def run(*command: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV
+    )
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of running processes that mention ``text`` (a test's own folder)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    line = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in line:
+                found.append(line)
+    return found
+
+
+def tracks(trace_json: Path) -> set[str]:
+    events = json.loads(trace_json.read_text())["traceEvents"]
+    return {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+
+
+def test_dpkit_ddp_trains_and_writes_the_trace_and_figures(tmp_path):
+    result = run(
+        sys.executable, "-m", "dpkit", "ddp", "--nproc", "2", "--batch", "16", "--steps", "2",
+        "--bucket-mb", "0.001", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert tracks(tmp_path / "trace.json") == {"rank:0 (cpu)", "rank:1 (cpu)"}
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    allreduces = [e for e in events if e["name"] == "allreduce" and e["args"]["step"] == 2]
+    size = sum(p.numel() * p.element_size() for p in build_model("mlp").parameters())
+    assert sum(e["args"]["nbytes"] for e in allreduces) == 2 * size  # both ranks, a step
+    for figure in ("timeline.png", "memory.png"):
+        assert (tmp_path / figure).read_bytes().startswith(b"\x89PNG")
+    out = result.stdout
+    assert "DistributedDataParallel: 2 processes (ranks), backend gloo" in out
+    assert f"parameters: {size:,d} bytes" in out and "3 bucket(s)" in out
+    assert "allreduce" in out and "rank:1 (cpu)" in out  # the summaries
+    assert str(tmp_path / "trace.json") in out and str(tmp_path / "timeline.png") in out
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--nproc", "0"], ["--nproc", "at least 1"]),
+        (["--bucket-mb", "0"], ["--bucket-mb", "more than 0"]),
+        (["--model", "resnet"], ["--model", "invalid choice"]),
+        (["--nproc", "100000"], ["dpkit: error: ValueError: nproc=100000"]),
+        (["--nproc", "3", "--batch", "64"], ["batch=64 does not split evenly", "batch=66"]),
+    ],
+)
+def test_dpkit_ddp_refuses_bad_options_by_name(options, words, tmp_path, capsys, monkeypatch):
+    # In this process (each is refused before any rank starts): exit status 2, as the shell
+    # sees it from `dpkit ddp`, and the option named on stderr.
+    monkeypatch.delenv("DPKIT_DEBUG", raising=False)
+    try:
+        status = cli.main(["ddp", *options, "--out", str(tmp_path)])
+    except SystemExit as exit:  # argparse's refusals
+        status = exit.code
+    assert status == 2
+    stderr = capsys.readouterr().err
+    for word in words:
+        assert word in stderr
+    assert not (tmp_path / "trace.json").exists()
+
+
+def test_the_training_script_runs_alone_as_a_world_of_one(tmp_path):
+    result = run(sys.executable, "-m", "dpkit.ddp.train", "--samples", "64", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (who,) = json.loads((tmp_path / "ranks.json").read_text())
+    assert (who["rank"], who["local_rank"], who["node"], who["steps"]) == (0, 0, 0, 2)
+    assert tracks(tmp_path / "trace.json") == {"rank:0 (cpu)"}
+    build_model("mlp").load_state_dict(torch.load(tmp_path / "model.pt"))  # no "module."
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_on_localhost_through_torchrun(tmp_path):
+    assert (Path(sys.executable).parent / "torchrun").exists()
+    result = run(
+        "env", "LIMIT_S=120", "bash", "scripts/two_nodes_localhost.sh", str(tmp_path), "--",
+        "--samples", "128", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    # Four ranks, two per node, two nodes: RANK = node * 2 + LOCAL_RANK, as torchrun numbers
+    assert sorted((r["node"], r["local_rank"], r["rank"]) for r in ranks) == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3),
+    ]  # fmt: skip
+    assert len({r["pid"] for r in ranks}) == 4
+    # DistributedSampler: 128 samples over 4 ranks, 32 per rank per step -> 1 step each
+    assert {r["steps"] for r in ranks} == {1}
+    assert tracks(tmp_path / "trace.json") == {f"rank:{r} (cpu)" for r in range(4)}
+    build_model("mlp").load_state_dict(torch.load(tmp_path / "model.pt"))
+    assert "node 0 (torchrun --node_rank=0): exit status 0" in result.stdout
+    assert "node 1 (torchrun --node_rank=1): exit status 0" in result.stdout
+    assert processes_mentioning(str(tmp_path)) == []
