@@ -15,7 +15,7 @@ NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/saniti
               --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test notebooks lab lint format clean distclean
+.PHONY: help venv test notebooks lab lint format clean distclean mutation
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
@@ -23,6 +23,7 @@ help:
 	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
 	@echo "make format     ruff format and autofix"
+	@echo "make mutation   mutation testing of the core with mutmut, not in make test (hours; FILES=dpkit/comm.py for some)"
 	@echo "make clean      remove build artefacts and caches (keeps $(VENV))"
 	@echo "make distclean  clean, and remove $(VENV)"
 
@@ -71,6 +72,21 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: venv
 	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
+
+# Mutation testing of the core (benchmarks/mutation.py): results in benchmarks/results/mutation.*,
+# caches in build/mutation/ (a rerun tests only what changed). FILES="dpkit/comm.py ..." runs
+# some core files; MUTATION_ARGS passes more options (--fresh, --skip-tests GLOB, --report-only).
+MUTATION_STAMP := $(VENV)/.dpkit-mutation-installed
+FILES ?=
+MUTATION_ARGS ?=
+
+$(MUTATION_STAMP): requirements/mutation.txt $(STAMP)
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off \
+	    -r requirements/mutation.txt -c requirements/course.txt
+	touch $@
+
+mutation: venv $(MUTATION_STAMP)
+	$(BIN)/python -m benchmarks.mutation $(if $(FILES),--files $(FILES)) $(MUTATION_ARGS)
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS) notebooks

@@ -1,17 +1,23 @@
 """Behaviour the mutation run (``make mutation``, benchmarks/mutation.py) found untested.
 
 Each test here kills mutants that survived the rest of the fast suite: a planted bug that
-would reach users unnoticed. The test names say the behaviour; the docstrings say which
-plausible bug it catches. Error messages are checked word for word where the message is the
-advice a user acts on (what to pass, what to return).
+would reach users unnoticed. The test names say the behaviour; a docstring says why it
+matters where the name cannot. Error messages are checked word for word where the message is the
+advice a user acts on (what to pass, what to return). Behaviour on machines with GPUs is
+checked on simulated ones (device handles are plain values; no tensor is made there).
+The last section checks the run's own list of survivors kept on purpose.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import importlib.util
+import json
 import sys
 import warnings
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,11 +25,13 @@ from lanes import lanes, recorded_transfers
 from torch import nn
 
 import dpkit
-from dpkit import comm
+from dpkit import comm, tracing
 from dpkit.context import backward_of
 from dpkit.devices import place, resides_on
 from dpkit.nested import module_tensors
 from dpkit.placement_check import checking_placement
+from dpkit.tracing import export
+from dpkit.tracing.events import Event, MemoryRecord
 
 devices_module = sys.modules["dpkit.devices"]  # dpkit.devices is also the function
 Pair = namedtuple("Pair", ["first", "second"])
@@ -680,3 +688,517 @@ def test_data_parallel_without_inputs_calls_the_module_once_without_arguments():
             return self.value * 2
 
     assert torch.equal(dpkit.data_parallel(Constant(), None, lanes(2)), torch.full((3,), 2.0))
+
+
+# --------------------------------------------------------------------------------------
+# tracing: recorder
+
+
+def test_every_event_names_its_phase_with_a_plain_string_and_the_summary_lists_each_once():
+    """A phase is a plain ``str`` in every event (a ``Phase`` member hashes by its member
+    name, so mixing the two splits a phase in two wherever events are grouped by phase)."""
+    tr, _ = _traced_step(lanes(3))
+    assert all(type(e.phase) is str for e in tr.events)
+    phases = [str(row["phase"]) for row in tr.summary()]
+    assert len(phases) == len(set(phases))
+    assert set(phases) == {str(e.phase) for e in tr.events}
+
+
+@pytest.mark.parametrize("open_span", [tracing.span, tracing.host_span], ids=["span", "host_span"])
+def test_a_span_named_by_a_string_records_that_phase(open_span):
+    """dpkit.ddp and the exercises name their phases with strings ("allreduce", ...)."""
+    device = lanes(1)[0]
+    with dpkit.trace() as tr:
+        with open_span("allreduce", device, bucket=0):
+            pass
+        with open_span(tracing.Phase.BACKWARD, device):
+            pass
+    assert [(e.phase, type(e.phase), e.details) for e in tr.events] == [
+        ("allreduce", str, {"bucket": 0}),
+        ("backward", str, {}),
+    ]
+
+
+def test_a_memory_record_for_a_given_step_is_filed_under_that_step():
+    device = lanes(1)[0]
+    with dpkit.trace() as tr:
+        tracing.begin_step()
+        tracing.record_memory(device, "gradients", 64, step=7)
+        tracing.record_memory(device, "gradients", 32)
+    assert [(r.category, r.nbytes, r.step) for r in tr.memory] == [
+        ("gradients", 64, 7),
+        ("gradients", 32, 1),
+    ]
+
+
+def test_memory_rows_are_one_row_per_record():
+    tr, _ = _traced_step(lanes(2))
+    rows = tr.memory_rows()
+    records = tr.memory
+    assert len(rows) == len(records) > 0
+    assert list(rows.columns) == ["device", "category", "nbytes", "step", "kind"]
+    first = rows.iloc[0]
+    assert (first["device"], first["category"], first["nbytes"], first["step"], first["kind"]) == (
+        records[0].device,
+        records[0].category,
+        records[0].nbytes,
+        records[0].step,
+        records[0].kind,
+    )
+
+
+def test_a_single_replica_shows_one_apply_range_in_torchs_profiler():
+    """One replica runs in the caller's thread, where the profiler sees every range: the
+    apply phase is still one ``dpkit.apply`` range, not one more per span."""
+    with torch.profiler.profile() as prof, dpkit.trace():
+        dpkit.parallel_apply([Identity()], [torch.ones(2)], devices=lanes(1))
+    names = [e.name for e in prof.events() if e.name.startswith("dpkit.")]
+    assert names == ["dpkit.apply"]
+
+
+# --------------------------------------------------------------------------------------
+# _functions
+
+
+def test_double_backward_through_dataparallel_matches_the_plain_model_and_is_traced():
+    """A gradient penalty differentiates the parameters' gradients: the reduce of replicate's
+    backward is differentiated in turn (a broadcast of the gradients' gradients, traced as
+    ``grad_broadcast`` in the step it belongs to)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    plain = copy.deepcopy(model)
+    x = torch.randn(8, 3)
+
+    def penalty(module, output):
+        grads = torch.autograd.grad(output.sum(), list(module.parameters()), create_graph=True)
+        return sum((g**2).sum() for g in grads)
+
+    with dpkit.trace() as tr:
+        penalty(model, dpkit.DataParallel(model, device_ids=lanes(2))(x)).backward()
+    penalty(plain, plain(x)).backward()
+    for ours, theirs in zip(model.parameters(), plain.parameters()):
+        expected = torch.zeros_like(theirs) if theirs.grad is None else theirs.grad
+        assert torch.allclose(ours.grad, expected, atol=1e-6)
+    grad_broadcasts = [e for e in tr.events if e.phase == "grad_broadcast"]
+    assert {e.device for e in grad_broadcasts} == {d.name for d in lanes(2)}
+    assert {e.step for e in tr.events} == {1}
+
+
+# --------------------------------------------------------------------------------------
+# devices: what dpkit picks on machines with accelerators, simulated (no tensor is made on
+# them: device handles are plain values)
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """``gpus(n)``: make dpkit see ``n`` CUDA devices (0: none)."""
+
+    def simulate(count: int) -> None:
+        monkeypatch.setattr(devices_module, "accelerator_type", lambda: "cuda" if count else None)
+        monkeypatch.setattr(devices_module, "accelerator_count", lambda: count)
+
+    return simulate
+
+
+def real(index: int) -> dpkit.Device:
+    return dpkit.Device(index, devices_module.REAL, torch.device("cuda", index))
+
+
+def gpu_lane(index: int) -> dpkit.Device:
+    return dpkit.Device(index, devices_module.VIRTUAL_GPU, torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize(
+    "count, n, line",
+    [
+        (0, 1, "devices(1) -> 1 virtual lane on the CPU, a thread each (this machine has 0 real "
+         "accelerators)"),
+        (0, 4, "devices(4) -> 4 virtual lanes on the CPU, a thread each (this machine has 0 real "
+         "accelerators)"),
+        (1, 1, "devices(1) -> 1 real accelerator: cuda:0"),
+        (1, 4, "devices(4) -> 4 virtual lanes on the GPU, a CUDA stream each (this machine has 1 "
+         "real accelerator)"),
+        (2, 2, "devices(2) -> 2 real accelerators: cuda:0, cuda:1"),
+        (2, 3, "devices(3) -> 3 virtual lanes on the GPU, a CUDA stream each (this machine has 2 "
+         "real accelerators)"),
+    ],
+)  # fmt: skip
+def test_dpkit_devices_says_what_each_machine_gets(gpus, count, n, line):
+    """The lines ``dpkit devices`` prints, on a laptop, a one-GPU and a two-GPU machine."""
+    gpus(count)
+    assert devices_module.describe_choice(n) == line
+
+
+def test_devices_picks_real_accelerators_when_there_are_enough_else_lanes(gpus):
+    gpus(0)
+    assert dpkit.devices() == dpkit.virtual_devices(4, on="cpu")  # four CPU lanes
+    gpus(1)
+    assert dpkit.devices() == [real(0)]
+    assert dpkit.devices(1) == [real(0)]
+    assert dpkit.devices(2) == [gpu_lane(0), gpu_lane(1)]
+    gpus(2)
+    assert dpkit.devices() == dpkit.devices(2) == [real(0), real(1)]
+    assert dpkit.devices(3) == [gpu_lane(i) for i in range(3)]
+
+
+def test_real_devices_are_the_first_n_and_asking_for_more_says_what_to_use(gpus):
+    gpus(2)
+    assert devices_module.real_devices() == [real(0), real(1)]
+    assert devices_module.real_devices(1) == [real(0)]
+    assert devices_module.real_devices(2) == [real(0), real(1)]
+    with pytest.raises(ValueError) as error:
+        devices_module.real_devices(3)
+    assert str(error.value) == (
+        "n=3 real accelerators were asked for but this machine has 2; use "
+        "dpkit.virtual_devices(3) for virtual lanes, or dpkit.devices(3) to fall back to them "
+        "automatically"
+    )
+    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+        devices_module.real_devices(0)
+
+
+def test_device_specs_resolve_to_real_devices_that_exist_else_lanes(gpus):
+    gpus(2)
+    assert dpkit.as_device(0) == real(0) and dpkit.as_device(1) == real(1)
+    assert dpkit.as_device(2) == gpu_lane(2)  # no third GPU: a lane of the GPU
+    assert dpkit.as_device("cuda") == dpkit.as_device(torch.device("cuda")) == real(0)
+    assert dpkit.as_device("cuda:1") == real(1)
+    assert dpkit.as_device("cpu").kind == "host"
+    for missing in ("cuda:2", "xpu:0"):
+        with pytest.raises(ValueError) as error:
+            dpkit.as_device(missing, argument="output_device")
+        assert str(error.value) == (
+            f"output_device={missing!r} does not exist on this machine (2 accelerators); use "
+            "dpkit.virtual_devices(n) for virtual lanes or dpkit.devices(n) to pick what exists"
+        )
+
+
+def test_a_list_of_ints_names_lanes_when_some_index_has_no_gpu(gpus):
+    """``device_ids=[0, 1, 2]`` on a two-GPU machine: three lanes of the GPU (one kind),
+    not two GPUs and a lane."""
+    gpus(2)
+    assert dpkit.as_devices([0, 1]) == [real(0), real(1)]
+    assert dpkit.as_devices([0, 1, 2]) == [gpu_lane(i) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "call, error_type, message",
+    [
+        (lambda: dpkit.as_device(True), TypeError, "device must be a device, got True"),
+        (
+            lambda: dpkit.as_device(2.5),
+            TypeError,
+            "device must be a dpkit.Device, an int, a string like 'cuda:0' or a torch.device, "
+            "got float",
+        ),
+        (
+            lambda: dpkit.as_devices(3, argument="device_ids"),
+            TypeError,
+            "device_ids must be a list of devices, got a single int; wrap it in a list: [3]",
+        ),
+        (
+            lambda: dpkit.as_devices([lanes(1)[0], "cpu"], argument="device_ids"),
+            ValueError,
+            "device_ids mixes kinds of device (host, virtual-cpu); use one kind, e.g. "
+            "dpkit.devices(n) or dpkit.virtual_devices(n)",
+        ),
+        (
+            lambda: dpkit.as_devices(["cpu"], argument="device_ids"),
+            ValueError,
+            "device_ids contains the host CPU, which cannot run a replica; for CPU lanes use "
+            "dpkit.virtual_devices(n, on='cpu')",
+        ),
+        (
+            lambda: dpkit.as_devices(lanes(2) * 2),
+            ValueError,
+            "devices lists virtual:0 (cpu), virtual:1 (cpu) more than once; each replica needs "
+            "its own device, e.g. dpkit.devices(4)",
+        ),
+        (
+            lambda: dpkit.device_of(torch.ones(1, device="meta")),
+            ValueError,
+            "a tensor on the meta device holds no data to move between devices",
+        ),
+    ],
+    ids=["bool", "float", "single", "mixed", "host", "duplicates", "meta"],
+)
+def test_device_mistakes_are_explained_word_for_word(call, error_type, message):
+    with pytest.raises(error_type) as error:
+        call()
+    assert str(error.value) == message
+
+
+def test_a_device_name_that_torch_cannot_read_is_named_with_its_argument():
+    with pytest.raises(ValueError, match=r"^device='nowhere' is not a device name: "):
+        dpkit.as_device("nowhere")
+
+
+def test_the_accelerator_is_what_torch_reports_except_mps(monkeypatch):
+    """torch >= 2.6 names the accelerator (torch.accelerator); MPS is left out, as
+    nn.DataParallel leaves it out; before 2.6, CUDA when torch.cuda has it."""
+    accelerator = torch.accelerator
+    for kind, expected in (("cuda", "cuda"), ("xpu", "xpu"), ("mps", None)):
+        monkeypatch.setattr(accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(
+            accelerator, "current_accelerator", lambda kind=kind: torch.device(kind)
+        )
+        assert devices_module.accelerator_type() == expected
+    monkeypatch.setattr(accelerator, "is_available", lambda: False)
+    assert devices_module.accelerator_type() is None
+    monkeypatch.delattr(torch, "accelerator")  # torch 2.4 and 2.5
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert devices_module.accelerator_type() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices_module.accelerator_type() is None
+
+
+def test_the_accelerator_count_is_its_device_modules(monkeypatch):
+    monkeypatch.setattr(devices_module, "accelerator_type", lambda: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert devices_module.accelerator_count() == 3
+    monkeypatch.setattr(devices_module, "accelerator_type", lambda: None)
+    assert devices_module.accelerator_count() == 0
+
+
+class _FakeStream:
+    def __init__(self, stream_id, gpu):
+        self.stream_id, self.gpu = stream_id, gpu
+
+
+class _FakeCudaModule:
+    """torch.cuda as stream_of uses it: a pool that hands out streams, and current streams."""
+
+    def __init__(self, pool_size):
+        self.pool_size, self.made = pool_size, []
+
+    def Stream(self, gpu):  # noqa: N802 - torch's name
+        stream = _FakeStream(len(self.made) % self.pool_size, gpu)
+        self.made.append(stream)
+        return stream
+
+    def current_stream(self, device):
+        return ("current", device)
+
+
+def test_each_gpu_lane_has_a_stream_of_its_own_for_good_and_a_real_device_the_callers(
+    monkeypatch,
+):
+    fake = _FakeCudaModule(pool_size=64)
+    monkeypatch.setattr(torch, "get_device_module", lambda kind: fake)
+    monkeypatch.setattr(devices_module, "_lane_streams", {})
+    assert devices_module.stream_of(lanes(1)[0]) is None  # CPU lanes have none
+    first = [devices_module.stream_of(gpu_lane(i)) for i in range(3)]
+    assert len({s.stream_id for s in first}) == 3
+    assert all(s.gpu == torch.device("cuda", 0) for s in first)
+    assert [devices_module.stream_of(gpu_lane(i)) for i in range(3)] == first  # the same ones again
+    assert len(fake.made) == devices_module.MAX_GPU_LANES  # taken once, all at a time
+    assert devices_module.stream_of(real(1)) == ("current", torch.device("cuda", 1))
+
+
+def test_lane_streams_that_the_pool_cannot_keep_apart_are_refused_after_three_tries():
+    fake = _FakeCudaModule(pool_size=devices_module.MAX_GPU_LANES - 1)  # one stream short
+    with pytest.raises(RuntimeError) as error:
+        devices_module._new_lane_streams(fake, torch.device("cuda", 0))
+    assert len(fake.made) == 3 * devices_module.MAX_GPU_LANES
+    assert all(s.gpu == torch.device("cuda", 0) for s in fake.made)
+    assert str(error.value) == (
+        "could not get 32 distinct CUDA streams on cuda:0 from torch's pool (another thread "
+        "takes streams at the same time); create dpkit's lanes first"
+    )
+
+
+def test_lanes_default_to_the_gpu_when_there_is_one_and_stay_on_the_gpu_asked_for(gpus):
+    gpus(1)
+    assert dpkit.virtual_devices(2) == [gpu_lane(0), gpu_lane(1)]
+    assert dpkit.virtual_devices(2, on="cuda") == [gpu_lane(0), gpu_lane(1)]
+    on_second = dpkit.virtual_devices(2, on="cuda:1")
+    assert [d.torch_device for d in on_second] == [torch.device("cuda", 1)] * 2
+    assert dpkit.virtual_devices(2, on="cpu") == lanes(2)
+
+
+def test_device_names_say_where_the_device_is():
+    assert dpkit.as_device("cpu").name == "cpu"
+    assert [d.name for d in lanes(2)] == ["virtual:0 (cpu)", "virtual:1 (cpu)"]
+    assert gpu_lane(1).name == "virtual:1 (cuda:0)"
+    assert real(1).name == "cuda:1"
+
+
+def test_to_device_keeps_a_namedtuples_type_and_refuses_other_lanes_word_for_word():
+    devices = lanes(2)
+    moved = dpkit.to_device(Pair(torch.ones(1), torch.zeros(1)), devices[0])
+    assert type(moved) is Pair and torch.equal(moved.first, torch.ones(1))
+    with pytest.raises(ValueError) as error:
+        dpkit.to_device(torch.ones(1), devices[1])
+    assert str(error.value) == (
+        "device=virtual:1 (cpu): only lane 0 holds data you create; scatter and replicate "
+        "make the other lanes' copies. Pass devices[0]"
+    )
+    with pytest.raises(ValueError, match=r"^device='nowhere' is not a device name"):
+        dpkit.to_device(torch.ones(1), "nowhere")
+
+
+# --------------------------------------------------------------------------------------
+# tracing: exports, on events and records written out by hand
+
+
+def _events():
+    lane = ["virtual:0 (cpu)", "virtual:1 (cpu)"]
+    return [
+        Event("scatter", lane[0], 10.000, 10.001, 0, 1, "virtual-cpu", {"rows": 2}),
+        Event("scatter", lane[1], 10.000, 10.002, 48, 1, "virtual-cpu", {"rows": 2}),
+        Event("apply", lane[0], 10.002, 10.010, 0, 1, "virtual-cpu", {"replica": 0}),
+        Event("apply", lane[1], 10.003, 10.012, 0, 1, "virtual-cpu", {"replica": 1}),
+        Event("scatter", lane[0], 11.000, 11.000, 0, 2, "virtual-cpu", {}),  # a step of no time
+    ]
+
+
+def test_the_summary_table_prints_time_bytes_and_share_per_step():
+    """Step 1 lasts 12 ms: scatter spans 2 ms of it (1/6), apply 10 ms; step 2 has no
+    length, so its share is 0. Each column is the mean over the two steps."""
+    summary = export.summary(_events())
+    assert [(r["phase"], r["nbytes"]) for r in summary] == [("scatter", 24), ("apply", 0)]
+    assert [r["time_s"] for r in summary] == pytest.approx([0.001, 0.005])
+    assert [r["share"] for r in summary] == pytest.approx([1 / 12, 5 / 12])
+    assert str(summary) == (
+        "phase            time/step    bytes/step   share\n"
+        "------------------------------------------------\n"
+        "scatter           1.000 ms            24    8.3%\n"
+        "apply             5.000 ms             0   41.7%"
+    )
+
+
+def _records():
+    return [
+        MemoryRecord("cuda:0", "parameters", 1000, 1, "real"),
+        MemoryRecord("cuda:0", "parameters", 24, 1, "real"),  # adds up with the one above
+        MemoryRecord("cuda:0", "input", 2048, 1, "real"),
+        MemoryRecord("cuda:0", "peak (torch)", 1234567, 1, "real"),
+        MemoryRecord("cuda:1", "input", 2048, 1, "real"),
+        MemoryRecord("cuda:1", "scratch", 5, 1, "real"),  # a category of the caller's own
+        MemoryRecord("cuda:0", "input", 1, 0, "real"),  # another step
+    ]
+
+
+def test_the_memory_table_adds_up_categories_per_device_and_keeps_torchs_totals_apart():
+    memory = export.memory_summary(_records())
+    assert list(memory) == [
+        {"device": "cuda:0", "step": 1, "parameters": 1024, "input": 2048, "scratch": 0,
+         "counted": 3072, "peak (torch)": 1234567},
+        {"device": "cuda:1", "step": 1, "parameters": 0, "input": 2048, "scratch": 5,
+         "counted": 2053, "peak (torch)": 0},
+    ]  # fmt: skip
+    assert str(memory) == (
+        "step 1, bytes held\n"
+        "device    parameters  input  scratch  counted  peak (torch)\n"
+        "-----------------------------------------------------------\n"
+        "cuda:0         1,024  2,048        0    3,072     1,234,567\n"
+        "cuda:1             0  2,048        5    2,053             0"
+    )
+    assert str(export.memory_summary(_records()[:1])) == (
+        "step 1, bytes held\n"
+        "device    parameters  counted\n"
+        "-----------------------------\n"
+        "cuda:0         1,000    1,000"
+    )
+    assert str(export.memory_summary([])) == "no memory records"
+
+
+def test_the_chrome_trace_is_one_process_with_a_track_per_device_in_microseconds(tmp_path):
+    events = _events()[:2]
+    events[1].details["dtype"] = torch.float32  # not JSON: written as its str
+    path = export.write_chrome_trace(events, 9.999, tmp_path / "new" / "folder" / "trace.json")
+    written = json.loads(path.read_text())
+    assert written["displayTimeUnit"] == "ms"
+    meta, slices = written["traceEvents"][:3], written["traceEvents"][3:]
+    label = "virtual devices on the CPU"
+    assert meta == [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": label}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "virtual:0 (cpu)"}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "virtual:1 (cpu)"}},
+    ]  # fmt: skip
+    assert [(s["ts"], s["dur"]) for s in slices] == [
+        (pytest.approx(1000.0), pytest.approx(1000.0)),
+        (pytest.approx(1000.0), pytest.approx(2000.0)),
+    ]
+    for s in slices:
+        del s["ts"], s["dur"]
+    assert slices == [
+        {"name": "scatter", "cat": "forward", "ph": "X", "pid": 1, "tid": 0,
+         "args": {"step": 1, "nbytes": 0, "kind": "virtual-cpu", "rows": 2}},
+        {"name": "scatter", "cat": "forward", "ph": "X", "pid": 1, "tid": 1,
+         "args": {"step": 1, "nbytes": 48, "kind": "virtual-cpu", "rows": 2,
+                  "dtype": "torch.float32"}},
+    ]  # fmt: skip
+
+
+def test_rows_name_every_field_of_an_event():
+    (row,) = export.rows(_events()[1:2], 9.999)
+    assert row == {
+        "step": 1,
+        "phase": "scatter",
+        "device": "virtual:1 (cpu)",
+        "kind": "virtual-cpu",
+        "start_s": pytest.approx(0.001),
+        "end_s": pytest.approx(0.003),
+        "duration_s": pytest.approx(0.002),
+        "nbytes": 48,
+        "detail_rows": 2,
+    }
+
+
+def test_the_hardware_label_joins_the_kinds_and_keeps_unknown_ones():
+    kinds = ("virtual-cpu", "tpu", "predicted", "host")  # the host is named only alone
+    events = [Event("apply", "somewhere", 0.0, 0.0, kind=kind) for kind in kinds]
+    assert export.hardware_label(events) == (
+        "predicted devices (cost model) + tpu + virtual devices on the CPU"
+    )
+    assert export.hardware_label(events[-1:]) == "host CPU"
+
+
+# --------------------------------------------------------------------------------------
+# The mutation run's list of survivors kept on purpose (benchmarks/mutation_equivalents.md)
+
+
+def _load_mutation_script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mutation.py"
+    spec = importlib.util.spec_from_file_location("_dpkit_mutation", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_listed_survivor_names_a_core_function_its_lines_and_a_reason():
+    """A malformed entry would match nothing, and its mutant would count as a survivor."""
+    mutation = _load_mutation_script()
+    entries = mutation.load_equivalents()
+    text = mutation.EQUIVALENTS_MD.read_text()
+    assert len(entries) == text.count("\n### ")
+    core = {mutation.module_of(path) for path in mutation.CORE_FILES}
+    for entry in entries:
+        module = entry.function.rpartition(".")[0]
+        assert module in core, entry.name
+        assert any(line.startswith("-") for line in entry.change), entry.name
+        assert len(entry.reason) > 20, entry.name
+    gpu_section = text[text.index("\n## Only on a GPU") :]
+    assert {e.name for e in entries if e.gpu_only} == {
+        e.name for e in entries if f"### `{e.name}`" in gpu_section
+    }
+
+
+def test_a_listed_survivor_matches_its_change_whatever_mutmut_numbers_it():
+    mutation = _load_mutation_script()
+    entry = mutation.Equivalent(
+        name="dpkit.scatter.x_scatter__mutmut_62",
+        function="dpkit.scatter.x_scatter",
+        change=("-scatter_map = None", '+scatter_map = ""'),
+        reason="any value breaks the cycle",
+        gpu_only=False,
+    )
+    diff = '--- a\n+++ b\n@@\n-        scatter_map = None\n+        scatter_map = ""\n'
+    assert mutation.match_equivalent("dpkit.scatter.x_scatter__mutmut_70", diff, [entry])
+    assert not mutation.match_equivalent("dpkit.gather.x_gather__mutmut_62", diff, [entry])
+    other = diff.replace('""', "0")
+    assert not mutation.match_equivalent("dpkit.scatter.x_scatter__mutmut_62", other, [entry])
+    whole_line = dataclasses.replace(entry, change=("-scatter_map = None",))
+    assert mutation.match_equivalent("dpkit.scatter.x_scatter__mutmut_1", other, [whole_line])

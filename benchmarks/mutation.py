@@ -1,0 +1,580 @@
+"""Mutation testing of dpkit's core: how many planted bugs do the fast tests catch?
+
+mutmut (pinned in requirements/mutation.txt) plants one small bug at a time (a ``<`` for a
+``<=``, a dropped argument, ``None`` for a value, a string changed) in each function of a
+core file and runs the tests that call that function (mutmut records which tests call
+which function in a first, instrumented run of the suite). A mutant is *killed* when a test
+fails (or hangs past mutmut's timeout), and *survives* when every test passes. Each
+survivor is either a gap in the tests or an *equivalent* mutant, one no user could tell
+from the original; the equivalent ones, with the reason, are listed in
+``benchmarks/mutation_equivalents.md``. The kill rate is killed / (mutants - equivalent).
+
+The tests are the fast CPU suite: ``tests/`` without the browser, slow, GPU and notebook
+tests, the exercise graders and the widget tests.
+
+Each core file is tested in its own copy of the working tree, under
+``build/mutation/<module>/`` (mutmut writes its mutants to ``mutants/`` there), so the
+working tree is never touched and an interrupted run leaves nothing in it. The copies are
+caches: a rerun tests only what is new (mutants of changed functions, mutants not yet
+checked) and rechecks every survivor that is not listed as equivalent, against the tests as
+they are now. ``--fresh`` throws a file's cache away.
+
+    make mutation                              # every core file (hours on 2 cores)
+    make mutation FILES=dpkit/comm.py          # one file, or several: FILES="a.py b.py"
+    .venv/bin/python -m benchmarks.mutation --files dpkit/comm.py --fresh
+
+Results, merged file by file into what earlier runs measured:
+``benchmarks/results/mutation.json`` and a readable ``benchmarks/results/mutation.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from fnmatch import fnmatch
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "mutation"
+RESULTS_JSON = ROOT / "benchmarks" / "results" / "mutation.json"
+RESULTS_MD = ROOT / "benchmarks" / "results" / "mutation.md"
+EQUIVALENTS_MD = ROOT / "benchmarks" / "mutation_equivalents.md"
+
+# The issue's core, in the order a partial run should take them.
+CORE_FILES = (
+    "dpkit/comm.py",
+    "dpkit/scatter.py",
+    "dpkit/gather.py",
+    "dpkit/_functions.py",
+    "dpkit/replicate.py",
+    "dpkit/parallel_apply.py",
+    "dpkit/data_parallel.py",
+    "dpkit/devices.py",
+    "dpkit/tracing/recorder.py",
+    "dpkit/tracing/export.py",
+)
+
+# The fast CPU suite. The selection is the paths; the markers apply to every pytest run.
+TEST_SELECTION = (
+    "tests",
+    "--ignore=tests/browser",
+    "--ignore-glob=tests/test_notebooks*.py",
+    "--ignore=tests/test_exercises.py",
+    "--ignore-glob=tests/test_widgets_*.py",
+)
+MARKERS = "not browser and not slow and not gpu and not notebooks"
+# Left out of the copies: the DistributedDataParallel tests start rank processes, which
+# mutmut cannot follow to see what they call, and under a mutation run's load their ranks
+# time out.
+SKIPPED_TESTS = ("tests/test_ddp*.py",)
+PYTEST_ARGS = ("-m", MARKERS, "-p", "no:cacheprovider")
+
+# mutmut's wall-clock limit per mutant: (seconds its tests took + constant) * multiplier.
+# A mutant that deadlocks a lane's thread is stopped there and counts as caught.
+TIMEOUT_MULTIPLIER = 6.0
+TIMEOUT_CONSTANT = 5.0
+
+# mutmut's exit codes (mutmut/stats.py): what each says about a mutant.
+KILLED_CODES = {1, 3}  # a test failed; pytest's internal error
+TIMEOUT_CODES = {36, 24, -24, 152, 255}  # ran past the limit: a hang a user would see
+SURVIVED = 0
+NO_TESTS = {5, 33}  # no selected test calls the function
+CAUGHT_CODES = KILLED_CODES | TIMEOUT_CODES
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "not checked"
+    if code in KILLED_CODES:
+        return "killed"
+    if code in TIMEOUT_CODES:
+        return "timeout"
+    if code == SURVIVED:
+        return "survived"
+    if code in NO_TESTS:
+        return "no tests"
+    return f"other (exit {code})"
+
+
+# --------------------------------------------------------------------------------------
+# Equivalent mutants: benchmarks/mutation_equivalents.md
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A listed survivor, matched by function and changed lines (not by mutmut's number,
+    which shifts when a function gains or loses a mutation): equivalent to the original, or
+    (``gpu_only``) different only on a GPU, which the CPU tests cannot see."""
+
+    name: str
+    function: str
+    change: tuple[str, ...]
+    reason: str
+    gpu_only: bool
+
+
+def _function_of(mutant_name: str) -> str:
+    return mutant_name.partition("__mutmut_")[0]
+
+
+def _change_of(diff: str) -> tuple[str, ...]:
+    """The removed and added lines of a unified diff, stripped: what the mutant changed."""
+    return tuple(
+        line[0] + line[1:].strip()
+        for line in diff.splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    )
+
+
+_ENTRY = re.compile(
+    r"^### `(?P<name>[^`]+)`\n+```diff\n(?P<diff>.*?)```\n+(?P<reason>.*?)(?=^##|\Z)",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def load_equivalents(path: Path = EQUIVALENTS_MD) -> list[Equivalent]:
+    """Entries of the form: a ``### `mutant name` `` heading, a ```` ```diff ```` block with the
+    changed lines, then the reason in prose; those under a ``## ...`` heading that mentions
+    a GPU are the GPU-only ones."""
+    if not path.exists():
+        return []
+    entries = []
+    for section in re.split(r"^(?=## )", path.read_text(), flags=re.MULTILINE):
+        gpu_only = "GPU" in section.partition("\n")[0] and section.startswith("## ")
+        entries += [
+            Equivalent(
+                name=match["name"],
+                function=_function_of(match["name"]),
+                change=_change_of(match["diff"]),
+                reason=" ".join(match["reason"].split()),
+                gpu_only=gpu_only,
+            )
+            for match in _ENTRY.finditer(section)
+        ]
+    return entries
+
+
+def match_equivalent(name: str, diff: str, equivalents: list[Equivalent]) -> Equivalent | None:
+    """The entry for this mutant: the same function and change, or an entry that lists only
+    removed lines (every mutant of those lines) and the mutant changes some of those."""
+    function, change = _function_of(name), _change_of(diff)
+    removed = tuple(line for line in change if line.startswith("-"))
+
+    def matches(entry: Equivalent) -> bool:
+        if entry.function != function:
+            return False
+        if all(line.startswith("-") for line in entry.change):
+            return bool(removed) and set(removed) <= set(entry.change)
+        return entry.change == change
+
+    return next((e for e in equivalents if matches(e)), None)
+
+
+# --------------------------------------------------------------------------------------
+# A copy of the working tree per core file
+
+
+def module_of(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def _tree_files() -> list[str]:
+    """The working tree as git sees it: tracked files and new files it does not ignore."""
+    listing = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(p for p in listing.split("\0") if p and (ROOT / p).is_file())
+
+
+def sync_copy(workdir: Path, files: list[str]) -> None:
+    """Make ``workdir`` hold ``files`` as they are now. A changed file gets a new mtime, which
+    is how mutmut tells that its mutants must be made again."""
+    manifest = workdir / "copied-files.txt"
+    before = set(manifest.read_text().splitlines()) if manifest.exists() else set()
+    for name in files:
+        source, target = ROOT / name, workdir / name
+        content = source.read_bytes()
+        if not target.exists() or target.read_bytes() != content:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+    for name in sorted(before - set(files)):
+        (workdir / name).unlink(missing_ok=True)
+    manifest.write_text("\n".join(files) + "\n")
+
+
+def write_config(workdir: Path, target: str, also_copy: list[str]) -> None:
+    def lines(values) -> str:
+        return "".join(f"\n    {value}" for value in values)
+
+    (workdir / "setup.cfg").write_text(
+        "# Written by benchmarks/mutation.py for this copy only.\n"
+        "[mutmut]\n"
+        "source_paths=dpkit\n"
+        f"only_mutate={target}\n"
+        f"also_copy={lines(also_copy)}\n"
+        f"pytest_add_cli_args_test_selection={lines(TEST_SELECTION)}\n"
+        f"pytest_add_cli_args={lines(PYTEST_ARGS)}\n"
+        # torch in the process that forks the workers has run nothing (see mutmut's README).
+        "process_isolation=forkserver\n"
+        f"timeout_multiplier={TIMEOUT_MULTIPLIER}\n"
+        f"timeout_constant={TIMEOUT_CONSTANT}\n"
+    )
+
+
+@contextmanager
+def _inside(workdir: Path):
+    """mutmut's functions read its config and files relative to the current directory."""
+    from mutmut.configuration import reset_config
+
+    here = os.getcwd()
+    os.chdir(workdir)
+    reset_config()
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        reset_config()
+
+
+def _meta_path(workdir: Path, target: str) -> Path:
+    return workdir / "mutants" / f"{target}.meta"
+
+
+def read_results(workdir: Path, target: str) -> dict[str, int | None]:
+    meta = _meta_path(workdir, target)
+    return json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+
+
+def diffs(workdir: Path, target: str, names: list[str]) -> dict[str, str]:
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    with _inside(workdir):
+        return {name: get_diff_for_mutant(name, path=Path(target)) for name in names}
+
+
+def recheck_survivors(workdir: Path, target: str, equivalents: list[Equivalent]) -> int:
+    """Forget every verdict but a catch and a listed equivalent, so the run checks those
+    mutants again against the tests as they are now. Returns how many were reset."""
+    meta = _meta_path(workdir, target)
+    if not meta.exists() or not (workdir / "mutants" / target).exists():
+        return 0
+    data = json.loads(meta.read_text())
+    codes = data["exit_code_by_key"]
+    undecided = [n for n, code in codes.items() if code is not None and code not in CAUGHT_CODES]
+    try:
+        diff_by_name = diffs(workdir, target, undecided)
+    except Exception:  # an older or partial mutants folder: recheck them all
+        diff_by_name = {}
+    reset = 0
+    for name in undecided:
+        if codes[name] == SURVIVED and match_equivalent(
+            name, diff_by_name.get(name, ""), equivalents
+        ):
+            continue
+        codes[name] = None
+        reset += 1
+    meta.write_text(json.dumps(data, indent=4))
+    return reset
+
+
+def run_file(
+    target: str, *, fresh: bool, max_children: int, files: list[str]
+) -> tuple[float, bool]:
+    """Run mutmut on one core file in its own copy: the seconds it took, and whether it
+    started from nothing (every mutant tested, not only what a cache left open)."""
+    workdir = WORK / module_of(target)
+    if fresh and workdir.exists():
+        shutil.rmtree(workdir)
+    full = not any(code is not None for code in read_results(workdir, target).values())
+    workdir.mkdir(parents=True, exist_ok=True)
+    sync_copy(workdir, files)
+    also_copy = sorted({name.split("/", 1)[0] for name in files} - {"dpkit", "tests"})
+    write_config(workdir, target, also_copy)
+    # Copies of deleted tests or files must not linger in mutmut's folder.
+    for name in ["tests", *also_copy]:
+        stale = workdir / "mutants" / name
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    reset = recheck_survivors(workdir, target, load_equivalents())
+    print(f"\n=== {target}: mutmut in {workdir.relative_to(ROOT)} ({reset} to recheck)", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+    mutmut = Path(sys.executable).with_name("mutmut")
+    start = time.monotonic()
+    subprocess.run(
+        [str(mutmut), "run", "--max-children", str(max_children)], cwd=workdir, env=env, check=True
+    )
+    return time.monotonic() - start, full
+
+
+# --------------------------------------------------------------------------------------
+# The report
+
+
+def summarize(
+    target: str, seconds: float | None, equivalents: list[Equivalent], full: bool = False
+) -> dict:
+    workdir = WORK / module_of(target)
+    codes = read_results(workdir, target)
+    statuses = {name: _status(code) for name, code in codes.items()}
+    open_names = [n for n, s in statuses.items() if s not in ("killed", "timeout", "not checked")]
+    diff_by_name = diffs(workdir, target, open_names) if open_names else {}
+    survivors, equivalent, gpu_only = [], [], []
+    for name in sorted(open_names, key=_mutant_order):
+        diff = diff_by_name[name]
+        match = match_equivalent(name, diff, equivalents) if statuses[name] == "survived" else None
+        if match is None:
+            survivors.append({"name": name, "status": statuses[name], "diff": diff})
+        else:
+            listed = gpu_only if match.gpu_only else equivalent
+            listed.append({"name": name, "diff": diff, "reason": match.reason})
+    counts = {
+        s: sum(1 for v in statuses.values() if v == s) for s in sorted(set(statuses.values()))
+    }
+    caught = counts.get("killed", 0) + counts.get("timeout", 0)
+    checked = len(codes) - counts.get("not checked", 0)
+    source = (workdir / target).read_bytes()
+    return {
+        "file": target,
+        "mutants": len(codes),
+        "counts": counts,
+        "caught": caught,
+        "surviving": len(survivors),
+        "equivalent": len(equivalent),
+        "gpu_only": len(gpu_only),
+        **_rates(caught, checked, len(equivalent), len(gpu_only)),
+        "complete": counts.get("not checked", 0) == 0,
+        "source_sha256": hashlib.sha256(source).hexdigest()[:16],
+        "run_s": round(seconds, 1) if seconds is not None else None,
+        "full_run_s": round(seconds, 1) if seconds is not None and full else None,
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "survivors": survivors,
+        "equivalents": equivalent,
+        "gpu_only_mutants": gpu_only,
+    }
+
+
+def _rates(caught: int, checked: int, equivalent: int, gpu_only: int) -> dict:
+    """The kill rate over the mutants the CPU tests can tell apart, and the same with the
+    GPU-only ones counted as survivors."""
+
+    def rate(denominator: int) -> float | None:
+        return round(caught / denominator, 4) if denominator else None
+
+    return {
+        "kill_rate": rate(checked - equivalent - gpu_only),
+        "kill_rate_counting_gpu_only": rate(checked - equivalent),
+    }
+
+
+def _mutant_order(name: str) -> tuple[str, int]:
+    function, _, number = name.partition("__mutmut_")
+    return function, int(number) if number.isdigit() else 0
+
+
+def _machine() -> dict:
+    from importlib.metadata import version
+
+    return {
+        "mutmut": version("mutmut"),
+        "pytest": version("pytest"),
+        "torch": version("torch"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_cores": os.cpu_count(),
+    }
+
+
+def write_results(per_file: dict[str, dict], equivalents: list[Equivalent]) -> dict:
+    """Merge ``per_file`` into the results: the files with a cache here are summarized from
+    it again (the equivalents may have changed), the others keep what an earlier run wrote."""
+    old = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    files = {entry["file"]: entry for entry in old.get("files", [])}
+    for name in CORE_FILES:
+        entry = per_file.get(name)
+        if entry is None and _meta_path(WORK / module_of(name), name).exists():
+            entry = summarize(name, None, equivalents)
+        if entry is None:
+            continue
+        before = files.get(name, {})
+        if entry["run_s"] is None and before:  # not run now: keep when it ran
+            entry = dict(entry, run_s=before["run_s"], measured=before["measured"])
+        if entry["full_run_s"] is None:
+            entry = dict(entry, full_run_s=before.get("full_run_s"))
+        files[name] = entry
+    ordered = [files[f] for f in CORE_FILES if f in files]
+
+    def total(key: str) -> int:
+        return sum(f.get(key, 0) for f in ordered)
+
+    checked = sum(f["mutants"] - f["counts"].get("not checked", 0) for f in ordered)
+    result = {
+        "tool": "mutmut",
+        "tests": {"selection": list(TEST_SELECTION), "markers": MARKERS},
+        "goal": 0.95,
+        **_rates(total("caught"), checked, total("equivalent"), total("gpu_only")),
+        "mutants": total("mutants"),
+        "checked": checked,
+        "caught": total("caught"),
+        "surviving": total("surviving"),
+        "equivalent": total("equivalent"),
+        "gpu_only": total("gpu_only"),
+        "full_run_s": sum(f.get("full_run_s") or 0 for f in ordered),
+        "files_not_measured": [f for f in CORE_FILES if f not in files],
+        "machine": _machine(),
+        "files": ordered,
+    }
+    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_JSON.write_text(json.dumps(result, indent=2) + "\n")
+    RESULTS_MD.write_text(render_markdown(result))
+    return result
+
+
+def _percent(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.1f} %"
+
+
+def _minutes(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def render_markdown(result: dict) -> str:
+    lines = [
+        "# Mutation testing of the core",
+        "",
+        "Written by `benchmarks/mutation.py` (`make mutation`); the numbers are in",
+        "`mutation.json`, the reasons for the listed mutants in `../mutation_equivalents.md`.",
+        "A mutant is caught",
+        "when a test fails or it hangs past mutmut's timeout. Kill rate = caught / (mutants",
+        "checked - equivalent - GPU-only): GPU-only mutants change what happens on a GPU alone",
+        "(CUDA streams, non-blocking copies), which the CPU tests cannot see; the last column",
+        f"counts them as survivors. Goal: {_percent(result['goal'])}.",
+        "",
+        f"**Overall: {_percent(result['kill_rate'])}** ({result['caught']} caught,"
+        f" {result['surviving']} surviving, {result['equivalent']} equivalent,"
+        f" {result['gpu_only']} GPU-only, of {result['mutants']} mutants;"
+        f" {_percent(result['kill_rate_counting_gpu_only'])} counting GPU-only as surviving).",
+        "",
+        "| file | mutants | caught | surviving | equivalent | GPU-only | kill rate |"
+        " with GPU-only | full run | last run | measured |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for f in result["files"]:
+        full, last = (_minutes(f.get(key)) for key in ("full_run_s", "run_s"))
+        unchecked = f["counts"].get("not checked", 0)
+        partial = f" ({unchecked} not checked)" if unchecked else ""
+        lines.append(
+            f"| `{f['file']}` | {f['mutants']} | {f['caught']} | {f['surviving']} |"
+            f" {f['equivalent']} | {f['gpu_only']} | {_percent(f['kill_rate'])}{partial} |"
+            f" {_percent(f['kill_rate_counting_gpu_only'])} | {full} | {last} |"
+            f" {f['measured'][:10]} |"
+        )
+    if result["files_not_measured"]:
+        lines += [
+            "",
+            "Not measured yet: " + ", ".join(f"`{f}`" for f in result["files_not_measured"]),
+        ]
+    machine = result["machine"]
+    lines += [
+        "",
+        f"mutmut {machine['mutmut']}, pytest {machine['pytest']}, torch {machine['torch']},"
+        f" Python {machine['python']}, {machine['cpu_cores']} cores. Tests:",
+        f'`pytest -m "{result["tests"]["markers"]}" '
+        + " ".join(result["tests"]["selection"])
+        + "`.",
+        "",
+        "## Surviving mutants",
+        "",
+    ]
+    survivors = [s for f in result["files"] for s in f["survivors"]]
+    if not survivors:
+        lines += ["None.", ""]
+    for s in survivors:
+        lines += [f"### `{s['name']}` ({s['status']})", "", "```diff", s["diff"], "```", ""]
+    for key, title in (("equivalents", "Equivalent"), ("gpu_only_mutants", "GPU-only")):
+        names = [e["name"] for f in result["files"] for e in f[key]]
+        lines += [f"## {title} mutants ({len(names)})", ""]
+        lines += [", ".join(f"`{n}`" for n in names) if names else "None.", ""]
+    return "\n".join(lines)
+
+
+def _print_overall(result: dict) -> None:
+    print(
+        f"\noverall {_percent(result['kill_rate'])} ({result['surviving']} surviving; "
+        f"{_percent(result['kill_rate_counting_gpu_only'])} counting GPU-only mutants); "
+        f"results in {RESULTS_JSON.relative_to(ROOT)} and {RESULTS_MD.relative_to(ROOT)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--files", nargs="+", default=list(CORE_FILES), metavar="PATH", help="core files to mutate"
+    )
+    parser.add_argument("--fresh", action="store_true", help="throw away the files' caches first")
+    parser.add_argument(
+        "--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the results from the caches, run nothing",
+    )
+    parser.add_argument(
+        "--skip-tests",
+        nargs="+",
+        default=[],
+        metavar="GLOB",
+        help=f"test files to leave out of the copies besides {', '.join(SKIPPED_TESTS)}"
+        " (someone's red work in progress, say)",
+    )
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.files if f not in CORE_FILES]
+    if unknown:
+        parser.error(f"not core files: {unknown}; choose from {list(CORE_FILES)}")
+    equivalents = load_equivalents()
+    if args.report_only:
+        _print_overall(write_results({}, equivalents))
+        return 0
+    skipped = (*SKIPPED_TESTS, *args.skip_tests)
+    files = [f for f in _tree_files() if not any(fnmatch(f, glob) for glob in skipped)]
+    per_file, failed = {}, []
+    for target in args.files:
+        try:
+            seconds, full = run_file(
+                target, fresh=args.fresh, max_children=args.max_children, files=files
+            )
+        except subprocess.CalledProcessError:
+            # mutmut stops when the unmutated tests fail; its output above says which.
+            print(f"{target}: mutmut failed; its cache is kept, run it again", flush=True)
+            failed.append(target)
+            continue
+        per_file[target] = summarize(target, seconds, equivalents, full)
+        result = write_results(per_file, equivalents)  # after each file: a stop keeps it
+        f = per_file[target]
+        print(f"{target}: {_percent(f['kill_rate'])}, {f['surviving']} surviving", flush=True)
+    if per_file:
+        _print_overall(result)
+    if failed:
+        print(f"not measured this time: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
