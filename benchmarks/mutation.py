@@ -206,15 +206,20 @@ def sync_copy(workdir: Path, files: list[str]) -> None:
     is how mutmut tells that its mutants must be made again."""
     manifest = workdir / "copied-files.txt"
     before = set(manifest.read_text().splitlines()) if manifest.exists() else set()
+    present = []
     for name in files:
         source, target = ROOT / name, workdir / name
-        content = source.read_bytes()
+        try:
+            content = source.read_bytes()
+        except FileNotFoundError:  # removed since the listing (someone moved it meanwhile)
+            continue
+        present.append(name)
         if not target.exists() or target.read_bytes() != content:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
-    for name in sorted(before - set(files)):
+    for name in sorted(before - set(present)):
         (workdir / name).unlink(missing_ok=True)
-    manifest.write_text("\n".join(files) + "\n")
+    manifest.write_text("\n".join(present) + "\n")
 
 
 def write_config(workdir: Path, target: str, also_copy: list[str]) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import collections
 import importlib
+import threading
+import time
 import types
 
 import pytest
@@ -376,3 +378,42 @@ def test_a_stream_pool_that_keeps_repeating_is_refused(machine):
         match=r"another thread takes streams at the same time\); create dpkit's lanes first$",
     ):
         dev.stream_of(dpkit.virtual_devices(2)[1])
+
+
+def test_two_threads_asking_first_get_the_same_lane_stream(machine):
+    """The lanes' streams are made once, under a lock: a second thread that asked while the
+    first was making them must get the first's streams, not a pool of its own."""
+    module = machine("cuda", 1)
+    inside, second_started = threading.Event(), threading.Event()
+    make_stream = module.Stream
+
+    def slow_first_stream(device):
+        if not inside.is_set():
+            inside.set()
+            second_started.wait(5)
+            time.sleep(0.2)  # the second thread is past its first look by now, at the lock
+        return make_stream(device)
+
+    module.Stream = slow_first_stream
+    lane = dpkit.virtual_devices(2)[1]
+    got = {}
+
+    def first():
+        got["first"] = dev.stream_of(lane)
+
+    def second():
+        inside.wait(5)
+        second_started.set()
+        got["second"] = dev.stream_of(lane)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert got["first"] is got["second"]
+    assert module.taken == dev.MAX_GPU_LANES
+
+
+def test_the_host_is_named_cpu():
+    assert Device(-1, dev.HOST, torch.device("cpu")).name == "cpu"
