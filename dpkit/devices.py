@@ -192,7 +192,13 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
     if on is None:
         kind = accelerator_type()
         on = torch.device(kind, 0) if kind is not None else torch.device("cpu")
-    on = torch.device(on)
+    try:
+        on = torch.device(on)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"on={on!r} is not a device; use on='cpu' for CPU lanes, on='cuda' for lanes on "
+            "the GPU, or leave it out to pick the GPU when there is one"
+        ) from None
     if on.type == "cpu":
         memory = torch.device("cpu")
         if _placement_check is not None:
@@ -372,6 +378,8 @@ def to_device(obj: Any, device: DeviceLike) -> Any:
     memory (nothing moves), and under :mod:`dpkit.placement_check` the lanes' own device.
     Lanes 1, 2, ... get their copies from scatter and replicate, never from here.
     """
+    if _placement_check is not None and _names_checked_lanes(device):
+        device = virtual_devices(1)[0]  # lanes[0].torch_device: the checked lanes' memory
     device = as_device(device, argument="device")
     if device.is_virtual and device.index != 0:
         raise ValueError(
@@ -386,6 +394,16 @@ def to_device(obj: Any, device: DeviceLike) -> Any:
     if isinstance(obj, torch.Tensor) or hasattr(obj, "to"):
         return obj.to(device.torch_device)
     return obj
+
+
+def _names_checked_lanes(spec: Any) -> bool:
+    """Whether ``spec`` is the pretend device of CPU lanes under the placement check."""
+    if not isinstance(spec, (str, torch.device)):
+        return False
+    try:
+        return torch.device(spec) == CHECKED_LANE_MEMORY
+    except RuntimeError:
+        return False  # as_device says what is wrong with it
 
 
 # --------------------------------------------------------------------------------------

@@ -46,10 +46,12 @@ _TAG = devices._LANE_ATTRIBUTE
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper each time: compare with ==
 
 # Operations torch allows across devices: copies between them, indexing a device's tensor
-# with a host index, and questions about tensors that read no data.
+# with a host index, questions about tensors that read no data, and packing a padded batch
+# (torch wants its ``lengths`` on the CPU whatever device the batch is on).
 _CROSS_DEVICE = frozenset(
     {
         torch._has_compatible_shallow_copy_type,
+        torch._pack_padded_sequence,
         torch.Tensor.copy_,
         torch.Tensor.__getitem__,
         torch.Tensor.__setitem__,

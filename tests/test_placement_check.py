@@ -198,3 +198,17 @@ def test_the_check_follows_into_a_thread_that_makes_lanes():
         thread.start()
         thread.join()
     assert errors == []
+
+
+def test_to_device_of_the_lanes_torch_device_puts_data_on_lane_0(checked_lanes):
+    # lanes[0].torch_device is what .to(home) takes; to_device must agree with it.
+    x = dpkit.to_device(torch.randn(2), checked_lanes[0].torch_device)
+    assert dpkit.device_of(x) == checked_lanes[0]
+    assert dpkit.device_of(dpkit.to_device(torch.randn(2), "cpu")).kind == "host"
+
+
+def test_packing_a_padded_batch_takes_its_lengths_on_the_host(checked_lanes):
+    # torch wants pack_padded_sequence's lengths on the CPU whatever device the batch is on.
+    batch = torch.randn(2, 3, 1).to(checked_lanes[0].torch_device)
+    packed = nn.utils.rnn.pack_padded_sequence(batch, torch.tensor([3, 2]), batch_first=True)
+    assert dpkit.device_of(packed.data) == checked_lanes[0]
