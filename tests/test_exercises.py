@@ -2,7 +2,8 @@
 
 Each grading run is a subprocess (a fresh Python that imports torch), so the graders run
 once per variant: every task against the reference solutions, every task against the
-untouched stubs, then a small class of submissions including one that hangs.
+untouched stubs. Plausible wrong answers are in ``test_exercises_wrong_answers.py``; forged
+grades, hangs, Ctrl-C and the class CSV in ``test_grading_integrity.py``.
 
 The tasks are discovered from the ``exercises/taskN_*.py`` files, never counted here; the
 tests check that each has a solution, a grader and a row in ``exercises/README.md``, and
@@ -13,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import csv
 import re
-import shutil
-import time
 import tokenize
 from pathlib import Path
 
@@ -191,40 +189,16 @@ def test_exercises_readme_has_one_row_per_task():
     assert [(int(task), name) for task, name in rows] == list(TASK_FILES.items())
 
 
-def test_submissions_into_csv(tmp_path):
-    """One student with solutions, one with stubs, one whose file hangs at import."""
-    submissions = tmp_path / "class"
-    for student in ("ada", "bo", "cy"):
-        (submissions / student).mkdir(parents=True)
-    for task in (1, 2):
-        shutil.copy(SOLUTIONS / stub_of(task).name, submissions / "ada")
-        shutil.copy(stub_of(task), submissions / "bo")
-    (submissions / "cy" / stub_of(1).name).write_text("while True:\n    pass\n")
-    # cy has no task 2 file at all
-    start = time.monotonic()
-    rows = grading.grade_submissions(submissions, tasks=[1, 2], timeout=10)
-    assert time.monotonic() - start < 60, "grading must stop hung code, not wait for it"
-    out = tmp_path / "grades.csv"
-    grading.write_csv(rows, out)
-    table = list(csv.DictReader(out.open()))
-    assert list(table[0]) == ["student", "task", "check", "result", "hint"]
-    by = {}
-    for row in table:
-        by.setdefault((row["student"], row["task"]), []).append(row)
-    assert {key for key in by} == {(s, t) for s in ("ada", "bo", "cy") for t in ("1", "2")}
-    assert all(r["result"] == "pass" for key in [("ada", "1"), ("ada", "2")] for r in by[key])
-    assert all(r["result"] == "fail" for key in [("bo", "1"), ("bo", "2")] for r in by[key])
-    assert len(by[("bo", "1")]) == len(by[("ada", "1")]), "every check gets a row"
-    hung = by[("cy", "1")]
-    assert len(hung) == len(by[("ada", "1")])
-    assert all(r["result"] == "fail" and "timed out" in r["hint"] for r in hung), hung
-    assert all("file missing" in r["hint"] for r in by[("cy", "2")])
-
-
-def test_grade_and_report_prints_and_returns_bool(capsys):
-    assert grading.grade_and_report(1, file=SOLUTIONS / stub_of(1).name) is True
-    printed = capsys.readouterr().out
-    assert grading.PASS in printed and "checks passed: all checks pass" in printed
+def test_grade_and_report_prints_and_returns_bool(monkeypatch, capsys):
+    """A thin wrapper: print the report of grade(), return whether every check passed."""
+    for results, want in [
+        ([grading.CheckResult(1, "a", True), grading.CheckResult(1, "b", True)], True),
+        ([grading.CheckResult(1, "a", True), grading.CheckResult(1, "b", False, "h")], False),
+        ([], False),
+    ]:
+        monkeypatch.setattr(grading, "grade", lambda task, file, timeout, r=results: r)
+        assert grading.grade_and_report(1) is want
+        assert capsys.readouterr().out == grading.report(results) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -233,10 +207,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_cli_grades_one_file(capsys):
+def test_cli_grades_one_file_and_names_it(capsys):
     args = _parser().parse_args(["grade", "4", "--file", str(stub_of(4))])
     assert args.run(args) == 1
     printed = capsys.readouterr().out
+    assert printed.startswith(f"grading task 4: {stub_of(4).resolve()}\n")
     assert grading.FAIL in printed and "hint: not implemented yet (TODO 4." in printed
 
 
@@ -280,31 +255,3 @@ def test_report_lists_every_check_with_hints():
         "      hint: h",
         "1/2 checks passed: keep going",
     ]
-
-
-def test_a_one_element_gradient_for_a_scalar_piece_is_caught(tmp_path):
-    """Task 4: a backward that gives a scalar piece a (1,)-shaped gradient passes if only
-    .grad is checked (autograd reshapes it); the grader must name the mistake."""
-    source = (SOLUTIONS / stub_of(4).name).read_text()
-    wrong = source.replace("grad.view(()) if ctx.scalars else grad", "grad")
-    assert wrong != source
-    submission = tmp_path / stub_of(4).name
-    submission.write_text(wrong)
-    results = {r.check: r for r in grading.grade(4, file=submission)}
-    scalar = results["a scalar piece gets a scalar gradient"]
-    assert not scalar.passed and "shape ()" in scalar.hint
-    assert sum(not r.passed for r in results.values()) == 1  # and only that check fails
-
-
-def test_an_import_error_names_the_line_and_the_cli_names_the_file(tmp_path, capsys):
-    broken = tmp_path / stub_of(1).name
-    broken.write_text("import torch\n\n\ndef chunk_sizes(batch, num_devices)\n    return []\n")
-    results = grading.grade(1, file=broken)
-    assert all("could not be imported (line 4): SyntaxError" in r.hint for r in results)
-    raising = tmp_path / "raising" / stub_of(1).name
-    raising.parent.mkdir()
-    raising.write_text("x = 1\ny = {}['missing']\n")
-    assert all("(line 2): KeyError" in r.hint for r in grading.grade(1, file=raising))
-    args = _parser().parse_args(["grade", "1", "--file", str(broken)])
-    args.run(args)
-    assert f"grading task 1: {broken.resolve()}" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Grader plumbing: which file is graded, a time limit per check, and results for the report.
+"""Grader plumbing: which file is graded, its rules, a time limit per check, the hints.
 
 The surprise first: the graders never import the student's file at collection time. Each
 check loads it through the ``exercise`` fixture, in a thread with a time limit, so a file
@@ -10,16 +10,16 @@ Which file is graded (first match wins):
 - ``DPKIT_EXERCISE_DIR``: the task's file name in that folder (``solutions/``, a submission);
 - otherwise the student file next to this folder, e.g. ``exercises/task1_scatter.py``.
 
-``DPKIT_CHECK_TIMEOUT`` (seconds, default 10) bounds each check. When
-``DPKIT_GRADE_RESULTS`` names a file, every collected check and every outcome is appended
-to it as one JSON line, which ``dpkit.grading`` turns into the friendly report; a run that
-is killed part-way still leaves the lines written so far.
+Before the import, the file's source is scanned and each grader's ``FORBIDDEN`` functions
+are guarded (see :mod:`dpkit.grading.rules`); after it, the stub's functions must be the
+file's own. ``DPKIT_CHECK_TIMEOUT`` (seconds, default 10) bounds each check. A failing
+check's hint goes to :mod:`dpkit.grading.harness`, which sends the signed results when
+``dpkit grade`` runs these graders; a plain ``python -m pytest exercises/graders`` works too.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 import threading
@@ -32,7 +32,9 @@ import pytest
 
 import dpkit
 from dpkit.devices import Device
-from dpkit.grading import task_numbers
+from dpkit.grading import rules
+from dpkit.grading.harness import record_hint
+from dpkit.grading.layout import submission_file, task_numbers
 
 EXERCISES = Path(__file__).resolve().parent.parent
 
@@ -57,12 +59,9 @@ def exercise_path(file_name: str) -> Path:
     submissions whose file was renamed.
     """
     if os.environ.get("DPKIT_EXERCISE_FILE"):
-        return Path(os.environ["DPKIT_EXERCISE_FILE"])
-    folder = Path(os.environ.get("DPKIT_EXERCISE_DIR") or EXERCISES)
-    exact = folder / file_name
-    prefix = file_name.split("_")[0]
-    others = sorted({*folder.glob(f"{prefix}_*.py"), *folder.glob(f"{prefix}.py")})
-    return others[0] if not exact.is_file() and len(others) == 1 else exact
+        return Path(os.environ["DPKIT_EXERCISE_FILE"]).resolve()
+    folder = Path(os.environ.get("DPKIT_EXERCISE_DIR") or EXERCISES).resolve()
+    return submission_file(folder, file_name)
 
 
 def run_with_timeout(function: Any, seconds: float, what: str) -> Any:
@@ -109,28 +108,34 @@ def _import(path: Path) -> ModuleType:
     return module
 
 
-def load_exercise(path: Path) -> ModuleType:
-    """The module at ``path``, imported once per grading run; fails the check if it cannot be."""
+def load_exercise(path: Path, grader: ModuleType) -> ModuleType:
+    """The module at ``path``, imported once per grading run; fails the check if it cannot
+    be, or if it breaks the task's rules (see :mod:`dpkit.grading.rules`)."""
     with _loading:
         if path not in _loaded:
-            if not path.is_file():
-                _loaded[path] = (
-                    f"file missing: no {path.name} in {path.parent}; start from the stub in "
-                    "exercises/"
-                )
-            else:
-                try:
-                    _loaded[path] = run_with_timeout(
-                        lambda: _import(path), check_timeout(), f"importing {path.name}"
-                    )
-                except pytest.fail.Exception as failure:
-                    _loaded[path] = str(failure.msg)
-                except BaseException as error:  # noqa: B036 - a student's file may raise anything
-                    _loaded[path] = _import_failure(path, error)
+            _loaded[path] = _checked_import(path, grader)
         loaded = _loaded[path]
     if isinstance(loaded, str):
         pytest.fail(loaded, pytrace=False)
     return loaded
+
+
+def _checked_import(path: Path, grader: ModuleType) -> ModuleType | str:
+    """The module, or why it cannot be graded."""
+    if not path.is_file():
+        return f"file missing: no {path.name} in the submission; start from the stub in exercises/"
+    broken = rules.scan_source(path, rules.forbidden_names(grader))
+    if broken is not None:
+        return broken
+    try:
+        module = run_with_timeout(lambda: _import(path), check_timeout(), f"importing {path.name}")
+    except pytest.fail.Exception as failure:
+        return str(failure.msg)
+    except BaseException as error:  # noqa: B036 - a student's file may raise anything
+        return _import_failure(path, error)
+    stub = EXERCISES / grader.EXERCISE
+    borrowed = rules.not_written_here(module, path, rules.stub_names(stub))
+    return module if borrowed is None else borrowed
 
 
 def _import_failure(path: Path, error: BaseException) -> str:
@@ -148,7 +153,7 @@ def _import_failure(path: Path, error: BaseException) -> str:
 @pytest.fixture(scope="module")
 def exercise(request: pytest.FixtureRequest) -> ModuleType:
     """The module under test: the file named by the grader's ``EXERCISE``, found as above."""
-    return load_exercise(exercise_path(request.module.EXERCISE))
+    return load_exercise(exercise_path(request.module.EXERCISE), request.module)
 
 
 @pytest.fixture
@@ -178,39 +183,25 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# Results for dpkit.grading: one JSON line per collected check and per outcome.
+# The rules, guarded before any student file runs; a hint for every failure.
 
 
-def _write(record: dict[str, Any]) -> None:
-    results = os.environ.get("DPKIT_GRADE_RESULTS")
-    if results:
-        with open(results, "a", encoding="utf-8") as file:
-            file.write(json.dumps(record) + "\n")
-
-
-def check_name(item: pytest.Item) -> str:
-    doc = getattr(getattr(item, "obj", None), "__doc__", None)
-    name = doc.strip().splitlines()[0] if doc else item.name
-    callspec = getattr(item, "callspec", None)
-    return f"{name} ({callspec.id})" if callspec is not None else name
-
-
-def task_of(item: pytest.Item) -> int:
-    marker = next((m.name for m in item.iter_markers() if m.name.startswith("task")), "task0")
-    return int(marker[len("task") :])
+def task_of(module: ModuleType) -> int:
+    return int(Path(module.__file__).stem[len("test_task") :])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        record = {"nodeid": item.nodeid, "task": task_of(item), "check": check_name(item)}
-        _write({"event": "collected", **record})
+    graders = {item.module for item in items if hasattr(item, "module")}
+    for grader in graders:
+        path = exercise_path(grader.EXERCISE)
+        rules.forbid(rules.forbidden_names(grader), path, task_of(grader), Path(__file__).parent)
 
 
 def hint_for(error: BaseException) -> str:
     """One line a student can act on, from what a check raised."""
     message = str(error).strip()
     first_line = message.splitlines()[0] if message else ""
-    if isinstance(error, pytest.fail.Exception):
+    if isinstance(error, (pytest.fail.Exception, rules.ForbiddenCall)):
         return first_line
     if isinstance(error, NotImplementedError):
         return f"not implemented yet ({first_line})" if first_line else "not implemented yet"
@@ -225,9 +216,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = outcome.get_result()
     if report.failed:
         error = call.excinfo.value if call.excinfo is not None else None
-        hint = hint_for(error) if error is not None else "failed"
-        _write({"event": "failed", "nodeid": item.nodeid, "when": report.when, "hint": hint})
+        record_hint(item.nodeid, hint_for(error) if error is not None else "failed")
     elif report.skipped:
-        _write({"event": "failed", "nodeid": item.nodeid, "when": report.when, "hint": "skipped"})
-    elif report.when == "call":
-        _write({"event": "passed", "nodeid": item.nodeid})
+        record_hint(item.nodeid, "skipped")

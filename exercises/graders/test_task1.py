@@ -1,5 +1,12 @@
-"""Grader for task 1: chunk planning and scatter of nested inputs."""
+"""Grader for task 1: chunk planning and scatter of nested inputs.
 
+Each check tests one function: the scatter_tensor checks run with torch.chunk's sizes in
+place of the student's chunk_sizes, the scatter checks with a reference scatter_tensor, so
+one wrong chunk_sizes fails only the chunk_sizes checks and every hint names the function
+that is wrong.
+"""
+
+import math
 from collections import OrderedDict, namedtuple
 
 import pytest
@@ -7,16 +14,53 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpkit.comm import copy_to
 from dpkit.devices import resides_on
 
 pytestmark = pytest.mark.task1
 EXERCISE = "task1_scatter.py"
+FORBIDDEN = (
+    "dpkit.scatter.torch_chunk_sizes",
+    "dpkit.scatter.plan_chunks",
+    "dpkit.scatter.scatter",
+    "dpkit.scatter.scatter_kwargs",
+    "dpkit.comm.scatter",
+    "dpkit._functions.Scatter.apply",
+    "torch.chunk",
+    "torch.Tensor.chunk",
+)
 
 Pair = namedtuple("Pair", ["image", "label"])
 
 
 def torch_sizes(batch: int, num_devices: int) -> list[int]:
     return [len(chunk) for chunk in torch.empty(batch).chunk(num_devices)] if batch else []
+
+
+def reference_sizes(batch: int, num_devices: int) -> list[int]:
+    """torch.chunk's sizes, computed (the student's code may call this; it may not chunk)."""
+    rows = math.ceil(batch / num_devices) if batch > 0 else 0
+    return [min(rows, batch - start) for start in range(0, batch, rows)] if rows else []
+
+
+def reference_scatter_tensor(tensor, devices, dim=0):
+    sizes = reference_sizes(tensor.shape[dim], len(devices))
+    return tuple(copy_to(p, d, "scatter") for p, d in zip(tensor.split(sizes, dim), devices))
+
+
+@pytest.fixture
+def with_torch_sizes(exercise, monkeypatch):
+    """The student's module, its chunk_sizes replaced by torch.chunk's sizes."""
+    monkeypatch.setattr(exercise, "chunk_sizes", reference_sizes)
+    return exercise
+
+
+@pytest.fixture
+def with_reference_scatter_tensor(exercise, monkeypatch):
+    """The student's module, its chunk_sizes and scatter_tensor replaced by references."""
+    monkeypatch.setattr(exercise, "chunk_sizes", reference_sizes)
+    monkeypatch.setattr(exercise, "scatter_tensor", reference_scatter_tensor)
+    return exercise
 
 
 def test_chunk_sizes_examples(exercise):
@@ -42,10 +86,10 @@ def test_chunk_sizes_property(exercise, batch, num_devices):
     )
 
 
-def test_scatter_tensor_places_chunks(exercise, lanes):
+def test_scatter_tensor_places_chunks(with_torch_sizes, lanes):
     """scatter_tensor puts chunk i on lane i with the right rows"""
     x = torch.arange(30.0).reshape(10, 3)
-    chunks = exercise.scatter_tensor(x, lanes)
+    chunks = with_torch_sizes.scatter_tensor(x, lanes)
     assert len(chunks) == 4, f"10 rows over 4 lanes make 4 chunks, got {len(chunks)}"
     for index, (chunk, want) in enumerate(zip(chunks, x.chunk(4))):
         assert torch.equal(chunk, want), (
@@ -62,10 +106,10 @@ def test_scatter_tensor_places_chunks(exercise, lanes):
         )
 
 
-def test_scatter_tensor_counts_bytes(exercise, lanes, transfers):
+def test_scatter_tensor_counts_bytes(with_torch_sizes, lanes, transfers):
     """scatter_tensor copies every chunk except lane 0's, once"""
     x = torch.randn(10, 5)
-    exercise.scatter_tensor(x, lanes)
+    with_torch_sizes.scatter_tensor(x, lanes)
     moved = {t.destination.index: t.nbytes for t in transfers}
     want = {1: 3 * 5 * 4, 2: 3 * 5 * 4, 3: 1 * 5 * 4}
     assert moved == want, (
@@ -74,8 +118,9 @@ def test_scatter_tensor_counts_bytes(exercise, lanes, transfers):
     )
 
 
-def test_scatter_tensor_dim_and_small_batch(exercise, lanes):
+def test_scatter_tensor_dim_and_small_batch(with_torch_sizes, lanes):
     """scatter_tensor splits along dim and leaves devices idle for a small batch"""
+    exercise = with_torch_sizes
     x = torch.randn(2, 6, 3)
     chunks = exercise.scatter_tensor(x, lanes, dim=1)
     shapes = [tuple(c.shape) for c in chunks]
@@ -87,18 +132,19 @@ def test_scatter_tensor_dim_and_small_batch(exercise, lanes):
     assert len(small) == 3, f"3 rows over 4 lanes make 3 chunks, got {len(small)}"
 
 
-def test_scatter_tensor_gradients(exercise, lanes):
+def test_scatter_tensor_gradients(with_torch_sizes, lanes):
     """gradients flow back from the chunks to the input"""
     x = torch.randn(10, 2, requires_grad=True)
-    chunks = exercise.scatter_tensor(x, lanes)
+    chunks = with_torch_sizes.scatter_tensor(x, lanes)
     sum((i + 1) * chunk.sum() for i, chunk in enumerate(chunks)).backward()
     want = torch.cat([torch.full((n, 2), float(i + 1)) for i, n in enumerate([3, 3, 3, 1])])
     assert x.grad is not None, "x.grad is None: do not detach the chunks"
     assert torch.equal(x.grad, want), "x.grad is wrong: each row's gradient comes from its chunk"
 
 
-def test_scatter_containers(exercise, lanes):
+def test_scatter_containers(with_reference_scatter_tensor, lanes):
     """scatter splits tuples, lists and dicts element by element"""
+    exercise = with_reference_scatter_tensor
     x, y = torch.randn(8, 2), torch.randn(8)
     per_device = exercise.scatter((x, [y, x]), lanes)
     assert len(per_device) == 4, f"expected 4 entries (one per lane), got {len(per_device)}"
@@ -110,14 +156,18 @@ def test_scatter_containers(exercise, lanes):
         assert torch.equal(entry[0], x[2 * index : 2 * index + 2])
         assert torch.equal(entry[1][0], y[2 * index : 2 * index + 2])
     dicts = exercise.scatter(OrderedDict(a=x, b=y), lanes)
-    assert all(type(d) is OrderedDict and list(d) == ["a", "b"] for d in dicts), (
-        "a dict gives one dict per device, of the same type and with the same keys"
+    types = sorted({type(d).__name__ for d in dicts})
+    assert all(type(d) is OrderedDict for d in dicts), (
+        f"scatter(OrderedDict(a=x, b=y), lanes) gave {types} per device; a mapping stays "
+        "the same type: build each device's dict with type(inputs)(...)"
     )
+    assert all(list(d) == ["a", "b"] for d in dicts), "each device's dict keeps the keys"
     assert torch.equal(dicts[3]["b"], y[6:]), "dict values are split like any tensor"
 
 
-def test_scatter_namedtuple_and_shared_objects(exercise, lanes):
+def test_scatter_namedtuple_and_shared_objects(with_reference_scatter_tensor, lanes):
     """scatter keeps namedtuples and shares other objects by reference"""
+    exercise = with_reference_scatter_tensor
     note = {"not": "a tensor"}.keys()  # any non-container object
     batch = Pair(image=torch.randn(5, 3), label="cat")
     per_device = exercise.scatter((batch, note), lanes)

@@ -6,8 +6,14 @@ import pytest
 import torch
 from torch import nn
 
+from dpkit.grading.checks import must_raise
+
 pytestmark = pytest.mark.task3
 EXERCISE = "task3_parallel_apply.py"
+FORBIDDEN = (
+    "dpkit.parallel_apply.parallel_apply",
+    "torch.nn.parallel.parallel_apply.parallel_apply",
+)
 
 
 class Recorder(nn.Module):
@@ -73,7 +79,11 @@ def test_reraise_names_replica(exercise, lanes):
         raise KeyError("missing")
     except KeyError as error:
         failure = exercise.ReplicaFailure(3, lanes[3], error, "Traceback: the worker's text")
-    with pytest.raises(KeyError) as raised:
+    with must_raise(
+        KeyError,
+        "reraise(ReplicaFailure(3, lanes[3], KeyError('missing'), ...))",
+        "raise a new exception of the original's type, its message naming the replica",
+    ) as raised:
         exercise.reraise(failure)
     message = str(raised.value)
     assert f"in replica 3 on device {lanes[3]}" in message, (
@@ -128,12 +138,23 @@ def test_grad_mode_carried(exercise, lanes):
 def test_exception_carried_back(exercise, lanes):
     """an exception in a replica is raised in the caller, naming the replica"""
     modules = [Recorder(1.0), Failing(ValueError("bad shape")), Recorder(1.0), Recorder(1.0)]
-    with pytest.raises(ValueError) as raised:
+    with must_raise(
+        ValueError,
+        "parallel_apply on 4 replicas where replica 1 raises ValueError('bad shape')",
+        "after joining the threads, re-raise the first failure with reraise",
+    ) as raised:
         exercise.parallel_apply(modules, [torch.ones(1)] * 4, lanes)
     message = str(raised.value)
     assert "in replica 1" in message and "bad shape" in message, (
         f"the error should name replica 1 and keep the original message, got {message!r}"
     )
     modules = [Recorder(1.0), Failing(TypeError("late")), Failing(KeyError("early?"))]
-    with pytest.raises(TypeError, match="in replica 1"):
+    with must_raise(
+        TypeError,
+        "parallel_apply where replica 1 raises TypeError and replica 2 KeyError",
+        "re-raise the failure of the lowest replica index, whichever finished first",
+    ) as raised:
         exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
+    assert "in replica 1" in str(raised.value), (
+        f"the TypeError should name replica 1, got {str(raised.value)!r}"
+    )

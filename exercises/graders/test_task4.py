@@ -7,9 +7,11 @@ import torch
 
 from dpkit.comm import copy_to
 from dpkit.devices import resides_on
+from dpkit.grading.checks import must_raise
 
 pytestmark = pytest.mark.task4
 EXERCISE = "task4_gather.py"
+FORBIDDEN = ("dpkit.gather.gather", "dpkit.comm.gather", "dpkit._functions.Gather.apply")
 
 Result = namedtuple("Result", ["logits", "loss"])
 
@@ -125,5 +127,10 @@ def test_gather_containers(exercise, lanes):
     extra = gathered["extra"]
     assert type(extra) is Result, f"a namedtuple must stay a Result, got {type(extra).__name__}"
     assert extra.logits.shape == (3, 3) and extra.loss.shape == (3,)
-    with pytest.raises(TypeError):
+    with must_raise(
+        TypeError,
+        "gather(['a string', 'b'], lanes[0])",
+        "outputs that are not tensors, None or containers of them cannot be gathered: "
+        "raise TypeError naming the type",
+    ):
         exercise.gather(["a string", "b"], lanes[0])

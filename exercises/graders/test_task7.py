@@ -8,9 +8,11 @@ from torch import nn
 
 import dpkit
 from dpkit.comm import copy_to
+from dpkit.grading.checks import must_raise
 
 pytestmark = pytest.mark.task7
 EXERCISE = "task7_allreduce.py"
+FORBIDDEN = ("torch.distributed.all_reduce", "torch.distributed.reduce_scatter")
 
 
 def lane_tensors(shape, lanes, seed=0):
@@ -83,9 +85,18 @@ def test_traffic_per_lane(exercise, lanes):
         f"got {dict(traffic)}, expected {want}: sum Transfer.nbytes by source (sent) and by "
         "destination (received); the host (-1) counts as lane 0"
     )
-    with pytest.raises(KeyError):
+    listening = dict(dpkit.comm._listeners)
+    with must_raise(
+        KeyError,
+        "traffic_per_lane(run) where run raises KeyError",
+        "let the error of run() through, and remove the listener anyway (try/finally)",
+    ):
         exercise.traffic_per_lane(lambda: {}["boom"])
-    copy_to(x, lanes[3], "after")  # a listener left behind would crash or count this
+    left = [key for key in dpkit.comm._listeners if key not in listening]
+    assert not left, (
+        "traffic_per_lane(run) left its transfer listener registered when run raised: it "
+        "would count every later copy; remove it in a finally block"
+    )
 
 
 def test_ddp_gradients_match_dataparallel(exercise, lanes):

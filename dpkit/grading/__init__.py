@@ -1,0 +1,165 @@
+"""Grading the exercises: ``dpkit grade N``, ``grade_and_report(N)``, a class into a CSV.
+
+The surprise first: the graders never run inside the caller's process, nor where the
+checkout is. Each grading run is a fresh process in a temporary folder (a private copy of
+dpkit and the graders, the submission, an empty home; the reference solutions are not
+there), with a memory cap and a wall-clock limit, in a session of its own; when it ends,
+every process it started is killed. Its results count only when signed with a key the
+student's code never sees before it runs (:mod:`dpkit.grading.harness`), so results
+written to a file, an early ``os._exit(0)`` or a patched pytest score nothing. The threat
+model (students in a class, not an attacker with root) is in ``exercises/README.md``.
+
+Commands (offline, no GPU needed)::
+
+    dpkit grade 1                               # your exercises/task1_scatter.py
+    dpkit grade 1 --file my_task1.py            # another file
+    dpkit grade --all                           # every task in exercises/
+    dpkit grade --submissions class/ --csv grades.csv   # class/<student>/taskN_*.py
+
+From a notebook cell: ``from dpkit.grading import grade_and_report; grade_and_report(1)``.
+
+The tasks are whatever ``exercises/taskN_*.py`` files there are (:func:`task_files`):
+adding a task means adding its stub, its solution in ``solutions/``, its grader
+``graders/test_taskN.py`` and its row in ``exercises/README.md`` (``tests/test_exercises.py``
+checks that all four are there), and nothing else.
+
+Files: ``layout`` (where the tasks are), ``sandbox`` (one run: copies, processes, the
+signed channel), ``harness`` (the grading process), ``rules`` (each task's forbidden calls),
+``checks`` (helpers for graders), ``results`` (report and CSV), ``command`` (the CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpkit.grading.command import add_grade_command
+from dpkit.grading.layout import find_exercises, submission_file, task_files, task_numbers
+from dpkit.grading.results import (
+    FAIL,
+    PASS,
+    CheckResult,
+    check_writable,
+    clean_cell,
+    clean_text,
+    report,
+    results_from_records,
+    write_csv,
+)
+from dpkit.grading.sandbox import Trusted, read_trusted, run_graders, validate_timeout
+
+_results = results_from_records  # the name older tests use
+
+
+def _warn_modified(trusted: Trusted) -> None:
+    if trusted.modified:
+        print(
+            "dpkit grade: warning: these grading files differ from the last git commit: "
+            + ", ".join(clean_text(path) for path in trusted.modified),
+            file=sys.stderr,
+        )
+
+
+def grade(
+    task: int,
+    file: str | os.PathLike[str] | None = None,
+    timeout: float = 60.0,
+    exercises: str | os.PathLike[str] | None = None,
+) -> list[CheckResult]:
+    """Run task ``task``'s grader on ``file`` (default: the student file in exercises/).
+
+    Never raises for anything the graded code does and never runs longer than ``timeout``
+    seconds (plus a second or two to start): a hang, a crash or a missing file gives failed
+    checks whose hints say so. A bad ``task`` or ``timeout`` is a ValueError.
+    """
+    folder = find_exercises(exercises)
+    validate_timeout(timeout)
+    names = task_files(folder)
+    if task not in names:
+        known = ", ".join(map(str, names))
+        raise ValueError(f"there is no task {task}; the tasks are {known}")
+    source = folder / names[task] if file is None else Path(file)
+    return run_graders([task], folder, {names[task]: source.resolve()}, timeout)
+
+
+def grade_folder(
+    folder: str | os.PathLike[str],
+    tasks: Sequence[int] | None = None,
+    timeout: float = 60.0,
+    exercises: str | os.PathLike[str] | None = None,
+    trusted: Trusted | None = None,
+) -> list[CheckResult]:
+    """Grade the ``taskN_*.py`` files in ``folder`` (one process for all tasks).
+
+    ``timeout`` is per task. A task whose file is missing fails every check with
+    "file missing"; a lone ``task1_*.py`` or ``task1.py`` counts as task 1's file.
+    """
+    root = find_exercises(exercises)
+    tasks = task_numbers(root) if tasks is None else list(tasks)
+    names = task_files(root)
+    submissions = {
+        names[task]: submission_file(Path(folder).resolve(), names[task])
+        for task in tasks
+        if task in names
+    }
+    return run_graders(tasks, root, submissions, timeout, trusted)
+
+
+def grade_and_report(
+    task: int, file: str | os.PathLike[str] | None = None, timeout: float = 60.0
+) -> bool:
+    """For a notebook cell: grade task ``task``, print the report, return whether all passed."""
+    results = grade(task, file, timeout)
+    print(report(results))
+    return bool(results) and all(r.passed for r in results)
+
+
+def grade_submissions(
+    folder: str | os.PathLike[str],
+    tasks: Sequence[int] | None = None,
+    timeout: float = 60.0,
+    exercises: str | os.PathLike[str] | None = None,
+) -> list[tuple[str, CheckResult]]:
+    """Grade ``folder/<student>/taskN_*.py`` for every student: ``(student, result)`` rows.
+
+    The graders and dpkit are read once, before the first student, so a submission that
+    edits them on disk cannot change anyone's grade; each student runs in a fresh process.
+    """
+    validate_timeout(timeout)
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"submissions folder {str(root)!r} does not exist")
+    students = sorted(
+        p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))
+    )
+    if not students:
+        raise ValueError(f"{str(root)!r} holds no student folders (one folder per student)")
+    trusted = read_trusted(find_exercises(exercises))
+    _warn_modified(trusted)
+    return [
+        (student.name, result)
+        for student in students
+        for result in grade_folder(student, tasks, timeout, exercises, trusted)
+    ]
+
+
+__all__ = [
+    "FAIL",
+    "PASS",
+    "CheckResult",
+    "add_grade_command",
+    "check_writable",
+    "clean_cell",
+    "clean_text",
+    "find_exercises",
+    "grade",
+    "grade_and_report",
+    "grade_folder",
+    "grade_submissions",
+    "report",
+    "task_files",
+    "task_numbers",
+    "write_csv",
+]

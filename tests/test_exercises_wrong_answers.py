@@ -1,0 +1,201 @@
+"""The graders catch plausible wrong answers, and each hint names the real mistake.
+
+Every wrong answer is a reference solution with one deliberate mistake, the kind a learner
+makes (an even split, a forgotten ``zero_grad``, a dict that loses its type). Each must
+fail exactly the checks that test the mistaken function, with the hint given here, and
+pass every other check of its task: a hint that blames code that is right is a bug.
+Two students' worth of wrong answers are graded in one class run (a process each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dpkit import grading
+
+EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
+NAMES = grading.task_files(EXERCISES)
+
+
+@dataclass(frozen=True)
+class Wrong:
+    student: str
+    task: int
+    mistake: str
+    old: str
+    new: str
+    failing: tuple[str, ...]  # the checks that must fail (by name); None: all of them
+    hint: str
+
+    def source(self) -> str:
+        solution = (EXERCISES / "solutions" / NAMES[self.task]).read_text()
+        if not self.old:
+            return self.new
+        assert self.old in solution, f"{self.mistake}: the solution no longer has {self.old!r}"
+        return solution.replace(self.old, self.new, 1)
+
+
+EVEN = (
+    "base, extra = divmod(batch, num_devices)\n"
+    "    return [base + (i < extra) for i in range(min(batch, num_devices))]"
+)
+WRONG = [
+    Wrong(
+        "one",
+        1,
+        "an even split instead of torch.chunk's",
+        "rows = math.ceil(batch / num_devices)\n    full, rest = divmod(batch, rows)\n"
+        "    return [rows] * full + ([rest] if rest else [])",
+        EVEN,
+        (
+            "chunk_sizes matches torch.chunk on the classic examples",
+            "chunk_sizes matches torch.chunk for any batch and device count",
+        ),
+        "chunk_sizes(10, 4) returned [3, 3, 2, 2], torch.chunk gives [3, 3, 3, 1]",
+    ),
+    Wrong(
+        "two",
+        1,
+        "an OrderedDict scattered into plain dicts",
+        "return [type(inputs)(zip(keys, shares)) for shares in per_key]",
+        "return [dict(zip(keys, shares)) for shares in per_key]",
+        ("scatter splits tuples, lists and dicts element by element",),
+        "scatter(OrderedDict(a=x, b=y), lanes) gave ['dict'] per device; a mapping stays",
+    ),
+    Wrong(
+        "one",
+        2,
+        "a backward that keeps lane 0's gradient instead of adding",
+        "total = grad if total is None else total + grad",
+        "total = grad if total is None else total",
+        (
+            "Broadcast.backward sums the gradients of all copies",
+            "gradients of every replica add up in the original module",
+        ),
+        "backward must add the gradients of a's copies on every lane",
+    ),
+    Wrong(
+        "two",
+        2,
+        "a syntax error",
+        "",
+        "import torch\n\n\ndef replicate(module, devices)\n    return []\n",
+        (),
+        "task2_replicate.py could not be imported (line 4): SyntaxError",
+    ),
+    Wrong(
+        "one",
+        3,
+        "workers that ignore the caller's grad mode",
+        "    torch.set_grad_enabled(grad_enabled)\n",
+        "",
+        ("parallel_apply carries the caller's grad mode into the threads",),
+        "grad mode is thread-local",
+    ),
+    Wrong(
+        "two",
+        3,
+        "a file that raises on import",
+        "",
+        "x = 1\ny = {}['missing']\n",
+        (),
+        "task3_parallel_apply.py could not be imported (line 2): KeyError",
+    ),
+    Wrong(
+        "one",
+        4,
+        "a (1,)-shaped gradient for a scalar piece (autograd would hide it in .grad)",
+        "grad.view(()) if ctx.scalars else grad",
+        "grad",
+        ("a scalar piece gets a scalar gradient",),
+        "a scalar piece needs a gradient of shape ()",
+    ),
+    Wrong(
+        "two",
+        4,
+        "strings gathered instead of rejected",
+        "if isinstance(first, (list, tuple)):",
+        "if isinstance(first, str):\n        return outputs\n"
+        "    if isinstance(first, (list, tuple)):",
+        ("gather handles dicts, lists, tuples, namedtuples and None",),
+        "gather(['a string', 'b'], lanes[0]) returned without raising TypeError",
+    ),
+    Wrong(
+        "one",
+        5,
+        "train_step without zero_grad",
+        "    optimizer.zero_grad()\n",
+        "",
+        ("three data-parallel SGD steps train exactly like one device",),
+        "zero the gradients first",
+    ),
+    Wrong(
+        "one",
+        6,
+        "proportional shares with the rest by largest remainder",
+        "key=lambda i: (sizes[i] + 1) / speeds[i]",
+        "key=lambda i: sizes[i] - batch * speeds[i] / total",
+        ("weighted_chunk_sizes minimises the slowest device's time",),
+        "rounding proportional shares is not enough",
+    ),
+    Wrong(
+        "two",
+        6,
+        "a speed of 0 accepted",
+        "if any(speed <= 0 for speed in speeds):",
+        "if any(speed < 0 for speed in speeds):",
+        ("weighted_chunk_sizes returns one whole-row size per device, adding up to the batch",),
+        "weighted_chunk_sizes(10, [1.0, 0.0]) returned without raising ValueError",
+    ),
+    Wrong(
+        "one",
+        7,
+        "the host not counted as lane 0",
+        "max(transfer.source.index, 0), max(transfer.destination.index, 0)",
+        "transfer.source.index, transfer.destination.index",
+        ("traffic_per_lane counts the bytes each lane sends and receives",),
+        "the host (-1) counts as lane 0",
+    ),
+    Wrong(
+        "two",
+        7,
+        "a listener left behind when run raises",
+        "    try:\n        run()\n    finally:\n        handle.remove()",
+        "    run()\n    handle.remove()",
+        ("traffic_per_lane counts the bytes each lane sends and receives",),
+        "left its transfer listener registered",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict[tuple[str, int], list[grading.CheckResult]]:
+    folder = tmp_path_factory.mktemp("wrong")
+    for wrong in WRONG:
+        (folder / wrong.student).mkdir(exist_ok=True)
+        (folder / wrong.student / NAMES[wrong.task]).write_text(wrong.source())
+    by: dict[tuple[str, int], list[grading.CheckResult]] = {}
+    for student, result in grading.grade_submissions(folder):
+        by.setdefault((student, result.task), []).append(result)
+    return by
+
+
+@pytest.mark.parametrize("wrong", WRONG, ids=[w.mistake for w in WRONG])
+def test_a_wrong_answer_fails_its_checks_with_its_hint(graded, wrong):
+    results = graded[(wrong.student, wrong.task)]
+    failed = {r.check: r.hint for r in results if not r.passed}
+    if not wrong.failing:  # a file that cannot be imported fails every check
+        assert len(failed) == len(results), grading.report(results)
+        assert all(wrong.hint in hint for hint in failed.values()), grading.report(results)
+        return
+    assert sorted(failed) == sorted(wrong.failing), (
+        f"{wrong.mistake}: expected only {wrong.failing} to fail\n" + grading.report(results)
+    )
+    assert wrong.hint in failed[wrong.failing[0]], grading.report(results)
+
+
+def test_every_task_has_a_wrong_answer_that_is_caught():
+    assert {w.task for w in WRONG} == set(NAMES)
