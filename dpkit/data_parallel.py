@@ -13,8 +13,10 @@ The surprises first, as in ``torch.nn.DataParallel``:
 - The module must sit on ``device_ids[0]`` (for virtual lanes: lane 0, the plain memory).
 
 Unlike ``torch.nn.DataParallel``, this one runs without an accelerator: on a laptop
-``device_ids=dpkit.devices(4)`` gives four virtual CPU lanes. Its one opt-in addition is
-``chunk_sizes=`` (see :mod:`dpkit.scatter`).
+``device_ids=dpkit.devices(4)`` gives four virtual CPU lanes. Its opt-in additions are
+``chunk_sizes=`` (see :mod:`dpkit.scatter`) and ``timeout=`` (seconds; replicas still running
+after it raise ``TimeoutError``, see :mod:`dpkit.parallel_apply`; with one device the module
+then runs in a worker thread too, so that the timeout holds).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from dpkit.devices import (
     resides_on,
 )
 from dpkit.gather import gather
-from dpkit.parallel_apply import parallel_apply
-from dpkit.replicate import replicate
-from dpkit.scatter import ChunkSizes, scatter_kwargs
+from dpkit.parallel_apply import check_timeout, parallel_apply
+from dpkit.replicate import check_not_compiled, replicate
+from dpkit.scatter import ChunkSizes, check_dim, scatter_kwargs
 
 T = TypeVar("T", bound=nn.Module)
 
@@ -51,10 +53,12 @@ def _check_module(module: Any) -> None:
             f"module must be a torch.nn.Module, got {type(module).__name__}; wrap the "
             "computation in an nn.Module"
         )
+    check_not_compiled(module)
 
 
 def _check_on_source(module: nn.Module, source: Device) -> None:
-    for tensor in chain(module.parameters(), module.buffers()):
+    named = chain(module.named_parameters(), module.named_buffers())
+    for name, tensor in named:
         if resides_on(tensor, source):
             continue
         found = device_of(tensor)
@@ -63,6 +67,14 @@ def _check_on_source(module: nn.Module, source: Device) -> None:
             fix = (
                 f"a module you create sits on lane 0 (the plain {source.torch_device} memory), "
                 "so list lane 0 first: use device_ids=dpkit.virtual_devices(n)"
+            )
+        elif found.is_virtual and tensor.device == source.memory:
+            # .to() cannot help: both lanes are the same torch device, so it copies nothing.
+            fix = (
+                f"{name!r} is a copy dpkit made for {found} (a chunk, a replica's tensor or a "
+                "replica's output), and module.to() does not move a tensor between lanes of one "
+                f"memory; give the module a copy of its own, e.g. module.{name} = "
+                f"module.{name}.detach().clone() (wrapped in nn.Parameter for a parameter)"
             )
         else:
             fix = f"move it there first with module.to({str(source.torch_device)!r})"
@@ -81,6 +93,13 @@ def _resolve(
         if output_device is None
         else as_device(output_device, like=resolved[0], argument="output_device")
     )
+    if output.is_virtual and output not in resolved:
+        # A virtual lane of any index can be named, so a typo would make a new lane.
+        indices = ", ".join(str(d.index) for d in resolved)
+        raise ValueError(
+            f"output_device={output_device!r} names {output}, which is not one of device_ids; "
+            f"use one of them (an index among {indices}), or -1 for the host CPU"
+        )
     return resolved, output
 
 
@@ -94,6 +113,7 @@ def _parallel_forward(
     replicate: Callable[..., Any],
     parallel_apply: Callable[..., Any],
     gather: Callable[..., Any],
+    timeout: float | None = None,
 ) -> Any:
     """One forward, the pipeline ``DataParallel.forward`` and ``data_parallel`` share.
 
@@ -109,8 +129,10 @@ def _parallel_forward(
     # A forward without inputs still runs once, on device_ids[0].
     if not inputs and not kwargs:
         inputs, kwargs = ((),), ({},)
-    if len(device_ids) == 1:
+    if len(device_ids) == 1 and timeout is None:
         result = module(*inputs[0], **kwargs[0])
+    elif len(device_ids) == 1:  # a worker thread, so that the timeout holds
+        result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
     else:
         replicas = replicate(module, device_ids[: len(inputs)])
         outputs = parallel_apply(replicas, inputs, kwargs)
@@ -131,12 +153,14 @@ class DataParallel(nn.Module, Generic[T]):
         dim: int = 0,
         *,
         chunk_sizes: ChunkSizes = None,
+        timeout: float | None = None,
     ) -> None:
         super().__init__()
         _check_module(module)
         self.module = module
-        self.dim = dim
+        self.dim = check_dim(dim)
         self.chunk_sizes = chunk_sizes
+        self.timeout = check_timeout(timeout)
         self.device_ids, self.output_device = _resolve(device_ids, output_device)
         self.source_device = self.device_ids[0]  # where the module lives; torch: src_device_obj
         if len(self.device_ids) == 1:
@@ -151,7 +175,13 @@ class DataParallel(nn.Module, Generic[T]):
         with torch.autograd.profiler.record_function("DataParallel.forward"):
             steps = self.scatter, self.replicate, self.parallel_apply, self.gather
             return _parallel_forward(
-                self.module, inputs, kwargs, self.device_ids, self.output_device, *steps
+                self.module,
+                inputs,
+                kwargs,
+                self.device_ids,
+                self.output_device,
+                *steps,
+                timeout=self.timeout,
             )
 
     def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
@@ -170,7 +200,9 @@ class DataParallel(nn.Module, Generic[T]):
     def parallel_apply(
         self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any
     ) -> list[Any]:
-        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)])
+        return parallel_apply(
+            replicas, inputs, kwargs, self.device_ids[: len(replicas)], timeout=self.timeout
+        )
 
     def gather(self, outputs: Any, output_device: DeviceLike) -> Any:
         return gather(outputs, output_device, dim=self.dim)
@@ -189,6 +221,7 @@ def data_parallel(
     module_kwargs: Any | None = None,
     *,
     chunk_sizes: ChunkSizes = None,
+    timeout: float | None = None,
 ) -> Any:
     """Evaluate ``module(*inputs)`` in parallel on ``device_ids``: DataParallel as a function.
 
@@ -196,12 +229,16 @@ def data_parallel(
     when grad is off).
     """
     _check_module(module)
+    check_dim(dim)
+    check_timeout(timeout)
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()
     resolved, output = _resolve(device_ids, output_device)
 
     def apply_on_used(replicas: Sequence[nn.Module], chunks: Any, chunk_kwargs: Any) -> Any:
-        return parallel_apply(replicas, chunks, chunk_kwargs, resolved[: len(replicas)])
+        return parallel_apply(
+            replicas, chunks, chunk_kwargs, resolved[: len(replicas)], timeout=timeout
+        )
 
     steps = (
         partial(scatter_kwargs, dim=dim, chunk_sizes=chunk_sizes),
@@ -209,4 +246,6 @@ def data_parallel(
         apply_on_used,
         partial(gather, dim=dim),
     )
-    return _parallel_forward(module, inputs, module_kwargs, resolved, output, *steps)
+    return _parallel_forward(
+        module, inputs, module_kwargs, resolved, output, *steps, timeout=timeout
+    )

@@ -12,6 +12,7 @@ random labels: the demo shows where time and bytes go, not how well a model lear
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,35 @@ class DemoResult:
     memory_path: Path | None
 
 
+def output_folder(out: str | Path) -> Path:
+    """``out`` as an absolute folder, made if missing; a clear error, before any training,
+    when it is a file or cannot be written."""
+    folder = Path(out).expanduser().resolve()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"out={str(out)!r} (--out) is a file, not a folder; pass a folder for the figures "
+            "and trace.json, e.g. --out demo-output"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"out={str(out)!r} (--out) cannot be written to ({error.strerror or error}); pass "
+            "a folder you can write to, e.g. --out demo-output"
+        ) from None
+    return folder
+
+
+def _names(devices: list[dpkit.Device]) -> str:
+    """Device names, the middle left out of a long list."""
+    names = [d.name for d in devices]
+    if len(names) > 8:
+        names = [*names[:3], "...", names[-1]]
+    return ", ".join(names)
+
+
 def run_demo(
     devices: int = 4, batch: int = 256, model: str = "mlp", steps: int = 3, out: str | Path = "."
 ) -> DemoResult:
@@ -99,6 +129,7 @@ def run_demo(
     for argument, value in (("devices", devices), ("batch", batch), ("steps", steps)):
         if value < 1:
             raise ValueError(f"{argument} must be at least 1, got {value}")
+    out = output_folder(out)
     torch.manual_seed(0)
     chosen = dpkit.devices(devices)
     # Made on the CPU (the same numbers on every machine), then put on device_ids[0].
@@ -116,7 +147,6 @@ def run_demo(
             loss.backward()
             optimizer.step()
 
-    out = Path(out).resolve()
     trace_path = recorded.to_chrome_trace(out / "trace.json")
     try:
         from dpkit import viz
@@ -131,9 +161,13 @@ def run_demo(
 def report(result: DemoResult, devices: int, batch: int, model: str, steps: int) -> str:
     """What ``dpkit demo`` prints: the devices, the per-phase summary and where the files are."""
     kinds = sorted({d.kind for d in result.devices})
+    # DataParallel gives a replica only to the devices that get a chunk (torch.chunk's sizes).
+    used = result.devices[: len(dpkit.plan_chunks(batch, len(result.devices)))]
+    idle = len(result.devices) - len(used)
     lines = [
         describe_choice(devices),
-        f"devices used: {', '.join(d.name for d in result.devices)} ({', '.join(kinds)})",
+        f"devices used: {_names(used)} ({', '.join(kinds)})"
+        + (f"; {len(used)} of {len(result.devices)} got a chunk of the batch" if idle else ""),
         f"model {model}, batch {batch} (random 1x28x28 images), {steps} SGD steps, traced",
         "",
         f"per phase, mean per step — {result.trace.hardware}:",

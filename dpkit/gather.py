@@ -10,6 +10,10 @@ The surprises first, as in ``torch.nn.parallel.gather``:
   by element; ``None`` stays ``None``.
 - Anything else cannot be combined. torch fails obscurely on it (or, for a string, builds
   one from a ``map`` object); dpkit raises a ``TypeError`` that says what to return.
+- Replicas must return the same structure. torch returns ``None`` when replica 0 returns
+  ``None`` whatever the others return, and fails with a ``KeyError``, ``AttributeError`` or
+  ``zip()`` error on dicts with other keys, a tensor against a tuple, or tuples of other
+  lengths; dpkit raises one ``ValueError`` naming the replicas and what each returned.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from dpkit._functions import Gather
 from dpkit.devices import Device, DeviceLike, as_device, device_of
 from dpkit.parallel_apply import get_a_var
-from dpkit.scatter import _is_namedtuple
+from dpkit.scatter import _is_namedtuple, check_dim
 
 
 def _target(target_device: DeviceLike, outputs: Sequence[Any]) -> Device:
@@ -42,6 +46,57 @@ def _cannot_gather(value: Any) -> TypeError:
     return TypeError(f"gather cannot combine replica outputs of type {kind}; {hint}")
 
 
+def _describe(output: Any) -> str:
+    if isinstance(output, torch.Tensor):
+        return "a tensor"
+    if output is None:
+        return "None"
+    if isinstance(output, dict):
+        return f"a {type(output).__name__} with keys {list(output)}"
+    if isinstance(output, (list, tuple)):
+        return f"a {type(output).__name__} of {len(output)}"
+    return f"a {type(output).__name__}"
+
+
+def _different_structures(
+    outputs: Sequence[Any], path: tuple[Any, ...], first: str = ""
+) -> ValueError:
+    replicas: dict[str, list[int]] = {}
+    for index, output in enumerate(outputs):
+        replicas.setdefault(_describe(output), []).append(index)
+    returned = "; ".join(
+        f"replica{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}: {what}"
+        for what, indices in replicas.items()
+    )
+    where = "".join(f"[{key!r}]" for key in path)
+    at = f" at output{where}" if path else ""
+    return ValueError(
+        f"{first}gather cannot combine replica outputs of different structures{at} ("
+        f"{returned}); make every replica return the same structure: the same containers, "
+        "lengths and keys, with tensors in the same places"
+    )
+
+
+def _same_structure(outputs: Sequence[Any], path: tuple[Any, ...]) -> None:
+    out = outputs[0]
+    if isinstance(out, torch.Tensor):
+        same = all(isinstance(o, torch.Tensor) for o in outputs)
+    elif out is None:
+        same = all(o is None for o in outputs)
+    elif isinstance(out, dict):
+        same = all(isinstance(d, dict) and d.keys() == out.keys() for d in outputs)
+        if not same and all(isinstance(d, dict) for d in outputs):
+            if any(len(d) != len(out) for d in outputs):  # torch's words first
+                first = "All dicts must have the same number of keys. "
+                raise _different_structures(outputs, path, first)
+    elif isinstance(out, (list, tuple)):
+        same = all(isinstance(o, (list, tuple)) and len(o) == len(out) for o in outputs)
+    else:
+        return  # not gatherable at all: _cannot_gather says so
+    if not same:
+        raise _different_structures(outputs, path)
+
+
 def _check_gatherable(output: torch.Tensor, dim: int) -> None:
     if output.dim() == 0 and dim != 0:
         raise ValueError(f"replica outputs are scalars, which gather only along dim=0, not {dim}")
@@ -54,11 +109,13 @@ def _check_gatherable(output: torch.Tensor, dim: int) -> None:
 
 def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> Any:
     """Gather one output per replica into a single output on ``target_device``."""
+    check_dim(dim)
     if len(outputs) == 0:
         raise ValueError("outputs is empty; pass one output per replica")
     destination = _target(target_device, outputs)
 
-    def gather_map(outputs: Sequence[Any]) -> Any:
+    def gather_map(outputs: Sequence[Any], path: tuple[Any, ...] = ()) -> Any:
+        _same_structure(outputs, path)
         out = outputs[0]
         if isinstance(out, torch.Tensor):
             _check_gatherable(out, dim)
@@ -67,13 +124,10 @@ def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> A
         if out is None:
             return None
         if isinstance(out, dict):
-            if not all(len(out) == len(d) for d in outputs):
-                raise ValueError("All dicts must have the same number of keys")
-            return type(out)((k, gather_map([d[k] for d in outputs])) for k in out)
-        if _is_namedtuple(out):
-            return type(out)._make(map(gather_map, zip(*outputs, strict=True)))
+            return type(out)((k, gather_map([d[k] for d in outputs], (*path, k))) for k in out)
         if isinstance(out, (list, tuple)):
-            return type(out)(map(gather_map, zip(*outputs, strict=True)))
+            gathered = [gather_map(items, (*path, i)) for i, items in enumerate(zip(*outputs))]
+            return type(out)._make(gathered) if _is_namedtuple(out) else type(out)(gathered)
         raise _cannot_gather(out)
 
     # gather_map refers to itself; clearing it breaks the reference cycle (as torch does).

@@ -13,7 +13,29 @@ The surprises first, as in ``torch.nn.parallel.parallel_apply``:
   fails on lanes 1 and up).
 - An exception in one replica is re-raised in the caller with its original type, the words
   "in replica i on device d" and the worker's original traceback in the message.
-- A single replica runs in the calling thread.
+- Torch's intra-op thread count is carried too (``torch.get_num_threads()`` in the caller). A
+  new thread starts with OpenMP's default team (every core) until torch initialises it, which
+  an MKL matmul does not do, so ``torch.set_num_threads(1)`` in the caller would not reach the
+  workers' matmuls (4x the CPU time of a small MLP step measured on 2 cores), nor would a count
+  set in the caller's thread only (``omp_set_num_threads``, as threadpoolctl does).
+- A single replica runs in the calling thread (with ``timeout=``, in a worker thread).
+- ``SystemExit`` and ``KeyboardInterrupt`` raised in a replica are re-raised as themselves,
+  with the replica and device in the message (a ``SystemExit`` keeps its exit code).
+
+No hang without a way out (dpkit additions; torch's threads are joined without a limit):
+
+- The caller waits with short timed joins, so Ctrl-C (or ``_thread.interrupt_main()``)
+  reaches it at once, even while replicas run.
+- ``timeout=`` (seconds, off by default) raises ``TimeoutError`` naming the replicas still
+  running and their devices.
+- Worker threads are daemon threads. Python cannot stop a thread, so after a timeout or a
+  Ctrl-C a stuck replica keeps running in the background until its forward returns (its
+  result is dropped), and the process can still exit while it runs.
+- Each replica's output tensors are tagged with its lane, except tensors that existed before
+  its forward (its inputs, its module's buffers and tensor attributes): dpkit marks no tensor
+  it did not make. An output with a ``grad_fn`` was made by the forward; a leaf (any output
+  under ``no_grad``) is looked up among those tensors after the forward, so a leaf the forward
+  both stores on its module and returns stays untagged (only byte counts on lanes see it).
 
 Streams, read in the caller's thread before any worker starts (a worker thread's own
 current stream is its device's default stream, whatever stream the caller is on):
@@ -32,7 +54,10 @@ current stream is its device's default stream, whatever stream the caller is on)
 
 from __future__ import annotations
 
+import math
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
 from typing import Any
@@ -42,7 +67,9 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit import comm, tracing
+from dpkit.context import NO_SCOPE, current_scope, within
 from dpkit.devices import (
+    _LANE_ATTRIBUTE,
     Device,
     DeviceLike,
     _set_current_device,
@@ -59,6 +86,47 @@ def get_a_var(obj: Any) -> torch.Tensor | None:
     """The first tensor found in ``obj`` (a tensor, or a list, tuple or dict holding one)."""
     found = tensors_in(obj)
     return found[0] if found else None
+
+
+# How often a waiting caller wakes up: a join without a limit would hold back a
+# KeyboardInterrupt delivered by _thread.interrupt_main() until every worker finished.
+_POLL_SECONDS = 0.05
+
+_WHAT_TO_PASS = {
+    "modules": "the replicas, e.g. dpkit.replicate(model, devices)",
+    "inputs": "one input per replica, e.g. the chunks of dpkit.scatter(x, devices)",
+    "kwargs_tup": "one dict of keyword arguments per replica, or None",
+    "devices": "one device per replica, e.g. dpkit.devices(n), or None",
+}
+
+
+def _check_sequences(**arguments: Any) -> None:
+    for name, value in arguments.items():
+        if value is None and name in ("kwargs_tup", "devices"):
+            continue
+        if value is None:
+            raise ValueError(f"{name} is None; pass {_WHAT_TO_PASS[name]}")
+        if not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+            raise TypeError(
+                f"{name} must be a list or tuple, got a {type(value).__name__}; pass "
+                f"{_WHAT_TO_PASS[name]} (a generator can be turned into one with list(...))"
+            )
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` if it is None or a positive, finite number of seconds; else a clear error."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, got {timeout!r}; pass e.g. timeout=60"
+        )
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(
+            f"timeout must be a positive, finite number of seconds, got {timeout!r}; pass e.g. "
+            "timeout=60, or timeout=None to wait as long as the replicas take"
+        )
+    return timeout
 
 
 def _check_lengths(modules, inputs, kwargs_tup, devices) -> None:
@@ -108,6 +176,59 @@ def _record_reads(module: nn.Module, input: Any, kwargs: dict[str, Any], stream:
         comm.record_use(tensors_in(kwargs), stream)
 
 
+class _ReplicaFailure(ExceptionWrapper):
+    """torch's ExceptionWrapper, for any exception a replica raised, ``SystemExit`` and
+    ``KeyboardInterrupt`` included: re-raised as its own type, and a ``SystemExit`` with the
+    exit code it was given (``sys.exit(3)`` in a replica still exits with status 3)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where=where)
+        self.code = getattr(sys.exc_info()[1], "code", None)
+
+    def reraise(self) -> None:
+        if issubclass(self.exc_type, SystemExit):
+            exception = SystemExit(f"Caught SystemExit {self.where}.\nOriginal {self.exc_msg}")
+            exception.code = self.code
+            raise exception
+        super().reraise()
+
+
+def _tensor_ids_before(module: nn.Module, input: Any, kwargs: dict[str, Any]) -> set[int]:
+    """The tensors a replica could return without making them: its inputs, and its
+    modules' buffers and tensor attributes (a replica's parameters are attributes too)."""
+    ids = {id(t) for t in tensors_in(input)}
+    if kwargs:
+        ids.update(id(t) for t in tensors_in(kwargs))
+    stack = [module]
+    while stack:
+        submodule = stack.pop()
+        stack.extend(child for child in submodule._modules.values() if child is not None)
+        ids.update(id(v) for v in submodule.__dict__.values() if isinstance(v, torch.Tensor))
+        ids.update(id(t) for t in submodule._buffers.values() if t is not None)
+    return ids
+
+
+def _place_new(
+    tensors: list[torch.Tensor], device: Device, module: nn.Module, input: Any, kwargs: Any
+) -> None:
+    """Tag with ``device`` the output tensors the replica's forward made. Tensors on a lane
+    already keep their lane; a parameter or a tensor that existed before the forward is the
+    user's (or another replica's), and tagging it would move it to this lane for good."""
+    if not device.is_virtual:  # only virtual lanes are tags
+        return
+    new = [
+        t
+        for t in tensors
+        if getattr(t, _LANE_ATTRIBUTE, None) is None and not isinstance(t, nn.Parameter)
+    ]
+    # An output with a grad_fn was made by autograd in this forward; a leaf may be older.
+    if any(t.grad_fn is None for t in new):
+        before = _tensor_ids_before(module, input, kwargs)
+        new = [t for t in new if t.grad_fn is not None or id(t) not in before]
+    for tensor in new:
+        place(tensor, device)
+
+
 def _worker_context(
     stack: ExitStack,
     device: Device,
@@ -135,12 +256,18 @@ def parallel_apply(
     inputs: Sequence[Any],
     kwargs_tup: Sequence[dict[str, Any]] | None = None,
     devices: Sequence[DeviceLike | None] | None = None,
+    *,
+    timeout: float | None = None,
 ) -> list[Any]:
     """Apply ``modules[i]`` to ``inputs[i]`` (and ``kwargs_tup[i]``) on ``devices[i]``.
 
     Each input is either the single argument or a tuple/list of positional arguments. With
-    ``devices=None`` each replica runs where its first input tensor lives.
+    ``devices=None`` each replica runs where its first input tensor lives. With ``timeout``
+    (seconds), replicas still running after it raise ``TimeoutError`` (see the module
+    docstring for what happens to their threads).
     """
+    _check_sequences(modules=modules, inputs=inputs, kwargs_tup=kwargs_tup, devices=devices)
+    check_timeout(timeout)
     _check_lengths(modules, inputs, kwargs_tup, devices)
     kwargs_tup = kwargs_tup if kwargs_tup is not None else ({},) * len(modules)
     devices = devices if devices is not None else [None] * len(modules)
@@ -155,6 +282,8 @@ def parallel_apply(
     # These modes are thread-local in torch, so each worker must be told the caller's.
     grad_enabled, autocast = torch.is_grad_enabled(), _autocast_state()
     inference_mode = torch.is_inference_mode_enabled()
+    num_threads = torch.get_num_threads()
+    scope = current_scope()  # the traces recording the caller: its workers' work too
 
     def worker(
         index: int,
@@ -165,9 +294,13 @@ def parallel_apply(
         stream: Any | None,
     ):
         torch.set_grad_enabled(grad_enabled)
+        if torch.get_num_threads() != num_threads:
+            torch.set_num_threads(num_threads)
         _set_current_device(device)
         try:
             with ExitStack() as stack:
+                if scope is not NO_SCOPE:
+                    stack.enter_context(within(scope))
                 _worker_context(stack, device, stream, caller_stream, autocast, inference_mode)
                 # Wrapping a lone tensor avoids unpacking it into rows.
                 if not isinstance(input, (list, tuple)):
@@ -179,14 +312,12 @@ def parallel_apply(
             tensors = tensors_in(output)
             if caller_stream is not None:  # a GPU lane's CPU tensors (a count, say) are the host's
                 tensors = [t for t in tensors if t.device == device.torch_device]
-            for tensor in tensors:
-                if not isinstance(tensor, nn.Parameter):  # never tag the module's own tensors
-                    place(tensor, device)
+            _place_new(tensors, device, module, input, kwargs)
             with lock:
                 results[index] = output
-        except Exception:
+        except BaseException:  # SystemExit and KeyboardInterrupt too: the caller re-raises them
             with lock:
-                results[index] = ExceptionWrapper(where=f"in replica {index} on device {device}")
+                results[index] = _ReplicaFailure(where=f"in replica {index} on device {device}")
         finally:
             _set_current_device(None)
 
@@ -196,7 +327,7 @@ def parallel_apply(
         if tracing.enabled() and torch.autograd._profiler_enabled()
         else nullcontext()
     ):
-        _run_workers(worker, work)
+        _run_workers(worker, work, timeout)
 
     if tracing.enabled():  # outputs, activations, backward timers: after the workers
         tracing.after_apply(work, results)
@@ -216,16 +347,36 @@ def parallel_apply(
     return outputs
 
 
-def _run_workers(worker: Any, work: list[tuple[Any, ...]]) -> None:
-    """One thread per replica; a single replica runs in the calling thread, as in torch."""
-    if len(work) == 1:
+def _run_workers(worker: Any, work: list[tuple[Any, ...]], timeout: float | None) -> None:
+    """One thread per replica; a single replica runs in the calling thread, as in torch,
+    unless there is a timeout to keep. Waits in short joins, so that Ctrl-C gets through."""
+    if len(work) == 1 and timeout is None:
         worker(*work[0])
         return
-    threads = [threading.Thread(target=worker, args=args) for args in work]
+    threads = [threading.Thread(target=worker, args=args, daemon=True) for args in work]
     for thread in threads:
         thread.start()
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
     for thread in threads:
-        thread.join()
+        while thread.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _timed_out(threads, work, timeout)
+            thread.join(min(left, _POLL_SECONDS))
+
+
+def _timed_out(
+    threads: list[threading.Thread], work: list[tuple[Any, ...]], timeout: float | None
+) -> TimeoutError:
+    running = [(args[0], args[4]) for thread, args in zip(threads, work) if thread.is_alive()]
+    which = ", ".join(f"replica {index} on {device}" for index, device in running)
+    return TimeoutError(
+        f"parallel_apply: {which} still running after timeout={timeout} s. Python cannot stop "
+        "a thread: each keeps running in the background until its forward returns, and its "
+        "result is dropped (the threads are daemon threads, so the process can still exit). "
+        "Look for what the replica waits on (a lock, a queue, another replica), or raise "
+        "timeout if the work is just slow"
+    )
 
 
 def _device_of_input(index: int, input: Any) -> Device:

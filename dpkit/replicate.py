@@ -31,6 +31,19 @@ from dpkit.tracing import Phase
 T = TypeVar("T", bound=nn.Module)
 
 
+def check_not_compiled(module: nn.Module, where: str = "module") -> None:
+    """A clear error for a ``torch.compile``'d module (an ``OptimizedModule``): its replicas
+    would keep calling the original module's compiled forward, not their own copies."""
+    if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+        raise TypeError(
+            f"{where} was compiled with torch.compile, and its replicas would all run the "
+            "original module's compiled forward, not their own copies; pass the plain module "
+            "(model._orig_mod, or the model before torch.compile). DataParallel makes new "
+            "replicas on every forward, which torch.compile cannot follow; for compiled data "
+            "parallelism, compile each rank's model under DistributedDataParallel (dpkit.ddp)"
+        )
+
+
 def _check_replicable(network: nn.Module) -> None:
     if not isinstance(network, nn.Module):
         raise TypeError(
@@ -82,6 +95,8 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
     buffer_copies_not_rg = _broadcast(buffers_not_rg, devices, detach=True)
 
     modules = list(network.modules())
+    for module in modules:
+        check_not_compiled(module, "module" if module is network else "a submodule of module")
     # The tensor copies above are traced per device. Building the module objects is Python in
     # this thread, every replica's at once (in torch's loop order): traced on the source.
     with tracing.host_span(Phase.REPLICATE, devices[0], what="modules", modules=len(modules)):

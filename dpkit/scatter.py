@@ -11,6 +11,11 @@ dpkit addition (off by default): ``chunk_sizes=`` chooses other splits, ``"balan
 (sizes differ by at most one: 10 over 4 is 3, 3, 2, 2), an explicit list, or a function
 ``(batch, num_devices) -> sizes`` such as ``functools.partial(weighted_chunk_sizes,
 weights=speeds)``.
+
+Where torch gives a silent wrong result, dpkit raises (a documented difference): every
+tensor split by one call onto several devices, positional and keyword alike, must have the
+same size along ``dim`` (torch zips chunks of different batches, dropping rows, or hands a
+replica a short keyword tensor that broadcasts). Sparse and nested tensors get a clear error.
 """
 
 from __future__ import annotations
@@ -22,13 +27,32 @@ from typing import Any
 import torch
 
 from dpkit._functions import Scatter
-from dpkit.devices import DeviceLike, as_devices
+from dpkit.devices import DeviceLike, _check_count, as_devices
 
 ChunkSizes = str | Sequence[int] | Callable[[int, int], Sequence[int]] | None
 
 
+def check_dim(dim: Any) -> int:
+    """``dim`` if it is an int; else a clear error (``dim='0'`` would fail deep inside)."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(
+            f"dim must be an int (the dimension to split and gather along), got {dim!r} "
+            f"({type(dim).__name__}); pass e.g. dim=0"
+        )
+    return dim
+
+
+def _check_plan(size: Any, num_devices: Any) -> None:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"size must be a number of rows (an int), got {size!r}")
+    if size < 0:
+        raise ValueError(f"size must be a number of rows (an int >= 0), got {size}")
+    _check_count(num_devices, argument="num_devices")
+
+
 def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
     """The sizes ``torch.chunk(x, num_devices)`` gives for ``size`` rows (maybe fewer chunks)."""
+    _check_plan(size, num_devices)
     if size <= 0:
         return []
     chunk = math.ceil(size / num_devices)
@@ -38,6 +62,7 @@ def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
 
 def balanced_chunk_sizes(size: int, num_devices: int) -> list[int]:
     """Sizes that differ by at most one row, larger first (10 over 4: 3, 3, 2, 2)."""
+    _check_plan(size, num_devices)
     base, extra = divmod(size, num_devices)
     return [base + 1 if i < extra else base for i in range(num_devices) if base or i < extra]
 
@@ -48,10 +73,16 @@ def weighted_chunk_sizes(size: int, num_devices: int, weights: Sequence[float]) 
     Every device gets at least one row while there are rows enough for all (a row is then
     moved from the largest chunk); with fewer rows than devices, the first devices get one.
     """
+    _check_plan(size, num_devices)
     if len(weights) != num_devices:
         raise ValueError(f"weights has {len(weights)} entries for {num_devices} devices")
-    if any(w <= 0 for w in weights):
-        raise ValueError(f"weights must all be positive, got {list(weights)}")
+    if any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in weights):
+        raise TypeError(f"weights must be numbers (e.g. device speeds), got {list(weights)}")
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ValueError(
+            f"weights must all be positive and finite, got {list(weights)}; pass each "
+            "device's relative speed, e.g. weights=[1, 1, 2, 2]"
+        )
     if size < num_devices:
         return [1] * size
     shares = [size * w / sum(weights) for w in weights]
@@ -68,6 +99,7 @@ def weighted_chunk_sizes(size: int, num_devices: int, weights: Sequence[float]) 
 
 def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> list[int]:
     """The chunk sizes scatter uses for ``size`` rows over ``num_devices`` devices."""
+    _check_plan(size, num_devices)
     if chunk_sizes is None:
         return torch_chunk_sizes(size, num_devices)
     if chunk_sizes == "balanced":
@@ -77,10 +109,22 @@ def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> 
             f"chunk_sizes={chunk_sizes!r} is not known; use None (torch.chunk), 'balanced', a "
             "list of sizes, or a function (batch, num_devices) -> sizes"
         )
-    sizes = list(chunk_sizes(size, num_devices) if callable(chunk_sizes) else chunk_sizes)
-    if any(not isinstance(s, int) or s < 1 for s in sizes) or sum(sizes) != size:
+    sizes = chunk_sizes(size, num_devices) if callable(chunk_sizes) else chunk_sizes
+    if not isinstance(sizes, (list, tuple)):
+        what = "the chunk_sizes function returned" if callable(chunk_sizes) else "chunk_sizes is"
+        raise TypeError(
+            f"{what} {sizes!r}, not a list of sizes; chunk_sizes must give a list of positive "
+            f"ints that add up to the batch size {size}, e.g. "
+            f"{balanced_chunk_sizes(size, num_devices)}"
+        )
+    sizes = list(sizes)
+    if (
+        any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
+        or sum(sizes) != size
+    ):
         raise ValueError(
-            f"chunk_sizes={sizes} must be positive ints that add up to the batch size {size}"
+            f"chunk_sizes={sizes} must be positive ints that add up to the batch size {size} "
+            f"(not booleans), e.g. {balanced_chunk_sizes(size, num_devices)}"
         )
     if len(sizes) > num_devices:
         raise ValueError(f"chunk_sizes={sizes} has more chunks than the {num_devices} devices")
@@ -92,6 +136,18 @@ def _is_namedtuple(obj: Any) -> bool:
 
 
 def _check_splittable(tensor: torch.Tensor, dim: int) -> None:
+    if tensor.is_nested:
+        raise TypeError(
+            "cannot scatter a nested tensor: its rows have different shapes, so it has no "
+            f"size along dim={dim} to split; pass x.to_padded_tensor(0.0) (and a mask if the "
+            "module needs one)"
+        )
+    if tensor.layout != torch.strided:
+        raise TypeError(
+            f"cannot scatter a sparse tensor (layout {tensor.layout}); scatter splits dense "
+            "tensors: pass x.to_dense(), or, if every replica needs the whole tensor, keep it "
+            "in the module (e.g. module.register_buffer) instead of passing it as an input"
+        )
     if tensor.dim() == 0:
         raise ValueError(
             f"cannot scatter a 0-dim tensor (a scalar) along dim={dim}; pass it as a Python "
@@ -109,22 +165,54 @@ def _check_splittable(tensor: torch.Tensor, dim: int) -> None:
         )
 
 
-def scatter(
-    inputs: Any, target_gpus: Sequence[DeviceLike], dim: int = 0, chunk_sizes: ChunkSizes = None
-) -> Any:
-    """Split tensors in ``inputs`` into chunks on ``target_gpus``; share other objects.
+def _sizes_along(obj: Any, dim: int, path: str) -> list[tuple[str, int]]:
+    """Each tensor in ``obj`` that scatter splits, by where it is (``inputs[0]``,
+    ``kwargs['mask']``), with its size along ``dim``."""
+    if isinstance(obj, torch.Tensor):
+        return [(path, obj.shape[dim])] if -obj.dim() <= dim < obj.dim() else []
+    if isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    elif isinstance(obj, dict):
+        items = obj.items()
+    else:
+        return []
+    return [found for key, item in items for found in _sizes_along(item, dim, f"{path}[{key!r}]")]
 
-    Returns a tuple of chunks for a tensor, else a list with one entry per used device,
-    exactly as ``torch.nn.parallel.scatter``. Containers whose elements split into different
-    numbers of chunks are cut to the shortest (torch zips them). ``target_gpus`` keeps
-    torch's name; any devices will do, virtual lanes included.
-    """
-    devices = as_devices(target_gpus, argument="target_gpus")
+
+class _BatchMismatch(Exception):
+    """Raised inside _scatter at the first tensor of another batch size; the caller turns it
+    into the ValueError of _batch_mismatch, naming every tensor it was given."""
+
+
+def _batch_mismatch(dim: int, **named: Any) -> ValueError:
+    sizes = [found for name, obj in named.items() for found in _sizes_along(obj, dim, name)]
+    listed = ", ".join(f"{path} has {size}" for path, size in sizes)
+    return ValueError(
+        f"scatter splits every tensor along dim={dim} into the same chunks, so all must have "
+        f"the same size there (the batch), but {listed} (torch would silently drop rows, or "
+        "hand a replica a short tensor that broadcasts); pass tensors of one batch size, and "
+        "keep a tensor that every replica needs whole in the module (e.g. "
+        "module.register_buffer), which replicate copies to every device"
+    )
+
+
+def _scatter(
+    inputs: Any, devices: list, dim: int, chunk_sizes: ChunkSizes, batch: list[int]
+) -> Any:
+    """scatter, with ``batch`` holding the size along ``dim`` of the first tensor split (shared
+    by the positional and keyword calls of scatter_kwargs). Onto one device nothing is split,
+    so tensors of any sizes go whole, as in torch."""
+    splits = len(devices) > 1
 
     def scatter_map(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             _check_splittable(obj, dim)
-            sizes = plan_chunks(obj.shape[dim], len(devices), chunk_sizes)
+            size = obj.shape[dim]
+            if not batch:
+                batch.append(size)
+            elif size != batch[0] and splits:
+                raise _BatchMismatch
+            sizes = plan_chunks(size, len(devices), chunk_sizes)
             used = devices[: len(sizes)]
             return Scatter.apply(used, sizes, dim, None, obj)
         if _is_namedtuple(obj):
@@ -144,6 +232,25 @@ def scatter(
         scatter_map = None  # type: ignore[assignment]
 
 
+def scatter(
+    inputs: Any, target_gpus: Sequence[DeviceLike], dim: int = 0, chunk_sizes: ChunkSizes = None
+) -> Any:
+    """Split tensors in ``inputs`` into chunks on ``target_gpus``; share other objects.
+
+    Returns a tuple of chunks for a tensor, else a list with one entry per used device,
+    exactly as ``torch.nn.parallel.scatter``. Every tensor split must have the same size
+    along ``dim`` (torch would zip chunks of different batches, dropping rows; see the
+    module docstring). ``target_gpus`` keeps torch's name; any devices will do, virtual
+    lanes included.
+    """
+    check_dim(dim)
+    devices = as_devices(target_gpus, argument="target_gpus")
+    try:
+        return _scatter(inputs, devices, dim, chunk_sizes, [])
+    except _BatchMismatch:
+        raise _batch_mismatch(dim, inputs=inputs) from None
+
+
 def scatter_kwargs(
     inputs: tuple[Any, ...],
     kwargs: dict[str, Any] | None,
@@ -153,11 +260,19 @@ def scatter_kwargs(
 ) -> tuple[tuple[Any, ...], tuple[dict[str, Any], ...]]:
     """Scatter positional and keyword inputs; pad the shorter side as torch does.
 
-    Padding copies torch's rule literally, including its comparison of the keyword chunks
-    with ``len(inputs)`` (the number of positional arguments, not of their chunks).
+    Positional and keyword tensors must have one batch size. Padding copies torch's rule
+    literally, including its comparison of the keyword chunks with ``len(inputs)`` (the number
+    of positional arguments, not of their chunks): with a batch of 2 rows on 4 devices and a
+    keyword flag, devices 2 and 3 get the flag and no input, as in torch.
     """
-    scattered_inputs = scatter(inputs, target_gpus, dim, chunk_sizes) if inputs else []
-    scattered_kwargs = scatter(kwargs, target_gpus, dim, chunk_sizes) if kwargs else []
+    check_dim(dim)
+    devices = as_devices(target_gpus, argument="target_gpus")
+    batch: list[int] = []
+    try:
+        scattered_inputs = _scatter(inputs, devices, dim, chunk_sizes, batch) if inputs else []
+        scattered_kwargs = _scatter(kwargs, devices, dim, chunk_sizes, batch) if kwargs else []
+    except _BatchMismatch:
+        raise _batch_mismatch(dim, inputs=inputs, kwargs=kwargs) from None
     if len(scattered_inputs) < len(scattered_kwargs):
         scattered_inputs.extend(() for _ in range(len(scattered_kwargs) - len(scattered_inputs)))
     elif len(scattered_kwargs) < len(inputs):

@@ -7,6 +7,7 @@ message fails the test.
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -309,3 +310,172 @@ def test_weights_of_the_wrong_length():
 def test_weights_that_are_not_positive(weights):
     with pytest.raises(ValueError, match=r"weights must all be positive"):
         dpkit.weighted_chunk_sizes(10, 2, weights=weights)
+
+
+# --------------------------------------------------------------------------------------
+# issue 18: errors that were unclear, misleading or missing
+
+
+@pytest.mark.parametrize("output_device", [99, 4])
+def test_output_device_that_is_not_one_of_the_lanes(output_device):
+    # A virtual lane of any index can be named: 99 made a lane nobody listed.
+    with pytest.raises(
+        ValueError, match=rf"output_device={output_device} .*not one of device_ids"
+    ) as error:
+        dpkit.DataParallel(nn.Linear(2, 2), device_ids=lanes(4), output_device=output_device)
+    assert error.match(r"an index among 0, 1, 2, 3\), or -1 for the host")
+    with pytest.raises(ValueError, match=r"not one of device_ids"):
+        dpkit.data_parallel(
+            nn.Linear(2, 2), torch.randn(4, 2), device_ids=lanes(4), output_device=output_device
+        )
+
+
+def test_a_buffer_left_on_another_lane_is_told_a_fix_that_works():
+    # module.to('cpu') copies nothing between lanes of one memory: the advice must not be it.
+    devices = lanes(4)
+    model = nn.Linear(2, 2)
+    model.register_buffer("shift", dpkit.scatter(torch.randn(8, 2), devices)[1])  # lane 1's
+    parallel = dpkit.DataParallel(model, device_ids=devices)
+    with pytest.raises(RuntimeError, match=r"found one of them on device: virtual:1") as error:
+        parallel(torch.randn(8, 2))
+    assert ".to(" not in str(error.value).split(";", 1)[1].replace("module.to() does not", "")
+    assert error.match(r"module\.shift = module\.shift\.detach\(\)\.clone\(\)")
+    model.shift = model.shift.detach().clone()  # the fix the message gives
+    assert parallel(torch.randn(8, 2)).shape == (8, 2)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: dpkit.DataParallel(nn.Linear(2, 2), device_ids=lanes(2), dim="0"),
+        lambda: dpkit.data_parallel(nn.Linear(2, 2), torch.randn(4, 2), lanes(2), dim="0"),
+        lambda: dpkit.scatter(torch.randn(4, 2), lanes(2), dim="0"),
+        lambda: dpkit.scatter_kwargs((torch.randn(4, 2),), None, lanes(2), dim=0.0),
+        lambda: dpkit.gather([torch.ones(2), torch.ones(2)], lanes(2)[0], dim="0"),
+    ],
+    ids=["DataParallel", "data_parallel", "scatter", "scatter_kwargs", "gather"],
+)
+def test_dim_that_is_not_an_int(call):
+    with pytest.raises(TypeError, match=r"dim must be an int .*pass e\.g\. dim=0"):
+        call()
+
+
+@pytest.mark.parametrize("on", ["nosuch", 3.5])
+def test_virtual_devices_on_something_that_is_not_a_device(on):
+    with pytest.raises(ValueError, match=rf"on={on!r} is not a device; use on='cpu'"):
+        dpkit.virtual_devices(2, on=on)
+
+
+@pytest.mark.parametrize(
+    "argument, value, error_type, fix",
+    [
+        ("inputs", None, ValueError, r"inputs is None; pass one input per replica"),
+        ("inputs", "generator", TypeError, r"inputs must be a list or tuple, got a generator"),
+        ("modules", "generator", TypeError, r"modules must be a list or tuple.*replicate"),
+        ("modules", None, ValueError, r"modules is None; pass the replicas"),
+        ("kwargs_tup", "generator", TypeError, r"kwargs_tup must be a list or tuple"),
+    ],
+)
+def test_parallel_apply_with_none_or_a_generator(argument, value, error_type, fix):
+    arguments = {
+        "modules": [nn.Identity(), nn.Identity()],
+        "inputs": [torch.ones(1), torch.ones(1)],
+        "kwargs_tup": [{}, {}],
+    }
+    arguments[argument] = (x for x in arguments[argument]) if value == "generator" else value
+    with pytest.raises(error_type, match=fix):
+        dpkit.parallel_apply(**arguments, devices=lanes(2))
+
+
+def _nested():
+    with warnings.catch_warnings():  # nested tensors warn that they are a prototype
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(3, 3)])
+
+
+@pytest.mark.parametrize(
+    "make, fix",
+    [
+        (
+            lambda: torch.randn(8, 3).to_sparse(),
+            r"sparse tensor \(layout torch\.sparse_coo\).*to_dense",
+        ),
+        (lambda: torch.randn(8, 3).to_sparse_csr(), r"sparse tensor \(layout torch\.sparse_csr\)"),
+        (_nested, r"nested tensor.*to_padded_tensor"),
+    ],
+    ids=["coo", "csr", "nested"],
+)
+def test_sparse_and_nested_inputs(make, fix):
+    with warnings.catch_warnings():  # CSR tensors warn that their support is in beta
+        warnings.simplefilter("ignore")
+        x = make()
+    with pytest.raises(TypeError, match=fix):
+        dpkit.scatter(x, lanes(2))
+    with pytest.raises(TypeError, match=fix):
+        dpkit.DataParallel(nn.Identity(), device_ids=lanes(2))(x)
+
+
+class OptimizedModule(nn.Module):
+    """Stands in for what torch.compile returns (torch._dynamo.eval_frame.OptimizedModule:
+    the compiled module under ``_orig_mod``), whose import takes seconds; dpkit recognises it
+    by these two traits. The real one was checked by hand (issue 18)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self._orig_mod = module
+
+    def forward(self, x):
+        return self._orig_mod(x)
+
+
+def test_a_compiled_module_is_told_to_pass_the_plain_one():
+    compiled = OptimizedModule(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"module was compiled with torch\.compile") as error:
+        dpkit.DataParallel(compiled, device_ids=lanes(2))
+    assert error.match(r"pass the plain module \(model\._orig_mod")
+    with pytest.raises(TypeError, match=r"a submodule of module was compiled"):
+        dpkit.replicate(nn.Sequential(compiled), lanes(2))
+    output = dpkit.DataParallel(compiled._orig_mod, device_ids=lanes(2))(torch.randn(4, 2))
+    assert output.shape == (4, 2)
+
+
+@pytest.mark.parametrize(
+    "chunk_sizes, fix",
+    [
+        (lambda batch, n: None, r"the chunk_sizes function returned None, not a list of sizes"),
+        (lambda batch, n: [True] * batch, r"must be positive ints"),
+        ([True] * 8, r"must be positive ints"),
+        (lambda batch, n: 8, r"returned 8, not a list"),
+    ],
+    ids=["returns-None", "returns-bools", "bools", "returns-int"],
+)
+def test_chunk_sizes_that_are_not_a_list_of_ints(chunk_sizes, fix):
+    with pytest.raises((TypeError, ValueError), match=fix) as error:
+        dpkit.plan_chunks(8, 8, chunk_sizes)
+    assert error.match(r"add up to the batch size 8")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_weights_that_are_not_finite(bad):
+    with pytest.raises(ValueError, match=r"weights must all be positive and finite.*weights=\["):
+        dpkit.weighted_chunk_sizes(8, 2, weights=[1, bad])
+
+
+def test_weights_that_are_not_numbers():
+    with pytest.raises(TypeError, match=r"weights must be numbers"):
+        dpkit.weighted_chunk_sizes(8, 2, weights=[1, "2"])
+
+
+@pytest.mark.parametrize(
+    "plan", [dpkit.balanced_chunk_sizes, dpkit.torch_chunk_sizes, dpkit.plan_chunks]
+)
+@pytest.mark.parametrize("num_devices", [0, -1])
+def test_chunk_planning_over_no_devices(plan, num_devices):
+    # balanced_chunk_sizes(8, 0) was a ZeroDivisionError, plan_chunks(8, -1) returned [].
+    with pytest.raises(ValueError, match=rf"num_devices must be at least 1, got {num_devices}"):
+        plan(8, num_devices)
+
+
+def test_chunk_planning_of_a_negative_batch():
+    with pytest.raises(ValueError, match=r"size must be a number of rows \(an int >= 0\)"):
+        dpkit.plan_chunks(-1, 4)

@@ -149,15 +149,21 @@ def test_scatter_of_a_lone_non_tensor_gives_one_reference_per_device():
     assert all(entry is marker for entry in dpkit.scatter(marker, lanes(3)))
 
 
-def test_scatter_zips_mismatched_chunk_counts_to_the_shortest():
-    # 10 rows -> 4 chunks, 6 rows -> 3 chunks, 2 rows -> 2 chunks: torch zips to 2 entries.
-    long, middle, short = torch.randn(10, 1), torch.randn(6, 1), torch.randn(2, 1)
-    scattered = dpkit.scatter((long, middle), lanes(4))
+def test_scatter_rejects_tensors_of_different_batch_sizes_that_torch_zips():
+    # 10 rows -> 4 chunks, 6 rows -> 3 chunks: torch zips them to 3 entries and drops rows
+    # 9-10 of the first; dpkit raises (README, "Clearer errors").
+    long, middle = torch.randn(10, 1), torch.randn(6, 1)
+    with pytest.raises(ValueError, match=r"inputs\[0\] has 10, inputs\[1\] has 6"):
+        dpkit.scatter((long, middle), lanes(4))
+
+
+def test_scatter_zips_shared_objects_to_the_devices_the_tensors_use():
+    # 6 rows -> 3 chunks; the string goes to those 3 devices only, as torch's zip does.
+    x = torch.randn(6, 1)
+    scattered = dpkit.scatter((x, "label"), lanes(4))
     assert len(scattered) == 3
-    scattered = dpkit.scatter((long, middle, short), lanes(4))
-    assert len(scattered) == 2
-    for entry, a, b, c in zip(scattered, long.chunk(4), middle.chunk(4), short.chunk(4)):
-        assert torch.equal(entry[0], a) and torch.equal(entry[1], b) and torch.equal(entry[2], c)
+    for entry, piece in zip(scattered, x.chunk(4)):
+        assert torch.equal(entry[0], piece) and entry[1] == "label"
 
 
 def test_scatter_chunk_zero_is_a_view_other_chunks_are_copies():
@@ -218,29 +224,39 @@ def test_scatter_kwargs_with_both_of_the_same_length():
         assert torch.equal(kw["y"], y_piece)
 
 
+@pytest.mark.parametrize(
+    "x_rows, y_rows, z", [(6, 10, None), (10, 6, None), (10, 1, 10)], ids=["3<4", "4>3", "1<2"]
+)
+def test_scatter_kwargs_rejects_keyword_tensors_of_another_batch_size(x_rows, y_rows, z):
+    # torch pads or cuts by chunk counts here (a replica without its input, a kwargs_tup
+    # shorter than the inputs, a keyword tensor of one row broadcast): dpkit raises, naming both.
+    inputs = (torch.randn(x_rows, 2),) + (() if z is None else (torch.randn(z),))
+    with pytest.raises(ValueError, match=rf"inputs\[0\] has {x_rows}.*kwargs\['y'\] has {y_rows}"):
+        dpkit.scatter_kwargs(inputs, {"y": torch.randn(y_rows)}, lanes(4))
+
+
 def test_scatter_kwargs_with_inputs_shorter_than_kwargs_pads_inputs():
-    x, y = torch.randn(6, 2), torch.randn(10)  # 3 chunks vs 4 chunks
-    args, kwargs = dpkit.scatter_kwargs((x,), {"y": y}, lanes(4))
+    x = torch.randn(6, 2)  # 3 chunks; a keyword flag goes to all 4 devices
+    args, kwargs = dpkit.scatter_kwargs((x,), {"flag": True}, lanes(4))
     assert len(args) == 4 and len(kwargs) == 4
     assert args[3] == ()
     for entry, piece in zip(args[:3], x.chunk(4)):
         assert torch.equal(entry[0], piece)
-    assert torch.equal(kwargs[3]["y"], y.chunk(4)[3])
+    assert kwargs[3] == {"flag": True}
 
 
 def test_scatter_kwargs_kwargs_shorter_than_one_input_are_not_padded_as_in_torch():
     # torch compares the keyword chunks with len(inputs), the number of positional
-    # arguments (1 here), not with the number of input chunks (4): no padding happens.
-    x, y = torch.randn(10, 2), torch.randn(6)
-    args, kwargs = dpkit.scatter_kwargs((x,), {"y": y}, lanes(4))
+    # arguments (1 here), not with the number of input entries (4): no padding happens.
+    args, kwargs = dpkit.scatter_kwargs(("label",), {"y": torch.randn(6)}, lanes(4))
     assert len(args) == 4
     assert len(kwargs) == 3
 
 
 def test_scatter_kwargs_kwargs_shorter_than_several_inputs_are_padded():
-    # Two positional arguments, keyword chunks 1 < 2: torch pads to the input chunks.
-    x, z, y = torch.randn(10, 2), torch.randn(10), torch.randn(1)
-    args, kwargs = dpkit.scatter_kwargs((x, z), {"y": y}, lanes(4))
+    # Two positional arguments, keyword chunks 1 < 2: torch pads to the input entries.
+    y = torch.randn(1)
+    args, kwargs = dpkit.scatter_kwargs(("a", "b"), {"y": y}, lanes(4))
     assert len(args) == 4 and len(kwargs) == 4
     assert torch.equal(kwargs[0]["y"], y)
     assert kwargs[1:] == ({}, {}, {})
@@ -687,7 +703,7 @@ def test_gather_of_namedtuples_lists_tuples_and_none():
 
 def test_gather_of_dicts_with_different_key_counts():
     outputs = [{"a": torch.ones(1)}, {"a": torch.ones(1), "b": torch.ones(1)}]
-    with pytest.raises(ValueError, match=r"^All dicts must have the same number of keys$"):
+    with pytest.raises(ValueError, match=r"^All dicts must have the same number of keys"):
         dpkit.gather(outputs, lanes(2)[0])
 
 

@@ -1,0 +1,180 @@
+"""No hang without a way out (issue 18): ``timeout=``, Ctrl-C while replicas run, a process
+that exits with a replica stuck, ``SystemExit`` and ``KeyboardInterrupt`` from a replica, and
+the caller's intra-op thread count in the workers."""
+
+from __future__ import annotations
+
+import _thread
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from lanes import lanes
+from torch import nn
+
+import dpkit
+
+
+class StuckOn(nn.Module):
+    """Doubles its input, except on the lanes listed, where it waits for ``release``."""
+
+    def __init__(self, release: threading.Event, stuck: set[int]) -> None:
+        super().__init__()
+        self.release, self.stuck = release, stuck
+
+    def forward(self, x):
+        if dpkit.current_device().index in self.stuck:
+            self.release.wait()
+        return x * 2
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """Set at the end of each test: the stuck replicas return and their threads end."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _timed(call):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as error:
+        call()
+    return error, time.monotonic() - start
+
+
+def test_parallel_apply_timeout_names_the_replicas_still_running_and_their_devices(release):
+    devices = lanes(4)
+    module = StuckOn(release, {1, 3})
+    error, waited = _timed(
+        lambda: dpkit.parallel_apply(
+            [module] * 4, [torch.ones(2)] * 4, devices=devices, timeout=0.3
+        )
+    )
+    assert 0.3 <= waited < 2.0
+    assert error.match(r"replica 1 on virtual:1 \(cpu\), replica 3 on virtual:3 \(cpu\) still")
+    assert "replica 0" not in str(error.value) and "replica 2" not in str(error.value)
+    assert error.match(r"timeout=0\.3 s.*keeps running in the background")
+
+
+def test_dataparallel_and_data_parallel_take_a_timeout(release):
+    devices = lanes(4)
+    module = StuckOn(release, {2})
+    parallel = dpkit.DataParallel(module, device_ids=devices, timeout=0.2)
+    error, _ = _timed(lambda: parallel(torch.ones(8, 1)))
+    assert error.match(r"replica 2 on virtual:2 \(cpu\)")
+    error, _ = _timed(
+        lambda: dpkit.data_parallel(module, torch.ones(8, 1), device_ids=devices, timeout=0.2)
+    )
+    assert error.match(r"replica 2 on virtual:2 \(cpu\)")
+
+
+def test_a_timeout_holds_for_a_single_replica_and_a_single_device(release):
+    devices = lanes(1)
+    module = StuckOn(release, {0})
+    _timed(lambda: dpkit.parallel_apply([module], [torch.ones(1)], devices=devices, timeout=0.2))
+    parallel = dpkit.DataParallel(module, device_ids=devices, timeout=0.2)
+    error, _ = _timed(lambda: parallel(torch.ones(4, 1)))
+    assert error.match(r"replica 0 on virtual:0 \(cpu\)")
+
+
+def test_replicas_that_finish_in_time_return_their_outputs(release):
+    release.set()
+    parallel = dpkit.DataParallel(StuckOn(release, {1}), device_ids=lanes(2), timeout=5)
+    assert torch.equal(parallel(torch.ones(4, 1)), torch.full((4, 1), 2.0))
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf")])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds(timeout):
+    with pytest.raises(ValueError, match=r"timeout must be a positive, finite number.*e\.g\."):
+        dpkit.DataParallel(nn.Linear(2, 2), device_ids=lanes(2), timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", ["10", True])
+def test_a_timeout_that_is_not_a_number(timeout):
+    with pytest.raises(TypeError, match=r"timeout must be a number of seconds.*timeout=60"):
+        dpkit.parallel_apply([nn.Identity()], [torch.ones(1)], devices=lanes(1), timeout=timeout)
+
+
+def test_ctrl_c_reaches_the_caller_at_once_and_leaves_no_thread_that_blocks_exit(release):
+    # torch joins its workers without a limit: an interrupt (Ctrl-C, or interrupt_main as
+    # here) waits until the stuck replica returns, and its non-daemon thread keeps the
+    # process from exiting.
+    before = set(threading.enumerate())
+    module = StuckOn(release, {1})
+    timer = threading.Timer(0.2, _thread.interrupt_main)
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        dpkit.parallel_apply([module] * 2, [torch.ones(1)] * 2, devices=lanes(2))
+    waited = time.monotonic() - start
+    timer.join()
+    assert waited < 2.0  # 0.2 s, then one poll of 0.05 s; torch: never (replica 1 never returns)
+    stuck = [t for t in set(threading.enumerate()) - before if t is not timer]
+    assert stuck, "replica 1 should still be waiting"
+    assert all(t.daemon for t in stuck), "a stuck worker must not keep the process alive"
+
+
+class Raises(nn.Module):
+    def __init__(self, exception: BaseException) -> None:
+        super().__init__()
+        self.exception = exception
+
+    def forward(self, x):
+        if dpkit.current_device().index == 2:
+            raise self.exception
+        return x
+
+
+def test_system_exit_in_a_replica_is_re_raised_with_its_code_replica_and_device():
+    with pytest.raises(SystemExit) as error:
+        dpkit.data_parallel(Raises(SystemExit(3)), torch.ones(8, 1), device_ids=lanes(4))
+    assert error.value.code == 3  # sys.exit(3) in a replica still exits with status 3
+    assert error.match(r"Caught SystemExit in replica 2 on device virtual:2 \(cpu\)")
+
+
+def test_keyboard_interrupt_in_a_replica_is_re_raised_as_itself_with_replica_and_device():
+    with pytest.raises(KeyboardInterrupt) as error:
+        dpkit.data_parallel(Raises(KeyboardInterrupt()), torch.ones(8, 1), device_ids=lanes(4))
+    assert error.match(r"Caught KeyboardInterrupt in replica 2 on device virtual:2 \(cpu\)")
+
+
+def _libgomp() -> ctypes.CDLL | None:
+    path = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    return ctypes.CDLL(str(path)) if path.exists() else None
+
+
+class RecordsTeamSize(nn.Module):
+    """Records the OpenMP team size its thread would use, read from OpenMP itself: asking
+    torch.get_num_threads() would make torch set it first, hiding what a matmul gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def forward(self, x):
+        self.seen.append(_libgomp().omp_get_max_threads())
+        return x
+
+
+@pytest.mark.skipif(_libgomp() is None, reason="torch here does not ship OpenMP (libgomp)")
+def test_workers_use_the_callers_intra_op_thread_count():
+    # A new thread starts with OpenMP's default team (every core) until torch initialises
+    # it; MKL's matmul does not, so without dpkit carrying the count each worker's matmul
+    # used every core whatever torch.set_num_threads said (4x the CPU time measured here).
+    before = torch.get_num_threads()
+    wanted = before + 1  # not what a new thread starts with
+    module = RecordsTeamSize()
+    try:
+        torch.set_num_threads(wanted)
+        dpkit.parallel_apply([module] * 3, [torch.ones(1)] * 3, devices=lanes(3))
+        torch.set_num_threads(before)
+        _libgomp().omp_set_num_threads(wanted)  # in this thread only, as threadpoolctl does
+        dpkit.parallel_apply([module] * 3, [torch.ones(1)] * 3, devices=lanes(3))
+    finally:
+        torch.set_num_threads(before)
+    assert module.seen == [wanted] * 6
