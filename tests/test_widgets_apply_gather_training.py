@@ -297,3 +297,40 @@ def test_measured_overlap_reports_the_spread_of_its_rounds():
     result = apply.measure_apply_overlap(apply.MatmulNet(width=32), torch.randn(8, 32), repeats=3)
     low, high = result.speedup_quartiles
     assert 0 < low <= high
+
+
+# --------------------------------------------------------------------------------------
+# What spaces the replicas' starts (notebook 03, section 2b): structure, never speed
+
+
+def test_the_overlap_measurement_records_start_gaps_batch_and_threads():
+    result = apply.measure_apply_overlap(
+        apply.MatmulNet(width=32), torch.randn(12, 32), devices=3, repeats=2, threads=1
+    )
+    assert (result.batch, result.threads, result.devices) == (12, 1, 3)
+    assert result.start_gap_ms > 0  # three workers cannot all start at the same instant
+    assert result.forward_ms == pytest.approx(result.serial_ms / 3)
+    assert result.start_gap_ms < result.parallel_ms
+
+
+def test_the_lanes_compute_with_the_intra_op_threads_the_measurement_sets():
+    seen: list[int] = []
+
+    class ThreadsSeen(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return x
+
+    apply.measure_apply_overlap(ThreadsSeen(), torch.randn(4, 2), devices=2, repeats=1, threads=1)
+    assert seen and set(seen) == {1}  # in every worker thread, not only in the caller
+
+
+def test_start_suspects_measures_each_suspect_and_tabulates_every_run():
+    suspects = apply.start_suspects(devices=2, batches=(8, 16), repeats=1)
+    assert [(r.batch, r.threads) for r in suspects.runs] == [(8, 1), (16, 1), (16, None)]
+    assert suspects.empty is not None and suspects.empty.model == "Identity"
+    assert suspects.thread_start_ms > 0 and suspects.python_ms > 0 and suspects.cores >= 1
+    assert suspects.load_average is None or suspects.load_average >= 0
+    rows = suspects.table().splitlines()
+    assert len(rows) == 1 + len(suspects.runs)
+    assert rows[1].split()[0] == "8" and "1 per lane" in rows[1] and "(default)" in rows[3]

@@ -20,7 +20,9 @@ keeps the last data, figure and PNG, so tests can move a slider and check both c
 
 from __future__ import annotations
 
+import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ from dpkit.tracing import Phase
 from dpkit.viz.common import (
     FIGURE_DPI,
     FIGURE_WIDTH,
+    cores,
     demo_model,
     hardware_of,
     intra_op_threads,
@@ -117,6 +120,15 @@ class ApplyOverlap:
     # The speed-up of each round (serial over parallel, measured back to back), its 25th and
     # 75th percentiles: how much it moves from run to run on this machine.
     speedup_quartiles: tuple[float, float] = (0.0, 0.0)
+    # In the parallel run: time from one replica's apply start to the next one's (median).
+    start_gap_ms: float = 0.0
+    threads: int | None = 1  # torch's intra-op threads per lane (None: torch's default)
+    batch: int = 0  # rows of the whole input, before the scatter
+
+    @property
+    def forward_ms(self) -> float:
+        """One replica's forward on its chunk, alone in one thread (the serial run's share)."""
+        return self.serial_ms / self.devices
 
     @property
     def speedup(self) -> float:
@@ -163,14 +175,20 @@ def measure_apply_overlap(
     chunks = dpkit.scatter(inputs, lanes)
     lanes = lanes[: len(chunks)]
     replicas = dpkit.replicate(model, lanes, detach=True)
-    serial, parallel, busy = [], [], []
+    serial, parallel, busy, gaps = [], [], [], []
     with intra_op_threads(threads), torch.no_grad():
         for _ in range(repeats + 1):  # the first round warms up
             with dpkit.trace() as recorded:
                 dpkit.parallel_apply(replicas, chunks, devices=lanes)
-            applies = [e for e in recorded.events if e.phase == Phase.APPLY]
-            parallel.append(max(e.end for e in applies) - min(e.start for e in applies))
+            applies = sorted(
+                (e for e in recorded.events if e.phase == Phase.APPLY), key=lambda e: e.start
+            )
+            parallel.append(max(e.end for e in applies) - applies[0].start)
             busy.append(sum(e.duration for e in applies))
+            starts = [e.start for e in applies]
+            gaps.append(
+                statistics.median(b - a for a, b in zip(starts, starts[1:])) if starts[1:] else 0.0
+            )
             start = time.perf_counter()
             for replica, chunk, lane in zip(replicas, chunks, lanes):
                 dpkit.parallel_apply([replica], [chunk], devices=[lane])  # runs in this thread
@@ -185,7 +203,96 @@ def measure_apply_overlap(
         statistics.median(parallel[1:]) * 1e3,
         statistics.median(busy[1:]) * 1e3,
         (low, high),
+        statistics.median(gaps[1:]) * 1e3,
+        threads,
+        len(inputs),
     )
+
+
+# --------------------------------------------------------------------------------------
+# What spaces the replicas' starts: the suspects, measured
+
+
+def thread_start_ms(repeats: int = 200) -> float:
+    """Median time to start a Python thread that does nothing and wait for it to end, in ms."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def one_row_forward_ms(model: nn.Module, features: int, repeats: int = 50) -> float:
+    """Median time of ``model``'s forward on one row in this thread, in ms: the Python and the
+    op dispatch of a forward with next to no arithmetic, the part that holds the GIL."""
+    row = torch.randn(1, features)
+    times = []
+    with intra_op_threads(1), torch.no_grad():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            model(row)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e3
+
+
+@dataclass
+class StartSuspects:
+    """What could make parallel_apply's replicas run one after another, each measured.
+
+    ``runs``: the demo MLP's replicas, serial against parallel (:class:`ApplyOverlap`), at
+    each batch with one intra-op thread per lane, then at the largest batch with torch's
+    default threads (every op of every lane spread over all cores). ``empty``: the same
+    measurement for replicas that compute nothing.
+    """
+
+    thread_start_ms: float  # a bare Python thread, started and joined
+    python_ms: float  # the demo MLP's forward on one row: Python and dispatch, under the GIL
+    cores: int
+    runs: list[ApplyOverlap]
+    # parallel_apply of replicas that compute nothing (nn.Identity): its start gap is the
+    # Python each start costs (the caller's and the worker's), with no arithmetic at all.
+    empty: ApplyOverlap | None = None
+    # Processes running or waiting for a core, averaged over the last minute, at the end
+    # (None where the system does not say): above ``cores``, lanes also wait for other programs.
+    load_average: float | None = None
+
+    def table(self) -> str:
+        """One line per run: batch, threads, a replica's forward, the start gap, the speed-up."""
+        lines = [
+            f"{'batch':>6} {'intra-op threads':>17} {'one forward':>12} {'starts apart':>13}"
+            "   speed-up (middle half of the rounds)"
+        ]
+        for run in self.runs:
+            low, high = run.speedup_quartiles
+            threads = "1 per lane" if run.threads == 1 else f"{torch.get_num_threads()} (default)"
+            forward, gap = f"{run.forward_ms:.2f} ms", f"{run.start_gap_ms:.2f} ms"
+            lines.append(
+                f"{run.batch:>6} {threads:>17} {forward:>12} {gap:>13}"
+                f"   {run.speedup:.2f}x ({low:.2f}-{high:.2f}x)"
+            )
+        return "\n".join(lines)
+
+
+def start_suspects(
+    devices: int = 4, batches: tuple[int, ...] = (256, 2048), repeats: int = 5
+) -> StartSuspects:
+    """Measure each suspect of :class:`StartSuspects` on the demo MLP (256 -> 512 -> 512 -> 10)."""
+    runs = []
+    for threads in (1, None):
+        for batch in batches if threads == 1 else batches[-1:]:
+            torch.manual_seed(0)
+            inputs = torch.randn(batch, 256)
+            runs.append(measure_apply_overlap(demo_model(), inputs, devices, repeats, threads))
+    empty = measure_apply_overlap(nn.Identity(), torch.randn(batches[0], 256), devices, repeats)
+    python_ms = one_row_forward_ms(demo_model(), 256)
+    try:
+        load: float | None = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows; a system that does not report it
+        load = None
+    return StartSuspects(thread_start_ms(), python_ms, cores(), runs, empty, load)
 
 
 def gil_comparison(devices: int = 4, repeats: int = 5) -> list[ApplyOverlap]:

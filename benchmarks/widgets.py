@@ -1,0 +1,289 @@
+"""How long an explorer takes to redraw when a control moves, and what each fix saves.
+
+    .venv/bin/python -m benchmarks.widgets               # ~2 minutes on 2 quiet cores
+    .venv/bin/python -m benchmarks.widgets --rounds 1    # quicker, looser
+
+Every explorer of the course (split, replication, timeline, memory, backward) is driven from
+Python as the browser drives it: a control's value is set and the explorer recomputes, draws,
+paints the PNG and updates its marker. The time of that whole ``update`` is what a learner
+waits for after releasing a slider (the browser adds the transfer, about a millisecond).
+The goal (issue 16): a median of at most 200 ms and a worst of at most 400 ms on 2 cores.
+
+Three ways to paint, each on its own explorer, timed one move at a time in interleaved order
+(every move is made on all three, in an order that rotates), so a busy moment of the machine
+lands on all three alike:
+
+``savefig``   as the explorers painted before: ``figure.savefig(format="png")``, which draws a
+              constrained-layout figure twice (a layout pass, then the paint) and compresses
+              at zlib level 6.
+``once``      :func:`dpkit.viz.explorer.figure_png`: painted once, on a canvas the explorer
+              keeps, zlib level 1; the layout is computed in that single pass.
+``shipped``   ``once`` plus the remembered layout (:class:`dpkit.viz.explorer.LayoutMemory`):
+              a figure with the same decorations as one laid out before takes its positions
+              and skips the layout.
+
+Each move is also split into its parts (``compute``: the measurement or the scatter the
+figure shows; ``build``: making the figure's artists; ``paint``: layout, drawing and PNG) and
+timed in CPU seconds of the process as well as wall seconds: on a machine other processes are
+using, the CPU time is close to what the wall time would be on a quiet one. The load average
+is recorded at the start and the end. Results go to ``benchmarks/results/widgets.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpkit import viz
+from dpkit.viz import explorer as explorer_module
+
+RESULTS = Path(__file__).resolve().parent / "results" / "widgets.json"
+GOAL_MEDIAN_MS, GOAL_WORST_MS = 200.0, 400.0
+VARIANTS = ("savefig", "once", "shipped")
+
+# Per explorer: how to make it, and the moves a learner makes (control label, new value).
+# Every move changes its control's value; the list ends where the explorer starts.
+EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
+    "split": (
+        viz.split_explorer,
+        [
+            ("batch", 100),
+            ("batch", 37),
+            ("devices", 5),
+            ("batch", 250),
+            ("devices", 16),
+            ("split", "balanced"),
+            ("batch", 512),
+            ("dim", 1),
+            ("devices", 3),
+            ("batch", 10),
+            ("split", "torch"),
+            ("dim", 0),
+            ("devices", 8),
+        ],
+    ),
+    "replication": (
+        viz.replication_explorer,
+        [
+            ("width", 512),
+            ("devices", 8),
+            ("width", 1024),
+            ("devices", 2),
+            ("width", 2048),
+            ("devices", 16),
+            ("width", 128),
+            ("devices", 4),
+            ("width", 256),
+        ],
+    ),
+    "timeline": (
+        viz.timeline_explorer,
+        [
+            ("batch", 512),
+            ("devices", 2),
+            ("batch", 1024),
+            ("devices", 8),
+            ("batch", 64),
+            ("devices", 4),
+            ("batch", 256),
+        ],
+    ),
+    "memory": (
+        viz.memory_explorer,
+        [
+            ("batch", 512),
+            ("loss", "inside"),
+            ("devices", 2),
+            ("batch", 1024),
+            ("devices", 8),
+            ("loss", "outside"),
+            ("batch", 64),
+            ("devices", 4),
+            ("batch", 256),
+        ],
+    ),
+    "backward": (
+        viz.backward_explorer,
+        [
+            ("batch", 512),
+            ("devices", 2),
+            ("batch", 1024),
+            ("devices", 8),
+            ("batch", 64),
+            ("devices", 4),
+            ("batch", 256),
+        ],
+    ),
+}
+
+
+def savefig_png(figure: Any, _canvas: Any, _layouts: Any) -> bytes:
+    """How the explorers painted before: savefig (layout pass + paint), zlib level 6."""
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png", dpi=figure.dpi)
+    return buffer.getvalue()
+
+
+class Timed:
+    """An explorer of one variant, with its compute, build and paint timed on every update."""
+
+    def __init__(self, make: Callable[[], Any], variant: str) -> None:
+        self.variant = variant
+        self.parts: dict[str, list[float]] = {"compute": [], "build": [], "paint": []}
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.explorer = make()
+        if variant != "shipped":
+            self.explorer.layouts = None
+        compute, draw = self.explorer._compute, self.explorer._draw
+        self.explorer._compute = self._timing("compute", compute)
+        self.explorer._draw = self._timing("build", draw)
+
+    def _timing(self, part: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.parts[part].append(time.process_time() - start)
+
+        return timed
+
+    def move(self, label: str, value: Any) -> None:
+        paint = explorer_module.render
+        if self.variant == "savefig":
+            explorer_module.render = savefig_png
+        try:
+            wall, cpu = time.perf_counter(), time.process_time()
+            self.explorer.controls[label].value = value
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        finally:
+            explorer_module.render = paint
+        self.wall.append(wall)
+        self.cpu.append(cpu)
+        parts = self.parts
+        self.parts["paint"].append(cpu - parts["compute"][-1] - parts["build"][-1])
+
+
+def _ms(samples: list[float]) -> dict[str, float]:
+    q1, median, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else samples * 3
+    return {
+        "median": round(median * 1e3, 1),
+        "q1": round(q1 * 1e3, 1),
+        "q3": round(q3 * 1e3, 1),
+        "max": round(max(samples) * 1e3, 1),
+        "n": len(samples),
+    }
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:  # not on this platform
+        return None
+
+
+def run(rounds: int) -> dict[str, Any]:
+    started = time.time()
+    load_start = _load()
+    timed = {
+        name: {variant: Timed(make, variant) for variant in VARIANTS}
+        for name, (make, _) in EXPLORERS.items()
+    }
+    order = list(VARIANTS)
+    for round_index in range(rounds):
+        for step in range(max(len(moves) for _, moves in EXPLORERS.values())):
+            for name, (_, moves) in EXPLORERS.items():
+                if step >= len(moves):
+                    continue
+                order = order[1:] + order[:1]  # rotate which variant moves first
+                for variant in order:
+                    timed[name][variant].move(*moves[step])
+        print(f"round {round_index + 1} of {rounds} done, load average {_load()}")
+    results: dict[str, Any] = {}
+    for name, variants in timed.items():
+        results[name] = {}
+        for variant, one in variants.items():
+            layouts = one.explorer.layouts
+            results[name][variant] = {
+                "wall_ms": _ms(one.wall),
+                "cpu_ms": _ms(one.cpu),
+                "parts_cpu_median_ms": {
+                    part: round(statistics.median(samples) * 1e3, 1)
+                    for part, samples in one.parts.items()
+                },
+                "png_kb": round(len(one.explorer.last_png) / 1024, 1),
+                **(
+                    {"layouts_remembered": layouts.hits, "layouts_computed": layouts.misses}
+                    if layouts is not None
+                    else {}
+                ),
+            }
+    shipped = {name: result["shipped"]["wall_ms"] for name, result in results.items()}
+    return {
+        "what": "explorer redraw after a control moves (Explorer.update), ms",
+        "goal": {"median_ms": GOAL_MEDIAN_MS, "worst_ms": GOAL_WORST_MS},
+        "shipped_wall_ms": {
+            name: {"median": ms["median"], "max": ms["max"]} for name, ms in shipped.items()
+        },
+        "goal_met": {
+            name: ms["median"] <= GOAL_MEDIAN_MS and ms["max"] <= GOAL_WORST_MS
+            for name, ms in shipped.items()
+        },
+        "explorers": results,
+        "rounds": rounds,
+        "seconds": round(time.time() - started, 1),
+        "machine": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "matplotlib": __import__("matplotlib").__version__,
+            "load_average_at_start": load_start,
+            "load_average_at_end": _load(),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=3, help="passes over every move list")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    result = run(args.rounds)
+    print(
+        f"{'explorer':12s}" + "".join(f"{v:>22s}" for v in VARIANTS) + "   (wall ms: median / max)"
+    )
+    for name, variants in result["explorers"].items():
+        cells = "".join(
+            f"{variants[v]['wall_ms']['median']:>13.0f} / {variants[v]['wall_ms']['max']:>5.0f}"
+            for v in VARIANTS
+        )
+        print(f"{name:12s}{cells}")
+    print("goal met (median <= 200 ms, worst <= 400 ms):", result["goal_met"])
+    print(
+        "load average at start and end:",
+        result["machine"]["load_average_at_start"],
+        result["machine"]["load_average_at_end"],
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
