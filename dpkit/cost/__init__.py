@@ -20,7 +20,7 @@ a spec sheet or a published measurement (:func:`presets`, every number cited)::
 ``compute``        one pass on one device: the roofline, or calibrated op times
 ``predict``        the step, simulated on the host's and the devices' clocks, as a Trace
 ``calibrate``      this machine measured into a Hardware
-``models``         the course's models by name (the demo's, and a small transformer)
+``models``         the course's models by name (the demo's, a small transformer, wide-mlp)
 ``cli``            ``dpkit predict``
 =================  =====================================================================
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpkit.cost.hardware import Hardware
-from dpkit.cost.models import COURSE_MODELS, course_model, sample_input
+from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
 from dpkit.cost.presets import preset, presets
 
@@ -110,7 +110,7 @@ def add_predict_command(commands: Any) -> None:
     )
     parser.add_argument("--devices", type=_positive, default=8, help="number of devices")
     parser.add_argument("--batch", type=_positive, default=256, help="batch size per step")
-    parser.add_argument("--model", choices=COURSE_MODELS, default="mlp", help="course model")
+    parser.add_argument("--model", choices=MODEL_NAMES, default="mlp", help="course model")
     parser.add_argument("--strategy", choices=STRATEGIES, default="dp", help="dp or ddp")
     parser.add_argument("--out", default=".", help="folder for the figures and trace.json")
     parser.set_defaults(run=run)

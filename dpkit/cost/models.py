@@ -6,16 +6,24 @@ The transformer reads an image as 28 tokens of 28 pixels: an embedding to 64 fea
 exactly), a mean over tokens and a linear head to 10 classes. Should ``dpkit.demo`` learn a
 ``"transformer"`` of its own, that one is used, so that ``dpkit demo`` and ``dpkit predict``
 run the same model.
+
+The course's models are tiny (tens of kilobytes of parameters), so on GPUs their steps are
+all host overhead. ``"wide-mlp"`` (784 -> 4096 -> 4096 -> 1024 -> 10, 24.2 M parameters,
+about ResNet-50's 25.6 M) is there for predictions only: it moves as many gradient bytes as
+a real vision model, so that links and bandwidth show (its FLOPs per image are far fewer
+than ResNet-50's 4 G, so its communication weighs more than a ResNet-50's would).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 from dpkit import demo
 
-COURSE_MODELS = ("mlp", "cnn", "transformer")
+COURSE_MODELS = ("mlp", "cnn", "transformer")  # calibrated and benchmarked on CPU lanes
+MODEL_NAMES = (*COURSE_MODELS, "wide-mlp")  # what predictions can take
 
 
 class TinyTransformer(nn.Module):
@@ -32,17 +40,33 @@ class TinyTransformer(nn.Module):
         return self.head(self.block(tokens).mean(dim=1))
 
 
+def wide_mlp() -> nn.Module:
+    """784 -> 4096 -> 4096 -> 1024 -> 10 with ReLUs: 24.2 M parameters (97 MB of float32).
+
+    Its weights are zeros, not a random initialisation (which takes a second for 24 M
+    numbers): a prediction needs its shapes, FLOPs and bytes, never its values."""
+    widths = (28 * 28, 4096, 4096, 1024, demo.CLASSES)
+    layers: list[nn.Module] = [nn.Flatten()]
+    for width_in, width_out in zip(widths, widths[1:]):
+        layer = skip_init(nn.Linear, width_in, width_out)
+        for tensor in (layer.weight, layer.bias):
+            nn.init.zeros_(tensor)
+        layers += [layer, nn.ReLU()]
+    return nn.Sequential(*layers[:-1])  # no ReLU after the last layer
+
+
 def course_model(name: str, seed: int = 0) -> nn.Module:
-    """``"mlp"``, ``"cnn"`` or ``"transformer"``, with weights from ``seed``."""
+    """``"mlp"``, ``"cnn"``, ``"transformer"`` or ``"wide-mlp"``, with weights from ``seed``."""
     torch.manual_seed(seed)
+    if name == "wide-mlp":
+        return wide_mlp()
     try:
         return demo.build_model(name)
     except ValueError:
         if name == "transformer":
             return TinyTransformer()
         raise ValueError(
-            f"model={name!r} is not one of the course's models; use one of "
-            f"{', '.join(COURSE_MODELS)}"
+            f"model={name!r} is not one of the course's models; use one of {', '.join(MODEL_NAMES)}"
         ) from None
 
 

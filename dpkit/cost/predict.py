@@ -314,7 +314,7 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: 
         start = max(clock.host, *arrived)
         total = sum(t.host + t.device for t in times)
         for index in range(n):
-            step.event(Phase.BACKWARD, index, start, start + total)
+            step.event(Phase.BACKWARD, index, start, start + total, thread="shared")
         clock.host = start + total
         clock.device = [max(q, clock.host) for q in clock.device]
     else:

@@ -1,0 +1,489 @@
+"""Communication and scaling on hardware you may not have: the figures of notebook 06.
+
+The surprise first: DataParallel does not slow down across nodes because the network is slow
+for everyone; it slows down because every copy starts or ends at device 0. The parameters go
+out to each device and the gradients come back from each device, one copy after another
+through device 0's link, so the devices on the second node add a whole model's worth of
+bytes *each* over one network port. DDP's ring all-reduce sends ``2 (n - 1) / n`` of the
+gradients through every device's link at once, and mostly while backward still runs.
+
+Everything here reads traces from :func:`dpkit.cost.predict`; no number is typed in. Layers:
+
+- data: :func:`traffic` (what a step moves over which link, how long), :func:`scaling_rows`
+  (step time by device count), :func:`speedup_grid` (speed-up and efficiency over batch x
+  devices, break-even batches);
+- figures: :func:`phase_timeline` (a row per phase: one step at a glance, for any number of
+  devices), :func:`scaling_figure`, :func:`speedup_heatmap`;
+- a widget: :func:`scaling_explorer` (hardware, model, devices 1-64, batch).
+
+The prediction checked against this machine's own lanes is in
+:mod:`dpkit.viz.prediction_check`.
+
+Every figure of a prediction says "predicted" in its title.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from matplotlib.figure import Figure
+from torch import nn
+
+from dpkit import cost
+from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
+from dpkit.tracing import Trace
+from dpkit.tracing.events import BACKWARD_PHASES, FORWARD_PHASES
+from dpkit.tracing.export import as_dataframe
+from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH
+from dpkit.viz.explorer import Explorer, int_slider
+from dpkit.viz.figures import hardware_title, human_bytes, phase_color
+
+MAX_DEVICES = 64
+MAX_BATCH = 8192
+BATCH_STEP = 16
+DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
+STRATEGY_NAMES = {"dp": "DataParallel", "ddp": "DDP"}
+
+
+def gpu_presets() -> list[str]:
+    """The presets of GPU machines: all but ``"this-machine"``, whose numbers are a documented
+    default until :func:`dpkit.cost.calibrate` measures the machine at hand."""
+    return [name for name in cost.presets() if name != "this-machine"]
+
+
+@cache
+def model(name: str) -> nn.Module:
+    """A course model by name (``"mlp"``, ``"cnn"``, ``"transformer"``), built once, so that
+    its profile is cached and a sweep predicts in milliseconds."""
+    return course_model(name)
+
+
+def predict(model_name: str, batch: int, devices: int, hardware: Any, strategy: str = "dp"):
+    """:func:`dpkit.cost.predict` for a course model on 1x28x28 images."""
+    return cost.predict(model(model_name), sample_input(), batch, devices, hardware, strategy)
+
+
+def _hardware(hardware: Any) -> cost.Hardware:
+    return cost.preset(hardware) if isinstance(hardware, str) else hardware
+
+
+def _index(device: str) -> int:
+    found = re.search(r":(\d+)", device)
+    return int(found.group(1)) if found else 0
+
+
+# --------------------------------------------------------------------------------------
+# What moves over which link
+
+
+def link_names(hardware: Any) -> dict[str, str]:
+    """A machine's two links in words: ``"node"`` (between devices of one node) and
+    ``"network"`` (between nodes), each its achieved bandwidth and its latency."""
+    machine = _hardware(hardware)
+    inside, network = machine.device_link(), machine.node_to_node
+    how = "peer to peer" if machine.peer_to_peer else "through host memory"
+    return {
+        "node": f"{inside.bandwidth / 1e9:.3g} GB/s, {inside.latency * 1e6:.3g} us ({how})",
+        "network": f"{network.bandwidth / 1e9:.3g} GB/s, {network.latency * 1e6:.3g} us",
+    }
+
+
+@dataclass(frozen=True)
+class PhaseTraffic:
+    """One phase of a predicted step: bytes moved to or from devices of device 0's node
+    (``inside``) and of other nodes (``across``), the copies that moved them, its time."""
+
+    phase: str
+    inside: int
+    across: int
+    copies: int
+    seconds: float
+
+
+def phase_traffic(trace: Any) -> list[PhaseTraffic]:
+    """What each phase of a predicted trace's last step moves, and over which link: a copy
+    to or from a device beyond the first node (``Hardware.devices_per_node``) crosses the
+    network, every other copy stays inside device 0's node."""
+    per_node = trace.machine.devices_per_node
+    last = max(e.step for e in trace.events)
+    found: dict[str, dict[str, Any]] = {}
+    for event in trace.events:
+        if event.step != last:
+            continue
+        row = found.setdefault(
+            event.phase,
+            {"inside": 0, "across": 0, "copies": 0, "first": event.start, "last": event.end},
+        )
+        row["first"], row["last"] = min(row["first"], event.start), max(row["last"], event.end)
+        if event.nbytes:
+            row["copies"] += 1
+            row["across" if _index(event.device) >= per_node else "inside"] += event.nbytes
+    return [
+        PhaseTraffic(phase, r["inside"], r["across"], r["copies"], r["last"] - r["first"])
+        for phase, r in found.items()
+    ]
+
+
+def traffic(trace: Any) -> Any:
+    """:func:`phase_traffic` as a table to read: a DataFrame where pandas is installed, else
+    a list of dicts."""
+    return as_dataframe(
+        [
+            {
+                "phase": row.phase,
+                "inside a node": human_bytes(row.inside),
+                "across nodes": human_bytes(row.across),
+                "copies": row.copies,
+                "predicted ms": round(row.seconds * 1e3, 4),
+            }
+            for row in phase_traffic(trace)
+        ]
+    )
+
+
+def hardware_table(names: Sequence[str] | None = None) -> Any:
+    """The presets' links side by side (default: the GPU machines): devices per node, and
+    each link's bandwidth (GB/s, achieved, one way) and latency (us)."""
+    machines = cost.presets()
+    rows = []
+    for name in names or gpu_presets():
+        machine = machines[name]
+        inside = machine.device_link()
+        rows.append(
+            {
+                "hardware": name,
+                "device": machine.device_name,
+                "per node": machine.devices_per_node,
+                "device link GB/s": round(inside.bandwidth / 1e9, 3),
+                "device link us": round(inside.latency * 1e6, 3),
+                "network GB/s": round(machine.node_to_node.bandwidth / 1e9, 3),
+                "network us": round(machine.node_to_node.latency * 1e6, 3),
+            }
+        )
+    return as_dataframe(rows)
+
+
+# --------------------------------------------------------------------------------------
+# One step at a glance: a row per phase
+
+
+def _phase_spans(trace: Trace) -> list[tuple[str, float, float, int]]:
+    """(phase, start, end, bytes) of each phase of the trace's last step, in time order;
+    times in seconds since the step began."""
+    last = max(e.step for e in trace.events)
+    events = [e for e in trace.events if e.step == last]
+    origin = min(e.start for e in events)
+    spans: dict[str, list[float]] = {}
+    for e in events:
+        first, end, moved = spans.get(e.phase, (e.start, e.end, 0))
+        spans[e.phase] = [min(first, e.start), max(end, e.end), moved + e.nbytes]
+    known = FORWARD_PHASES + BACKWARD_PHASES
+    order = sorted(spans, key=lambda p: (spans[p][0], known.index(p) if p in known else 99))
+    return [(p, spans[p][0] - origin, spans[p][1] - origin, int(spans[p][2])) for p in order]
+
+
+def step_seconds(trace: Trace) -> float:
+    """The last step's length: a prediction's own step time, else first start to last end."""
+    if hasattr(trace, "step_time"):
+        return trace.step_time
+    spans = _phase_spans(trace)
+    return max(end for _, _, end, _ in spans) - min(start for _, start, _, _ in spans)
+
+
+def _draw_phases(axes: Any, trace: Trace, label: str, minimum_ms: float) -> None:
+    spans = _phase_spans(trace)
+    for row, (phase, start, end, moved) in enumerate(spans):
+        width = max((end - start) * 1e3, minimum_ms)
+        axes.barh(row, width, left=start * 1e3, height=0.7, color=phase_color(phase))
+        text = f"{(end - start) * 1e3:.3g} ms" + (f", {human_bytes(moved)}" if moved else "")
+        axes.annotate(
+            text,
+            (start * 1e3 + width, row),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+    axes.set_yticks(range(len(spans)), [phase for phase, *_ in spans], fontsize=8)
+    axes.set_ylim(len(spans) - 0.5, -0.6)
+    axes.set_title(label, fontsize=9, loc="left")
+    axes.grid(axis="x", alpha=0.3)
+
+
+def phase_timeline(traces: Sequence[Trace], labels: Sequence[str] | None = None) -> Figure:
+    """One panel per trace, one row per phase (first start to last end across devices), on a
+    shared time axis: DP against DDP, or measured against predicted. Each bar is annotated
+    with its time and the bytes it moved; the figure's title says where the numbers came from
+    (predicted, virtual or real devices)."""
+    if not traces:
+        raise ValueError("traces must hold at least one trace (e.g. from dpkit.cost.predict)")
+    labels = list(labels) if labels is not None else [t.hardware for t in traces]
+    longest = max(step_seconds(t) for t in traces) * 1e3
+    rows = sum(len(_phase_spans(t)) for t in traces)
+    figure = Figure(
+        figsize=(FIGURE_WIDTH, 1.0 + 0.22 * rows + 0.35 * len(traces)),
+        dpi=FIGURE_DPI,
+        layout="constrained",
+    )
+    heights = [len(_phase_spans(t)) + 1 for t in traces]
+    panels = figure.subplots(
+        len(traces), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights}
+    )[:, 0]
+    for axes, trace, label in zip(panels, traces, labels):
+        _draw_phases(axes, trace, label, longest * 0.004)
+        seconds = step_seconds(trace)
+        axes.axvline(seconds * 1e3, color="0.3", linestyle=":", linewidth=1)
+    panels[-1].set_xlim(0, longest * 1.3)
+    panels[-1].set_xlabel("time since the step began (ms); dotted: the step's end")
+    kinds = sorted({t.hardware for t in traces})
+    where = kinds[0] if len(kinds) == 1 else " vs ".join(kinds)
+    figure.suptitle(f"One training step, phase by phase — {where}", fontsize=9)
+    return figure
+
+
+# --------------------------------------------------------------------------------------
+# Scaling with the device count
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    hardware: str
+    strategy: str
+    devices: int
+    batch: int
+    step_ms: float
+    communication_ms: float  # the phases that move bytes between devices, as predicted
+
+    @property
+    def label(self) -> str:
+        return f"{STRATEGY_NAMES[self.strategy]}, {self.hardware}"
+
+
+COMMUNICATION = ("scatter", "replicate", "gather", "grad_scatter", "reduce", "allreduce")
+
+
+def scaling_rows(
+    model_name: str,
+    batch_per_device: int,
+    device_counts: Sequence[int],
+    hardware_names: Sequence[str],
+    strategies: Sequence[str] = ("dp", "ddp"),
+) -> list[ScalingRow]:
+    """Predicted step times as the device count grows, the batch growing with it
+    (``batch_per_device`` rows per device: the usual way to scale out)."""
+    rows = []
+    for name in hardware_names:
+        for strategy in strategies:
+            for n in device_counts:
+                trace = predict(model_name, batch_per_device * n, n, name, strategy)
+                moved = sum(
+                    row["time_s"] for row in trace.summary() if row["phase"] in COMMUNICATION
+                )
+                rows.append(
+                    ScalingRow(
+                        name, strategy, n, batch_per_device * n, trace.step_time * 1e3, moved * 1e3
+                    )
+                )
+    return rows
+
+
+def scaling_figure(rows: Sequence[ScalingRow]) -> Figure:
+    """Predicted step time against the device count, a line per hardware and strategy; the
+    batch per device stays the same, so a flat line is perfect scaling."""
+    figure = Figure(figsize=(FIGURE_WIDTH, 3.2), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    for label in dict.fromkeys(r.label for r in rows):
+        mine = [r for r in rows if r.label == label]
+        style = "o-" if mine[0].strategy == "dp" else "s--"
+        axes.plot(
+            [r.devices for r in mine], [r.step_ms for r in mine], style, label=label, markersize=4
+        )
+    counts = sorted({r.devices for r in rows})
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xticks(counts, [str(c) for c in counts])
+    axes.minorticks_off()
+    axes.set_xlabel(f"devices ({rows[0].batch // rows[0].devices} rows per device)")
+    axes.set_ylabel("step time (ms), predicted")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1))
+    axes.set_title("Step time as devices are added — predicted devices (cost model)", fontsize=9)
+    return figure
+
+
+# --------------------------------------------------------------------------------------
+# Speed-up and efficiency over batch x devices
+
+
+@dataclass(frozen=True)
+class SpeedupGrid:
+    """Predicted speed-up of ``devices[j]`` devices over one at batch ``batches[i]`` (the same
+    batch split, as DataParallel splits it): ``speedup[i][j] = step(1) / step(n)``."""
+
+    model: str
+    hardware: str
+    strategy: str
+    batches: tuple[int, ...]
+    devices: tuple[int, ...]
+    step_ms: tuple[tuple[float, ...], ...]  # [batch][devices]
+    single_ms: tuple[float, ...]  # [batch], on one device
+
+    @property
+    def speedup(self) -> list[list[float]]:
+        return [[one / many for many in row] for one, row in zip(self.single_ms, self.step_ms)]
+
+    @property
+    def efficiency(self) -> list[list[float]]:
+        """Speed-up per device: 1 is perfect, 1/n is no gain at all."""
+        return [[s / n for s, n in zip(row, self.devices)] for row in self.speedup]
+
+    def break_even(self, devices: int) -> int | None:
+        """The smallest batch of the grid at which ``devices`` devices beat one (None: none)."""
+        column = self.devices.index(devices)
+        for batch, row in zip(self.batches, self.speedup):
+            if row[column] > 1:
+                return batch
+        return None
+
+
+def speedup_grid(
+    model_name: str,
+    hardware: str,
+    batches: Sequence[int] = (16, 64, 256, 1024, 4096, 16384),
+    devices: Sequence[int] = (2, 4, 8, 16, 32, 64),
+    strategy: str = "dp",
+) -> SpeedupGrid:
+    """Predict every (batch, devices) pair of the grid, and one device at each batch."""
+    single = tuple(predict(model_name, b, 1, hardware, strategy).step_time * 1e3 for b in batches)
+    table = tuple(
+        tuple(predict(model_name, b, n, hardware, strategy).step_time * 1e3 for n in devices)
+        for b in batches
+    )
+    return SpeedupGrid(
+        model_name, hardware, strategy, tuple(batches), tuple(devices), table, single
+    )
+
+
+def speedup_heatmap(grid: SpeedupGrid) -> Figure:
+    """Left: the speed-up over one device; right: the efficiency (speed-up per device). Each
+    cell is written in; cells where more devices are slower than one are marked."""
+    figure = Figure(figsize=(FIGURE_WIDTH, 3.1), dpi=FIGURE_DPI, layout="constrained")
+    panels = figure.subplots(1, 2, sharey=True)
+    for axes, values, title, scale in (
+        (panels[0], grid.speedup, "speed-up over 1 device", max(map(max, grid.speedup))),
+        (panels[1], grid.efficiency, "efficiency (speed-up / devices)", 1.0),
+    ):
+        image = axes.imshow(
+            values, cmap="viridis", vmin=0, vmax=max(scale, 1.0), aspect="auto", origin="lower"
+        )
+        for i, row in enumerate(values):
+            for j, value in enumerate(row):
+                slower = grid.speedup[i][j] < 1
+                text = f"{value:.2g}" if value >= 0.01 else "<.01"
+                axes.text(
+                    j,
+                    i,
+                    text + ("*" if slower else ""),
+                    ha="center",
+                    va="center",
+                    fontsize=6.5,
+                    color="white" if value < scale / 2 else "black",
+                )
+        axes.set_xticks(range(len(grid.devices)), [str(n) for n in grid.devices], fontsize=8)
+        axes.set_xlabel("devices")
+        axes.set_title(title, fontsize=9)
+        figure.colorbar(image, ax=axes, shrink=0.8)
+    panels[0].set_yticks(range(len(grid.batches)), [str(b) for b in grid.batches], fontsize=8)
+    panels[0].set_ylabel("batch (whole step)")
+    figure.suptitle(
+        f"{STRATEGY_NAMES[grid.strategy]}, {grid.model}: speed-up, predicted on "
+        f"{grid.hardware} (* slower than 1 device)",
+        fontsize=9,
+    )
+    return figure
+
+
+# --------------------------------------------------------------------------------------
+# The widget
+
+
+@dataclass(frozen=True)
+class ScalingView:
+    hardware: str
+    model: str
+    devices: int
+    batch: int
+    dp: Any
+    ddp: Any
+
+    @property
+    def marker(self) -> str:
+        return (
+            f"batch={self.batch} devices={self.devices} hardware={self.hardware} "
+            f"model={self.model}: predicted step DataParallel {self.dp.step_time * 1e3:.3g} ms, "
+            f"DDP {self.ddp.step_time * 1e3:.3g} ms"
+        )
+
+
+def scaling_view(hardware: str, model_name: str, devices: int, batch: int) -> ScalingView:
+    """DataParallel and DDP predicted for the same step on the same hardware."""
+    return ScalingView(
+        hardware,
+        model_name,
+        devices,
+        batch,
+        predict(model_name, batch, devices, hardware, "dp"),
+        predict(model_name, batch, devices, hardware, "ddp"),
+    )
+
+
+def scaling_view_figure(view: ScalingView) -> Figure:
+    """DataParallel above DDP, phase by phase, predicted, on one time axis."""
+    machine = view.dp.machine
+    nodes = -(-view.devices // machine.devices_per_node)
+    where = f"{view.devices} device(s)" + (f" on {nodes} nodes" if nodes > 1 else "")
+    figure = phase_timeline(
+        [view.dp, view.ddp],
+        [
+            f"DataParallel: {view.dp.step_time * 1e3:.3g} ms per step",
+            f"DDP: {view.ddp.step_time * 1e3:.3g} ms per step",
+        ],
+    )
+    figure.suptitle(
+        hardware_title(view.dp, f"{view.model}, batch {view.batch}, {where}").replace(", dp", ""),
+        fontsize=9,
+    )
+    return figure
+
+
+def scaling_explorer(
+    hardware: str = DEFAULT_HARDWARE, model_name: str = "cnn", devices: int = 8, batch: int = 1024
+) -> Explorer:
+    """Dropdowns "hardware" and "model", sliders "devices" (1-64) and "batch" (16-8192):
+    DataParallel and DDP predicted for that step. ``.last_data`` is the :class:`ScalingView`."""
+    import ipywidgets as widgets
+
+    if hardware not in gpu_presets():
+        raise ValueError(f"hardware={hardware!r}: use one of {', '.join(gpu_presets())}")
+    if model_name not in MODEL_NAMES:
+        raise ValueError(f"model_name={model_name!r}: use one of {', '.join(MODEL_NAMES)}")
+    if not 1 <= devices <= MAX_DEVICES:
+        raise ValueError(f"devices={devices}: the explorer shows 1 to {MAX_DEVICES}")
+    if not BATCH_STEP <= batch <= MAX_BATCH:
+        raise ValueError(f"batch={batch}: the explorer shows {BATCH_STEP} to {MAX_BATCH}")
+    controls = [
+        widgets.Dropdown(options=gpu_presets(), value=hardware, description="hardware"),
+        widgets.Dropdown(options=list(MODEL_NAMES), value=model_name, description="model"),
+        int_slider("devices", devices, 1, MAX_DEVICES),
+        int_slider("batch", batch, BATCH_STEP, MAX_BATCH, BATCH_STEP),
+    ]
+    return Explorer(
+        controls,
+        compute=lambda **v: scaling_view(v["hardware"], v["model"], v["devices"], v["batch"]),
+        draw=scaling_view_figure,
+        marker=lambda view, _values: view.marker,
+    )

@@ -1,0 +1,178 @@
+"""Notebook 06's figures and explorer (dpkit.viz.scaling) and the check of a prediction
+against this machine's lanes (dpkit.viz.prediction_check).
+
+Expected bytes come from the model's own parameters and the preset's topology, expected
+speed-ups from ``dpkit.cost.predict`` called directly, verdicts from hand-made numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+import dpkit.cost as cost
+from dpkit.cost.models import course_model
+from dpkit.viz import prediction_check, scaling
+from dpkit.viz.explorer import figure_png
+
+# As on a GPU: code that leaves a model or a tensor off the devices fails (tests/conftest.py).
+pytestmark = pytest.mark.placement_check
+
+TWO_NODES = "2x8xA100-IB-HDR"
+
+
+def _parameter_bytes(name: str) -> int:
+    return sum(p.numel() * p.element_size() for p in course_model(name).parameters())
+
+
+def test_traffic_splits_dataparallel_s_copies_into_inside_and_across_nodes():
+    params = _parameter_bytes("cnn")
+    trace = scaling.predict("cnn", 160, 12, TWO_NODES)  # 8 devices in node 0, 4 in node 1
+    rows = {row.phase: row for row in scaling.phase_traffic(trace)}
+    for phase in ("replicate", "reduce"):  # the whole model, to or from each other device
+        assert rows[phase].inside == 7 * params, phase
+        assert rows[phase].across == 4 * params, phase
+        assert rows[phase].copies >= 11
+    # the batch: 12 chunks of 160 / 12 -> 14 rows (torch.chunk), the last 6; device 0's stays
+    row_bytes = 28 * 28 * 4
+    assert rows["scatter"].inside == 7 * 14 * row_bytes
+    assert rows["scatter"].across == (3 * 14 + 6) * row_bytes
+    assert rows["apply"].inside == rows["apply"].across == 0
+    table = scaling.traffic(trace)
+    assert len(table) == len(rows)
+
+
+def test_ddp_all_reduces_instead_of_funnelling_through_device0():
+    rows = {row.phase for row in scaling.phase_traffic(scaling.predict("cnn", 64, 4, TWO_NODES,
+                                                                        "ddp"))}  # fmt: skip
+    assert "allreduce" in rows and not {"replicate", "reduce"} & rows
+
+
+def test_link_names_state_each_link_s_bandwidth_and_latency():
+    machine = cost.preset(TWO_NODES)
+    names = scaling.link_names(machine)
+    assert f"{machine.node_to_node.bandwidth / 1e9:.3g} GB/s" in names["network"]
+    assert f"{machine.device_link().bandwidth / 1e9:.3g} GB/s" in names["node"]
+
+
+def test_phase_timeline_draws_each_phase_s_span_and_says_predicted():
+    trace = scaling.predict("mlp", 256, 4, "4xA100-PCIe4")
+    figure = scaling.phase_timeline([trace], ["one step"])
+    axes = figure.axes[0]
+    labels = [tick.get_text() for tick in axes.get_yticklabels()]
+    starts = {}
+    for event in trace.events:
+        starts[event.phase] = min(starts.get(event.phase, event.start), event.start)
+    assert labels == sorted(starts, key=starts.get)  # the phases in the order they began
+    widths = {labels[round(bar.get_y() + bar.get_height() / 2)]: bar.get_width()
+              for bar in axes.patches}  # fmt: skip
+    for row in trace.summary():  # each bar is its phase's span, in ms (or the minimum width)
+        assert widths[row["phase"]] == pytest.approx(max(row["time_s"] * 1e3, widths[row["phase"]]))
+        assert widths[row["phase"]] >= row["time_s"] * 1e3 * (1 - 1e-9)
+    assert "predicted" in figure.get_suptitle() and "4xA100-PCIe4" in figure.get_suptitle()
+    assert figure_png(figure).startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match="traces"):
+        scaling.phase_timeline([])
+
+
+def test_speedup_grid_is_one_device_over_n_from_the_cost_model():
+    grid = scaling.speedup_grid("mlp", "8xA100-SXM-NVLink", batches=(64, 4096), devices=(2, 16))
+    model = scaling.model("mlp")
+    sample = cost.models.sample_input()
+    for i, batch in enumerate(grid.batches):
+        one = cost.predict(model, sample, batch, 1, "8xA100-SXM-NVLink").step_time
+        for j, n in enumerate(grid.devices):
+            many = cost.predict(model, sample, batch, n, "8xA100-SXM-NVLink").step_time
+            assert grid.speedup[i][j] == pytest.approx(one / many)
+            assert grid.efficiency[i][j] == pytest.approx(one / many / n)
+    figure = scaling.speedup_heatmap(grid)
+    assert "predicted" in figure.get_suptitle()
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    assert len(texts) == 4 and sum(t.endswith("*") for t in texts) == sum(
+        s < 1 for row in grid.speedup for s in row
+    )
+
+
+def test_break_even_is_the_first_batch_where_n_devices_beat_one():
+    grid = scaling.SpeedupGrid(
+        "m", "h", "dp", batches=(16, 256, 4096), devices=(2, 8),
+        step_ms=((2.0, 9.0), (1.5, 3.0), (1.0, 1.0)), single_ms=(1.0, 2.0, 4.0),
+    )  # fmt: skip
+    assert grid.speedup == [[0.5, 1 / 9], [2 / 1.5, 2 / 3], [4.0, 4.0]]
+    assert grid.break_even(2) == 256
+    assert grid.break_even(8) == 4096
+    never = scaling.SpeedupGrid("m", "h", "dp", (16,), (2,), ((3.0,),), (1.0,))
+    assert never.break_even(2) is None
+
+
+def test_scaling_rows_grow_the_batch_with_the_devices_and_say_predicted():
+    rows = scaling.scaling_rows("mlp", 32, (1, 4, 16), ("2x8xA100-10GbE",))
+    assert [(r.strategy, r.devices, r.batch) for r in rows] == [
+        (s, n, 32 * n) for s in ("dp", "ddp") for n in (1, 4, 16)
+    ]
+    assert all(0 <= r.communication_ms < r.step_ms for r in rows)
+    figure = scaling.scaling_figure(rows)
+    assert "predicted" in figure.axes[0].get_title()
+    assert len(figure.axes[0].lines) == 2
+
+
+def test_explorer_redraws_for_every_control_and_names_what_it_shows():
+    pytest.importorskip("ipywidgets")
+    explorer = scaling.scaling_explorer(hardware="8xA100-SXM-NVLink", model_name="mlp",
+                                        devices=8, batch=256)  # fmt: skip
+    assert re.match(
+        r"batch=256 devices=8 hardware=8xA100-SXM-NVLink model=mlp", explorer.marker.value
+    )
+    first_png = explorer.last_png
+    explorer.controls["batch"].value = 272
+    assert explorer.marker.value.startswith("batch=272 ") and explorer.last_png != first_png
+    explorer.controls["devices"].value = 64
+    assert explorer.last_data.dp.device_count == 64 == explorer.last_data.ddp.device_count
+    explorer.controls["hardware"].value = TWO_NODES
+    assert TWO_NODES in explorer.last_figure.get_suptitle()
+    assert "predicted" in explorer.last_figure.get_suptitle()
+    explorer.controls["model"].value = "transformer"
+    assert "model=transformer" in explorer.marker.value
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [({"devices": 0}, "devices"), ({"batch": 1}, "batch"), ({"model_name": "resnet"}, "model_name"),
+     ({"hardware": "8xB200"}, "8xA100")],
+)  # fmt: skip
+def test_explorer_refuses_values_it_cannot_show(kwargs, words):
+    pytest.importorskip("ipywidgets")
+    with pytest.raises(ValueError, match=words):
+        scaling.scaling_explorer(**kwargs)
+
+
+def _comparison(measured_ms: list[float], predicted_ms: float) -> prediction_check.Comparison:
+    predicted = SimpleNamespace(step_time=predicted_ms / 1e3)
+    return prediction_check.Comparison("mlp", 2, 8, None, predicted, measured_ms)
+
+
+def test_a_prediction_is_called_wrong_only_outside_the_measured_spread():
+    steps = [10.0, 10.5, 11.0, 12.0, 14.0, 20.0]  # quartiles 10.375 .. 15.5
+    assert "within the measured spread" in _comparison(steps, 12.5).verdict()
+    assert "within the measured spread" in _comparison(steps, 10.0).verdict()
+    assert "faster than the fastest" in _comparison(steps, 8.0).verdict()
+    assert "slower than the upper quartile" in _comparison(steps, 17.0).verdict()
+    assert _comparison(steps, 11.5).error == pytest.approx(11.5 / 11.5 - 1)
+
+
+def test_measured_against_predicted_on_lanes():
+    check = prediction_check.measure_against_prediction(
+        cost.preset("this-machine"), "mlp", devices=2, batch=16, steps=4
+    )
+    assert len(check.measured_ms) == 4 and all(ms > 0 for ms in check.measured_ms)
+    assert check.predicted.device_count == 2 and check.predicted_ms > 0
+    phases = set(check.phase_errors()["phase"])
+    assert {"scatter", "replicate", "apply", "backward", "reduce"} <= phases
+    figure = prediction_check.comparison_figure(check)
+    panels = [axes.get_title(loc="left") for axes in figure.axes]
+    assert panels[0].startswith("measured") and "virtual devices on the CPU" in panels[0]
+    assert panels[1].startswith("predicted")
+    with pytest.raises(ValueError, match="steps"):
+        prediction_check.measure_against_prediction(cost.preset("this-machine"), steps=2)

@@ -1,0 +1,89 @@
+"""Notebook 05's speed-up section (dpkit.viz.speedup) and how the timeline draws backwards that
+one thread ran: verdicts only beyond the rounds' spread, predictions straight from the cost
+model, and hatched backward bars on CPU lanes only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import dpkit
+import dpkit.cost as cost
+from dpkit import viz
+from dpkit.viz import speedup
+from dpkit.viz.common import demo_model
+from tests.lanes import lanes
+
+pytestmark = pytest.mark.placement_check
+
+
+def _series(single: list[float], parallel: list[float]) -> speedup.SpeedupSeries:
+    return speedup.SpeedupSeries(4, "test", (64,), {64: single}, {64: parallel})
+
+
+def test_a_verdict_needs_the_whole_interquartile_range_on_one_side_of_1():
+    assert _series([10.0] * 5, [5.0, 6.0, 4.0, 5.0, 5.5]).verdict(64) == "faster"
+    assert _series([10.0] * 5, [20.0, 19.0, 25.0, 30.0, 21.0]).verdict(64) == "slower"
+    # a median above 1, but a quarter of the rounds below it: no conclusion
+    assert _series([10.0] * 5, [8.0, 9.0, 9.5, 12.0, 13.0]).verdict(64) == "within the noise"
+    assert _series([10.0, 20.0], [5.0, 40.0]).speedups(64) == [2.0, 0.5]
+
+
+def test_measured_rounds_pair_each_one_device_step_with_a_dataparallel_step():
+    series = speedup.measure_speedups(batches=(8, 32), devices=2, rounds=4)
+    assert series.batches == (8, 32) and series.devices == 2
+    for batch in series.batches:
+        assert len(series.single_ms[batch]) == len(series.parallel_ms[batch]) == 4
+        assert all(ms > 0 for ms in series.single_ms[batch] + series.parallel_ms[batch])
+        assert series.verdict(batch) in ("faster", "slower", "within the noise")
+    assert "virtual devices on the CPU" in series.hardware
+    with pytest.raises(ValueError, match="rounds"):
+        speedup.measure_speedups(rounds=3)
+
+
+def test_predicted_speedups_are_the_cost_model_s_one_device_over_n():
+    machine = cost.preset("this-machine")
+    predicted = speedup.predicted_speedups(machine, (16, 1024), devices=4)
+    model, sample = demo_model(), torch.randn(1, speedup.FEATURES)
+    for batch, value in predicted.items():
+        one = cost.predict(model, sample, batch, 1, machine).step_time
+        four = cost.predict(model, sample, batch, 4, machine).step_time
+        assert value == pytest.approx(one / four)
+    series = _series([10.0] * 5, [5.0] * 5)
+    series.batches = (16, 1024)
+    series.single_ms = {16: [1.0] * 4, 1024: [8.0] * 4}
+    series.parallel_ms = {16: [4.0] * 4, 1024: [6.0] * 4}
+    figure = speedup.speedup_spread_figure(series, predicted)
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    assert any("predicted" in label for label in labels)
+    assert "measured" in figure.axes[0].get_title()
+
+
+def _backward_notes(figure) -> list[str]:
+    return [t.get_text() for t in figure.axes[0].texts if "backwards" in t.get_text()]
+
+
+def _hatched(figure) -> int:
+    return sum(1 for c in figure.axes[0].collections if c.get_hatch())
+
+
+def test_backwards_one_cpu_thread_ran_are_drawn_hatched_and_said_so():
+    chosen = lanes(3)
+    model = dpkit.to_device(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), chosen[0])
+    parallel = dpkit.DataParallel(model, device_ids=chosen)
+    inputs = dpkit.to_device(torch.randn(12, 8), chosen[0])
+    with dpkit.trace() as recorded:
+        parallel(inputs).sum().backward()
+    figure = viz.timeline(recorded)
+    assert _backward_notes(figure) == ["one thread runs all 3\nbackwards, interleaved\n"
+                                       "(autograd on a CPU)"]  # fmt: skip
+    assert _hatched(figure) == 3
+
+
+def test_predicted_backwards_are_hatched_only_where_one_thread_runs_them():
+    model, sample = demo_model(), torch.randn(1, speedup.FEATURES)
+    cpu = cost.predict(model, sample, 64, 4, "this-machine")
+    gpus = cost.predict(model, sample, 64, 4, "4xA100-PCIe4")
+    assert _hatched(viz.timeline(cpu)) == 4 and _backward_notes(viz.timeline(cpu))
+    assert _hatched(viz.timeline(gpus)) == 0 and not _backward_notes(viz.timeline(gpus))
