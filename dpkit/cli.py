@@ -3,7 +3,11 @@
 dpkit devices            what hardware is here and which kind of device dpkit uses
 dpkit devices -n 2 -n 8  the same, for chosen device counts
 dpkit demo               a few traced training steps: summaries, timeline.png, memory.png,
-                         trace.json
+                         trace.json (--model mlp | cnn | transformer)
+dpkit ddp                the same under torch's DistributedDataParallel, a process per rank
+                         (--nproc N, --bucket-mb M; see dpkit.ddp)
+dpkit predict            the cost model: a step predicted on hardware you may not have
+                         (see dpkit.cost)
 dpkit grade N            grade exercise N (see exercises/README.md)
 """
 
@@ -19,6 +23,7 @@ import torch
 
 from dpkit.cost.cli import add_predict_command
 from dpkit.ddp.command import add_ddp_command
+from dpkit.ddp.workload import MODELS
 from dpkit.devices import accelerator_count, accelerator_type, describe_choice
 from dpkit.grading import add_grade_command
 
@@ -90,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--devices", type=_at_least_one, default=4, help="number of devices")
     demo.add_argument("--batch", type=_at_least_one, default=256, help="batch size per step")
-    demo.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="model on 1x28x28")
+    demo.add_argument("--model", choices=MODELS, default="mlp", help="model on 1x28x28")
     demo.add_argument("--steps", type=_at_least_one, default=3, help="training steps to trace")
     demo.add_argument("--out", default=".", help="folder for the figures and trace.json")
     demo.set_defaults(run=_demo_command)

@@ -23,8 +23,9 @@ def parameter_bytes() -> int:
 @pytest.fixture(scope="module")
 def comparison():
     return ddp.compare_with_data_parallel(
-        "mlp", nproc=NPROC, batch=BATCH, steps=STEPS, repeats=REPEATS, timeout=120
-    )
+        "mlp", nproc=NPROC, batch=BATCH, steps=STEPS, repeats=REPEATS, timeout=120,
+        sweep_caps_mb=(0.001,),
+    )  # fmt: skip
 
 
 def test_both_are_timed_in_interleaved_blocks_without_warm_up(comparison):
@@ -82,3 +83,13 @@ def test_bucket_sweep_counts_all_reduces_per_cap():
     assert large["ring sent/rank"] == round(2 * (NPROC - 1) / NPROC * parameter_bytes())
     assert all(row["median_ms"] > 0 for row in rows)
     assert "allreduces/step" in str(rows)
+
+
+def test_the_same_ranks_then_train_at_the_other_bucket_caps(comparison):
+    (swept,) = comparison.sweep
+    assert swept.pids == comparison.ddp.pids  # no second launch
+    assert len(swept.step_times) == STEPS * REPEATS  # warm-up left out, as for the first cap
+    rows = comparison.sweep_rows()
+    assert [row["bucket_cap_mb"] for row in rows] == [25.0, 0.001]
+    assert [row["allreduces/step"] for row in rows] == [1, 3]  # one per weight matrix
+    assert {row["bytes/step/rank"] for row in rows} == {parameter_bytes()}

@@ -13,6 +13,8 @@ From a notebook or a script (functions the ranks run must be importable, see
     result = ddp.run_ddp("mlp", nproc=2, batch=64, steps=3)     # or "cnn", "transformer"
     result.trace.summary(); result.trace.memory_summary(); dpkit.viz.timeline(result.trace)
     print(ddp.compare_with_data_parallel("mlp", nproc=2, batch=64))  # DP vs DDP, interleaved
+    both = ddp.compare_with_data_parallel("mlp", sweep_caps_mb=(0.1, 0.001))  # + more caps,
+    print(both.sweep_rows())                                  # by the same ranks: one launch
     print(ddp.bucket_sweep((0.001, 0.1, 25)))                       # all-reduces per cap
 
 From the shell::
@@ -24,7 +26,7 @@ From the shell::
 =================  ==================================================================
 ``workload``       what every rank trains: model, data, optimizer, step (importable)
 ``checks``         world size, backend and port checked before anything starts
-``launch``         the rank processes: spawned, watched, stopped; errors name the rank
+``launch``         the rank processes: started, watched, stopped; errors name the rank
 ``process``        a rank process's life: its stage, its error, its parent's death
 ``rank``           inside a rank: the group, then a DDP model per run, trained
 ``record``         the recorder on DDP's and autograd's hooks: phases, memory, clock

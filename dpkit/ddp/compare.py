@@ -21,7 +21,7 @@ import re
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -121,6 +121,12 @@ class Comparison:
     data_parallel: Trace  # dpkit's trace of the DataParallel steps
     data_parallel_step_times: list[float]  # seconds, warm-up left out
     ddp: DDPResult  # its step_times: warm-up left out too
+    sweep: list[DDPResult] = field(default_factory=list)  # DDP at the other bucket caps
+    workload: Workload | str = "mlp"  # what both trained
+
+    def sweep_rows(self) -> Table:
+        """:func:`bucket_rows` of the DDP run and of every other bucket cap it was run at."""
+        return bucket_rows([self.ddp, *self.sweep])
 
     def engines(self) -> list[tuple[str, Trace, list[float]]]:
         return [
@@ -169,14 +175,19 @@ def compare_with_data_parallel(
     bucket_cap_mb: float = 25.0,
     threads: int = 1,
     timeout: float = 120.0,
+    sweep_caps_mb: Sequence[float] = (),
 ) -> Comparison:
     """Train ``workload`` with dpkit's DataParallel on ``nproc`` virtual CPU lanes and with
     DDP on ``nproc`` gloo ranks, in ``repeats`` interleaved blocks of ``steps`` steps each
     (after one warm-up block of each); ``threads`` torch intra-op threads per process (the
-    DataParallel process too: its lanes are threads sharing them)."""
+    DataParallel process too: its lanes are threads sharing them).
+
+    ``sweep_caps_mb``: more bucket sizes, each trained afterwards by the same ranks (a fresh
+    DDP model each, as many blocks, DataParallel idle) into ``comparison.sweep``: a bucket
+    sweep without starting the processes again (starting them costs seconds)."""
     plan = make_plan(
-        workload, nproc, batch, steps, [bucket_cap_mb], "gloo", timeout, None, threads,
-        blocks=repeats + 1,
+        workload, nproc, batch, steps, [bucket_cap_mb, *sweep_caps_mb], "gloo", timeout, None,
+        threads, blocks=repeats + 1,
     )  # fmt: skip
     workload = plan.workload
     lanes = dpkit.virtual_devices(nproc, on="cpu")
@@ -202,12 +213,44 @@ def compare_with_data_parallel(
                     # there); the trace does not count them, so they are added here.
                     record_memory(lanes[0], "gradients", _gradient_bytes(model))
                 running.release()  # DDP's turn; this process waits in wait_for
+            for _ in sweep_caps_mb:  # the other caps: DDP alone, block after block
+                for block in range(plan.blocks):
+                    running.wait_for("waiting", block)
+                    running.release()
             per_rank, pids = running.wait_for("done"), running.pids
     finally:
         torch.set_num_threads(threads_before)
-    ddp = result_of([runs[0] for runs in per_rank], plan, pids)
-    ddp.step_times = ddp.step_times[steps:]
-    return Comparison(nproc, batch, threads, recorded, dp_times[steps:], ddp)
+    ddp, *sweep = [
+        result_of([runs[index] for runs in per_rank], plan, pids)
+        for index in range(len(plan.bucket_caps))
+    ]
+    for result in (ddp, *sweep):
+        result.step_times = result.step_times[steps:]
+    return Comparison(nproc, batch, threads, recorded, dp_times[steps:], ddp, sweep, workload)
+
+
+def bucket_rows(results: Sequence[DDPResult]) -> Table:
+    """For each DDP run: its ``bucket_cap_mb``, how many all-reduces its last step made,
+    their sizes, the bytes per rank, what a ring sends per rank, and the median step time."""
+    rows = Table()
+    for result in results:
+        last = max(e.step for e in result.trace.events)
+        rank0 = [
+            e
+            for e in result.trace.events
+            if e.phase == "allreduce" and e.step == last and e.device.startswith("rank:0 ")
+        ]
+        rows.append(
+            {
+                "bucket_cap_mb": result.bucket_cap_mb,
+                "allreduces/step": len(rank0),
+                "bucket sizes (B)": " ".join(f"{e.nbytes:,d}" for e in rank0),
+                "bytes/step/rank": sum(e.nbytes for e in rank0),
+                "ring sent/rank": sum(e.details["ring_sent_bytes"] for e in rank0),
+                "median_ms": result.median_step_s * 1e3,
+            }
+        )
+    return rows
 
 
 def bucket_sweep(
@@ -228,23 +271,7 @@ def bucket_sweep(
         workload, nproc, batch, steps, list(bucket_caps_mb), None, timeout, None, threads
     )
     per_rank, pids = launch_plan(plan, timeout, port_given=False)
-    rows = Table()
-    for index, cap in enumerate(plan.bucket_caps):
-        result = result_of([runs[index] for runs in per_rank], plan, pids)
-        last = max(e.step for e in result.trace.events)
-        rank0 = [
-            e
-            for e in result.trace.events
-            if e.phase == "allreduce" and e.step == last and e.device.startswith("rank:0 ")
-        ]
-        rows.append(
-            {
-                "bucket_cap_mb": cap,
-                "allreduces/step": len(rank0),
-                "bucket sizes (B)": " ".join(f"{e.nbytes:,d}" for e in rank0),
-                "bytes/step/rank": sum(e.nbytes for e in rank0),
-                "ring sent/rank": sum(e.details["ring_sent_bytes"] for e in rank0),
-                "median_ms": result.median_step_s * 1e3,
-            }
-        )
-    return rows
+    return bucket_rows(
+        [result_of([runs[index] for runs in per_rank], plan, pids)
+         for index in range(len(plan.bucket_caps))]
+    )  # fmt: skip

@@ -17,11 +17,18 @@ The surprises first:
   asks Linux to kill it if the parent dies (``PR_SET_PDEATHSIG``, as ``torch.multiprocessing``
   does), so a killed notebook kernel does not leave ranks running either.
 
-The ranks are started with ``torch.multiprocessing``'s ``spawn`` context: a fresh
-interpreter per rank, the start method CUDA requires ("Multiprocessing best practices",
-https://pytorch.org/docs/stable/notes/multiprocessing.html) and the one that works from a
-Jupyter kernel, as long as the function a rank runs is importable (it is:
-:func:`dpkit.ddp.process.rank_main`, which calls the target it is given).
+The ranks are started by a **fork server** (``torch.multiprocessing``'s ``forkserver``
+context, where the platform has it; ``spawn`` elsewhere): on first use it starts one fresh
+interpreter that imports torch and what every rank imports (:data:`PRELOAD`), once, and
+then forks each rank from it, already imported. A fresh interpreter per rank (``spawn``)
+pays those imports again for every rank of every run: seconds each, far longer than the
+training steps a notebook runs. Both are start methods CUDA allows ("Multiprocessing best
+practices", https://pytorch.org/docs/stable/notes/multiprocessing.html): the fork server
+never touches the GPU. Both work from a Jupyter kernel, as long as the function a rank runs
+is importable (it is: :func:`dpkit.ddp.process.rank_main`, which calls the target it is
+given). The fork server stays for later runs and ends with the process that started it
+(Python's own helper, like the resource tracker); :func:`dpkit.ddp.child_processes` looks
+through it to the ranks.
 
 Each rank reports through one queue (``("waiting", rank, block)``, ``("done", rank,
 payload)``, ``("error", rank, description)``) and where it is through two shared integers
@@ -31,6 +38,7 @@ payload)``, ``("error", rank, description)``) and where it is through two shared
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import queue
 import signal
 import time
@@ -42,6 +50,10 @@ import torch.multiprocessing as torch_mp
 from dpkit.ddp.process import CONNECTING, STAGES, STARTING, rank_main
 
 GRACE_S = 2.0  # how long a rank gets to end after SIGTERM before SIGKILL
+# What the fork server imports once, before it forks any rank: torch, torch.distributed and
+# dpkit's rank code (through dpkit.ddp.rank), and torch._dynamo, which DDP's constructor
+# imports on first use.
+PRELOAD = ["dpkit.ddp.rank", "torch._dynamo"]
 # Starting a rank (a fresh Python importing torch: 2-4 s on a laptop, far more on a busy one)
 # and meeting the others is out of the user's hands: it gets at least this long.
 STARTUP_S = 60.0
@@ -68,6 +80,16 @@ class RanksTimedOut(RuntimeError):
         self.behind = behind
 
 
+def start_context() -> Any:
+    """The multiprocessing context ranks start from: the fork server, preloaded, where the
+    platform has one (Linux, macOS), else ``spawn`` (Windows)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return torch_mp.get_context("spawn")
+    context = torch_mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # read when the server starts, on first use
+    return context
+
+
 class Ranks:
     """``nproc`` processes, each running ``target(rank, progress, messages, *args)``.
 
@@ -79,7 +101,7 @@ class Ranks:
 
     def __init__(self, target: Callable[..., Any], args: Sequence[Any], nproc: int, timeout: float):
         self.nproc, self.timeout = nproc, timeout
-        self.context = torch_mp.get_context("spawn")
+        self.context = start_context()
         self.messages = self.context.Queue()
         self.progress = self.context.Array("i", 2 * nproc, lock=False)
         self.go = self.context.Semaphore(0)

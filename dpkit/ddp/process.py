@@ -18,7 +18,6 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from typing import Any
 
 # Where a rank is, in order: a rank at a later stage of the same step is further ahead.
@@ -61,16 +60,38 @@ class Progress:
         self.shared[2 * self.rank + 1] = stage
 
 
-def _die_with_parent(parent: int | None) -> None:
+def _die_with_parent(parent: Any) -> None:
     """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``, as
-    ``torch.multiprocessing`` asks for SIGINT); elsewhere nothing. A parent that died before
-    the request was made is caught by its id: this process then ends at once."""
+    ``torch.multiprocessing`` asks for SIGINT); elsewhere nothing. A rank forked by the fork
+    server has the server as its parent, and the server ends when the process that started
+    it does. A parent that died before the request was made is caught by its sentinel
+    (``multiprocessing.parent_process()``): this process then ends at once."""
     if not sys.platform.startswith("linux"):
         return
     pr_set_pdeathsig = 1  # from <linux/prctl.h>
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if parent is not None and os.getppid() != parent:
+    if parent is not None and not parent.is_alive():
         os._exit(1)
+
+
+def _release_fork_server() -> None:
+    """Close this rank's copy of the fork server's "starter alive" pipe, if it has one.
+
+    CPython hands every process the fork server forks the write end of the pipe on which the
+    server waits for its starter to end (so that they could use the server too). Held open
+    by the ranks, the server never sees a killed notebook kernel end, never ends itself, and
+    the ranks, who die with the server, live on. Closed here, first thing: the kernel's end
+    ends the server, and the server's end ends the ranks (``_forkserver_alive_fd`` is
+    private to CPython's ``multiprocessing.forkserver``, 3.8 to 3.13).
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:  # None in a spawned rank, and in the process that owns the server
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        server._forkserver_alive_fd = None
 
 
 def _communication_error(error: BaseException) -> bool:
@@ -89,8 +110,8 @@ def rank_main(
     rank: int, target: Callable[..., Any], progress: Any, messages: Any, args: Sequence[Any]
 ) -> None:
     """What each process runs: ``target(rank, Progress, messages, *args)``, its error reported."""
-    parent = multiprocessing.parent_process()
-    _die_with_parent(None if parent is None else parent.pid)
+    _release_fork_server()
+    _die_with_parent(multiprocessing.parent_process())
     where = Progress(progress, rank)
     try:
         target(rank, where, messages, *args)
@@ -118,23 +139,42 @@ def child_processes(pid: int | None = None) -> list[int]:
     (Linux; an empty list elsewhere), zombies too (a child ended but never joined is left
     behind as well): a test's proof that no rank outlived its run.
 
-    Left out: Python's multiprocessing resource tracker, one helper per parent process that
-    the ranks' queue and semaphore start on first use; it serves every later run and ends
-    with the parent (https://docs.python.org/3/library/multiprocessing.html, "resource
-    tracker").
+    Left out: Python's multiprocessing helpers, one each per parent process, which serve
+    every later run and end with the parent: the resource tracker (the ranks' queue and
+    semaphore start it) and the fork server (:mod:`dpkit.ddp.launch`), whose own children,
+    the ranks, are listed instead (https://docs.python.org/3/library/multiprocessing.html).
     """
     pid = os.getpid() if pid is None else pid
-    helper = getattr(resource_tracker._resource_tracker, "_pid", None)
-    children = []
+    parents: dict[int, list[int]] = {}
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == helper:
+            if not entry.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry}/stat") as stat:
                     fields = stat.read().rsplit(")", 1)[1].split()
             except OSError:  # it ended while we looked
                 continue
-            if int(fields[1]) == pid:  # the parent's id; fields[0] is the state
-                children.append(int(entry))
+            parents.setdefault(int(fields[1]), []).append(int(entry))  # fields[1]: parent id
+    children = []
+    for child in parents.get(pid, []):
+        helper = _helper_of_multiprocessing(child)
+        if helper == "forkserver":  # the ranks it forked count as the parent's
+            children += parents.get(child, [])
+        elif helper is None:
+            children.append(child)
     return sorted(children)
+
+
+def _helper_of_multiprocessing(pid: int) -> str | None:
+    """``"forkserver"`` or ``"resource_tracker"`` if process ``pid`` is that helper of
+    multiprocessing's (they run ``from multiprocessing.<name> import main``), else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            command = cmdline.read().decode(errors="replace")
+    except OSError:
+        return None
+    for name in ("forkserver", "resource_tracker"):
+        if f"from multiprocessing.{name} import main" in command:
+            return name
+    return None

@@ -1,12 +1,13 @@
 """What every rank trains: a model, its data, an optimizer and a training step.
 
 The surprise first: nothing here may be defined in a notebook or a script's ``__main__``.
-The ranks are fresh Python processes (``spawn``, the start method CUDA and Jupyter both
-need), and a function reaches them by *name*, ``module.function``, which the new process
-imports. A notebook's functions live in the kernel's ``__main__``, which no other process
-can import, so :func:`check_importable` refuses them up front with the fix, instead of
-letting every rank die at start-up with an ``AttributeError``. Put them in a ``.py`` file
-next to the notebook and import them (``functools.partial`` of such a function works too).
+The ranks are processes that never ran the caller's code (forked by a fork server, or
+spawned: the start methods CUDA and Jupyter allow), and a function reaches them by *name*,
+``module.function``, which the new process imports. A notebook's functions live in the
+kernel's ``__main__``, which no other process can import, so :func:`check_importable`
+refuses them up front with the fix, instead of letting every rank die at start-up with an
+``AttributeError``. Put them in a ``.py`` file next to the notebook and import them
+(``functools.partial`` of such a function works too).
 
 Every rank seeds torch with the same ``seed`` before it builds the model and the batch, so
 all ranks start from the same weights (DDP would broadcast rank 0's anyway) and draw the same

@@ -5,8 +5,9 @@
 save it with ``fig.savefig("timeline.png")``. Needs matplotlib (``pip install dpkit[lab]``).
 
 The explorers and the quiz (modules ``split``, ``replicas``, ``apply``, ``memory``,
-``training``, ``quiz``) are loaded on first use, so ``import dpkit.viz`` needs neither
-ipywidgets nor tqdm, and a module that is missing or broken fails only when it is used.
+``training``, ``beyond``, ``speedup``, ``scaling``, ``prediction_check``, ``quiz``) are
+loaded on first use, so ``import dpkit.viz`` needs neither ipywidgets nor tqdm, and a
+module that is missing or broken fails only when it is used.
 What they share (figure sizes, :func:`~dpkit.viz.common.intra_op_threads`, the demo model)
 lives in ``dpkit.viz.common``. Everything here only reads traces; none writes into one.
 """
@@ -55,11 +56,15 @@ _LAZY_EXPORTS = {
         "ApplyOverlap",
         "MatmulNet",
         "PythonLoopNet",
+        "StartSuspects",
         "apply_timeline",
         "apply_trace",
         "gil_comparison",
         "measure_apply_overlap",
+        "one_row_forward_ms",
         "overlap_figure",
+        "start_suspects",
+        "thread_start_ms",
         "timeline_explorer",
     ),
     "memory": (
@@ -69,6 +74,13 @@ _LAZY_EXPORTS = {
         "memory_explorer",
         "memory_figure",
         "memory_trace",
+    ),
+    "beyond": (
+        "bubble_figure",
+        "ddp_explorer",
+        "pipeline_explorer",
+        "timelines_on_one_clock",
+        "traffic_and_memory",
     ),
     "training": (
         "SpeedupRow",
@@ -80,6 +92,24 @@ _LAZY_EXPORTS = {
         "speedup_figure",
         "train",
         "training_trace",
+    ),
+    "scaling": (
+        "SpeedupGrid",
+        "hardware_table",
+        "phase_timeline",
+        "scaling_explorer",
+        "scaling_figure",
+        "scaling_rows",
+        "speedup_grid",
+        "speedup_heatmap",
+        "traffic",
+    ),
+    "prediction_check": ("Comparison", "comparison_figure", "measure_against_prediction"),
+    "speedup": (
+        "SpeedupSeries",
+        "measure_speedups",
+        "predicted_speedups",
+        "speedup_spread_figure",
     ),
 }
 SUBMODULES = ("figures", "common", *_LAZY_EXPORTS)

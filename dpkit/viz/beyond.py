@@ -1,0 +1,250 @@
+"""Notebook 07's figures and explorers: DataParallel beside DDP, and a model split's bubble.
+
+The surprise first: starting DDP's processes costs seconds (the first time a fork server
+imports torch for them; later a second or so each time), the training steps milliseconds.
+So :func:`ddp_explorer` starts processes only when the process count changes to one not
+seen yet, and then runs every bucket size at once with the same processes
+(:func:`dpkit.ddp.compare_with_data_parallel` with ``sweep_caps_mb``); moving the step or
+bucket sliders only redraws what was recorded. The
+pipeline explorer runs in the notebook's own process (a thread per stage) and measures
+live; with more stages than cores it shows a prediction instead, and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from dpkit.pipeline.bubble import bubble_formula
+from dpkit.tracing import Trace
+from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, cores
+from dpkit.viz.figures import (
+    CATEGORY_COLORS,
+    _legend_outside,
+    device_order,
+    draw_timeline,
+    hardware_title,
+    human_bytes,
+)
+
+ENGINE_COLORS = {"DataParallel": "#4c78a8", "DDP": "#f58518"}
+
+
+def _figure(height: float, rows: int = 1, columns: int = 1, **options: Any) -> tuple[Figure, Any]:
+    figure = Figure(figsize=(FIGURE_WIDTH, height), dpi=FIGURE_DPI, layout="constrained")
+    return figure, figure.subplots(rows, columns, squeeze=False, **options)
+
+
+def _step_events(trace: Trace, step: int | None) -> tuple[int, list[Any]]:
+    events = trace.events
+    steps = sorted({e.step for e in events})
+    chosen = steps[-1] if step is None else step
+    if chosen not in steps:
+        raise ValueError(f"step={step} is not in the trace; it has steps {steps}")
+    return chosen, [e for e in events if e.step == chosen]
+
+
+def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None = None) -> Figure:
+    """One timeline per ``(name, trace)`` (default: each one's last step), stacked, on one
+    time axis: the longer step draws longer."""
+    chosen = [(name, trace, *_step_events(trace, step)) for name, trace in traces]
+    lengths = [(max(e.end for e in ev) - min(e.start for e in ev)) * 1e3 for *_, ev in chosen]
+    rows = sum(len({e.device for e in ev}) for *_, ev in chosen)
+    figure, axes = _figure(1.2 + 0.42 * rows + 0.5 * len(chosen), len(chosen), 1)
+    for (name, trace, number, events), ax in zip(chosen, axes[:, 0]):
+        took = draw_timeline(ax, events, span_ms=max(lengths))
+        ax.set_title(
+            hardware_title(trace, f"{name}, step {number}: {took:.1f} ms"), fontsize=9, pad=12
+        )
+    return figure
+
+
+def traffic_and_memory(comparison: Any) -> Figure:
+    """Per device, DataParallel beside DDP: bytes in and out per step (left) and bytes held,
+    by category (right): device 0's funnel in DataParallel, DDP's even ranks."""
+    from dpkit.ddp import traffic_per_device
+
+    figure, axes = _figure(3.4, 1, 2)
+    width, labelled = 0.38, set()
+    for offset, (engine, trace, _) in zip((-width / 2, width / 2), comparison.engines()):
+        traffic = traffic_per_device(trace)
+        names = device_order(traffic)
+        xs = [i + offset for i in range(len(names))]
+        axes[0, 0].bar(xs, [traffic[n] for n in names], width, label=engine,
+                       color=ENGINE_COLORS[engine])  # fmt: skip
+        held = {row["device"]: row for row in trace.memory_summary()}
+        bottom = [0] * len(names)
+        for category, colour in CATEGORY_COLORS.items():
+            heights = [held.get(n, {}).get(category, 0) for n in names]
+            if any(heights):
+                label = None if category in labelled else category
+                labelled.add(category)
+                axes[0, 1].bar(xs, heights, width, bottom=bottom, color=colour, label=label,
+                               edgecolor=ENGINE_COLORS[engine], linewidth=1)  # fmt: skip
+                bottom = [b + h for b, h in zip(bottom, heights)]
+    n = comparison.nproc
+    for ax, what in zip(axes[0], ("bytes in and out per step", "bytes held (last step)")):
+        ax.set_xticks(range(n), [f"device {i}" for i in range(n)])
+        ax.yaxis.set_major_formatter(lambda value, _: human_bytes(value))
+        ax.set_ylabel(what)
+    axes[0, 0].legend(fontsize=7, title="left bar | right bar", title_fontsize=7)
+    axes[0, 0].set_title("traffic: DataParallel | DDP", fontsize=9)
+    axes[0, 1].set_title("memory: DataParallel | DDP", fontsize=9)
+    _legend_outside(axes[0, 1], "category")
+    return figure
+
+
+def bubble_figure(rows: Sequence[dict[str, Any]], predicted: dict[int, list[float]] | None = None,
+                  stages: int = 2) -> Figure:  # fmt: skip
+    """Idle share against micro-batches: measured (median, quartiles as a bar) and the
+    formula for ``stages``; ``predicted``: more stage counts' predicted idle shares, by p."""
+    figure, axes = _figure(3.2)
+    ax = axes[0, 0]
+    ms = [row["micro_batches"] for row in rows]
+    medians = [row["measured idle"] for row in rows]
+    spread = [[m - row["q1"] for m, row in zip(medians, rows)],
+              [row["q3"] - m for m, row in zip(medians, rows)]]  # fmt: skip
+    ax.errorbar(ms, medians, yerr=spread, marker="o", capsize=3, color="#e45756",
+                label=f"measured, p={stages} (median, quartiles)")  # fmt: skip
+    ax.plot(ms, [row["formula"] for row in rows], "k--", label=f"formula (p-1)/(m+p-1), p={stages}")
+    for p, idle in sorted((predicted or {}).items()):
+        (line,) = ax.plot(ms, idle, marker="s", linestyle=":", label=f"predicted, p={p}")
+        ax.plot(ms, [bubble_formula(p, m) for m in ms], "--", color=line.get_color(),
+                linewidth=0.8, label=f"formula, p={p}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("share of device-time idle")
+    ax.set_title("The pipeline bubble shrinks as micro-batches grow", fontsize=9)
+    _legend_outside(ax, "idle share")
+    return figure
+
+
+# -------------------------------------------------------------------------------------
+# Explorers
+
+
+def ddp_explorer(comparison: Any, run: Callable[[int], Any] | None = None) -> Any:
+    """Sliders for the step, the process count (1-4) and the bucket size over DataParallel's
+    and DDP's timelines of that step on one clock. ``comparison``: a
+    :class:`dpkit.ddp.Comparison` with a sweep; ``run(nproc)`` makes one for another process
+    count, called once per count on first use (default: as ``comparison`` was made)."""
+    from ipywidgets import SelectionSlider
+
+    from dpkit.viz.explorer import Explorer, int_slider
+
+    caps = [result.bucket_cap_mb for result in [comparison.ddp, *comparison.sweep]]
+    run = run or _rerun_like(comparison, caps)
+    cache = {comparison.nproc: comparison}
+
+    def compute(**values: Any) -> tuple[Trace, Trace, Any]:
+        nproc = values["processes"]
+        if nproc not in cache:
+            cache[nproc] = run(nproc)
+        chosen = cache[nproc]
+        result = {r.bucket_cap_mb: r for r in [chosen.ddp, *chosen.sweep]}[values["bucket MiB"]]
+        return (
+            step_of(chosen.data_parallel, values["step"]),
+            step_of(result.trace, values["step"]),
+            result,
+        )
+
+    def draw(data: tuple[Trace, Trace, Any]) -> Figure:
+        data_parallel, ddp, result = data
+        return timelines_on_one_clock(
+            [("DataParallel", data_parallel), (f"DDP, bucket_cap_mb={result.bucket_cap_mb:g}", ddp)]
+        )
+
+    def marker(data: tuple[Trace, Trace, Any], values: dict[str, Any]) -> str:
+        _, ddp, result = data
+        allreduces = [
+            e for e in ddp.events if e.phase == "allreduce" and e.device.startswith("rank:0 ")
+        ]
+        return (
+            f"drawn: step={values['step']} processes={values['processes']} "
+            f"bucket={values['bucket MiB']:g} MiB; rank 0 ran {len(allreduces)} all-reduce(s) "
+            f"of {sum(e.nbytes for e in allreduces):,d} bytes in this step"
+        )
+
+    bucket = SelectionSlider(options=[(f"{c:g}", c) for c in caps], value=caps[0],
+                             description="bucket MiB", continuous_update=False)  # fmt: skip
+    steps = max(e.step for e in comparison.ddp.trace.events)
+    controls = [
+        int_slider("step", steps, 1, steps),
+        int_slider("processes", comparison.nproc, 1, 4),
+        bucket,
+    ]
+    return Explorer(controls, compute, draw, marker)
+
+
+def step_of(trace: Trace, step: int) -> Trace:
+    """A Trace of ``trace``'s events and memory in ``step`` (its last step if it has fewer)."""
+    step = min(step, max(e.step for e in trace.events))
+    kept = Trace()
+    kept._events = [e for e in trace.events if e.step == step]  # filled, not recorded
+    kept._memory = [
+        (m.device, m.category, m.nbytes, m.step, m.kind) for m in trace.memory if m.step == step
+    ]
+    return kept
+
+
+def _rerun_like(comparison: Any, caps: list[float]) -> Callable[[int], Any]:
+    def run(nproc: int) -> Any:
+        from dpkit.ddp import compare_with_data_parallel
+
+        return compare_with_data_parallel(
+            comparison.workload, nproc=nproc, batch=comparison.batch // comparison.nproc * nproc,
+            threads=comparison.threads, bucket_cap_mb=caps[0], sweep_caps_mb=caps[1:],
+        )  # fmt: skip
+
+    return run
+
+
+def pipeline_explorer(
+    make_pipeline: Callable[[int, int], Any], inputs: Any, targets: Any, repeats: int = 3
+) -> Any:
+    """Sliders for micro-batches (1-16) and stages (1-4) over a model split's timeline.
+    ``make_pipeline(stages, micro_batches)`` builds it. Up to as many stages as cores, the
+    steps are measured (``repeats`` after a warm-up; the last drawn); beyond, the schedule
+    is predicted from the stages' measured times (and titled predicted)."""
+    from dpkit import pipeline as pp
+    from dpkit.viz.explorer import Explorer, int_slider
+    from dpkit.viz.figures import timeline
+
+    def compute(**values: Any) -> tuple[Trace, float, float, bool]:
+        p, m = values["stages"], values["micro-batches"]
+        pipe = make_pipeline(p, m)
+        if p <= cores():
+            recorded, idle = pp.measure_steps(pipe, inputs, targets, repeats)
+            trace, measured = step_of(recorded, 10**9), sorted(idle)[len(idle) // 2]
+        else:
+            trace = pp.predict_schedule(pp.stage_times(pipe, inputs, targets), m)
+            measured = pp.idle_fraction(trace)
+        return trace, measured, pp.bubble_formula(p, m), p > cores()
+
+    def draw(data: tuple[Trace, float, float, bool]) -> Figure:
+        trace, idle, formula, predicted = data
+        rows = len({e.device for e in trace.events})
+        figure = timeline(trace)
+        figure.set_size_inches(FIGURE_WIDTH, 1.6 + 0.42 * rows)
+        figure.set_dpi(FIGURE_DPI)
+        what = "predicted" if predicted else "measured (median)"
+        figure.axes[0].set_title(
+            f"{hardware_title(trace, 'Model split')}\nidle {idle:.0%} {what}, formula "
+            f"{formula:.0%}",
+            fontsize=9,
+        )
+        return figure
+
+    def marker(data: tuple[Trace, float, float, bool], values: dict[str, Any]) -> str:
+        _, idle, formula, predicted = data
+        return (
+            f"drawn: micro-batches={values['micro-batches']} stages={values['stages']}; idle "
+            f"{idle:.2f} {'predicted' if predicted else 'measured'}, formula {formula:.2f}"
+        )
+
+    controls = [int_slider("micro-batches", 1, 1, 16), int_slider("stages", 2, 1, 4)]
+    return Explorer(controls, compute, draw, marker)
