@@ -20,8 +20,8 @@ import pytest
 import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn.parallel import scatter_gather
 from torch.nn.parallel.scatter_gather import gather as torch_gather
-from torch.nn.parallel.scatter_gather import scatter as torch_scatter
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpkit
@@ -147,24 +147,70 @@ def test_the_output_device_holds_more_until_the_loss_moves_into_forward():
 # 3. the last batch is smaller than the device count
 
 
-def test_torch_sends_a_keyword_to_every_device_and_calls_the_extra_replicas_without_input(lanes):
-    keywords = torch_scatter({"mode": "predict"}, [0, 1, 2, 3])  # torch's own; no tensor moves
-    chunks = dpkit.scatter(torch.randn(2, 4), lanes)
-    assert (len(chunks), len(keywords)) == (2, 4)
-    outcome = pitfalls.attempt(pitfalls.Classifier(), **keywords[2])
-    assert isinstance(outcome.error, TypeError)
-    assert "missing 1 required positional argument: 'x'" in str(outcome.error)
+@pytest.fixture
+def torch_scatter_kwargs(monkeypatch):
+    """torch's own scatter_kwargs, runnable without a GPU: its Scatter swapped for the split
+    that comm.scatter makes (torch.chunk, chunk_sizes=None), minus the copies. The padding
+    rule of keyword and positional chunks, the part under test, stays torch's code."""
+
+    class ChunkOnly:
+        @staticmethod
+        def apply(target_gpus, chunk_sizes, dim, tensor):
+            return tensor.chunk(len(target_gpus), dim)
+
+    monkeypatch.setattr(scatter_gather, "Scatter", ChunkOnly)
+    return scatter_gather.scatter_kwargs
 
 
-def test_the_last_batch_runs_on_fewer_devices_until_drop_last(lanes):
+def structure(scattered):
+    """What each device gets, with tensors as their shapes (to compare dpkit's with torch's)."""
+    if isinstance(scattered, torch.Tensor):
+        return ("tensor", tuple(scattered.shape))
+    if isinstance(scattered, (list, tuple)):
+        return type(scattered)(structure(item) for item in scattered)
+    if isinstance(scattered, dict):
+        return {key: structure(item) for key, item in scattered.items()}
+    return scattered
+
+
+def test_a_short_batch_gets_torchs_padding_empty_inputs_with_a_keyword_flag(
+    lanes, torch_scatter_kwargs
+):
+    two_rows = torch.randn(2, 4)
+    for inputs, kwargs in (((two_rows,), {"mode": "predict"}), ((two_rows, "predict"), None)):
+        theirs = torch_scatter_kwargs(inputs, kwargs, [0, 1, 2, 3])
+        ours = dpkit.scatter_kwargs(inputs, kwargs, lanes)
+        assert structure(ours) == structure(theirs), (inputs, kwargs)
+    # The keyword flag reaches all 4 devices, the rows only 2: devices 2 and 3 get ().
+    inputs, kwargs = dpkit.scatter_kwargs((two_rows,), {"mode": "predict"}, lanes)
+    assert [len(args) for args in inputs] == [1, 1, 0, 0]
+    assert list(kwargs) == [{"mode": "predict"}] * 4
+    # Positionally, the flag is zipped with the chunks: 2 devices, no padding.
+    inputs, kwargs = dpkit.scatter_kwargs((two_rows, "predict"), None, lanes)
+    assert [len(args) for args in inputs] == [2, 2] and list(kwargs) == [{}, {}]
+
+
+def test_the_last_batch_fails_in_replica_2_until_drop_last_or_a_positional_flag(lanes):
     dataset = TensorDataset(torch.randn(10, 4))
     wrapped = parallel(pitfalls.Classifier(), lanes)
+    outcomes = [
+        pitfalls.attempt(wrapped, x, mode="predict") for (x,) in DataLoader(dataset, batch_size=4)
+    ]
+    assert [outcome.raised for outcome in outcomes] == [False, False, True]
+    last = outcomes[-1]
+    torchs = message_of(pitfalls.Classifier(), mode="predict")  # device 2's call: no input
+    assert isinstance(last.error, TypeError) and "missing 1 required positional" in torchs
+    assert last.message_lines()[0].startswith("Caught TypeError in replica 2 on device ")
+    assert last.message_lines()[-1] == f"... TypeError: {torchs}"
+    # More rows than devices, fewer chunks (6 on 4 is 2, 2, 2): device 3 gets no input.
+    six = pitfalls.attempt(wrapped, torch.randn(6, 4), mode="predict")
+    assert isinstance(six.error, TypeError) and "in replica 3 " in six.message_lines()[0]
 
-    def replicas(loader):
-        return [pitfalls.replicas_run(wrapped, x, mode="predict") for (x,) in loader]
-
-    assert replicas(DataLoader(dataset, batch_size=4)) == [4, 4, 2]
-    assert replicas(DataLoader(dataset, batch_size=4, drop_last=True)) == [4, 4]
+    dropped = DataLoader(dataset, batch_size=4, drop_last=True)
+    assert [pitfalls.replicas_run(wrapped, x, mode="predict") for (x,) in dropped] == [4, 4]
+    (x,) = list(DataLoader(dataset, batch_size=4))[-1]
+    assert pitfalls.replicas_run(wrapped, x, "predict") == 2
+    assert torch.allclose(wrapped(x, "predict"), wrapped.module.predict(x))
 
 
 # --------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ PITFALLS: tuple[Pitfall, ...] = (
     ),
     Pitfall(
         3, "small_batch", "The last batch is smaller than the device count",
-        "torch: TypeError: forward() missing 1 required positional argument, at an epoch's end",
+        "TypeError: forward() missing 1 required positional argument, at an epoch's end",
         (_issue(15161, "Maybe a bug when using DataParallel"),
          _issue(9226, "warn if batchsize < #gpu in data parallel")),
         "01_scatter §3-4",
