@@ -30,7 +30,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,24 +41,12 @@ from dpkit.comm import copy_to
 from dpkit.devices import Device, as_devices, stream_of
 from dpkit.nested import tensor_nbytes
 from dpkit.pipeline.stages import place_stages, split_model
+from dpkit.threads import intra_op_threads
 from dpkit.tracing import Event, Phase, replica_graph
 from dpkit.tracing.recorder import emit
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 WAIT_S = 0.05  # how often a waiting stage checks whether another stage failed
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to ``threads`` inside the block (None: left as is): the
-    stages share the cores, and each spreading its ops over all of them would fight."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class StageFailed(RuntimeError):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit.threads import intra_op_threads
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,6 @@ def compare_step_times(
     in_features = next(module for module in model.modules() if isinstance(module, nn.Linear))
     inputs = dpkit.to_device(torch.randn(batch, in_features.in_features), lanes[0])
     parallel = dpkit.DataParallel(model, device_ids=lanes)
-    from dpkit.viz.common import intra_op_threads  # matplotlib only when measuring
-
     with intra_op_threads(1):
         single = _step_ms(model, model, inputs, rounds)
         through_parallel = _step_ms(parallel, model, inputs, rounds)

@@ -11,15 +11,15 @@ these from here rather than from each other.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from matplotlib.figure import Figure
 from torch import nn
 
 from dpkit.devices import Device
+from dpkit.threads import intra_op_threads  # noqa: F401 (the explorers import it from here)
 from dpkit.tracing import Trace
 from dpkit.viz.figures import timeline
 
@@ -48,22 +48,6 @@ def notebook_timeline(recorded: Trace) -> Figure:
 def hardware_of(lanes: Sequence[Device]) -> str:
     """How a figure names the devices it measured: "virtual devices on the CPU", ..."""
     return " + ".join(sorted({d.label for d in lanes}))
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Run torch with ``threads`` intra-op threads inside the block (None: leave as is).
-
-    Virtual CPU lanes share the machine's cores; with torch's default each lane would also
-    spread every op over all cores, and the lanes' threads would fight over them.
-    """
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def cores() -> int:
