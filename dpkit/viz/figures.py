@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from dpkit.devices import VIRTUAL_CPU
 from dpkit.tracing.events import (
     ALLOCATED,
     ALLOCATOR_CATEGORIES,
@@ -45,12 +46,23 @@ CATEGORY_COLORS = {
     "activations": "#54a24b",
     "outputs": "#eeca3b",
     "gathered": "#e45756",
+    # DDP's (dpkit.ddp): every rank's own gradients, and the flat all-reduce buffers
+    # (buckets) that hold a second copy of them, in the all-reduce's colour.
+    "gradients": "#b279a2",
+    "buckets": PHASE_COLOURS["allreduce"],
 }
 # torch's allocator totals, drawn as marks across a device's bar, not stacked on it.
 ALLOCATOR_STYLES = {
     ALLOCATED: {"color": "#222222", "linestyle": "-"},
     PEAK: {"color": "#222222", "linestyle": "--"},
 }
+
+# Communication that runs *alongside* compute on the same device (DDP all-reduces buckets
+# while backward goes on): drawn on a thinner track of its own under the device's row, or
+# it would hide the backward it overlaps.
+SIDE_TRACK_PHASES = ("allreduce",)
+MAIN_BAND = (-0.38, 0.46)  # a row's compute band (offset from the row's centre, height)
+SIDE_BAND = (0.13, 0.25)  # its communication band, below it
 
 # The narrowest bar the timeline draws, as a share of the step: a 5 µs scatter would
 # otherwise be thinner than a pixel next to a 10 ms apply.
@@ -153,24 +165,59 @@ def timeline(trace: TraceLike, step: int | None = None) -> Figure:
     """One row per device, one bar per event coloured by phase, in ms since the step began.
 
     ``step`` defaults to the last step recorded (the first one often includes warm-up).
+    A device whose communication runs alongside its compute (DDP's all-reduces during
+    backward, :data:`SIDE_TRACK_PHASES`) gets a thinner second track for it, labelled
+    "communication", so the overlap shows instead of one bar hiding the other.
     """
     step, events = _pick_step(_events(trace), step)
+    devices = device_order(e.device for e in events)
+    figure, axes = _new_axes(10, 1.4 + 0.55 * len(devices))
+    draw_timeline(axes, events)
+    axes.set_title(hardware_title(trace, f"Timeline of step {step}"), pad=14)
+    return figure
+
+
+def draw_timeline(axes: Any, events: Sequence[Event], span_ms: float | None = None) -> float:
+    """Draw one step's ``events`` into ``axes`` as :func:`timeline` does (no title); the
+    step's length in ms. ``span_ms``: the x-axis length, to put several timelines on one
+    clock (default: this step's own length)."""
     devices = device_order(e.device for e in events)
     row = {name: i for i, name in enumerate(devices)}
     step_start = min(e.start for e in events)
     step_ms = (max(e.end for e in events) - step_start) * 1e3
-    min_width = step_ms * MIN_BAR_SHARE
+    span_ms = step_ms if span_ms is None else span_ms
+    min_width = span_ms * MIN_BAR_SHARE
 
-    figure, axes = _new_axes(10, 1.4 + 0.55 * len(devices))
+    # Devices with communication alongside compute get two tracks in their row.
+    split = {e.device for e in events if e.phase in SIDE_TRACK_PHASES}
+    shared = _one_backward_thread(events)
     for event in events:
         start_ms = (event.start - step_start) * 1e3
+        if event.device not in split:
+            offset, height = -0.35, 0.7
+        else:
+            offset, height = SIDE_BAND if event.phase in SIDE_TRACK_PHASES else MAIN_BAND
         axes.broken_barh(
             [(start_ms, max(event.duration * 1e3, min_width))],
-            (row[event.device] - 0.35, 0.7),
+            (row[event.device] + offset, height),
             facecolors=phase_color(event.phase),
             label=event.phase,
             edgecolor="white",
             linewidth=0.3,
+            hatch="////" if event in shared else None,
+        )
+    if shared:
+        middle = (min(e.start for e in shared) + max(e.end for e in shared)) / 2
+        rows_used = [row[e.device] for e in shared]
+        axes.text(
+            (middle - step_start) * 1e3,
+            (min(rows_used) + max(rows_used)) / 2,
+            f"one thread runs all {len(shared)}\nbackwards, interleaved\n(autograd on a CPU)",
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="0.15",
+            bbox={"facecolor": "white", "edgecolor": "0.6", "alpha": 0.85, "pad": 2},
         )
     backward = [e.start for e in events if e.phase in BACKWARD_PHASES]
     if backward:
@@ -186,17 +233,35 @@ def timeline(trace: TraceLike, step: int | None = None) -> Figure:
             color="0.3",
         )
     axes.set_yticks(range(len(devices)), devices)
+    if split:  # name the thinner track: a minor tick under each split row
+        side = [row[d] + SIDE_BAND[0] + SIDE_BAND[1] / 2 for d in devices if d in split]
+        axes.set_yticks(side, ["communication"] * len(side), minor=True, fontsize=7)
+        axes.tick_params(axis="y", which="minor", length=0, labelcolor="0.35")
     axes.set_ylim(len(devices) - 0.5, -0.5)  # device 0 on top
-    axes.set_xlim(0, step_ms * 1.01)
+    axes.set_xlim(0, span_ms * 1.01)
     axes.set_xlabel(
         f"time since the step began (ms); bars narrower than {min_width:.2g} ms "
         "are drawn at that width"
     )
     axes.grid(axis="x", alpha=0.3)
-    axes.set_title(hardware_title(trace, f"Timeline of step {step}"), pad=14)
     phases = _phase_order(e.phase for e in events)
     _legend_outside(axes, "phase", [Patch(color=phase_color(p), label=p) for p in phases])
-    return figure
+    return step_ms
+
+
+def _one_backward_thread(events: Sequence[Event]) -> list[Event]:
+    """The replicas' backward events when one thread ran them all: DataParallel on CPU lanes
+    (autograd runs every replica's backward, interleaved, in the thread that called
+    ``backward()``; on GPUs each device has its own) or a prediction of it. Drawn hatched
+    and labelled, so that they do not read as backwards running in parallel."""
+    found = [
+        e
+        for e in events
+        if e.phase == "backward"
+        and e.details.get("thread") != "own"  # dpkit.pipeline: a stage's own thread
+        and (e.kind == VIRTUAL_CPU or e.details.get("thread") == "shared")
+    ]
+    return found if len({e.device for e in found}) > 1 else []
 
 
 def bytes_per_phase(trace: TraceLike) -> Figure:
