@@ -77,7 +77,7 @@ def _count_inside_callgrind(steps: int, devices: int, batch: int) -> None:
 
     torch.set_num_threads(1)
     parallel_apply = importlib.import_module("dpkit.parallel_apply")
-    parallel_apply._run_workers = lambda worker, work: [worker(*args) for args in work]
+    parallel_apply._run_workers = lambda worker, work, *_: [worker(*args) for args in work]
     step: Callable[[], None] = make_step(devices, batch)
     for _ in range(3):  # warm up every path (first calls build caches)
         for name in CONFIGURATIONS:

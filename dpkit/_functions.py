@@ -15,7 +15,7 @@ They take what the maths needs, as torch's do, with one addition: where a piece 
 is an argument when a tensor cannot say it (a virtual lane is not a tensor's
 ``torch.device``, and gradients carry no lane tag). A backward runs under the step of the
 forward that made it (:func:`dpkit.context.backward_of`), so its copies are filed as that
-step's gradients.
+step's gradients, and in its scope: the traces that recorded the forward record them too.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from itertools import chain
 from torch.autograd import Function
 
 from dpkit import comm
-from dpkit.context import backward_of, current_step
+from dpkit.context import backward_of, current_scope, current_step
 from dpkit.devices import device_of
 
 
@@ -34,7 +34,7 @@ class Broadcast(Function):
     @staticmethod
     def forward(ctx, target_devices, *inputs):
         ctx.target_devices = target_devices
-        ctx.step = current_step()
+        ctx.step, ctx.scope = current_step(), current_scope()
         if len(inputs) == 0:
             return ()
         ctx.num_inputs = len(inputs)
@@ -48,7 +48,7 @@ class Broadcast(Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        with backward_of(ctx.step):
+        with backward_of(ctx.step, ctx.scope):
             grads = ReduceAddCoalesced.apply(ctx.target_devices, ctx.num_inputs, *grad_outputs)
         return (None,) + grads
 
@@ -59,13 +59,13 @@ class ReduceAddCoalesced(Function):
         # Grads arrive in groups of num_inputs, one group per device of source_devices; the
         # sum lands on source_devices[0].
         ctx.source_devices = source_devices
-        ctx.step = current_step()
+        ctx.step, ctx.scope = current_step(), current_scope()
         per_device = [grads[i : i + num_inputs] for i in range(0, len(grads), num_inputs)]
         return tuple(comm.reduce_add(per_device, source_devices[0], source_devices))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        with backward_of(ctx.step):
+        with backward_of(ctx.step, ctx.scope):
             copies = Broadcast.apply(ctx.source_devices, *grad_outputs)
         return (None, None) + copies
 
@@ -77,13 +77,13 @@ class Scatter(Function):
         ctx.target_devices = target_devices
         ctx.dim = dim
         ctx.source = device_of(input) if source is None else source
-        ctx.step = current_step()
+        ctx.step, ctx.scope = current_step(), current_scope()
         return comm.scatter(input, target_devices, chunk_sizes, dim, ctx.source)
 
     @staticmethod
     def backward(ctx, *grad_output):
         devices = ctx.target_devices[: len(grad_output)]
-        with backward_of(ctx.step):
+        with backward_of(ctx.step, ctx.scope):
             gathered = Gather.apply(ctx.source, ctx.dim, devices, *grad_output)
         return None, None, None, None, gathered
 
@@ -102,7 +102,7 @@ class Gather(Function):
         ctx.target_device = target_device
         ctx.dim = dim
         ctx.input_devices = input_devices
-        ctx.step = current_step()
+        ctx.step, ctx.scope = current_step(), current_scope()
         if all(t.dim() == 0 for t in inputs) and dim == 0:
             inputs = tuple(t.view(1) for t in inputs)
             warnings.warn(_SCALAR_WARNING, stacklevel=2)
@@ -114,7 +114,7 @@ class Gather(Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        with backward_of(ctx.step):
+        with backward_of(ctx.step, ctx.scope):
             scattered = Scatter.apply(
                 ctx.input_devices, ctx.input_sizes, ctx.dim, ctx.target_device, grad_output
             )

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from dpkit.context import current_step
+from dpkit.context import Scope, current_scope, current_step
 from dpkit.devices import Device, stream_of
 from dpkit.nested import module_tensors, tensor_nbytes, tensors_in
 from dpkit.tracing import clock, recorder, replica_graph
@@ -43,17 +43,19 @@ class ReplicaBackward:
     callback queued on autograd's engine, and says so in ``details["end"]``.
     """
 
-    __slots__ = ("device", "step", "cuda", "start", "start_event")
+    __slots__ = ("device", "step", "scope", "cuda", "start", "start_event")
 
-    def __init__(self, device: Device, step: int):
+    def __init__(self, device: Device, step: int, scope: Scope | None = None):
+        # the forward's scope (default: this thread's), whose traces record the backward
         self.device, self.step = device, step
+        self.scope = current_scope() if scope is None else scope
         self.cuda = device.device_type == "cuda"
         self.start: float | None = None
         self.start_event: Any = None
 
     def on_start(self, grad_outputs: Any) -> None:
         # A backward run after the trace ended (and with no hook) is timed for no one.
-        if self.start is None and recorder.enabled():
+        if self.start is None and (recorder.recorders_for(self.scope) or recorder._hooks):
             self.start_event = clock.cuda_event_now(self.device) if self.cuda else None
             self.start = clock.now()
             _queue_callback(self.on_backward_end)
@@ -81,7 +83,7 @@ class ReplicaBackward:
         if end_event is not None:
             recorder.time_on_gpu(event, device, self.start_event, end_event)
         self.start = None  # a second backward through the same graph starts afresh
-        recorder.emit(event)
+        recorder.emit(event, self.scope)
 
 
 def trace_replica(
@@ -94,7 +96,7 @@ def trace_replica(
     if recording:
         recorder.record_memory(device, "activations", graph.saved_nbytes)
     if graph.first_nodes and graph.last_node is not None:
-        timer = ReplicaBackward(device, current_step())
+        timer = ReplicaBackward(device, current_step(), current_scope())
         for node in graph.first_nodes:
             node.register_prehook(timer.on_start)
         graph.last_node.register_hook(timer.on_end)

@@ -71,3 +71,8 @@ def resolve_pending() -> None:
     """Fill in the times of CUDA events: wait for the GPU, then read its clocks."""
     while _pending:
         _resolve(*_pending.pop())
+
+
+def has_pending() -> bool:
+    """Whether some CUDA event times are not read yet (their events' times are NaN)."""
+    return bool(_pending)

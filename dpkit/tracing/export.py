@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,75 @@ class Summary(list):
         return "\n".join(lines)
 
 
+class PhaseTotals:
+    """Per phase, sums over steps of its wall time, its bytes and its share of the step: what
+    :func:`summary` averages. A bounded trace adds the steps it drops here (:meth:`add`), so
+    that its summary still covers every step of the run."""
+
+    def __init__(self) -> None:
+        self.time_s: dict[str, float] = defaultdict(float)
+        self.nbytes: dict[str, int] = defaultdict(int)
+        self.share: dict[str, float] = defaultdict(float)
+        self.order: dict[str, None] = {}  # phases in the order they first appeared
+        self.steps = 0
+        self.last_step: int | None = None  # the latest step added
+
+    def add(self, events: Sequence[Event]) -> None:
+        """Add whole steps' events; a step seen before (a late event of it) is not counted
+        again as a step."""
+        self.add_rows((e.step, e.phase, e.start, e.end, e.nbytes) for e in events)
+
+    def add_rows(self, rows: Iterable[tuple[int, str, float, float, int]]) -> None:
+        """:meth:`add` for events given as ``(step, phase, start, end, nbytes)`` rows."""
+        steps: dict[int, list[float]] = {}  # step -> [first start, last end]
+        phases: dict[tuple[int, str], list[Any]] = {}  # (step, phase) -> [start, end, bytes]
+        order = self.order
+        for step, phase, start, end, nbytes in rows:
+            bounds = steps.get(step)
+            if bounds is None:
+                steps[step] = [start, end]
+            else:
+                bounds[0], bounds[1] = min(bounds[0], start), max(bounds[1], end)
+            key = (step, phase)
+            totals = phases.get(key)
+            if totals is None:
+                phases[key] = [start, end, nbytes]
+                if phase not in order:
+                    order[phase] = None
+            else:
+                totals[0], totals[1] = min(totals[0], start), max(totals[1], end)
+                totals[2] += nbytes
+        new_steps = [step for step in steps if self.last_step is None or step > self.last_step]
+        if new_steps:
+            self.steps += len(new_steps)
+            self.last_step = max(new_steps)
+        for (step, phase), (start, end, nbytes) in phases.items():
+            step_start, step_end = steps[step]
+            span = end - start
+            self.time_s[phase] += span
+            self.nbytes[phase] += nbytes
+            self.share[phase] += span / (step_end - step_start) if step_end > step_start else 0.0
+
+    def copy(self) -> PhaseTotals:
+        other = PhaseTotals()
+        for name in ("time_s", "nbytes", "share"):
+            getattr(other, name).update(getattr(self, name))
+        other.order, other.steps, other.last_step = dict(self.order), self.steps, self.last_step
+        return other
+
+    def summary(self) -> Summary:
+        steps = max(self.steps, 1)
+        return Summary(
+            {
+                "phase": phase,
+                "time_s": self.time_s[phase] / steps,
+                "nbytes": int(self.nbytes[phase] / steps),
+                "share": self.share[phase] / steps,
+            }
+            for phase in self.order
+        )
+
+
 def summary(events: Sequence[Event]) -> Summary:
     """Wall time of each phase per step (first start to last end, across devices), its bytes,
     and its share of the step's wall time, averaged over steps.
@@ -79,32 +148,9 @@ def summary(events: Sequence[Event]) -> Summary:
     Phases overlap across devices (apply runs in parallel), so the time of a phase is its
     span, not the sum over devices; shares need not add up to 100%.
     """
-    by_step: dict[int, list[Event]] = defaultdict(list)
-    for event in events:
-        by_step[event.step].append(event)
-    totals: dict[str, dict[str, float]] = defaultdict(lambda: {"time_s": 0.0, "nbytes": 0.0})
-    shares: dict[str, float] = defaultdict(float)
-    for step_events in by_step.values():
-        step_span = max(e.end for e in step_events) - min(e.start for e in step_events)
-        by_phase: dict[str, list[Event]] = defaultdict(list)
-        for event in step_events:
-            by_phase[event.phase].append(event)
-        for phase, phase_events in by_phase.items():
-            span = max(e.end for e in phase_events) - min(e.start for e in phase_events)
-            totals[phase]["time_s"] += span
-            totals[phase]["nbytes"] += sum(e.nbytes for e in phase_events)
-            shares[phase] += span / step_span if step_span > 0 else 0.0
-    steps = max(len(by_step), 1)
-    order = {phase: i for i, phase in enumerate(dict.fromkeys(e.phase for e in events))}
-    return Summary(
-        {
-            "phase": phase,
-            "time_s": totals[phase]["time_s"] / steps,
-            "nbytes": int(totals[phase]["nbytes"] / steps),
-            "share": shares[phase] / steps,
-        }
-        for phase in sorted(totals, key=order.get)
-    )
+    totals = PhaseTotals()
+    totals.add(events)
+    return totals.summary()
 
 
 class MemorySummary(list):
@@ -182,5 +228,5 @@ def chrome_trace(events: Sequence[Event], origin: float) -> dict[str, Any]:
 def write_chrome_trace(events: Sequence[Event], origin: float, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(events, origin), default=str))
+    path.write_text(json.dumps(chrome_trace(events, origin), default=str, separators=(",", ":")))
     return path
