@@ -407,6 +407,16 @@ def _machine() -> dict:
     }
 
 
+def _staleness(measured: dict) -> str:
+    """A mark for a file whose source changed after it was measured (its rate is then of
+    the code as it was, and a rerun brings it up to date)."""
+    path = ROOT / measured["file"]
+    if not path.exists():
+        return " (file gone)"
+    now = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return "" if now == measured.get("source_sha256") else " (source changed since)"
+
+
 def write_results(per_file: dict[str, dict], equivalents: list[Equivalent]) -> dict:
     """Merge ``per_file`` into the results: the files with a cache here are summarized from
     it again (the equivalents may have changed), the others keep what an earlier run wrote."""
@@ -489,7 +499,7 @@ def render_markdown(result: dict) -> str:
             f"| `{f['file']}` | {f['mutants']} | {f['caught']} | {f['surviving']} |"
             f" {f['equivalent']} | {f['gpu_only']} | {_percent(f['kill_rate'])}{partial} |"
             f" {_percent(f['kill_rate_counting_gpu_only'])} | {full} | {last} |"
-            f" {f['measured'][:10]} |"
+            f" {f['measured'][:16].replace('T', ' ')}{_staleness(f)} |"
         )
     if result["files_not_measured"]:
         lines += [
