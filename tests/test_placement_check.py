@@ -212,3 +212,10 @@ def test_packing_a_padded_batch_takes_its_lengths_on_the_host(checked_lanes):
     batch = torch.randn(2, 3, 1).to(checked_lanes[0].torch_device)
     packed = nn.utils.rnn.pack_padded_sequence(batch, torch.tensor([3, 2]), batch_first=True)
     assert dpkit.device_of(packed.data) == checked_lanes[0]
+
+
+def test_to_device_under_the_check_still_refuses_other_lanes_and_bad_names(checked_lanes):
+    with pytest.raises(ValueError, match="only lane 0 holds data you create"):
+        dpkit.to_device(torch.randn(2), checked_lanes[1])
+    with pytest.raises(ValueError, match="is not a device name"):
+        dpkit.to_device(torch.randn(2), "nosuch")
