@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dpkit.cli_types import at_least_one
 from dpkit.cost.cli import add_predict_command
 from dpkit.ddp.command import add_ddp_command
 from dpkit.ddp.workload import MODELS
@@ -50,17 +51,6 @@ def hardware_report(counts: Sequence[int]) -> str:
 def _devices_command(args: argparse.Namespace) -> int:
     print(hardware_report(args.n or [1, 2, 4, 8]))
     return 0
-
-
-def _at_least_one(text: str) -> int:
-    """An argparse type: an int >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _demo_command(args: argparse.Namespace) -> int:
@@ -93,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
         "step) and trace.json (open it in https://ui.perfetto.dev or chrome://tracing).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    demo.add_argument("--devices", type=_at_least_one, default=4, help="number of devices")
-    demo.add_argument("--batch", type=_at_least_one, default=256, help="batch size per step")
+    demo.add_argument("--devices", type=at_least_one, default=4, help="number of devices")
+    demo.add_argument("--batch", type=at_least_one, default=256, help="batch size per step")
     demo.add_argument("--model", choices=MODELS, default="mlp", help="model on 1x28x28")
-    demo.add_argument("--steps", type=_at_least_one, default=3, help="training steps to trace")
+    demo.add_argument("--steps", type=at_least_one, default=3, help="training steps to trace")
     demo.add_argument("--out", default=".", help="folder for the figures and trace.json")
     demo.set_defaults(run=_demo_command)
     add_grade_command(commands)

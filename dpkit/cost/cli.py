@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from dpkit.cli_types import at_least_one
 from dpkit.cost.hardware import Hardware
 from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
@@ -22,16 +23,6 @@ from dpkit.cost.presets import preset, presets
 def list_presets() -> str:
     """What ``dpkit predict --list`` prints: a line per machine, its name first."""
     return "\n".join(hardware.summary() for hardware in presets().values())
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def report(trace: PredictedTrace, model: str, files: dict[str, Path | None]) -> str:
@@ -108,8 +99,8 @@ def add_predict_command(commands: Any) -> None:
     parser.add_argument(
         "--calibrate", action="store_true", help="with --hardware this-machine: measure it first"
     )
-    parser.add_argument("--devices", type=_positive, default=8, help="number of devices")
-    parser.add_argument("--batch", type=_positive, default=256, help="batch size per step")
+    parser.add_argument("--devices", type=at_least_one, default=8, help="number of devices")
+    parser.add_argument("--batch", type=at_least_one, default=256, help="batch size per step")
     parser.add_argument("--model", choices=MODEL_NAMES, default="mlp", help="course model")
     parser.add_argument("--strategy", choices=STRATEGIES, default="dp", help="dp or ddp")
     parser.add_argument("--out", default=".", help="folder for the figures and trace.json")

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from dpkit.cli_types import at_least_one
 from dpkit.ddp.workload import MODELS
 
 
@@ -102,7 +103,6 @@ def _positive_number(text: str) -> float:
 
 def add_ddp_command(commands: Any) -> None:
     """Add ``dpkit ddp`` to the ``dpkit`` command's subparsers."""
-    from dpkit.cli import _at_least_one  # here: dpkit.cli imports this module
 
     parser = commands.add_parser(
         "ddp",
@@ -116,15 +116,15 @@ def add_ddp_command(commands: Any) -> None:
         "open it in https://ui.perfetto.dev).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--nproc", type=_at_least_one, default=2, help="rank processes")
+    parser.add_argument("--nproc", type=at_least_one, default=2, help="rank processes")
     parser.add_argument(
-        "--batch", type=_at_least_one, default=64, help="global batch, split over the ranks"
+        "--batch", type=at_least_one, default=64, help="global batch, split over the ranks"
     )
     parser.add_argument("--model", choices=MODELS, default="mlp", help="model on 1x28x28")
     parser.add_argument(
         "--bucket-mb", type=_positive_number, default=25.0, help="DDP's bucket_cap_mb (MiB)"
     )
-    parser.add_argument("--steps", type=_at_least_one, default=3, help="training steps")
+    parser.add_argument("--steps", type=at_least_one, default=3, help="training steps")
     parser.add_argument("--out", default=".", help="folder for the figures and trace.json")
     parser.add_argument(
         "--backend", choices=("gloo", "nccl"), default=None, help="default: NCCL with a GPU "
