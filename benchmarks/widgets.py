@@ -26,12 +26,16 @@ Each move is also split into its parts (``compute``: the measurement or the scat
 figure shows; ``build``: making the figure's artists; ``paint``: layout, drawing and PNG) and
 timed in CPU seconds of the process as well as wall seconds: on a machine other processes are
 using, the CPU time is close to what the wall time would be on a quiet one. The load average
-is recorded at the start and the end. Results go to ``benchmarks/results/widgets.json``.
+is recorded at the start and the end. Each variant's slowest move is kept with its parts and
+the time Python's garbage collector ran during it (``worst_move``): before the explorers
+froze the objects alive at their start (see :mod:`dpkit.viz.explorer`), the worst moves were
+full collections. Results go to ``benchmarks/results/widgets.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -134,6 +138,27 @@ def savefig_png(figure: Any, _canvas: Any, _layouts: Any) -> bytes:
     return buffer.getvalue()
 
 
+class GarbageCollections:
+    """While open: the seconds Python's garbage collector ran (its start and stop callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> GarbageCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 class Timed:
     """An explorer of one variant, with its compute, build and paint timed on every update."""
 
@@ -142,6 +167,8 @@ class Timed:
         self.parts: dict[str, list[float]] = {"compute": [], "build": [], "paint": []}
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.collecting: list[float] = []  # seconds of garbage collection in each move
+        self.moves: list[str] = []
         self.explorer = make()
         if variant != "shipped":
             self.explorer.layouts = None
@@ -163,12 +190,16 @@ class Timed:
         paint = explorer_module.render
         if self.variant == "savefig":
             explorer_module.render = savefig_png
+        collecting = GarbageCollections()
         try:
             wall, cpu = time.perf_counter(), time.process_time()
-            self.explorer.controls[label].value = value
+            with collecting:
+                self.explorer.controls[label].value = value
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         finally:
             explorer_module.render = paint
+        self.collecting.append(collecting.seconds)
+        self.moves.append(f"{label}={value}")
         self.wall.append(wall)
         self.cpu.append(cpu)
         parts = self.parts
@@ -183,6 +214,18 @@ def _ms(samples: list[float]) -> dict[str, float]:
         "q3": round(q3 * 1e3, 1),
         "max": round(max(samples) * 1e3, 1),
         "n": len(samples),
+    }
+
+
+def _worst(one: Timed) -> dict[str, Any]:
+    """The slowest move: which control, its wall time, and how much of it was collection."""
+    index = max(range(len(one.wall)), key=one.wall.__getitem__)
+    return {
+        "move": one.moves[index],
+        "wall_ms": round(one.wall[index] * 1e3, 1),
+        "cpu_ms": round(one.cpu[index] * 1e3, 1),
+        "parts_cpu_ms": {part: round(times[index] * 1e3, 1) for part, times in one.parts.items()},
+        "garbage_collection_ms": round(one.collecting[index] * 1e3, 1),
     }
 
 
@@ -223,6 +266,7 @@ def run(rounds: int) -> dict[str, Any]:
                     for part, samples in one.parts.items()
                 },
                 "png_kb": round(len(one.explorer.last_png) / 1024, 1),
+                "worst_move": _worst(one),
                 **(
                     {"layouts_remembered": layouts.hits, "layouts_computed": layouts.misses}
                     if layouts is not None

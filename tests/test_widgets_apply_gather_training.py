@@ -222,6 +222,18 @@ def test_backward_explorer_shows_the_reduce_onto_device_zero():
     assert "reduce" in legend
 
 
+def test_backward_explorer_shows_one_step_of_the_model_kept_per_device_count():
+    explorer = viz.backward_explorer(devices=4, batch=64)
+    explorer.controls["devices"].value = 2
+    explorer.controls["devices"].value = 4  # back to a count whose model was warmed up
+    explorer.controls["batch"].value = 128
+    recorded = explorer.last_data
+    assert {e.step for e in recorded.events} == {1}  # one traced step, not the warm-up too
+    assert _bytes_of(recorded, "reduce") == 3 * PARAMETER_BYTES
+    scattered = sum(e.nbytes for e in recorded.events if e.phase == "scatter")
+    assert scattered == 3 * (128 // 4) * 256 * 4  # the new batch's chunks for lanes 1..3
+
+
 def test_dataparallel_training_matches_one_device():
     same = viz.compare_with_single_device(steps=3, devices=4, batch=30)
     assert same.max_parameter_difference < 1e-5

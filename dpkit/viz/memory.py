@@ -25,7 +25,7 @@ from torch import nn
 
 import dpkit
 from dpkit.tracing import ALLOCATOR_CATEGORIES, MemoryRecord, replica_graph
-from dpkit.viz.common import compact
+from dpkit.viz.common import compact, intra_op_threads
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device
 
@@ -109,7 +109,10 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
     targets = torch.randint(0, CLASSES, (batch,))
     inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
     saved = 0
-    with dpkit.trace() as recorded:
+    # One intra-op thread, as every traced explorer runs: with torch's default, each replica's
+    # thread starts an OpenMP team of its own and the teams spin against each other (a redraw
+    # on 8 lanes took 0.5 s instead of 30 ms here, once in a dozen). The bytes are the same.
+    with intra_op_threads(1), dpkit.trace() as recorded:
         if loss == LOSS_INSIDE:
             parallel = dpkit.DataParallel(WithLoss(model), device_ids=lanes)
             parallel(inputs, targets).sum() / batch
