@@ -80,15 +80,23 @@ class Config:
         return f"{self.model} lanes={self.lanes} batch={self.batch}"
 
 
-def make_step(model_name: str, lanes: int, batch: int) -> Callable[[], dict[str, float]]:
+def make_step(
+    model_name: str, lanes: int, batch: int, warm_steps: int = 1
+) -> Callable[[], dict[str, float]]:
     """One traced training step (forward, loss, backward) as a closure: returns the wall
-    time (``"step"``) and each phase's time."""
+    time (``"step"``) and each phase's time. ``warm_steps`` untraced steps of the same
+    configuration run right before it, as in a training loop, where a step follows a step of
+    the same model (the model predicts such a step; the other configurations run in between
+    leave the caches holding their data)."""
     model = course_model(model_name)
     parallel = dpkit.DataParallel(model, device_ids=dpkit.virtual_devices(lanes, on="cpu"))
     torch.manual_seed(1)
     images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
 
     def step() -> dict[str, float]:
+        for _ in range(warm_steps):
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(parallel(images), labels).backward()
         model.zero_grad(set_to_none=True)
         with dpkit.trace() as recorded:
             start = time.perf_counter()
@@ -100,11 +108,11 @@ def make_step(model_name: str, lanes: int, batch: int) -> Callable[[], dict[str,
     return step
 
 
-def measure(configs: list[Config], repeats: int, seed: int) -> None:
+def measure(configs: list[Config], repeats: int, seed: int, warm_steps: int = 1) -> None:
     """Warm every configuration up, then ``repeats`` rounds of one step each, in a new random
     order every round."""
     for config in configs:
-        config.step = make_step(config.model, config.lanes, config.batch)
+        config.step = make_step(config.model, config.lanes, config.batch, warm_steps)
         config.step()
     order = random.Random(seed)
     for round_number in range(repeats):
@@ -363,18 +371,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer batches and repeats")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--warm-steps", type=int, default=1,
+        help="untraced steps of a configuration right before each measured one (0: none)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.warm_steps < 0:
+        parser.error(f"--warm-steps must be 0 or more, got {args.warm_steps}")
     torch.set_num_threads(1)
     batches = (16, 256, 4096) if args.quick else BATCHES
     repeats = 3 if args.quick else args.repeats
     began = time.perf_counter()
+    load_at_start = _load()
     info = machine()
     print("calibrating ...", flush=True)
     hardware = cost.calibrate(quick=args.quick, progress=False)
     calibrated_at = time.perf_counter() - began
     configs = [Config(m, n, b) for m in COURSE_MODELS for n in LANES for b in batches]
     print(f"measuring {len(configs)} configurations x {repeats} rounds ...", flush=True)
-    measure(configs, repeats, args.seed)
+    measure(configs, repeats, args.seed, args.warm_steps)
     calibrated = compare(configs, hardware)
     against_medians = compare(configs, hardware, "median")
     roofline = compare(configs, dataclasses.replace(hardware, op_seconds={}))
@@ -382,12 +397,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "machine": info,
         "seconds": {"calibration": calibrated_at, "total": time.perf_counter() - began},
+        "load_average_at_start": load_at_start,
         "load_average_at_end": _load(),
         "grid": {
             "models": list(COURSE_MODELS),
             "lanes": list(LANES),
             "batches": list(batches),
             "repeats": repeats,
+            "warm_steps": args.warm_steps,
         },  # fmt: skip
         "goals": {"median_step_error": GOALS["step"], "median_phase_error": GOALS["phase"]},
         "calibrated": calibrated,

@@ -46,3 +46,21 @@ def test_a_calibrated_machine_predicts(measured):
     predicted = cost.predict(course_model("mlp"), sample_input(), 256, 2, measured)
     assert predicted.step_time > 0
     assert "this-machine" in predicted.hardware
+
+
+def test_three_lanes_or_more_fit_the_copy_phases_per_call_and_per_device():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        hardware = cost.calibrate(3, models=("mlp",), quick=True, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(hardware.phase_overheads) == {"scatter", "gather", "grad_scatter"}
+    for phase, (per_call, per_device) in hardware.phase_overheads.items():
+        # a step's phase beside its bytes: microseconds to a millisecond, never negative
+        assert 0 <= per_call < 5e-3 and 0 <= per_device < 5e-3, phase
+        assert per_call + 3 * per_device > 1e-6, phase  # a phase of three events costs time
+
+
+def test_two_lanes_cannot_fit_them_and_keep_the_events_overheads(measured):
+    assert measured.phase_overheads == {}

@@ -3,6 +3,7 @@ and figure working on a predicted trace and saying "predicted", DDP's buckets, s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -222,3 +223,29 @@ def test_bad_arguments_are_named(kwargs, words):
     arguments = {"batch_size": 32, "devices": 2, "hardware": "T4-PCIe3", **kwargs}
     with pytest.raises(ValueError, match=words):
         cost.predict(course_model("mlp"), sample_input(), **arguments)
+
+
+def test_fitted_phase_overheads_replace_the_events_overheads():
+    base = cost.presets()["this-machine"]
+    per_call, per_device = 30e-6, 5e-6
+    fitted = dataclasses.replace(base, phase_overheads={"scatter": (per_call, per_device)})
+    model, sample = course_model("mlp"), sample_input()
+    for devices in (2, 4):
+        predicted = cost.predict(model, sample, 64, devices, fitted)
+        scatter = {row["phase"]: row["time_s"] for row in predicted.summary()}["scatter"]
+        chunk = 64 // devices * sample[0].numel() * 4  # float32 rows of one chunk
+        link = base.device_link()
+        # hand-computed: one call, one overhead per device, the link's time per copy
+        expected = per_call + devices * per_device + (devices - 1) * link.time(chunk)
+        assert scatter == pytest.approx(expected, rel=1e-9)
+        unfitted = cost.predict(model, sample, 64, devices, base)
+        gather = {row["phase"]: row["time_s"] for row in predicted.summary()}["gather"]
+        assert gather == pytest.approx(
+            {row["phase"]: row["time_s"] for row in unfitted.summary()}["gather"]
+        )  # a phase without a fit keeps the events' overheads
+
+
+@pytest.mark.parametrize("pair", [(1e-6,), (-1e-6, 1e-6), (float("nan"), 0.0)])
+def test_malformed_phase_overheads_are_refused(pair):
+    with pytest.raises(ValueError, match="phase_overheads.*per call, per device"):
+        dataclasses.replace(cost.presets()["this-machine"], phase_overheads={"scatter": pair})

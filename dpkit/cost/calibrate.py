@@ -22,7 +22,8 @@ What is measured, in order:
 5. cores: one thread of matmuls against several at once (how many lanes compute at once);
 6. replicas and steps: a traced replicate (building one replica's module objects), and
    traced DataParallel steps of the models: the time outside and between the phases, and
-   dpkit's own overhead per copy and per event inside a step.
+   dpkit's own overhead per copy and per event inside a step; with three lanes or more, the
+   steps on two lanes too, for the batch's copy phases' cost per call and per device.
 
 Every timing is the fastest of its repeats (see :func:`_fastest`).
 """
@@ -30,6 +31,7 @@ Every timing is the fastest of its repeats (see :func:`_fastest`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import platform
@@ -301,19 +303,50 @@ def _per_tensor_copy(events: Sequence[Any], link: Link, event: float) -> float:
     return statistics.median(costs)
 
 
+# The phases whose per-call and per-device costs are fitted from steps on two device counts.
+FITTED_PHASES = ("scatter", "gather", "grad_scatter")
+
+
+def _beside_bytes(events: Sequence[Any], phase: str, link: Link) -> float:
+    """A phase's span in one step less the link's time for the bytes its events moved."""
+    chosen = [e for e in events if e.phase == phase]
+    span = max(e.end for e in chosen) - min(e.start for e in chosen)
+    return span - sum(link.time(e.nbytes) for e in chosen if e.nbytes)
+
+
+def _fit_phases(
+    few: dict[str, list[float]], many: dict[str, list[float]], lanes: tuple[int, int]
+) -> dict[str, tuple[float, float]]:
+    """(per call, per device) for each fitted phase, from its time beside the bytes on two
+    device counts (the median over models of each count's fastest step): the line through
+    the two points, clipped at zero where noise tilts it below."""
+    fitted = {}
+    small, large = lanes
+    for phase in FITTED_PHASES:
+        if few.get(phase) and many.get(phase):
+            at_small, at_large = statistics.median(few[phase]), statistics.median(many[phase])
+            per_device = max((at_large - at_small) / (large - small), 0.0)
+            fitted[phase] = (max(at_small - small * per_device, 0.0), per_device)
+    return fitted
+
+
 def _measure_steps(
     models: Sequence[tuple[nn.Module, torch.Tensor]],
     lanes: list[Device],
     repeats: int,
     thread_start: float,
     link: Link,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Traced DataParallel steps of each model, a row per lane, measure what isolated runs
     cannot: the time outside the phases and around the loss (``step_overhead``), between
     DataParallel's other phases less the threads' start (``dp_overhead``), the gap after the
     replicas' forwards per replica and forward op (``graph_overhead``), and dpkit's overhead
     per copy and per event *inside* a step, where caches are cold after the replicas ran
-    (``copy_overhead``, ``event_overhead``). The fastest step's, then the median over models."""
+    (``copy_overhead``, ``event_overhead``). The fastest step's, then the median over models.
+
+    With three lanes or more, the same steps on the first two lanes as well: each of
+    :data:`FITTED_PHASES` per call and per device (``Hardware.phase_overheads``), from its
+    time beside the bytes on two device counts."""
     from torch.nn.functional import cross_entropy
 
     found: dict[str, list[float]] = defaultdict(list)
@@ -325,6 +358,18 @@ def _measure_steps(
         labels = torch.zeros(len(lanes), dtype=torch.long, device=lanes[0].torch_device)
         ops = len(profile(module, sample).forward)
         runs.append((module, parallel, inputs, labels, ops, defaultdict(list)))
+    # The same models on two lanes, for the phases' per-call costs (their own copies: a
+    # module is replicated from the lane it is on).
+    pairs = []
+    if len(lanes) >= 3:
+        for module, sample in models:
+            module = copy.deepcopy(module).to(lanes[0].torch_device)
+            parallel = dpkit.DataParallel(module, device_ids=lanes[:2])
+            inputs = rows_like(sample, 2).to(lanes[0].torch_device)
+            labels = torch.zeros(2, dtype=torch.long, device=lanes[0].torch_device)
+            pairs.append((module, parallel, inputs, labels))
+    beside: dict[int, dict[str, list[float]]] = {n: defaultdict(list) for n in (2, len(lanes))}
+    pair_steps: list[dict[str, list[float]]] = [defaultdict(list) for _ in pairs]
     # The models take turns, step by step, so that each step starts with caches full of
     # another model's data, as a step does after the last one's large tensors.
     for _ in range(repeats + 1):
@@ -356,13 +401,34 @@ def _measure_steps(
             )
             steps["event_overhead"].append(event)
             steps["copy_overhead"].append(_per_tensor_copy(events, link, event))
+            for phase in FITTED_PHASES:
+                steps["beside " + phase].append(_beside_bytes(events, phase, link))
+        for (pair_module, pair_parallel, pair_inputs, pair_labels), found_here in zip(
+            pairs, pair_steps
+        ):
+            pair_module.zero_grad(set_to_none=True)
+            with dpkit.trace() as recorded:
+                cross_entropy(pair_parallel(pair_inputs), pair_labels).backward()
+            for phase in FITTED_PHASES:
+                found_here[phase].append(_beside_bytes(recorded.events, phase, link))
     for *_, steps in runs:
         for name, values in steps.items():
             # the first step warms up; the fastest step's glue, but the typical event: a
             # phase of several small events is never as fast as each one's fastest
             typical = name in ("copy_overhead", "event_overhead")
             found[name].append((statistics.median if typical else min)(values[1:]))
-    return {name: max(statistics.median(values), 1e-7) for name, values in found.items()}
+            if name.startswith("beside "):
+                beside[len(lanes)][name.removeprefix("beside ")].append(min(values[1:]))
+    for steps in pair_steps:
+        for phase, values in steps.items():
+            beside[2][phase].append(min(values[1:]))
+    overheads = {
+        name: max(statistics.median(values), 1e-7)
+        for name, values in found.items()
+        if not name.startswith("beside ")
+    }
+    fitted = _fit_phases(beside[2], beside[len(lanes)], (2, len(lanes))) if pairs else {}
+    return overheads, fitted
 
 
 def _measure_cores(device: torch.device, lanes: int, repeats: int) -> float:
@@ -449,7 +515,7 @@ def calibrate(
         thread_start, contention = _measure_threads(chosen, lanes, repeats * 2, provisional)
         advance("threads")
         replica = _measure_replicas(lanes, repeats)
-        in_steps = _measure_steps(chosen, lanes, repeats, thread_start, link)
+        in_steps, phase_overheads = _measure_steps(chosen, lanes, repeats, thread_start, link)
         advance("replicas and steps")
     default = this_machine_default()
     kind = "virtual GPU lanes" if gpu else "virtual CPU lanes"
@@ -486,4 +552,5 @@ def calibrate(
         dp_overhead=in_steps["dp_overhead"],
         graph_overhead=in_steps["graph_overhead"],
         op_seconds=ops,
+        phase_overheads=phase_overheads,
     )

@@ -108,6 +108,14 @@ class Hardware:
     - ``graph_overhead``: per op of a replica's forward, after the forwards: the replica's
       autograd graph handed back (and, while tracing, walked for its activations).
 
+    - ``phase_overheads``: per phase of the batch's copies (``"scatter"``, ``"gather"``,
+      ``"grad_scatter"``), ``(per call, per device)`` seconds of everything but the bytes,
+      fitted by :func:`~dpkit.cost.calibrate` from steps on two device counts: it replaces
+      ``event_overhead`` and ``copy_overhead`` for that phase. A step's scatter walks the
+      inputs' structure and splits them once per call, then copies per device, which one
+      number per event could not describe (2, 4 and 8 lanes here: 37, 56 and 74 us where it
+      predicted 20, 42 and 83). Empty in the presets: there the events' overheads apply.
+
     ``device_name`` names one device in figures ("A100", "CPU lane"); ``source`` says where
     the numbers come from (spec sheets and published measurements, or a calibration run).
     """
@@ -142,6 +150,7 @@ class Hardware:
     graph_overhead: float
     source: str
     op_seconds: Mapping[str, OpSamples] = field(default_factory=dict)
+    phase_overheads: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for spec in fields(self):
@@ -152,6 +161,12 @@ class Hardware:
                 raise ValueError(
                     f"Hardware {self.name!r}: {spec.name}={value!r} must be a positive finite "
                     "number (seconds, bytes/s, FLOP/s or a count)"
+                )
+        for phase, pair in self.phase_overheads.items():
+            if len(pair) != 2 or not all(v >= 0 and math.isfinite(v) for v in pair):
+                raise ValueError(
+                    f"Hardware {self.name!r}: phase_overheads[{phase!r}]={pair!r} must be two "
+                    "non-negative finite seconds (per call, per device)"
                 )
         for rate in self.peak_flops.values():
             if not rate > 0:

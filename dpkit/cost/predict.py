@@ -151,10 +151,14 @@ def _copies(
     into its result), moving no bytes between devices.
     """
     clock, done = step.clock, []
+    fitted = hardware.phase_overheads.get(phase._value_)
     for index, size in enumerate(sizes):
         moves = index > 0 and size > 0
         copies = moves or (local and size > 0)
-        host = hardware.event_overhead + (hardware.copy_overhead if copies else 0.0)
+        if fitted is not None:  # calibrated in steps: per call (on the first event), per device
+            host = fitted[1] + (fitted[0] if index == 0 else 0.0)
+        else:
+            host = hardware.event_overhead + (hardware.copy_overhead if copies else 0.0)
         if moves:
             device = _link_from_device0(hardware, index).time(size)
         else:
