@@ -223,7 +223,7 @@ def sync_copy(workdir: Path, files: list[str]) -> None:
     manifest.write_text("\n".join(present) + "\n")
 
 
-def write_config(workdir: Path, target: str, also_copy: list[str]) -> None:
+def write_config(workdir: Path, target: str, also_copy: list[str], debug: bool = False) -> None:
     def lines(values) -> str:
         return "".join(f"\n    {value}" for value in values)
 
@@ -238,7 +238,8 @@ def write_config(workdir: Path, target: str, also_copy: list[str]) -> None:
         # torch in the process that forks the workers has run nothing (see mutmut's README).
         "process_isolation=forkserver\n"
         f"timeout_multiplier={TIMEOUT_MULTIPLIER}\n"
-        f"timeout_constant={TIMEOUT_CONSTANT}\n"
+        f"timeout_constant={TIMEOUT_CONSTANT}\n" + ("debug=true\n" if debug else "")
+        # mutmut shows its pytest runs' output (and names a failing test) only when debugging
     )
 
 
@@ -299,10 +300,11 @@ def recheck_survivors(workdir: Path, target: str, equivalents: list[Equivalent])
 
 
 def run_file(
-    target: str, *, fresh: bool, max_children: int, files: list[str]
+    target: str, *, fresh: bool, max_children: int, files: list[str], debug: bool = False
 ) -> tuple[float, bool]:
     """Run mutmut on one core file in its own copy: the seconds it took, and whether it
-    started from nothing (every mutant tested, not only what a cache left open)."""
+    started from nothing (every mutant tested, not only what a cache left open). ``debug``:
+    mutmut prints each pytest run's output."""
     workdir = WORK / module_of(target)
     if fresh and workdir.exists():
         shutil.rmtree(workdir)
@@ -310,7 +312,7 @@ def run_file(
     workdir.mkdir(parents=True, exist_ok=True)
     sync_copy(workdir, files)
     also_copy = sorted({name.split("/", 1)[0] for name in files} - {"dpkit", "tests"})
-    write_config(workdir, target, also_copy)
+    write_config(workdir, target, also_copy, debug)
     # Copies of deleted tests or files must not linger in mutmut's folder.
     for name in ["tests", *also_copy]:
         stale = workdir / "mutants" / name
@@ -589,9 +591,9 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.CalledProcessError:
                 # mutmut stops when the unmutated tests fail, without saying which. Once more:
                 # a test that failed only under the machine's load passes this time.
-                print(f"{target}: the unmutated tests failed; once more", flush=True)
+                print(f"{target}: the unmutated tests failed; once more, showing", flush=True)
                 seconds, full = run_file(
-                    target, fresh=False, max_children=args.max_children, files=files
+                    target, fresh=False, max_children=args.max_children, files=files, debug=True
                 )
         except subprocess.CalledProcessError:
             name_failing_tests(target)
