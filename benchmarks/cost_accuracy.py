@@ -43,6 +43,7 @@ for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before torch starts 
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
@@ -108,20 +109,45 @@ def make_step(
     return step
 
 
-def measure(configs: list[Config], repeats: int, seed: int, warm_steps: int = 1) -> None:
-    """Warm every configuration up, then ``repeats`` rounds of one step each, in a new random
-    order every round."""
+def _keep(config: Config, result: dict[str, float]) -> None:
+    config.walls.append(result.pop("step"))
+    for phase, seconds in result.items():
+        config.phases.setdefault(phase, []).append(seconds)
+
+
+def measure(
+    configs: list[Config], repeats: int, seed: int, warm_steps: int = 1, one_at_a_time: bool = True
+) -> None:
+    """``repeats`` steps of every configuration, the configurations in a random order.
+
+    ``one_at_a_time`` (the default), as a training script runs: a configuration's model is
+    made, warmed up and stepped ``repeats`` times in a row, then dropped before the next one's
+    is made, so no step runs in a process full of the other configurations' models and data
+    (with all 60 alive in one process, one MLP step on 4 lanes was about a fifth slower than
+    alone, garbage collection on or off). Otherwise every configuration is made first, then
+    ``repeats`` rounds of one step each (after ``warm_steps``), in a new order every round:
+    a slow moment of the machine then spreads over all configurations."""
+    order = random.Random(seed)
+    if one_at_a_time:
+        order.shuffle(configs)
+        for number, config in enumerate(configs, 1):
+            step = make_step(config.model, config.lanes, config.batch, warm_steps=0)
+            for _ in range(max(warm_steps, 1)):
+                step()  # the first steps warm up; then each step follows one of its own
+            for _ in range(repeats):
+                _keep(config, step())
+            del step
+            gc.collect()
+            if number % 10 == 0 or number == len(configs):
+                print(f"  {number}/{len(configs)} configurations done", flush=True)
+        return
     for config in configs:
         config.step = make_step(config.model, config.lanes, config.batch, warm_steps)
         config.step()
-    order = random.Random(seed)
     for round_number in range(repeats):
         order.shuffle(configs)
         for config in configs:
-            result = config.step()
-            config.walls.append(result.pop("step"))
-            for phase, seconds in result.items():
-                config.phases.setdefault(phase, []).append(seconds)
+            _keep(config, config.step())
         print(f"  round {round_number + 1}/{repeats} done", flush=True)
 
 
@@ -375,6 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--warm-steps", type=int, default=1,
         help="untraced steps of a configuration right before each measured one (0: none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--interleaved", action="store_true",
+        help="all configurations alive at once, one step of each per round (default: one "
+        "configuration at a time, its steps in a row)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.warm_steps < 0:
         parser.error(f"--warm-steps must be 0 or more, got {args.warm_steps}")
@@ -389,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrated_at = time.perf_counter() - began
     configs = [Config(m, n, b) for m in COURSE_MODELS for n in LANES for b in batches]
     print(f"measuring {len(configs)} configurations x {repeats} rounds ...", flush=True)
-    measure(configs, repeats, args.seed, args.warm_steps)
+    measure(configs, repeats, args.seed, args.warm_steps, not args.interleaved)
     calibrated = compare(configs, hardware)
     against_medians = compare(configs, hardware, "median")
     roofline = compare(configs, dataclasses.replace(hardware, op_seconds={}))
@@ -405,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batches": list(batches),
             "repeats": repeats,
             "warm_steps": args.warm_steps,
+            "one_configuration_at_a_time": not args.interleaved,
         },  # fmt: skip
         "goals": {"median_step_error": GOALS["step"], "median_phase_error": GOALS["phase"]},
         "calibrated": calibrated,

@@ -64,3 +64,11 @@ def test_three_lanes_or_more_fit_the_copy_phases_per_call_and_per_device():
 
 def test_two_lanes_cannot_fit_them_and_keep_the_events_overheads(measured):
     assert measured.phase_overheads == {}
+
+
+def test_the_hand_back_gap_is_fitted_as_a_line_over_replicas_times_ops():
+    from dpkit.cost.calibrate import _fit_line
+
+    # hand-computed: 3 + 2x through (0, 3), (1, 5) and (4, 11); a flat set has no slope
+    assert _fit_line([(0.0, 3.0), (1.0, 5.0), (4.0, 11.0)]) == pytest.approx((3.0, 2.0))
+    assert _fit_line([(44.0, 1e-3), (44.0, 2e-3)]) is None

@@ -330,6 +330,23 @@ def _fit_phases(
     return fitted
 
 
+def _walk(events: Sequence[Any]) -> float:
+    """From the last replica's forward ending to the gather starting, in one step."""
+    applied = max(e.end for e in events if e.phase == "apply")
+    return min(e.start for e in events if e.phase == "gather") - applied
+
+
+def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares ``y = a + b x`` through ``(x, y)`` points: ``(a, b)``, or None where
+    the xs do not differ (one model on one device count)."""
+    xs = [x for x, _ in points]
+    if len(set(xs)) < 2:
+        return None
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(y for _, y in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in xs)
+    return mean_y - slope * mean_x, slope
+
+
 def _measure_steps(
     models: Sequence[tuple[nn.Module, torch.Tensor]],
     lanes: list[Device],
@@ -395,6 +412,7 @@ def _measure_steps(
             steps["dp_overhead"].append(between - thread_start)
             walk = spans["gather"][0] - spans["apply"][1]
             steps["graph_overhead"].append(walk / (len(lanes) * ops))
+            steps["walk"].append(walk)
 
             event = statistics.median(
                 [_per_event(events, "scatter", link), _per_event(events, "grad_scatter", link)]
@@ -411,6 +429,7 @@ def _measure_steps(
                 cross_entropy(pair_parallel(pair_inputs), pair_labels).backward()
             for phase in FITTED_PHASES:
                 found_here[phase].append(_beside_bytes(recorded.events, phase, link))
+            found_here["walk"].append(_walk(recorded.events))
     for *_, steps in runs:
         for name, values in steps.items():
             # the first step warms up; the fastest step's glue, but the typical event: a
@@ -419,14 +438,23 @@ def _measure_steps(
             found[name].append((statistics.median if typical else min)(values[1:]))
             if name.startswith("beside "):
                 beside[len(lanes)][name.removeprefix("beside ")].append(min(values[1:]))
-    for steps in pair_steps:
+    walks = [(len(lanes) * ops, min(steps["walk"][1:])) for *_, ops, steps in runs]
+    for steps, (*_, ops, _) in zip(pair_steps, runs):
         for phase, values in steps.items():
-            beside[2][phase].append(min(values[1:]))
+            if phase == "walk":
+                walks.append((2 * ops, min(values[1:])))
+            else:
+                beside[2][phase].append(min(values[1:]))
     overheads = {
         name: max(statistics.median(values), 1e-7)
         for name, values in found.items()
-        if not name.startswith("beside ")
+        if not name.startswith("beside ") and name != "walk"
     }
+    line = _fit_line(walks)
+    if line is not None:  # the hand-back after the forwards: once per step, and per op
+        fixed, per_op = line
+        overheads["graph_overhead"] = max(per_op, 1e-7)
+        overheads["dp_overhead"] += max(fixed, 0.0)
     fitted = _fit_phases(beside[2], beside[len(lanes)], (2, len(lanes))) if pairs else {}
     return overheads, fitted
 

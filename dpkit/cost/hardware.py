@@ -104,9 +104,13 @@ class Hardware:
     - ``step_overhead``: per step, outside the phases: DataParallel's entry checks, the loss
       on the gathered output, autograd starting and finishing the backward.
     - ``dp_overhead``: per DataParallel step on several devices, between its phases: the
-      lists of chunks and replicas, parallel_apply's set-up before its first thread.
+      lists of chunks and replicas, parallel_apply's set-up before its first thread, and the
+      part of the hand-back after the forwards that every step pays whatever the model.
     - ``graph_overhead``: per op of a replica's forward, after the forwards: the replica's
       autograd graph handed back (and, while tracing, walked for its activations).
+      :func:`~dpkit.cost.calibrate` fits that gap as a line over replicas × ops, across its
+      models and two device counts: the per-step part goes to ``dp_overhead``, the slope here
+      (one ratio per model had made a 101-op transformer's gap 2.9 ms where it took 1.0).
 
     - ``phase_overheads``: per phase of the batch's copies (``"scatter"``, ``"gather"``,
       ``"grad_scatter"``), ``(per call, per device)`` seconds of everything but the bytes,
