@@ -72,3 +72,9 @@ def test_the_hand_back_gap_is_fitted_as_a_line_over_replicas_times_ops():
     # hand-computed: 3 + 2x through (0, 3), (1, 5) and (4, 11); a flat set has no slope
     assert _fit_line([(0.0, 3.0), (1.0, 5.0), (4.0, 11.0)]) == pytest.approx((3.0, 2.0))
     assert _fit_line([(44.0, 1e-3), (44.0, 2e-3)]) is None
+
+
+def test_each_calibrated_model_has_its_own_gil_contention(measured):
+    key = cost.profile(course_model("mlp"), sample_input()).key
+    assert set(measured.gil_contention_by_model) == {key}  # the one model calibrated
+    assert 0 <= measured.gil_contention_by_model[key] < 1e-3

@@ -249,3 +249,18 @@ def test_fitted_phase_overheads_replace_the_events_overheads():
 def test_malformed_phase_overheads_are_refused(pair):
     with pytest.raises(ValueError, match="phase_overheads.*per call, per device"):
         dataclasses.replace(cost.presets()["this-machine"], phase_overheads={"scatter": pair})
+
+
+def test_a_models_own_gil_contention_is_used_for_it_alone():
+    base = cost.presets()["this-machine"]
+    mlp, cnn, sample = course_model("mlp"), course_model("cnn"), sample_input()
+    key = cost.profile(mlp, sample).key
+    assert key != cost.profile(cnn, sample).key  # another architecture, another key
+    slower = dataclasses.replace(base, gil_contention_by_model={key: 100 * base.gil_contention})
+
+    def apply_time(model, hardware):
+        rows = cost.predict(model, sample, 64, 4, hardware).summary()
+        return {row["phase"]: row["time_s"] for row in rows}["apply"]
+
+    assert apply_time(mlp, slower) > apply_time(mlp, base)
+    assert apply_time(cnn, slower) == pytest.approx(apply_time(cnn, base))

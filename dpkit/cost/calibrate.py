@@ -240,17 +240,18 @@ def _measure_threads(
     lanes: list[Device],
     repeats: int,
     provisional: Hardware,
-) -> tuple[float, float]:
+) -> tuple[float, float, dict[str, float]]:
     """The stagger between parallel_apply's thread starts (replicas that do nothing), and the
-    GIL contention per op that makes the cost model's apply span match the
-    measured one for each model's replicas on one-row chunks (the median over models)."""
+    GIL contention per op that makes the cost model's apply span match the measured one for
+    each model's replicas on one-row chunks: the median over models, and each model's own
+    (keyed by ``Profile.key``)."""
     from dpkit.cost.compute import pass_time
     from dpkit.cost.predict import _threads_end
 
     n = len(lanes)
     nothing = [torch.ones(1, 8, device=lane.torch_device) for lane in lanes]
     _, thread_start = _apply_span([nn.Identity() for _ in lanes], nothing, lanes, repeats)
-    contentions = []
+    contentions: dict[str, float] = {}
     for module, sample in models:
         module = module.to(lanes[0].torch_device)
         cost = profile(module, sample)
@@ -268,14 +269,12 @@ def _measure_threads(
             return max(ends) - starts[0]
 
         low, high = 0.0, 1e-3
-        if predicted(low) >= span:
-            contentions.append(0.0)
-            continue
-        for _ in range(40):
-            middle = (low + high) / 2
-            low, high = (middle, high) if predicted(middle) < span else (low, middle)
-        contentions.append(low)
-    return thread_start, max(statistics.median(contentions), 1e-7)
+        if predicted(low) < span:
+            for _ in range(40):
+                middle = (low + high) / 2
+                low, high = (middle, high) if predicted(middle) < span else (low, middle)
+        contentions[cost.key] = low
+    return thread_start, max(statistics.median(contentions.values()), 1e-7), contentions
 
 
 def _per_event(events: Sequence[Any], phase: str, link: Link) -> float:
@@ -540,7 +539,9 @@ def calibrate(
             this_machine_default(), peak_flops={"float32": flops}, memory_bandwidth=bandwidth,
             compute_units=units, launch_overhead=launch, op_seconds=ops,
         )  # fmt: skip
-        thread_start, contention = _measure_threads(chosen, lanes, repeats * 2, provisional)
+        thread_start, contention, by_model = _measure_threads(
+            chosen, lanes, repeats * 2, provisional
+        )
         advance("threads")
         replica = _measure_replicas(lanes, repeats)
         in_steps, phase_overheads = _measure_steps(chosen, lanes, repeats, thread_start, link)
@@ -581,4 +582,5 @@ def calibrate(
         graph_overhead=in_steps["graph_overhead"],
         op_seconds=ops,
         phase_overheads=phase_overheads,
+        gil_contention_by_model=by_model,
     )

@@ -97,6 +97,11 @@ class Hardware:
     - ``autograd_overhead``: per op in backward (the autograd engine, no Python).
     - ``gil_contention``: per op of a replica's forward while several replica threads run:
       handing Python's GIL from thread to thread (their Python runs one thread at a time).
+    - ``gil_contention_by_model``: the same, fitted by :func:`~dpkit.cost.calibrate` for each
+      model it measured, keyed by ``Profile.key``; other models take ``gil_contention`` (the
+      median of these). It differs by model: with one number for all, the small
+      transformer's replicas on 2-8 lanes at batch 16 were predicted to take twice as long
+      as they did (``benchmarks/results/cost_accuracy.md``).
     - ``thread_start``: starting one worker thread of parallel_apply.
     - ``replica_overhead``: building one module object of one replica in replicate.
     - ``copy_overhead``: dpkit's Python around one tensor copy (on top of the link's latency).
@@ -155,6 +160,7 @@ class Hardware:
     source: str
     op_seconds: Mapping[str, OpSamples] = field(default_factory=dict)
     phase_overheads: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    gil_contention_by_model: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for spec in fields(self):
@@ -171,6 +177,12 @@ class Hardware:
                 raise ValueError(
                     f"Hardware {self.name!r}: phase_overheads[{phase!r}]={pair!r} must be two "
                     "non-negative finite seconds (per call, per device)"
+                )
+        for key, seconds in self.gil_contention_by_model.items():
+            if not (seconds >= 0 and math.isfinite(seconds)):
+                raise ValueError(
+                    f"Hardware {self.name!r}: gil_contention_by_model[{key!r}]={seconds!r} must "
+                    "be non-negative finite seconds"
                 )
         for rate in self.peak_flops.values():
             if not rate > 0:

@@ -286,7 +286,8 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: 
     # apply: a thread per replica, started one after another by the caller
     clock.host += hardware.dp_overhead / 3
     starts = [clock.host + (i + 1) * hardware.thread_start for i in range(n)]
-    per_op = hardware.launch_overhead + hardware.gil_contention  # threads hand the GIL on
+    contention = hardware.gil_contention_by_model.get(model.key, hardware.gil_contention)
+    per_op = hardware.launch_overhead + contention  # threads hand the GIL on
     hosts = [len(model.forward) * per_op for _ in sizes]
     devices = [forward[rows].device for rows in sizes]
     if hardware.asynchronous:

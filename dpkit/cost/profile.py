@@ -15,6 +15,7 @@ counts profiles once and then predicts in milliseconds.
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 import weakref
 from collections.abc import Sequence
@@ -94,6 +95,13 @@ class Profile:
     input_row_bytes: int
     output_row_bytes: int
     activations: tuple[float, float]
+
+    @property
+    def key(self) -> str:
+        """Names the model by its forward's ops and their shapes (what
+        ``Hardware.gil_contention_by_model`` is keyed by): equal for equal architectures."""
+        shapes = "|".join(op.shape_key for op in self.forward.ops)
+        return hashlib.sha1(shapes.encode()).hexdigest()[:16]
 
     @property
     def parameter_bytes(self) -> int:
