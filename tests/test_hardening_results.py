@@ -91,6 +91,52 @@ def test_replicas_returning_different_structures_get_one_error_naming_them(make,
     assert error.match(r"make every replica return the same structure")
 
 
+FIX = (
+    "make every replica return the same structure: the same containers, lengths and keys, "
+    "with tensors in the same places"
+)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda i, x: None if i < 2 else x,
+            "gather cannot combine replica outputs of different structures (replicas 0, 1: "
+            f"None; replicas 2, 3: a tensor); {FIX}",
+        ),
+        (
+            lambda i, x: 3 if i == 2 else x,
+            "gather cannot combine replica outputs of different structures (replicas 0, 1, 3: "
+            f"a tensor; replica 2: a int); {FIX}",
+        ),
+        (
+            lambda i, x: {"a": x} if i == 0 else None,
+            "gather cannot combine replica outputs of different structures (replica 0: a dict "
+            f"with keys ['a']; replicas 1, 2, 3: None); {FIX}",
+        ),
+        (
+            lambda i, x: {"a": x} if i == 0 else {"b": x},
+            "gather cannot combine replica outputs of different structures (replica 0: a dict "
+            f"with keys ['a']; replicas 1, 2, 3: a dict with keys ['b']); {FIX}",
+        ),
+        (
+            lambda i, x: {"a": x} if i == 0 else {"a": x, "b": x},
+            "All dicts must have the same number of keys. gather cannot combine replica outputs "
+            "of different structures (replica 0: a dict with keys ['a']; replicas 1, 2, 3: a "
+            f"dict with keys ['a', 'b']); {FIX}",
+        ),
+    ],
+    ids=["two-and-two", "an-int", "dict-vs-None", "same-count-other-keys", "key-counts"],
+)
+def test_the_whole_structure_message(make, message):
+    # The whole text: the groups with their plural, what each returned, torch's own words
+    # only where torch says them (dicts of different key counts), no path at the top.
+    with pytest.raises(ValueError) as error:
+        dpkit.data_parallel(Returns(make), torch.randn(8, 2), device_ids=lanes(4))
+    assert str(error.value) == message
+
+
 class Leaks(nn.Module):
     """Returns one of its own tensors next to a new one."""
 
