@@ -344,13 +344,18 @@ def test_a_timeout_kills_every_process_the_submission_started(tmp_path):
 def test_ctrl_c_stops_everything_with_a_one_line_message(tmp_path):
     file, pids = stalling_submission(tmp_path)
     command = [sys.executable, "-m", "dpkit", "grade", "1", "--file", str(file), "--timeout", "120"]
-    # A learner's Ctrl-C reaches a foreground process, whose SIGINT does the default. A job a
-    # shell starts in the background (`make mutation &`, nohup) starts with SIGINT ignored,
-    # which its children inherit: give the CLI the foreground's default.
+    # A learner's Ctrl-C reaches a foreground process, whose SIGINT does the default. Under a
+    # parent that ignores SIGINT (mutmut's workers, some background jobs) the CLI would
+    # inherit SIG_IGN: start it through Python with the default handler back (not with
+    # preexec_fn, which can deadlock a parent that runs threads).
+    restore = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['dpkit', *sys.argv[1:]]; runpy.run_module('dpkit', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", restore, *command[3:]]
     cli = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 90
     while (
         time.monotonic() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2
