@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _thread
 import ctypes
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -107,12 +108,18 @@ def test_ctrl_c_reaches_the_caller_at_once_and_leaves_no_thread_that_blocks_exit
     before = set(threading.enumerate())
     module = StuckOn(release, {1})
     timer = threading.Timer(0.2, _thread.interrupt_main)
-    timer.start()
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        dpkit.parallel_apply([module] * 2, [torch.ones(1)] * 2, devices=lanes(2))
-    waited = time.monotonic() - start
-    timer.join()
+    # interrupt_main acts as SIGINT's handler would: under a parent that ignores SIGINT
+    # (mutmut's workers) it would do nothing and this test would wait forever.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            dpkit.parallel_apply([module] * 2, [torch.ones(1)] * 2, devices=lanes(2))
+        waited = time.monotonic() - start
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert waited < 2.0  # 0.2 s, then one poll of 0.05 s; torch: never (replica 1 never returns)
     stuck = [t for t in set(threading.enumerate()) - before if t is not timer]
     assert stuck, "replica 1 should still be waiting"
