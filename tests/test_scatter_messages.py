@@ -1,0 +1,65 @@
+"""scatter's bad-input errors, word for word (issue 18): each names what was wrong and the fix.
+Found missing by mutation testing (issue 20): a changed word of these survived every test."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from lanes import lanes
+
+import dpkit
+from dpkit.scatter import torch_chunk_sizes
+
+BUFFER_FIX = (
+    "keep a tensor that every replica needs whole in the module (e.g. module.register_buffer)"
+)
+
+
+def message(call) -> str:
+    with pytest.raises((TypeError, ValueError)) as error:
+        call()
+    return str(error.value)
+
+
+def test_inputs_of_two_batch_sizes_are_refused_even_on_two_devices_and_at_a_negative_dim():
+    x, y = torch.randn(8, 3), torch.randn(6, 3)
+    assert message(lambda: dpkit.scatter((x, y), lanes(2), dim=-2)) == (
+        "scatter splits every tensor along dim=-2 into the same chunks, so all must have the "
+        "same size there (the batch), but inputs[0] has 8, inputs[1] has 6 (torch would "
+        "silently drop rows, or hand a replica a short tensor that broadcasts); pass tensors "
+        f"of one batch size, and {BUFFER_FIX}, which replicate copies to every device"
+    )
+
+
+def test_a_nested_a_sparse_and_an_empty_input_get_their_own_fix():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert message(lambda: dpkit.scatter(nested, lanes(2))) == (
+        "cannot scatter a nested tensor: its rows have different shapes, so it has no size "
+        "along dim=0 to split; pass x.to_padded_tensor(0.0) (and a mask if the module needs one)"
+    )
+    assert message(lambda: dpkit.scatter(torch.eye(3).to_sparse(), lanes(2))) == (
+        "cannot scatter a sparse tensor (layout torch.sparse_coo); scatter splits dense "
+        "tensors: pass x.to_dense(), or, if every replica needs the whole tensor, keep it in "
+        "the module (e.g. module.register_buffer) instead of passing it as an input"
+    )
+    assert message(lambda: dpkit.scatter(torch.empty(0, 3), lanes(2))) == (
+        "the input of shape (0, 3) is empty along dim=0, so there is nothing to split; pass a "
+        "batch with at least one sample"
+    )
+
+
+def test_a_dim_or_a_size_of_the_wrong_type_is_named_with_its_type():
+    assert message(lambda: dpkit.scatter(torch.randn(3, 4), lanes(2), dim=1.5)) == (
+        "dim must be an int (the dimension to split and gather along), got 1.5 (float); "
+        "pass e.g. dim=0"
+    )
+    assert message(lambda: torch_chunk_sizes(2.5, 2)) == (
+        "size must be a number of rows (an int), got 2.5"
+    )
+    assert message(lambda: torch_chunk_sizes(True, 2)) == (
+        "size must be a number of rows (an int), got True"
+    )
