@@ -331,15 +331,6 @@ def run_file(
     return time.monotonic() - start, full
 
 
-def name_failing_tests(target: str) -> None:
-    """Run the unmutated tests in the copy with pytest's own output, which mutmut hides, so
-    the test that failed is named (the trampolines' stats mode, as mutmut runs them)."""
-    mutants = WORK / module_of(target) / "mutants"
-    env = dict(os.environ, MUTANT_UNDER_TEST="stats", OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "--tb=short", *PYTEST_ARGS]
-    subprocess.run([*command, *TEST_SELECTION], cwd=mutants, env=env, check=False)
-
-
 # --------------------------------------------------------------------------------------
 # The report
 
@@ -596,7 +587,6 @@ def main(argv: list[str] | None = None) -> int:
                     target, fresh=False, max_children=args.max_children, files=files, debug=True
                 )
         except subprocess.CalledProcessError:
-            name_failing_tests(target)
             print(f"{target}: mutmut failed; its cache is kept, run it again", flush=True)
             failed.append(target)
             continue

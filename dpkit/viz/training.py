@@ -15,7 +15,6 @@ Layers: data (:func:`training_trace`, :func:`compare_with_single_device`, :func:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import statistics
 import time
@@ -52,9 +51,13 @@ def training_trace(
     inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
         for _ in range(steps):
-            model.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(parallel(inputs), targets).backward()
+            _training_step(model, parallel, inputs, targets)
     return recorded
+
+
+def _training_step(model: nn.Module, parallel: nn.Module, inputs, targets) -> None:
+    model.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(parallel(inputs), targets).backward()
 
 
 def backward_timeline(recorded: dpkit.Trace) -> Figure:
@@ -80,10 +83,10 @@ def backward_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) 
             warm[devices] = model, dpkit.DataParallel(model, device_ids=lanes)
         model, parallel = warm[devices]
         with intra_op_threads(1):
-            for traced in ([False] if first else []) + [True]:
-                model.zero_grad(set_to_none=True)
-                with dpkit.trace() if traced else contextlib.nullcontext() as recorded:
-                    nn.functional.cross_entropy(parallel(inputs), targets).backward()
+            if first:
+                _training_step(model, parallel, inputs, targets)  # the warm-up, untraced
+            with dpkit.trace() as recorded:
+                _training_step(model, parallel, inputs, targets)
         return recorded
 
     return Explorer(
