@@ -51,7 +51,11 @@ def _check_plan(size: Any, num_devices: Any) -> None:
 
 
 def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
-    """The sizes ``torch.chunk(x, num_devices)`` gives for ``size`` rows (maybe fewer chunks)."""
+    """The sizes ``torch.chunk(x, num_devices)`` gives for ``size`` rows (maybe fewer chunks).
+
+    One case differs on purpose: no rows give no chunks (``[]``), where torch.chunk gives
+    ``num_devices`` empty ones and torch's DataParallel would run every replica on nothing.
+    """
     _check_plan(size, num_devices)
     if size <= 0:
         return []

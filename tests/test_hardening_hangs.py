@@ -57,9 +57,13 @@ def test_parallel_apply_timeout_names_the_replicas_still_running_and_their_devic
         )
     )
     assert 0.3 <= waited < 2.0
-    assert error.match(r"replica 1 on virtual:1 \(cpu\), replica 3 on virtual:3 \(cpu\) still")
-    assert "replica 0" not in str(error.value) and "replica 2" not in str(error.value)
-    assert error.match(r"timeout=0\.3 s.*keeps running in the background")
+    assert str(error.value) == (
+        "parallel_apply: replica 1 on virtual:1 (cpu), replica 3 on virtual:3 (cpu) still "
+        "running after timeout=0.3 s. Python cannot stop a thread: each keeps running in the "
+        "background until its forward returns, and its result is dropped (the threads are "
+        "daemon threads, so the process can still exit). Look for what the replica waits on "
+        "(a lock, a queue, another replica), or raise timeout if the work is just slow"
+    )
 
 
 def test_dataparallel_and_data_parallel_take_a_timeout(release):

@@ -63,3 +63,45 @@ def test_a_dim_or_a_size_of_the_wrong_type_is_named_with_its_type():
     assert message(lambda: torch_chunk_sizes(True, 2)) == (
         "size must be a number of rows (an int), got True"
     )
+
+
+def test_a_tensor_without_the_dim_is_left_out_of_the_batch_mismatch_not_a_crash():
+    # The mismatch is found at inputs[1]; inputs[2] has no dim 1 and is not listed (an
+    # IndexError from its missing dim would hide the message).
+    inputs = (torch.zeros(4, 2), torch.zeros(4, 3), torch.zeros(4))
+    assert message(lambda: dpkit.scatter(inputs, lanes(2), dim=1)) == (
+        "scatter splits every tensor along dim=1 into the same chunks, so all must have the "
+        "same size there (the batch), but inputs[0] has 2, inputs[1] has 3 (torch would "
+        "silently drop rows, or hand a replica a short tensor that broadcasts); pass tensors "
+        f"of one batch size, and {BUFFER_FIX}, which replicate copies to every device"
+    )
+
+
+def test_chunk_sizes_that_are_not_a_list_are_named_as_a_value_or_as_a_function_result():
+    assert message(lambda: dpkit.plan_chunks(8, 2, chunk_sizes=8)) == (
+        "chunk_sizes is 8, not a list of sizes; chunk_sizes must give a list of positive ints "
+        "that add up to the batch size 8, e.g. [4, 4]"
+    )
+    assert message(lambda: dpkit.plan_chunks(8, 2, chunk_sizes=lambda size, n: size)) == (
+        "the chunk_sizes function returned 8, not a list of sizes; chunk_sizes must give a "
+        "list of positive ints that add up to the batch size 8, e.g. [4, 4]"
+    )
+
+
+def test_weights_that_are_not_positive_get_an_example_of_speeds():
+    assert message(lambda: dpkit.weighted_chunk_sizes(8, 2, weights=[1, 0])) == (
+        "weights must all be positive and finite, got [1, 0]; pass each device's relative "
+        "speed, e.g. weights=[1, 1, 2, 2]"
+    )
+
+
+def test_no_rows_plan_no_chunks_where_torch_chunk_gives_empty_ones():
+    # The documented difference from torch.chunk (see torch_chunk_sizes): no replica runs
+    # on nothing. Zero rows are a plan, not an error; a negative count is refused.
+    assert len(torch.empty(0).chunk(4)) == 4
+    assert torch_chunk_sizes(0, 4) == []
+    assert dpkit.plan_chunks(0, 4) == []
+    assert dpkit.balanced_chunk_sizes(0, 4) == []
+    assert message(lambda: dpkit.plan_chunks(-1, 4)) == (
+        "size must be a number of rows (an int >= 0), got -1"
+    )

@@ -1,0 +1,51 @@
+"""parallel_apply's bad-input errors, word for word (issue 18): each names the argument and
+the fix. Found missing by mutation testing (issue 20): a changed word survived every test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lanes import lanes
+from torch import nn
+
+import dpkit
+
+GENERATOR_FIX = "(a generator can be turned into one with list(...))"
+
+
+def message(call) -> str:
+    with pytest.raises((TypeError, ValueError)) as error:
+        call()
+    return str(error.value)
+
+
+def test_devices_given_as_a_generator_are_named_even_without_kwargs():
+    module, devices = nn.Identity(), lanes(2)
+    assert message(
+        lambda: dpkit.parallel_apply([module] * 2, [torch.ones(1)] * 2, None, iter(devices))
+    ) == (
+        "devices must be a list or tuple, got a list_iterator; pass one device per replica, "
+        f"e.g. dpkit.devices(n), or None {GENERATOR_FIX}"
+    )
+
+
+def test_modules_without_an_order_are_refused():
+    # A set has a length but no order: which replica would get which input?
+    assert message(
+        lambda: dpkit.parallel_apply({nn.Identity()}, [torch.ones(1)], devices=lanes(1))
+    ) == (
+        "modules must be a list or tuple, got a set; pass the replicas, e.g. "
+        f"dpkit.replicate(model, devices) {GENERATOR_FIX}"
+    )
+
+
+@pytest.mark.parametrize("timeout", [0, float("inf")])
+def test_a_timeout_that_is_not_a_positive_finite_number_gets_both_ways_out(timeout):
+    assert message(
+        lambda: dpkit.parallel_apply(
+            [nn.Identity()], [torch.ones(1)], devices=lanes(1), timeout=timeout
+        )
+    ) == (
+        f"timeout must be a positive, finite number of seconds, got {timeout!r}; pass e.g. "
+        "timeout=60, or timeout=None to wait as long as the replicas take"
+    )
