@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -60,6 +61,11 @@ def test_three_lanes_or_more_fit_the_copy_phases_per_call_and_per_device():
         # a step's phase beside its bytes: microseconds to a millisecond, never negative
         assert 0 <= per_call < 5e-3 and 0 <= per_device < 5e-3, phase
         assert per_call + 3 * per_device > 1e-6, phase  # a phase of three events costs time
+    # what steps took beyond the model: warm for two phases, cold for four (never negative)
+    assert set(hardware.phase_extras) == {"replicate", "reduce"}
+    assert set(hardware.cold_extras) == {"replicate", "gather", "grad_scatter", "reduce"}
+    for pair in [*hardware.phase_extras.values(), *hardware.cold_extras.values()]:
+        assert all(0 <= seconds < 5e-3 for seconds in pair)
 
 
 def test_two_lanes_cannot_fit_them_and_keep_the_events_overheads(measured):
@@ -78,3 +84,44 @@ def test_each_calibrated_model_has_its_own_gil_contention(measured):
     key = cost.profile(course_model("mlp"), sample_input()).key
     assert set(measured.gil_contention_by_model) == {key}  # the one model calibrated
     assert 0 <= measured.gil_contention_by_model[key] < 1e-3
+
+
+def test_extras_fitted_from_steps_recover_what_made_the_steps():
+    # Steps "measured" as a machine with known extras predicts them: the fit, starting from
+    # the same machine without extras, must find those extras again.
+    from dpkit.cost.calibrate import _fit_extras
+
+    base = cost.presets()["this-machine"]
+    truth = dataclasses.replace(
+        base,
+        phase_extras={"replicate": (50e-6, 6e-6), "reduce": (30e-6, 4e-6)},
+        cold_extras={"replicate": (5e-6, 1e-6), "gather": (2e-6, 0.5e-6),
+                     "grad_scatter": (1e-6, 0.0), "reduce": (8e-6, 3e-6)},
+    )  # fmt: skip
+    models = [(course_model(name), sample_input()) for name in ("cnn", "transformer")]
+    cold_rows = 64
+
+    def steps(rows: int):
+        return {
+            (number, n): {
+                row["phase"]: row["time_s"]
+                for row in cost.predict(module, sample, rows * n, n, truth).summary()
+            }
+            for number, (module, sample) in enumerate(models)
+            for n in (2, 4)
+        }
+
+    fitted = _fit_extras(base, models, steps(1), steps(cold_rows), cold_rows)
+    for phase, pair in truth.phase_extras.items():
+        assert fitted.phase_extras[phase] == pytest.approx(pair, abs=1e-9), phase
+    for phase, pair in truth.cold_extras.items():
+        assert fitted.cold_extras[phase] == pytest.approx(pair, abs=1e-9), phase
+
+
+def test_a_line_in_the_device_count_is_clipped_at_zero():
+    from dpkit.cost.calibrate import _line_in_devices
+
+    # hand-computed: 10 + 2n through n=2 and n=4; a falling line keeps its level, no slope
+    assert _line_in_devices({2: 14.0, 4: 18.0}) == pytest.approx((10.0, 2.0))
+    assert _line_in_devices({2: 14.0, 4: 10.0}) == pytest.approx((14.0, 0.0))
+    assert _line_in_devices({2: -3.0}) == (0.0, 0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import statistics
 import time
@@ -264,3 +265,35 @@ def test_a_models_own_gil_contention_is_used_for_it_alone():
 
     assert apply_time(mlp, slower) > apply_time(mlp, base)
     assert apply_time(cnn, slower) == pytest.approx(apply_time(cnn, base))
+
+
+def _phase(trace, phase: str) -> float:
+    return {row["phase"]: row["time_s"] for row in trace.summary()}[phase]
+
+
+def test_phase_extras_and_cold_extras_add_to_their_phase_alone():
+    base = cost.presets()["this-machine"]
+    model, sample = course_model("cnn"), sample_input()
+    profile = cost.profile(model, sample)
+    extras = dataclasses.replace(
+        base,
+        phase_extras={"reduce": (40e-6, 7e-6)},
+        cold_extras={"reduce": (3e-6, 2e-6)},
+        warm_bytes=float(1 << 20),
+    )
+    for batch, devices in ((4, 2), (256, 4)):
+        working_set = profile.input_bytes(batch) + profile.activation_bytes(batch)
+        # hand-computed: per call and per device, warm always, cold per doubling past 1 MiB
+        doublings = max(0.0, math.log2(working_set / (1 << 20)))
+        added = 40e-6 + 7e-6 * devices + (3e-6 + 2e-6 * devices) * doublings
+        with_extras = cost.predict(model, sample, batch, devices, extras)
+        without = cost.predict(model, sample, batch, devices, base)
+        assert _phase(with_extras, "reduce") == pytest.approx(_phase(without, "reduce") + added)
+        assert _phase(with_extras, "gather") == pytest.approx(_phase(without, "gather"))
+    assert doublings > 3  # the CNN at batch 256 touches some 17 MB
+
+
+@pytest.mark.parametrize("name", ["phase_extras", "cold_extras"])
+def test_malformed_extras_are_refused(name):
+    with pytest.raises(ValueError, match=rf"{name}\['reduce'\].*per call, per device"):
+        dataclasses.replace(cost.presets()["this-machine"], **{name: {"reduce": (-1e-6, 0.0)}})

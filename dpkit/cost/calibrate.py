@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import os
 import platform
 import statistics
@@ -458,6 +459,107 @@ def _measure_steps(
     return overheads, fitted
 
 
+# The phases whose extras calibrate fits: beyond the model's own terms in warm steps (the
+# first two), and per doubling of the working set in cold ones (all four).
+WARM_EXTRA_PHASES = ("replicate", "reduce")
+COLD_EXTRA_PHASES = ("replicate", "gather", "grad_scatter", "reduce")
+# Rows per lane of the cold steps: enough that the course's CNN and transformer touch some
+# 16 MB per step on 4 lanes, many times a core's cache; a step then takes about 30 ms.
+COLD_ROWS = 64
+
+
+def _phase_times(
+    models: Sequence[tuple[nn.Module, torch.Tensor]],
+    lanes: list[Device],
+    counts: Sequence[int],
+    rows: int,
+    repeats: int,
+) -> dict[tuple[int, int], dict[str, float]]:
+    """Each phase's time (first start to last end, as ``Trace.summary`` gives it) in traced
+    DataParallel training steps of each model on the first ``n`` lanes for each ``n`` of
+    ``counts``, ``rows`` rows per lane: the fastest after a warm-up step, keyed by (model's
+    index, n). The configurations take turns, step by step, as in :func:`_measure_steps`."""
+    from torch.nn.functional import cross_entropy
+
+    runs = []
+    for number, (module, sample) in enumerate(models):
+        for n in counts:
+            module_here = copy.deepcopy(module).to(lanes[0].torch_device)
+            parallel = dpkit.DataParallel(module_here, device_ids=lanes[:n])
+            inputs = rows_like(sample, rows * n).to(lanes[0].torch_device)
+            labels = torch.zeros(rows * n, dtype=torch.long, device=lanes[0].torch_device)
+            runs.append(((number, n), module_here, parallel, inputs, labels))
+    found: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for attempt in range(repeats + 1):
+        for key, module, parallel, inputs, labels in runs:
+            module.zero_grad(set_to_none=True)
+            with dpkit.trace() as recorded:
+                cross_entropy(parallel(inputs), labels).backward()
+            if attempt:  # the first step warms up
+                for row in recorded.summary():
+                    found[key][row["phase"]].append(row["time_s"])
+    return {key: {phase: min(times) for phase, times in by_phase.items()}
+            for key, by_phase in found.items()}  # fmt: skip
+
+
+def _line_in_devices(points: dict[int, float]) -> tuple[float, float]:
+    """``(per call, per device)`` through a value at each device count, clipped at zero
+    where noise tilts it below (as :func:`_fit_phases`); one count gives a per-call value."""
+    if len(points) < 2:
+        return max(statistics.median(points.values()), 0.0), 0.0
+    line = _fit_line(list(points.items()))
+    assert line is not None
+    fixed, slope = line
+    per_device = max(slope, 0.0)
+    at_fewest = points[min(points)]
+    return max(at_fewest - min(points) * per_device, 0.0), per_device
+
+
+def _fit_extras(
+    hardware: Hardware,
+    models: Sequence[tuple[nn.Module, torch.Tensor]],
+    warm: dict[tuple[int, int], dict[str, float]],
+    cold: dict[tuple[int, int], dict[str, float]],
+    cold_rows: int,
+) -> Hardware:
+    """``hardware`` with ``phase_extras`` and ``cold_extras`` fitted: what the steps' phases
+    took beyond the prediction of the same steps. Warm steps (a row per lane): the median
+    over models at each device count, a line in the device count. Cold steps (``cold_rows``
+    per lane): at each device count, the least-squares slope through the
+    origin of the rest against each model's doublings of the working set beyond
+    ``warm_bytes`` (a model whose steps stay in cache says little about cold ones)."""
+    from dpkit.cost.predict import predict
+
+    def residuals(machine: Hardware, measured, rows: int):
+        found: dict[int, list[tuple[float, dict[str, float]]]] = defaultdict(list)
+        for (number, n), times in measured.items():
+            module, sample = models[number]
+            guess = predict(module, sample, rows * n, n, machine)
+            predicted = {row["phase"]: row["time_s"] for row in guess.summary()}
+            cost = profile(module, sample)
+            working_set = cost.input_bytes(rows * n) + cost.activation_bytes(rows * n)
+            doublings = max(0.0, math.log2(working_set / machine.warm_bytes))
+            rest = {phase: times.get(phase, 0.0) - predicted.get(phase, 0.0) for phase in times}
+            found[n].append((doublings, rest))
+        return found
+
+    extras = {}
+    for phase in WARM_EXTRA_PHASES:
+        at = {n: statistics.median(rest.get(phase, 0.0) for _, rest in found)
+              for n, found in residuals(hardware, warm, 1).items()}  # fmt: skip
+        extras[phase] = _line_in_devices(at)
+    hardware = dataclasses.replace(hardware, phase_extras=extras)
+    colds = {}
+    by_count = residuals(hardware, cold, cold_rows)
+    for phase in COLD_EXTRA_PHASES:
+        at = {}
+        for n, found in by_count.items():
+            weight = sum(d * d for d, _ in found)
+            at[n] = sum(d * rest.get(phase, 0.0) for d, rest in found) / weight if weight else 0.0
+        colds[phase] = _line_in_devices(at)
+    return dataclasses.replace(hardware, cold_extras=colds)
+
+
 def _measure_cores(device: torch.device, lanes: int, repeats: int) -> float:
     """How many threads compute at full speed at once: one thread's matmuls against
     ``lanes`` threads' (each the same work), at most ``lanes``. Many short tries: the fastest
@@ -545,10 +647,14 @@ def calibrate(
         advance("threads")
         replica = _measure_replicas(lanes, repeats)
         in_steps, phase_overheads = _measure_steps(chosen, lanes, repeats, thread_start, link)
+        counts = sorted({2, len(lanes)})
+        warm_times = _phase_times(chosen, lanes, counts, 1, repeats)
+        cold_rows = 8 if quick else COLD_ROWS
+        cold_times = _phase_times(chosen, lanes, counts, cold_rows, repeats)
         advance("replicas and steps")
     default = this_machine_default()
     kind = "virtual GPU lanes" if gpu else "virtual CPU lanes"
-    return Hardware(
+    measured = Hardware(
         name="this-machine",
         description=f"{kind} of this machine ({platform.node() or 'here'}), calibrated, "
         f"{torch.get_num_threads()} torch thread(s)",
@@ -584,3 +690,4 @@ def calibrate(
         phase_overheads=phase_overheads,
         gil_contention_by_model=by_model,
     )
+    return _fit_extras(measured, chosen, warm_times, cold_times, cold_rows)

@@ -140,6 +140,7 @@ def _copies(
     phase: Phase,
     sizes: Sequence[int],
     local: bool = False,
+    extra: tuple[float, float] = (0.0, 0.0),
     **details: Any,
 ) -> list[float]:
     """Copies between device 0 and each device (``sizes[i]`` bytes for device i, entry 0
@@ -148,9 +149,11 @@ def _copies(
     Funnelled, the copies run one after another on one queue; else each on its own link.
     On a synchronous machine the host does them; on a GPU the host queues them and runs on.
     ``local``: device 0's share is copied too, within its memory (gather copies every piece
-    into its result), moving no bytes between devices.
+    into its result), moving no bytes between devices. ``extra``: ``(per call, per device)``
+    host seconds on top (:meth:`~dpkit.cost.Hardware.phase_extra`).
     """
     clock, done = step.clock, []
+    tensors = details.get("tensors", 1)  # reduce copies each gradient, one after another
     fitted = hardware.phase_overheads.get(phase._value_)
     for index, size in enumerate(sizes):
         moves = index > 0 and size > 0
@@ -158,9 +161,11 @@ def _copies(
         if fitted is not None:  # calibrated in steps: per call (on the first event), per device
             host = fitted[1] + (fitted[0] if index == 0 else 0.0)
         else:
-            host = hardware.event_overhead + (hardware.copy_overhead if copies else 0.0)
+            host = hardware.event_overhead + (tensors * hardware.copy_overhead if copies else 0.0)
+        host += extra[1] + (extra[0] if index == 0 else 0.0)
         if moves:
-            device = _link_from_device0(hardware, index).time(size)
+            link = _link_from_device0(hardware, index)
+            device = tensors * link.latency + size / link.bandwidth
         else:
             device = 2 * size / hardware.achieved_memory_bandwidth if copies else 0.0
         if not hardware.asynchronous:
@@ -265,9 +270,13 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: 
     backward = {rows: pass_time(model.backward, rows, hardware, rate, True) for rows in set(sizes)}
     for index, size in enumerate(input_sizes):
         step.memory(index, "input", size)
+    working_set = model.input_bytes(batch) + model.activation_bytes(batch)
+
+    def extra(phase: Phase) -> tuple[float, float]:
+        return hardware.phase_extra(phase._value_, working_set)
 
     clock.host += hardware.step_overhead / 4  # DataParallel's entry: checks, a new step
-    _copies(step, hardware, Phase.SCATTER, input_sizes)
+    _copies(step, hardware, Phase.SCATTER, input_sizes, extra=extra(Phase.SCATTER))
     if n == 1:  # DataParallel on one device calls the module itself: no replicas, no threads
         _one_device(step, model, hardware, sizes[0], forward[sizes[0]], backward[sizes[0]])
         return
@@ -280,7 +289,8 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: 
             copies = [0] + [per_device] * (n - 1)
             _broadcast(step, hardware, copies, len(tensors))
     modules_start = clock.host
-    clock.host += hardware.replica_overhead * model.modules * n
+    per_call, per_device = extra(Phase.REPLICATE)  # on the host, with the replica modules
+    clock.host += hardware.replica_overhead * model.modules * n + per_call + per_device * n
     step.event(Phase.REPLICATE, 0, modules_start, clock.host, what="modules", modules=model.modules)
 
     # apply: a thread per replica, started one after another by the caller
@@ -308,10 +318,11 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: 
         step.event(Phase.APPLY, index, begins[index], ends[index], replica=index)
         _account_replica(step, model, index, sizes[index])
 
-    _copies(step, hardware, Phase.GATHER, output_sizes, local=True)
+    _copies(step, hardware, Phase.GATHER, output_sizes, local=True, extra=extra(Phase.GATHER))
     step.memory(0, "gathered", sum(output_sizes))
     _loss(step, hardware, sum(output_sizes))
-    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, output_sizes)
+    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, output_sizes,
+                      extra=extra(Phase.GRAD_SCATTER))  # fmt: skip
 
     # backward: one thread for all replicas on the CPU, a thread per device on GPUs
     times = [backward[rows] for rows in sizes]
@@ -337,7 +348,9 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: 
     _copies(step, hardware, Phase.REDUCE, [0] + [gradients] * (n - 1),
             tensors=len(model.parameter_sizes))  # fmt: skip
     adds = [elementwise_time("aten.add", 3 * size, hardware) for size in model.parameter_sizes]
+    per_call, per_device = extra(Phase.REDUCE)  # on the host, with the sums
     host = hardware.event_overhead + (n - 1) * len(adds) * hardware.launch_overhead
+    host += per_call + per_device * n
     device = (n - 1) * sum(adds)
     if hardware.asynchronous:
         clock.host += host
