@@ -74,8 +74,13 @@ class _nothing:
         return None
 
 
+def memory_shape(trace: dpkit.Trace) -> Counter:
+    """A trace's memory records counted: (device, category, bytes, step)."""
+    return Counter((r.device, r.category, r.nbytes, r.step) for r in trace.memory)
+
+
 def test_a_trace_does_not_record_another_threads_untraced_work():
-    expected = shape(alone(5, batch=8))
+    reference = alone(5, batch=8)
     other = Busy(batch=6)
     other.start()
     try:
@@ -87,8 +92,24 @@ def test_a_trace_does_not_record_another_threads_untraced_work():
         other.stop.set()
         other.join(timeout=30)
     assert during > 0  # the other thread trained while this one traced
-    assert shape(tr) == expected  # every event of its own 5 steps, and nothing of the other's
+    assert shape(tr) == shape(reference)  # its own 5 steps' events, nothing of the other's
     assert {e.step for e in tr.events} == {1, 2, 3, 4, 5}
+    assert memory_shape(tr) == memory_shape(reference)  # and its memory records alone
+
+
+def test_an_untraced_thread_sees_no_trace_while_another_thread_traces():
+    seen = {}
+
+    def look() -> None:
+        seen["enabled"], seen["recording"] = dpkit.tracing.enabled(), dpkit.tracing.recording()
+
+    with dpkit.trace():
+        assert dpkit.tracing.enabled() and dpkit.tracing.recording()
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join(timeout=30)
+    # the other thread's primitives would emit events and memory records to no one
+    assert seen == {"enabled": False, "recording": False}
 
 
 def test_traces_in_two_threads_each_record_their_own_steps():
