@@ -143,3 +143,24 @@ def test_a_trace_opened_in_a_worker_thread_records_its_replicas_and_backward():
     phases = Counter(e.phase for e in found["trace"].events)
     assert phases["apply"] == 8 and phases["backward"] == 8  # 4 lanes, 2 steps
     assert shape(found["trace"]) == expected
+
+
+def test_a_backward_called_in_another_thread_is_recorded_with_its_forward():
+    # The forward's trace records the backward it handed on, wherever backward() is called
+    # (a GPU's backward runs in autograd's own threads; here, a thread of the user's).
+    def step(backward_elsewhere: bool) -> dpkit.Trace:
+        parallel = dpkit.DataParallel(mlp(), device_ids=lanes(4))
+        x = torch.randn(8, 5)
+        with dpkit.trace() as tr:
+            loss = parallel(x).sum()
+            if backward_elsewhere:
+                thread = threading.Thread(target=loss.backward)
+                thread.start()
+                thread.join(timeout=30)
+            else:
+                loss.backward()
+        return tr
+
+    elsewhere = step(backward_elsewhere=True)
+    assert {"grad_scatter", "backward", "reduce"} <= {e.phase for e in elsewhere.events}
+    assert shape(elsewhere) == shape(step(backward_elsewhere=False))
