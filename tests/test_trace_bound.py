@@ -56,6 +56,30 @@ def test_a_bounded_trace_keeps_the_last_steps_and_summarises_every_step():
         bounded.memory_summary(step=3)
 
 
+def test_the_first_kept_step_has_a_memory_summary_and_the_last_dropped_one_a_clear_error():
+    with dpkit.trace(keep_steps=5) as bounded:
+        train(23)
+    assert str(bounded.memory_summary(step=19)).startswith("step 19, bytes")
+    with pytest.raises(ValueError) as error:
+        bounded.memory_summary(step=18)
+    assert str(error.value) == (
+        "step=18 was dropped: this trace keeps the last keep_steps=5 steps (from step 19); "
+        "pick a later step, or record with dpkit.trace(keep_steps=None) to keep every step"
+    )
+
+
+@pytest.mark.parametrize("keep, steps", [(1, 3), (8, 9)])
+def test_a_closed_trace_holds_exactly_the_last_keep_steps(keep, steps):
+    # While open, a trace drops steps in batches (a quarter of the bound at a time); when it
+    # closes, it drops down to the bound: 9 steps kept 8 drop step 1 only then.
+    with dpkit.trace(keep_steps=None) as everything, dpkit.trace(keep_steps=keep) as bounded:
+        train(steps)
+    first = steps - keep + 1
+    assert sorted({e.step for e in bounded.events}) == list(range(first, steps + 1))
+    assert bounded.memory == [r for r in everything.memory if r.step >= first]
+    assert bounded.dropped_steps == steps - keep
+
+
 def test_the_default_bound_is_documented_and_larger_than_a_course_run():
     assert dpkit.trace().keep_steps == tracing.recorder.DEFAULT_KEEP_STEPS >= 100
     assert dpkit.trace(keep_steps=None).keep_steps is None

@@ -164,3 +164,18 @@ def test_a_backward_called_in_another_thread_is_recorded_with_its_forward():
     elsewhere = step(backward_elsewhere=True)
     assert {"grad_scatter", "backward", "reduce"} <= {e.phase for e in elsewhere.events}
     assert shape(elsewhere) == shape(step(backward_elsewhere=False))
+
+
+def test_a_backward_traced_apart_from_its_forward_is_recorded_where_it_runs():
+    # A backward on the CPU runs in the thread that called it: that thread's trace records
+    # it, even when the forward was recorded by another trace (closed since).
+    parallel = dpkit.DataParallel(mlp(), device_ids=lanes(4))
+    with dpkit.trace() as forward_trace:
+        loss = parallel(torch.randn(8, 5)).sum()
+    with dpkit.trace() as backward_trace:
+        loss.backward()
+    forward_phases = {e.phase for e in forward_trace.events}
+    backward_phases = Counter(e.phase for e in backward_trace.events)
+    assert {"grad_scatter", "backward", "reduce"}.isdisjoint(forward_phases)
+    assert backward_phases["backward"] == 4  # one event per replica
+    assert {"grad_scatter", "reduce"} <= set(backward_phases)
