@@ -434,3 +434,23 @@ def test_hooks_without_a_trace_get_final_times_on_gpu():
     }
     assert all(0 < start <= end < math.inf for _, start, end in seen)
     assert len(trace_clock._pending) == pending
+
+
+def test_a_long_trace_of_gpu_lanes_stores_pending_times_once_resolved():
+    # Between steps a trace moves its records into columns once 512 wait; events whose CUDA
+    # times are still pending (NaN) stay behind until read. 40 steps of 4 lanes pass 512
+    # records several times; every step must come out whole, every time finite.
+    lanes = dpkit.virtual_devices(4, on="cuda")
+    parallel = dpkit.DataParallel(_model(), device_ids=lanes)
+    x = torch.randn(16, 32, device="cuda")
+    with dpkit.trace(keep_steps=None) as tr:
+        for _ in range(40):
+            parallel(x).sum().backward()
+    events = tr.events
+    per_step = {}
+    for e in events:
+        per_step.setdefault(e.step, []).append(e.phase)
+        assert math.isfinite(e.start) and math.isfinite(e.end) and e.end >= e.start
+    assert sorted(per_step) == list(range(1, 41))
+    first = sorted(per_step[1])
+    assert all(sorted(phases) == first for phases in per_step.values())
