@@ -148,11 +148,16 @@ def test_a_trace_opened_in_a_worker_thread_records_its_replicas_and_backward():
 def test_a_backward_called_in_another_thread_is_recorded_with_its_forward():
     # The forward's trace records the backward it handed on, wherever backward() is called
     # (a GPU's backward runs in autograd's own threads; here, a thread of the user's).
-    def step(backward_elsewhere: bool) -> dpkit.Trace:
+    # The input requires grad, so the backward gathers its gradient too; and a gradient
+    # penalty differentiates the backward itself (the reduce's backward broadcasts).
+    def step(backward_elsewhere: bool, penalty: bool) -> dpkit.Trace:
         parallel = dpkit.DataParallel(mlp(), device_ids=lanes(4))
-        x = torch.randn(8, 5)
+        x = torch.randn(8, 5, requires_grad=True)
         with dpkit.trace() as tr:
-            loss = parallel(x).sum()
+            loss = parallel(x).pow(2).sum()
+            if penalty:
+                grads = torch.autograd.grad(loss, list(parallel.parameters()), create_graph=True)
+                loss = sum(g.pow(2).sum() for g in grads)
             if backward_elsewhere:
                 thread = threading.Thread(target=loss.backward)
                 thread.start()
@@ -161,9 +166,11 @@ def test_a_backward_called_in_another_thread_is_recorded_with_its_forward():
                 loss.backward()
         return tr
 
-    elsewhere = step(backward_elsewhere=True)
-    assert {"grad_scatter", "backward", "reduce"} <= {e.phase for e in elsewhere.events}
-    assert shape(elsewhere) == shape(step(backward_elsewhere=False))
+    for penalty in (False, True):
+        elsewhere = step(backward_elsewhere=True, penalty=penalty)
+        phases = Counter(e.phase for e in elsewhere.events)
+        assert {"grad_scatter", "backward", "reduce", "grad_gather"} <= set(phases)
+        assert shape(elsewhere) == shape(step(backward_elsewhere=False, penalty=penalty))
 
 
 def test_a_backward_traced_apart_from_its_forward_is_recorded_where_it_runs():
