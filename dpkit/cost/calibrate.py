@@ -23,7 +23,11 @@ What is measured, in order:
 6. replicas and steps: a traced replicate (building one replica's module objects), and
    traced DataParallel steps of the models: the time outside and between the phases, and
    dpkit's own overhead per copy and per event inside a step; with three lanes or more, the
-   steps on two lanes too, for the batch's copy phases' cost per call and per device.
+   steps on two lanes too, for the batch's copy phases' cost per call and per device;
+7. phases in steps: each phase of the same models' steps on two device counts, at a row per
+   lane (warm) and at 64 rows per lane (cold, some 16 MB touched a step), against what the
+   model so far predicts for them: ``phase_extras`` and ``cold_extras`` (see
+   :class:`~dpkit.cost.Hardware`), the part of a phase the model's own terms miss.
 
 Every timing is the fastest of its repeats (see :func:`_fastest`).
 """
