@@ -125,3 +125,21 @@ def test_a_line_in_the_device_count_is_clipped_at_zero():
     assert _line_in_devices({2: 14.0, 4: 18.0}) == pytest.approx((10.0, 2.0))
     assert _line_in_devices({2: 14.0, 4: 10.0}) == pytest.approx((14.0, 0.0))
     assert _line_in_devices({2: -3.0}) == (0.0, 0.0)
+
+
+def test_calibration_batches_hold_distinct_rows_of_the_samples_values():
+    # Max-pooling ran twice as fast on one row repeated as on distinct rows: calibrating on
+    # repeated rows under-predicted the CNN. Each row is the first row's values, rotated.
+    from dpkit.cost.profile import rows_like
+
+    sample = torch.randn(3, 1, 28, 28)
+    batch = rows_like(sample, 64)
+    assert batch.shape == (64, 1, 28, 28) and batch.dtype == sample.dtype
+    flat = batch.reshape(64, -1)
+    assert len({tuple(row.tolist()) for row in flat}) == 64
+    first = sample[0].reshape(-1).sort().values
+    assert all(torch.equal(row.sort().values, first) for row in flat)
+    assert torch.equal(batch, rows_like(sample, 64))  # the same batch every time
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    # hand-computed: row 1 rotated by 7919 % 5 = 4 places
+    assert rows_like(tokens, 2).tolist() == [[3, 1, 4, 1, 5], [5, 3, 1, 4, 1]]
