@@ -470,6 +470,10 @@ COLD_EXTRA_PHASES = ("replicate", "gather", "grad_scatter", "reduce")
 # Rows per lane of the cold steps: enough that the course's CNN and transformer touch some
 # 16 MB per step on 4 lanes, many times a core's cache; a step then takes about 30 ms.
 COLD_ROWS = 64
+# A model's cold steps count only past this many doublings of the working set beyond
+# warm_bytes: the MLP's touch about 1.2 MB, 0.2 doublings, and dividing its noise by 0.2
+# made the cold extras five times what the steps showed.
+MIN_COLD_DOUBLINGS = 2.0
 
 
 def _phase_times(
@@ -529,9 +533,10 @@ def _fit_extras(
     """``hardware`` with ``phase_extras`` and ``cold_extras`` fitted: what the steps' phases
     took beyond the prediction of the same steps. Warm steps (a row per lane): the median
     over models at each device count, a line in the device count. Cold steps (``cold_rows``
-    per lane): at each device count, the least-squares slope through the
-    origin of the rest against each model's doublings of the working set beyond
-    ``warm_bytes`` (a model whose steps stay in cache says little about cold ones)."""
+    per lane): at each device count, the least-squares slope through the origin of the rest
+    against each model's doublings of the working set beyond ``warm_bytes``, over the models
+    past :data:`MIN_COLD_DOUBLINGS` (one whose steps stay in cache says nothing about cold
+    ones); no such model, no cold extras."""
     from dpkit.cost.predict import predict
 
     def residuals(machine: Hardware, measured, rows: int):
@@ -558,9 +563,12 @@ def _fit_extras(
     for phase in COLD_EXTRA_PHASES:
         at = {}
         for n, found in by_count.items():
-            weight = sum(d * d for d, _ in found)
-            at[n] = sum(d * rest.get(phase, 0.0) for d, rest in found) / weight if weight else 0.0
-        colds[phase] = _line_in_devices(at)
+            cold_enough = [(d, rest) for d, rest in found if d >= MIN_COLD_DOUBLINGS]
+            if cold_enough:
+                weight = sum(d * d for d, _ in cold_enough)
+                at[n] = sum(d * rest.get(phase, 0.0) for d, rest in cold_enough) / weight
+        if at:
+            colds[phase] = _line_in_devices(at)
     return dataclasses.replace(hardware, cold_extras=colds)
 
 
@@ -653,7 +661,7 @@ def calibrate(
         in_steps, phase_overheads = _measure_steps(chosen, lanes, repeats, thread_start, link)
         counts = sorted({2, len(lanes)})
         warm_times = _phase_times(chosen, lanes, counts, 1, repeats)
-        cold_rows = 8 if quick else COLD_ROWS
+        cold_rows = COLD_ROWS
         cold_times = _phase_times(chosen, lanes, counts, cold_rows, repeats)
         advance("replicas and steps")
     default = this_machine_default()
