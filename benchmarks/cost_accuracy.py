@@ -406,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="all configurations alive at once, one step of each per round (default: one "
         "configuration at a time, its steps in a row)",
     )  # fmt: skip
+    parser.add_argument(
+        "--calibrate-lanes", type=int, default=4,
+        help="lanes calibrate() measures (default 4, its own default; the grid goes to 8)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.warm_steps < 0:
         parser.error(f"--warm-steps must be 0 or more, got {args.warm_steps}")
@@ -416,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_at_start = _load()
     info = machine()
     print("calibrating ...", flush=True)
-    hardware = cost.calibrate(quick=args.quick, progress=False)
+    hardware = cost.calibrate(args.calibrate_lanes, quick=args.quick, progress=False)
     calibrated_at = time.perf_counter() - began
     configs = [Config(m, n, b) for m in COURSE_MODELS for n in LANES for b in batches]
     print(f"measuring {len(configs)} configurations x {repeats} rounds ...", flush=True)
@@ -436,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batches": list(batches),
             "repeats": repeats,
             "warm_steps": args.warm_steps,
+            "calibrate_lanes": args.calibrate_lanes,
             "one_configuration_at_a_time": not args.interleaved,
         },  # fmt: skip
         "goals": {"median_step_error": GOALS["step"], "median_phase_error": GOALS["phase"]},

@@ -319,6 +319,9 @@ def test_default_chunk_sizes_are_torch_even_with_scatter_kwargs():
         (8, 2, [1, 3], [2, 6]),  # exact proportions exist: 8 * 1/4 = 2, 8 * 3/4 = 6
         (10, 2, [1, 4], [2, 8]),
         (20, 4, [1, 1, 1, 1], [5, 5, 5, 5]),
+        # largest remainder: shares 2.14 and 2.86, the spare row to the larger remainder,
+        # the larger device here (not the smaller share)
+        (5, 2, [3, 4], [2, 3]),
     ],
 )
 def test_weighted_chunk_sizes_are_proportional_to_weights(rows, num_devices, weights, expected):
