@@ -85,6 +85,32 @@ def test_a_timeout_holds_for_a_single_replica_and_a_single_device(release):
     parallel = dpkit.DataParallel(module, device_ids=devices, timeout=0.2)
     error, _ = _timed(lambda: parallel(torch.ones(4, 1)))
     assert error.match(r"replica 0 on virtual:0 \(cpu\)")
+    error, _ = _timed(
+        lambda: dpkit.data_parallel(module, torch.ones(4, 1), device_ids=devices, timeout=0.2)
+    )
+    assert error.match(r"replica 0 on virtual:0 \(cpu\)")
+
+
+class Scaled(nn.Module):
+    def forward(self, x, scale=1.0):
+        return x * scale
+
+
+def test_a_single_device_with_a_timeout_returns_the_module_output_with_its_keywords():
+    # One device and a timeout: the module runs in a worker thread, so that the timeout holds;
+    # its keyword arguments and its output must come through as without one.
+    parallel = dpkit.DataParallel(Scaled(), device_ids=lanes(1), timeout=5)
+    assert parallel(torch.ones(4, 1), scale=3.0).tolist() == [[3.0]] * 4
+    functional = dpkit.data_parallel(
+        Scaled(), torch.ones(4, 1), device_ids=lanes(1), module_kwargs={"scale": 2.0}, timeout=5
+    )
+    assert functional.tolist() == [[2.0]] * 4
+
+
+def test_data_parallel_refuses_a_bad_timeout_before_any_work():
+    # the empty batch would be scatter's error; the timeout is checked first, as DataParallel's
+    with pytest.raises(ValueError, match=r"^timeout must be a positive, finite number"):
+        dpkit.data_parallel(nn.Linear(2, 2), torch.empty(0, 2), device_ids=lanes(2), timeout=0)
 
 
 def test_replicas_that_finish_in_time_return_their_outputs(release):

@@ -411,12 +411,16 @@ def test_keyword_inputs_are_split_by_the_same_chunk_sizes_as_positional_ones():
     args, kwargs = dpkit.scatter_kwargs((x,), {"mask": mask}, lanes(4), chunk_sizes="balanced")
     assert [a[0].shape[0] for a in args] == [k["mask"].shape[0] for k in kwargs] == [3, 3, 2, 2]
 
+    rows_seen = []
+
     class Masked(nn.Module):
         def forward(self, x, mask):
+            rows_seen.append((dpkit.current_device().index, x.shape[0], mask.shape[0]))
             return x * mask
 
     parallel = dpkit.DataParallel(Masked(), device_ids=lanes(4), chunk_sizes="balanced")
     assert torch.equal(parallel(x, mask=mask), x * mask)
+    assert sorted(rows_seen) == [(0, 3, 3), (1, 3, 3), (2, 2, 2), (3, 2, 2)]  # not 3, 3, 3, 1
 
 
 def test_scatter_kwargs_pads_keyword_chunks_only_when_fewer_than_positional_arguments():
