@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import dpkit
 import dpkit.cost as cost
 from dpkit.cost.models import course_model, sample_input
 
@@ -162,3 +163,15 @@ def test_a_model_whose_cold_steps_stay_in_cache_fits_no_cold_extras():
         }
 
     assert _fit_extras(base, [(model, sample)], steps(1), steps(64), 64).cold_extras == {}
+
+
+def test_a_calibration_batch_stays_where_its_sample_is():
+    # Under the placement check (CPU lanes apart from host memory, as on a GPU) a batch made
+    # from a sample on lane 0 must be on lane 0, or calibrate's own passes mix the two.
+    from dpkit.cost.profile import rows_like
+    from dpkit.placement_check import checking_placement
+
+    with checking_placement():
+        lane = dpkit.virtual_devices(2)[0]
+        sample = torch.randn(1, 5).to(lane.torch_device)
+        assert dpkit.device_of(rows_like(sample, 4)) == dpkit.device_of(sample) == lane

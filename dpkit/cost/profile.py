@@ -167,7 +167,7 @@ def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
     """
     first = sample[:1].reshape(-1)
     size = first.numel()
-    batch = torch.empty((rows, size), dtype=sample.dtype, device=sample.device)
+    batch = first.new_empty((rows, size))  # made from the sample: on its device, or lane
     # a fixed stride through the row: deterministic, and no two of the first `size` alike
     for row in range(rows):
         shift = (row * 7919) % size if size else 0
