@@ -67,6 +67,7 @@ def test_three_lanes_or_more_fit_the_copy_phases_per_call_and_per_device():
     assert set(hardware.phase_extras) == {"replicate", "reduce"}
     assert all(0 <= seconds < 5e-3 for pair in hardware.phase_extras.values() for seconds in pair)
     assert hardware.cold_extras == {}
+    assert 0 < hardware.one_device_overhead < 5e-3  # a step on one lane: its own overhead
 
 
 def test_two_lanes_cannot_fit_them_and_keep_the_events_overheads(measured):
@@ -175,3 +176,17 @@ def test_a_calibration_batch_stays_where_its_sample_is():
         lane = dpkit.virtual_devices(2)[0]
         sample = torch.randn(1, 5).to(lane.torch_device)
         assert dpkit.device_of(rows_like(sample, 4)) == dpkit.device_of(sample) == lane
+
+
+def test_one_lane_steps_fit_the_overhead_that_made_them():
+    from dpkit.cost.calibrate import _fit_one_device
+
+    base = cost.presets()["this-machine"]
+    truth = dataclasses.replace(base, one_device_overhead=0.2e-3)
+    models = [(course_model(name), sample_input()) for name in ("mlp", "cnn")]
+    steps = {
+        (number, 1): {"step": cost.predict(module, sample, 1, 1, truth).step_time}
+        for number, (module, sample) in enumerate(models)
+    }
+    fitted = _fit_one_device(base, models, steps)
+    assert fitted.one_device_overhead == pytest.approx(0.2e-3)

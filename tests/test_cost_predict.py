@@ -297,3 +297,14 @@ def test_phase_extras_and_cold_extras_add_to_their_phase_alone():
 def test_malformed_extras_are_refused(name):
     with pytest.raises(ValueError, match=rf"{name}\['reduce'\].*per call, per device"):
         dataclasses.replace(cost.presets()["this-machine"], **{name: {"reduce": (-1e-6, 0.0)}})
+
+
+def test_one_device_steps_pay_their_own_overhead_and_several_devices_theirs():
+    base = cost.presets()["this-machine"]
+    lighter = dataclasses.replace(base, one_device_overhead=base.step_overhead - 200e-6)
+    model, sample = course_model("mlp"), sample_input()
+    # hand-computed: the whole per-step overhead is paid once a step, in three parts
+    one = cost.predict(model, sample, 16, 1, lighter).step_time
+    assert one == pytest.approx(cost.predict(model, sample, 16, 1, base).step_time - 200e-6)
+    four = cost.predict(model, sample, 16, 4, lighter).step_time
+    assert four == pytest.approx(cost.predict(model, sample, 16, 4, base).step_time)

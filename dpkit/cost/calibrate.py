@@ -27,7 +27,9 @@ What is measured, in order:
 7. phases in steps: each phase of the same models' steps on two device counts, at a row per
    lane (warm) and at 64 rows per lane (cold, some 16 MB touched a step), against what the
    model so far predicts for them: ``phase_extras`` and ``cold_extras`` (see
-   :class:`~dpkit.cost.Hardware`), the part of a phase the model's own terms miss.
+   :class:`~dpkit.cost.Hardware`), the part of a phase the model's own terms miss; and
+   steps on one lane, whose overhead per step (``one_device_overhead``) is DataParallel's
+   without its phases.
 
 Every timing is the fastest of its repeats (see :func:`_fastest`).
 """
@@ -491,7 +493,8 @@ def _phase_times(
     rows: int,
     repeats: int,
 ) -> dict[tuple[int, int], dict[str, float]]:
-    """Each phase's time (first start to last end, as ``Trace.summary`` gives it) in traced
+    """Each phase's time (first start to last end, as ``Trace.summary`` gives it), and the
+    step's (``"step"``: forward, loss and backward, by the wall clock) in traced
     DataParallel training steps of each model on the first ``n`` lanes for each ``n`` of
     ``counts``, ``rows`` rows per lane: the fastest after a warm-up step, keyed by (model's
     index, n). Each configuration's steps run in a row, as in :func:`_measure_steps`."""
@@ -510,8 +513,11 @@ def _phase_times(
         for attempt in range(repeats + 1):  # in a row, as in a training loop
             module.zero_grad(set_to_none=True)
             with dpkit.trace() as recorded:
+                start = time.perf_counter()
                 cross_entropy(parallel(inputs), labels).backward()
+                wall = time.perf_counter() - start
             if attempt:  # the first step warms up
+                found[key]["step"].append(wall)
                 for row in recorded.summary():
                     found[key][row["phase"]].append(row["time_s"])
     return {key: {phase: min(times) for phase, times in by_phase.items()}
@@ -578,6 +584,24 @@ def _fit_extras(
         if at:
             colds[phase] = _line_in_devices(at)
     return dataclasses.replace(hardware, cold_extras=colds)
+
+
+def _fit_one_device(
+    hardware: Hardware,
+    models: Sequence[tuple[nn.Module, torch.Tensor]],
+    steps: dict[tuple[int, int], dict[str, float]],
+) -> Hardware:
+    """``hardware`` with ``one_device_overhead``: ``step_overhead`` plus what steps on one
+    lane (a row each, ``steps`` keyed by (model's index, 1)) took beyond their prediction,
+    the median over models."""
+    from dpkit.cost.predict import predict
+
+    rest = [
+        times["step"] - predict(models[number][0], models[number][1], 1, 1, hardware).step_time
+        for (number, _), times in steps.items()
+    ]
+    overhead = max(hardware.step_overhead + statistics.median(rest), 1e-6)
+    return dataclasses.replace(hardware, one_device_overhead=overhead)
 
 
 def _measure_cores(device: torch.device, lanes: int, repeats: int) -> float:
@@ -671,6 +695,7 @@ def calibrate(
         warm_times = _phase_times(chosen, lanes, counts, 1, repeats)
         cold_rows = COLD_ROWS
         cold_times = _phase_times(chosen, lanes, counts, cold_rows, repeats)
+        one_lane = _phase_times(chosen, lanes, [1], 1, repeats)
         advance("replicas and steps")
     default = this_machine_default()
     kind = "virtual GPU lanes" if gpu else "virtual CPU lanes"
@@ -710,4 +735,5 @@ def calibrate(
         phase_overheads=phase_overheads,
         gil_contention_by_model=by_model,
     )
-    return _fit_extras(measured, chosen, warm_times, cold_times, cold_rows)
+    fitted = _fit_extras(measured, chosen, warm_times, cold_times, cold_rows)
+    return _fit_one_device(fitted, chosen, one_lane)

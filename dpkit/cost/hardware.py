@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -135,6 +135,10 @@ class Hardware:
       at batch 16 and 171 us at batch 4096. Fitted by calibrate from steps at two batch
       sizes; empty in the presets (a GPU's phases are its copies, not the host's caches).
     - ``warm_bytes``: the working set below which a step's data stays in the caches.
+    - ``one_device_overhead``: ``step_overhead`` for a step on one device, where DataParallel
+      calls the module itself (None: the same as on several). Calibrate fits it from steps
+      on one lane: there the course's models each took 0.25-0.5 ms less per step than the
+      overhead measured in steps on several lanes predicted.
 
     ``device_name`` names one device in figures ("A100", "CPU lane"); ``source`` says where
     the numbers come from (spec sheets and published measurements, or a calibration run).
@@ -175,6 +179,14 @@ class Hardware:
     phase_extras: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     cold_extras: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     warm_bytes: float = float(1 << 20)
+    one_device_overhead: float | None = None
+
+    def on_one_device(self) -> Hardware:
+        """This hardware as a step on one device sees it: ``step_overhead`` replaced by
+        ``one_device_overhead`` where that is known."""
+        if self.one_device_overhead is None:
+            return self
+        return replace(self, step_overhead=self.one_device_overhead)
 
     def __post_init__(self) -> None:
         for spec in fields(self):

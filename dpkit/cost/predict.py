@@ -534,6 +534,8 @@ def predict(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     count = _count(devices)
+    if count == 1:  # DataParallel calls the module itself: its own per-step overhead
+        hardware = hardware.on_one_device()
     cost = profile(model, sample_input)
     rate = hardware.flops_per_second(cost.dtype)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
