@@ -180,3 +180,18 @@ def test_pipeline_explorer_measures_up_to_the_cores_and_predicts_beyond(monkeypa
     explorer.controls["stages"].value = 3
     assert "predicted" in explorer.marker.value
     assert "predicted" in explorer.last_figure.axes[0].get_title()
+
+
+def test_one_step_of_a_trace_keeps_its_times_since_the_same_origin():
+    parallel = dpkit.DataParallel(torch.nn.Linear(3, 2), device_ids=dpkit.virtual_devices(2))
+    with dpkit.trace() as recorded:
+        for _ in range(3):
+            parallel(torch.randn(4, 3)).sum().backward()
+
+    def times(trace: Trace) -> list[tuple]:
+        rows = trace.rows()  # a DataFrame where pandas is installed, else dicts
+        rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+        return [(r["step"], r["phase"], r["start_s"], r["end_s"]) for r in rows]
+
+    second = [row for row in times(recorded) if row[0] == 2]
+    assert times(beyond.step_of(recorded, 2)) == second and second

@@ -184,6 +184,7 @@ def step_of(trace: Trace, step: int) -> Trace:
     """A Trace of ``trace``'s events and memory in ``step`` (its last step if it has fewer)."""
     step = min(step, max(e.step for e in trace.events))
     kept = Trace()
+    kept.origin = trace.origin  # times since the same moment as the whole trace's
     kept._events = [e for e in trace.events if e.step == step]  # filled, not recorded
     kept._memory = [
         (m.device, m.category, m.nbytes, m.step, m.kind) for m in trace.memory if m.step == step
