@@ -1046,6 +1046,21 @@ def test_to_device_keeps_a_namedtuples_type_and_refuses_other_lanes_word_for_wor
         dpkit.to_device(torch.ones(1), "nowhere")
 
 
+def test_to_device_under_the_placement_check_keeps_the_host_and_refuses_a_bad_name():
+    # Only the checked lanes' pretend device means lane 0; the host is the host, and a name
+    # torch cannot parse gets as_device's error, not lane 0.
+    from dpkit.devices import HOST_DEVICE
+    from dpkit.placement_check import checking_placement
+
+    with checking_placement():
+        home = dpkit.to_device(torch.ones(2), dpkit.virtual_devices(2)[0].torch_device)
+        assert dpkit.device_of(home) == dpkit.virtual_devices(2)[0]
+        kept = dpkit.to_device(torch.ones(2), HOST_DEVICE)
+        assert dpkit.device_of(kept) == HOST_DEVICE
+        with pytest.raises(ValueError, match=r"^device='gpu:x' is not a device name"):
+            dpkit.to_device(torch.ones(1), "gpu:x")
+
+
 # --------------------------------------------------------------------------------------
 # tracing: exports, on events and records written out by hand
 
@@ -1162,6 +1177,24 @@ def test_the_hardware_label_joins_the_kinds_and_keeps_unknown_ones():
         "predicted devices (cost model) + tpu + virtual devices on the CPU"
     )
     assert export.hardware_label(events[-1:]) == "host CPU"
+
+
+def test_a_step_spans_its_earliest_start_whatever_order_its_events_come_in():
+    # Events come in the order they finished: a step's first event need not start first.
+    totals = export.PhaseTotals()
+    totals.add_rows([(1, "gather", 0.5, 1.0, 0), (1, "scatter", 0.0, 0.25, 8)])
+    share = {row["phase"]: row["share"] for row in totals.summary()}
+    assert share == pytest.approx({"gather": 0.5, "scatter": 0.25})  # of the step's 1.0 s
+
+
+def test_a_step_whose_events_come_in_two_batches_is_counted_once():
+    # A bounded trace drops stored events in batches; a step's late events may come later.
+    totals = export.PhaseTotals()
+    totals.add_rows([(1, "scatter", 0.0, 0.2, 8)])
+    totals.add_rows([(1, "gather", 0.5, 1.0, 4), (2, "scatter", 1.0, 1.2, 8)])
+    assert totals.steps == 2
+    per_step = {row["phase"]: (row["time_s"], row["nbytes"]) for row in totals.summary()}
+    assert per_step == {"scatter": pytest.approx((0.2, 8)), "gather": pytest.approx((0.25, 2))}
 
 
 # --------------------------------------------------------------------------------------
