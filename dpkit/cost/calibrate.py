@@ -320,20 +320,29 @@ def _beside_bytes(events: Sequence[Any], phase: str, link: Link) -> float:
     return span - sum(link.time(e.nbytes) for e in chosen if e.nbytes)
 
 
+def _line_in_devices(points: dict[int, float]) -> tuple[float, float]:
+    """``(per call, per device)`` through a value at each device count (least squares past
+    two), clipped at zero where noise tilts it below; one count gives a per-call value."""
+    line = _fit_line(list(points.items()))
+    per_device = max(line[1], 0.0) if line is not None else 0.0
+    fewest = min(points)
+    return max(points[fewest] - fewest * per_device, 0.0), per_device
+
+
 def _fit_phases(
     few: dict[str, list[float]], many: dict[str, list[float]], lanes: tuple[int, int]
 ) -> dict[str, tuple[float, float]]:
     """(per call, per device) for each fitted phase, from its time beside the bytes on two
     device counts (the median over models of each count's fastest step): the line through
     the two points, clipped at zero where noise tilts it below."""
-    fitted = {}
     small, large = lanes
-    for phase in FITTED_PHASES:
-        if few.get(phase) and many.get(phase):
-            at_small, at_large = statistics.median(few[phase]), statistics.median(many[phase])
-            per_device = max((at_large - at_small) / (large - small), 0.0)
-            fitted[phase] = (max(at_small - small * per_device, 0.0), per_device)
-    return fitted
+    return {
+        phase: _line_in_devices(
+            {small: statistics.median(few[phase]), large: statistics.median(many[phase])}
+        )
+        for phase in FITTED_PHASES
+        if few.get(phase) and many.get(phase)
+    }
 
 
 def _walk(events: Sequence[Any]) -> float:
@@ -351,6 +360,37 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | No
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(y for _, y in points)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in xs)
     return mean_y - slope * mean_x, slope
+
+
+def _training_run(
+    module: nn.Module, sample: torch.Tensor, lanes: Sequence[Device], rows: int
+) -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
+    """A copy of ``module`` on ``lanes[0]``, DataParallel over ``lanes``, and a batch of
+    ``rows`` rows like ``sample`` with labels: one configuration of calibration's steps."""
+    home = lanes[0].torch_device
+    module = copy.deepcopy(module).to(home)
+    labels = torch.zeros(rows, dtype=torch.long, device=home)
+    return (
+        module,
+        dpkit.DataParallel(module, device_ids=list(lanes)),
+        rows_like(sample, rows).to(home),
+        labels,
+    )
+
+
+def _traced_step(
+    module: nn.Module, parallel: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
+) -> tuple[Any, float, float]:
+    """One training step from zeroed gradients, traced: the trace, and when the forward
+    started and the backward ended (``time.perf_counter``)."""
+    from torch.nn.functional import cross_entropy
+
+    module.zero_grad(set_to_none=True)
+    with dpkit.trace() as recorded:
+        start = time.perf_counter()
+        cross_entropy(parallel(inputs), labels).backward()
+        end = time.perf_counter()
+    return recorded, start, end
 
 
 def _in_a_row(items: Sequence[Any], times: int) -> Iterator[Any]:
@@ -379,37 +419,21 @@ def _measure_steps(
     With three lanes or more, the same steps on the first two lanes as well: each of
     :data:`FITTED_PHASES` per call and per device (``Hardware.phase_overheads``), from its
     time beside the bytes on two device counts."""
-    from torch.nn.functional import cross_entropy
-
     found: dict[str, list[float]] = defaultdict(list)
-    runs = []
-    for module, sample in models:
-        module = module.to(lanes[0].torch_device)
-        parallel = dpkit.DataParallel(module, device_ids=lanes)
-        inputs = rows_like(sample, len(lanes)).to(lanes[0].torch_device)
-        labels = torch.zeros(len(lanes), dtype=torch.long, device=lanes[0].torch_device)
-        ops = len(profile(module, sample).forward)
-        runs.append((module, parallel, inputs, labels, ops, defaultdict(list)))
+    runs = [
+        (*_training_run(module, sample, lanes, len(lanes)),
+         len(profile(module, sample).forward), defaultdict(list))
+        for module, sample in models
+    ]  # fmt: skip
     # The same models on two lanes, for the phases' per-call costs (their own copies: a
     # module is replicated from the lane it is on).
-    pairs = []
-    if len(lanes) >= 3:
-        for module, sample in models:
-            module = copy.deepcopy(module).to(lanes[0].torch_device)
-            parallel = dpkit.DataParallel(module, device_ids=lanes[:2])
-            inputs = rows_like(sample, 2).to(lanes[0].torch_device)
-            labels = torch.zeros(2, dtype=torch.long, device=lanes[0].torch_device)
-            pairs.append((module, parallel, inputs, labels))
+    pairs = [_training_run(m, s, lanes[:2], 2) for m, s in models] if len(lanes) >= 3 else []
     beside: dict[int, dict[str, list[float]]] = {n: defaultdict(list) for n in (2, len(lanes))}
     pair_steps: list[dict[str, list[float]]] = [defaultdict(list) for _ in pairs]
     # Each model's steps in a row, as in a training loop (the benchmark measures such
     # steps); what a large working set leaves for the next step is the cold extras' part.
     for module, parallel, inputs, labels, ops, steps in _in_a_row(runs, repeats + 1):
-        module.zero_grad(set_to_none=True)
-        with dpkit.trace() as recorded:
-            start = time.perf_counter()
-            cross_entropy(parallel(inputs), labels).backward()
-            end = time.perf_counter()
+        recorded, start, end = _traced_step(module, parallel, inputs, labels)
         events = recorded.events
         spans: dict[str, tuple[float, float]] = {}
         for e in events:
@@ -435,12 +459,8 @@ def _measure_steps(
         steps["copy_overhead"].append(_per_tensor_copy(events, link, event))
         for phase in FITTED_PHASES:
             steps["beside " + phase].append(_beside_bytes(events, phase, link))
-    for (pair_module, pair_parallel, pair_inputs, pair_labels), found_here in _in_a_row(
-        list(zip(pairs, pair_steps)), repeats + 1
-    ):
-        pair_module.zero_grad(set_to_none=True)
-        with dpkit.trace() as recorded:
-            cross_entropy(pair_parallel(pair_inputs), pair_labels).backward()
+    for pair, found_here in _in_a_row(list(zip(pairs, pair_steps)), repeats + 1):
+        recorded, _, _ = _traced_step(*pair)
         for phase in FITTED_PHASES:
             found_here[phase].append(_beside_bytes(recorded.events, phase, link))
         found_here["walk"].append(_walk(recorded.events))
@@ -498,43 +518,21 @@ def _phase_times(
     DataParallel training steps of each model on the first ``n`` lanes for each ``n`` of
     ``counts``, ``rows`` rows per lane: the fastest after a warm-up step, keyed by (model's
     index, n). Each configuration's steps run in a row, as in :func:`_measure_steps`."""
-    from torch.nn.functional import cross_entropy
-
-    runs = []
-    for number, (module, sample) in enumerate(models):
-        for n in counts:
-            module_here = copy.deepcopy(module).to(lanes[0].torch_device)
-            parallel = dpkit.DataParallel(module_here, device_ids=lanes[:n])
-            inputs = rows_like(sample, rows * n).to(lanes[0].torch_device)
-            labels = torch.zeros(rows * n, dtype=torch.long, device=lanes[0].torch_device)
-            runs.append(((number, n), module_here, parallel, inputs, labels))
+    runs = [
+        ((number, n), _training_run(module, sample, lanes[:n], rows * n))
+        for number, (module, sample) in enumerate(models)
+        for n in counts
+    ]
     found: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for key, module, parallel, inputs, labels in runs:
+    for key, run in runs:
         for attempt in range(repeats + 1):  # in a row, as in a training loop
-            module.zero_grad(set_to_none=True)
-            with dpkit.trace() as recorded:
-                start = time.perf_counter()
-                cross_entropy(parallel(inputs), labels).backward()
-                wall = time.perf_counter() - start
+            recorded, start, end = _traced_step(*run)
             if attempt:  # the first step warms up
-                found[key]["step"].append(wall)
+                found[key]["step"].append(end - start)
                 for row in recorded.summary():
                     found[key][row["phase"]].append(row["time_s"])
     return {key: {phase: min(times) for phase, times in by_phase.items()}
             for key, by_phase in found.items()}  # fmt: skip
-
-
-def _line_in_devices(points: dict[int, float]) -> tuple[float, float]:
-    """``(per call, per device)`` through a value at each device count, clipped at zero
-    where noise tilts it below (as :func:`_fit_phases`); one count gives a per-call value."""
-    if len(points) < 2:
-        return max(statistics.median(points.values()), 0.0), 0.0
-    line = _fit_line(list(points.items()))
-    assert line is not None
-    fixed, slope = line
-    per_device = max(slope, 0.0)
-    at_fewest = points[min(points)]
-    return max(at_fewest - min(points) * per_device, 0.0), per_device
 
 
 def _fit_extras(
@@ -693,8 +691,7 @@ def calibrate(
         in_steps, phase_overheads = _measure_steps(chosen, lanes, repeats, thread_start, link)
         counts = sorted({2, len(lanes)})
         warm_times = _phase_times(chosen, lanes, counts, 1, repeats)
-        cold_rows = COLD_ROWS
-        cold_times = _phase_times(chosen, lanes, counts, cold_rows, repeats)
+        cold_times = _phase_times(chosen, lanes, counts, COLD_ROWS, repeats)
         one_lane = _phase_times(chosen, lanes, [1], 1, repeats)
         advance("replicas and steps")
     default = this_machine_default()
@@ -735,5 +732,5 @@ def calibrate(
         phase_overheads=phase_overheads,
         gil_contention_by_model=by_model,
     )
-    fitted = _fit_extras(measured, chosen, warm_times, cold_times, cold_rows)
+    fitted = _fit_extras(measured, chosen, warm_times, cold_times, COLD_ROWS)
     return _fit_one_device(fitted, chosen, one_lane)
