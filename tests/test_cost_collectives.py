@@ -6,27 +6,35 @@ import pytest
 
 import dpkit.cost as cost
 from dpkit.cost import Link
+from dpkit.cost.collectives import COALESCE_BYTES, allreduce_link, messages
 
 
 def test_a_transfer_is_latency_plus_bytes_over_bandwidth():
     assert cost.transfer(1000, Link(bandwidth=100, latency=2)) == pytest.approx(12)
 
 
-def test_dataparallel_copies_through_device0_add_up_when_funnelled():
+def test_virtual_lane_copies_through_device0_add_up():
     link = Link(bandwidth=100, latency=1)
     sizes = [500, 100, 200, 300]  # device 0's own share moves nothing
     assert cost.through_device0(sizes, link) == pytest.approx((1 + 1) + (1 + 2) + (1 + 3))
-    assert cost.through_device0(sizes, link, funnel=False) == pytest.approx(1 + 3)
     assert cost.through_device0([500], link) == 0
-    assert cost.broadcast_through_device0(100, 4, link) == pytest.approx(3 * (1 + 1))
 
 
-def test_reduce_through_device0_copies_then_adds_on_device0():
-    # 2 copies of 100 bytes (2 s each), then 2 additions reading 200 and writing 100 bytes
-    # at 300 bytes/s (1 s each)
-    assert cost.reduce_through_device0(100, 3, Link(100, 1), memory_bandwidth=300) == (
-        pytest.approx(2 * 2 + 2 * 1)
-    )
+def test_nccl_broadcast_and_reduce_take_about_one_model_over_the_bus_bandwidth():
+    link = Link(bandwidth=100e9, latency=2e-6)
+    # 1 GB at 100 GB/s = 10 ms, whatever n; each of 3 calls pays 7 ring steps of 2 us
+    assert cost.broadcast(1e9, 8, link, calls=3) == pytest.approx(0.010 + 3 * 7 * 2e-6)
+    assert cost.reduce(1e9, 8, link, calls=3) == cost.broadcast(1e9, 8, link, calls=3)
+    assert cost.broadcast(1e9, 1, link) == 0
+
+
+def test_coalesced_calls_pack_tensors_into_10_mib_buffers_as_torch_does():
+    mib = 1 << 20
+    assert COALESCE_BYTES == 10 * mib  # torch.nn.parallel.comm's buffer_size
+    assert messages([4 * mib, 4 * mib, 4 * mib]) == 2  # 8 MiB, then 4 MiB
+    assert messages([4 * mib, 6 * mib]) == 1  # exactly 10 MiB fits
+    assert messages([30 * mib, 1, 1]) == 2  # a large tensor alone, then the small ones
+    assert messages([]) == 0
 
 
 def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_data_per_device():
@@ -38,31 +46,31 @@ def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_data_per_device():
     assert cost.ring_bytes_sent(1000, 1) == 0
     # nccl-tests' bus bandwidth of a pure-bandwidth ring is the link's bandwidth, for any n
     for n in (2, 4, 8):
-        seconds = cost.ring_allreduce(1e9, n, Link(50e9, 0.0))
+        seconds = cost.ring_allreduce(1e9, n, Link(50e9, 1e-15))
         assert cost.bus_bandwidth(1e9, seconds, n) == pytest.approx(50e9)
 
 
-def test_hierarchical_allreduce_inside_nodes_then_across():
-    intra, inter = Link(100e9, 0.0), Link(10e9, 0.0)
-    # reduce-scatter and all-gather inside a node: 2 * 7/8 * 8 GB / 100 GB/s = 0.14 s;
-    # across 2 nodes, each device's 1 GB shard: 2 * 1/2 * 1 GB / 10 GB/s = 0.1 s
-    assert cost.hierarchical_allreduce(8e9, 8, 2, intra, inter) == pytest.approx(0.24)
-    with_latency = cost.hierarchical_allreduce(8e9, 8, 2, Link(100e9, 1e-6), Link(10e9, 1e-5))
-    assert with_latency == pytest.approx(0.24 + 2 * 7 * 1e-6 + 2 * 1 * 1e-5)
-
-
-def test_allreduce_picks_the_ring_inside_a_node_and_the_hierarchy_across():
+def test_allreduce_across_nodes_runs_at_the_node_ports_together():
     ib = cost.preset("2x8xA100-IB-HDR")
     assert cost.allreduce(1e8, 8, ib) == cost.ring_allreduce(1e8, 8, ib.device_to_device)
-    # 8 HDR ports per node: each device has a port of its own
-    share = ib.network_share()
-    assert share.bandwidth == ib.node_to_node.bandwidth
-    expected = cost.hierarchical_allreduce(1e8, 8, 2, ib.device_to_device, share)
-    assert cost.allreduce(1e8, 16, ib) == pytest.approx(expected)
-    # one 10 GbE port per node: eight devices share it
+    # 8 HDR ports of 24 GB/s (200 Gb/s, 96 % reached) = 192 GB/s per node, under NVSwitch's 230
+    across = allreduce_link(ib, 16)
+    assert across.bandwidth == pytest.approx(8 * 24e9)
+    assert across.latency == ib.node_to_node.latency  # every ring step waits for the network
     eth = cost.preset("2x8xA100-10GbE")
-    assert eth.network_share().bandwidth == pytest.approx(eth.node_to_node.bandwidth / 8)
-    assert cost.allreduce(1e8, 16, eth) > 10 * cost.allreduce(1e8, 16, ib)
+    assert allreduce_link(eth, 16).bandwidth == pytest.approx(1.25e9 * 0.5)  # one 10 GbE port
+    assert cost.allreduce(1e8, 16, eth) > 100 * cost.allreduce(1e8, 16, ib)
+
+
+def test_h100_all_reduces_with_nvlink_sharp_inside_a_node_and_its_ring_elsewhere():
+    h100 = cost.preset("8xH100-SXM-NVLink")
+    seconds = cost.allreduce(8 << 30, 8, h100)
+    busbw = cost.bus_bandwidth(8 << 30, seconds, 8)
+    assert busbw == pytest.approx(480e9, rel=0.01)  # nccl-tests#212: NVLS ~480 GB/s
+    # broadcast and reduce (DataParallel's) run the ring: 370 GB/s
+    assert cost.broadcast(8 << 30, 8, h100.device_link()) == pytest.approx(
+        (8 << 30) / 370e9, rel=0.01
+    )
 
 
 def test_devices_without_peer_to_peer_copy_through_host_memory():

@@ -3,9 +3,7 @@ and figure working on a predicted trace and saying "predicted", DDP's buckets, s
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import re
 import statistics
 import time
@@ -71,8 +69,11 @@ def test_predicted_dp_events_and_bytes_equal_a_measured_trace(name, devices, bat
     for phase in ("scatter", "replicate", "gather", "grad_scatter", "reduce"):
         total = sum(e.nbytes for e in predicted.events if e.phase == phase)
         assert total == sum(e.nbytes for e in measured.events if e.phase == phase), phase
-    # and the same memory records: parameters, input, activations, outputs, gathered
-    assert held(predicted) == held(measured)
+    # and the same memory records where the trace records them: parameters, input,
+    # activations, outputs, gathered (gradients and optimizer state: test_cost_model.py)
+    recorded = {category for _, category, _ in held(measured)}
+    assert recorded <= set(dpkit.tracing.MEMORY_CATEGORIES)
+    assert Counter(r for r in held(predicted).elements() if r[1] in recorded) == held(measured)
 
 
 def test_predicted_bytes_follow_chunks_and_parameters():
@@ -156,24 +157,15 @@ def test_ddp_buckets_match_torch():
     assert cost.ddp_buckets(sizes) == [[len(sizes) - 1 - i for i in b] for b in expected]
 
 
-def test_more_devices_than_a_node_span_nodes_and_slow_dp_down():
+def test_dataparallel_stays_on_one_node_and_ddp_spans_nodes():
     model, x = course_model("mlp"), sample_input()
-    one_node = cost.predict(model, x, 4096, 8, "2x8xA100-10GbE")
-    two_nodes = cost.predict(model, x, 4096, 16, "2x8xA100-10GbE")
-    names = {e.device for e in two_nodes.events}
-    assert "predicted:8 (A100, node 1)" in names
-    assert two_nodes.step_time > one_node.step_time  # DP through device 0 over 10 GbE
-    # the copy to device 8 crosses the network: at least 10 GbE's time for its bytes
-    eth = cost.preset("2x8xA100-10GbE")
-    to_node1 = next(e for e in two_nodes.events if e.phase == "scatter" and "node 1" in e.device)
-    assert to_node1.duration >= eth.node_to_node.time(to_node1.nbytes)
-    to_node0 = next(e for e in two_nodes.events if e.phase == "scatter" and e.nbytes)
-    assert to_node0.duration < eth.node_to_node.time(to_node0.nbytes) / 10  # NVLink inside
-    over_ib = cost.predict(model, x, 4096, 16, "2x8xA100-IB-HDR")
-    assert two_nodes.step_time > 2 * over_ib.step_time
+    with pytest.raises(ValueError, match="one process.*strategy='ddp'.*torchrun"):
+        cost.predict(model, x, 4096, 16, "2x8xA100-10GbE")  # DataParallel cannot span nodes
+    two_nodes = cost.predict(model, x, 4096, 16, "2x8xA100-10GbE", strategy="ddp")
+    assert "predicted:8 (A100, node 1)" in {e.device for e in two_nodes.events}
     ddp_ib = cost.predict(model, x, 4096, 16, "2x8xA100-IB-HDR", strategy="ddp")
-    ddp_eth = cost.predict(model, x, 4096, 16, "2x8xA100-10GbE", strategy="ddp")
-    assert ddp_ib.step_time < ddp_eth.step_time < two_nodes.step_time
+    one_node = cost.predict(model, x, 4096, 8, "2x8xA100-10GbE", strategy="ddp")
+    assert one_node.step_time < ddp_ib.step_time < two_nodes.step_time
 
 
 def test_one_device_runs_the_module_itself():
@@ -224,87 +216,3 @@ def test_bad_arguments_are_named(kwargs, words):
     arguments = {"batch_size": 32, "devices": 2, "hardware": "T4-PCIe3", **kwargs}
     with pytest.raises(ValueError, match=words):
         cost.predict(course_model("mlp"), sample_input(), **arguments)
-
-
-def test_fitted_phase_overheads_replace_the_events_overheads():
-    base = cost.presets()["this-machine"]
-    per_call, per_device = 30e-6, 5e-6
-    fitted = dataclasses.replace(base, phase_overheads={"scatter": (per_call, per_device)})
-    model, sample = course_model("mlp"), sample_input()
-    for devices in (2, 4):
-        predicted = cost.predict(model, sample, 64, devices, fitted)
-        scatter = {row["phase"]: row["time_s"] for row in predicted.summary()}["scatter"]
-        chunk = 64 // devices * sample[0].numel() * 4  # float32 rows of one chunk
-        link = base.device_link()
-        # hand-computed: one call, one overhead per device, the link's time per copy
-        expected = per_call + devices * per_device + (devices - 1) * link.time(chunk)
-        assert scatter == pytest.approx(expected, rel=1e-9)
-        unfitted = cost.predict(model, sample, 64, devices, base)
-        gather = {row["phase"]: row["time_s"] for row in predicted.summary()}["gather"]
-        assert gather == pytest.approx(
-            {row["phase"]: row["time_s"] for row in unfitted.summary()}["gather"]
-        )  # a phase without a fit keeps the events' overheads
-
-
-@pytest.mark.parametrize("pair", [(1e-6,), (-1e-6, 1e-6), (float("nan"), 0.0)])
-def test_malformed_phase_overheads_are_refused(pair):
-    with pytest.raises(ValueError, match="phase_overheads.*per call, per device"):
-        dataclasses.replace(cost.presets()["this-machine"], phase_overheads={"scatter": pair})
-
-
-def test_a_models_own_gil_contention_is_used_for_it_alone():
-    base = cost.presets()["this-machine"]
-    mlp, cnn, sample = course_model("mlp"), course_model("cnn"), sample_input()
-    key = cost.profile(mlp, sample).key
-    assert key != cost.profile(cnn, sample).key  # another architecture, another key
-    slower = dataclasses.replace(base, gil_contention_by_model={key: 100 * base.gil_contention})
-
-    def apply_time(model, hardware):
-        rows = cost.predict(model, sample, 64, 4, hardware).summary()
-        return {row["phase"]: row["time_s"] for row in rows}["apply"]
-
-    assert apply_time(mlp, slower) > apply_time(mlp, base)
-    assert apply_time(cnn, slower) == pytest.approx(apply_time(cnn, base))
-
-
-def _phase(trace, phase: str) -> float:
-    return {row["phase"]: row["time_s"] for row in trace.summary()}[phase]
-
-
-def test_phase_extras_and_cold_extras_add_to_their_phase_alone():
-    base = cost.presets()["this-machine"]
-    model, sample = course_model("cnn"), sample_input()
-    profile = cost.profile(model, sample)
-    extras = dataclasses.replace(
-        base,
-        phase_extras={"reduce": (40e-6, 7e-6)},
-        cold_extras={"reduce": (3e-6, 2e-6)},
-        warm_bytes=float(1 << 20),
-    )
-    for batch, devices in ((4, 2), (256, 4)):
-        working_set = profile.input_bytes(batch) + profile.activation_bytes(batch)
-        # hand-computed: per call and per device, warm always, cold per doubling past 1 MiB
-        doublings = max(0.0, math.log2(working_set / (1 << 20)))
-        added = 40e-6 + 7e-6 * devices + (3e-6 + 2e-6 * devices) * doublings
-        with_extras = cost.predict(model, sample, batch, devices, extras)
-        without = cost.predict(model, sample, batch, devices, base)
-        assert _phase(with_extras, "reduce") == pytest.approx(_phase(without, "reduce") + added)
-        assert _phase(with_extras, "gather") == pytest.approx(_phase(without, "gather"))
-    assert doublings > 3  # the CNN at batch 256 touches some 17 MB
-
-
-@pytest.mark.parametrize("name", ["phase_extras", "cold_extras"])
-def test_malformed_extras_are_refused(name):
-    with pytest.raises(ValueError, match=rf"{name}\['reduce'\].*per call, per device"):
-        dataclasses.replace(cost.presets()["this-machine"], **{name: {"reduce": (-1e-6, 0.0)}})
-
-
-def test_one_device_steps_pay_their_own_overhead_and_several_devices_theirs():
-    base = cost.presets()["this-machine"]
-    lighter = dataclasses.replace(base, one_device_overhead=base.step_overhead - 200e-6)
-    model, sample = course_model("mlp"), sample_input()
-    # hand-computed: the whole per-step overhead is paid once a step, in three parts
-    one = cost.predict(model, sample, 16, 1, lighter).step_time
-    assert one == pytest.approx(cost.predict(model, sample, 16, 1, base).step_time - 200e-6)
-    four = cost.predict(model, sample, 16, 4, lighter).step_time
-    assert four == pytest.approx(cost.predict(model, sample, 16, 4, base).step_time)

@@ -16,8 +16,9 @@ a spec sheet or a published measurement (:func:`presets`, every number cited)::
 ``hardware``       :class:`Hardware` and :class:`Link`: every field documented
 ``presets``        named machines, from a T4 to two nodes of 8 A100 over 10 GbE, cited
 ``profile``        FLOPs (``FlopCounterMode``), bytes and activations of the real module
-``collectives``    the formulas: through device 0 (DataParallel), ring, hierarchical
-``compute``        one pass on one device: the roofline, or calibrated op times
+``collectives``    what torch issues: NCCL broadcast, reduce, ring all-reduce; lane copies
+``compute``        one pass on one device: the roofline per op and dtype, or measured ops
+``memory``         what each device holds: parameters to DDP's buckets
 ``predict``        the step, simulated on the host's and the devices' clocks, as a Trace
 ``calibrate``      this machine measured into a Hardware
 ``models``         the course's models by name (the demo's, a small transformer, wide-mlp)
@@ -31,10 +32,9 @@ How accurate it is, on this machine and against published measurements:
 from dpkit.cost.calibrate import calibrate
 from dpkit.cost.collectives import (
     allreduce,
-    broadcast_through_device0,
+    broadcast,
     bus_bandwidth,
-    hierarchical_allreduce,
-    reduce_through_device0,
+    reduce,
     ring_allreduce,
     ring_bytes_sent,
     through_device0,
@@ -52,16 +52,15 @@ __all__ = [
     "Profile",
     "allreduce",
     "allreduce_schedule",
-    "broadcast_through_device0",
+    "broadcast",
     "bus_bandwidth",
     "calibrate",
     "ddp_buckets",
-    "hierarchical_allreduce",
     "predict",
     "preset",
     "presets",
     "profile",
-    "reduce_through_device0",
+    "reduce",
     "ring_allreduce",
     "ring_bytes_sent",
     "through_device0",

@@ -1,31 +1,30 @@
-"""How long collectives take: the formulas, each a few lines, side by side.
+"""How long communication takes: the operation torch really issues, each a formula of a line.
 
-The surprise first: DataParallel and DistributedDataParallel move the same gradients, but
-DataParallel moves them *through device 0*: every replica's gradients travel to device 0
-(``n - 1`` copies of the whole model, one after another on device 0's link) and the new
-parameters travel back out the same way on the next forward. A ring all-reduce moves only
-``2 (n - 1) / n`` of the model through *each* device's link, all links at once, so its time
-hardly grows with ``n``. Compare :func:`reduce_through_device0` with :func:`ring_allreduce`.
+The surprise first: on GPUs, DataParallel and DDP move about the same bytes per step.
+torch's DataParallel does *not* copy the model to each GPU one after another: ``replicate``
+calls ``comm.broadcast_coalesced`` (an NCCL broadcast, pipelined down a ring, in 10 MiB
+buffers) and backward calls ``comm.reduce_add_coalesced`` (an NCCL reduce onto device 0),
+each about ``S / B``. DDP's ring all-reduce moves ``2 (n - 1) / n * S / B``. What makes
+DataParallel slower is not its bytes but *when* it moves them (every step, and the reduce
+only after the whole backward) and device 0's extra work (the gather, the loss, the
+memory). dpkit's virtual lanes are another path: there the host copies each tensor to each
+lane itself (:func:`through_device0`).
 
-Every function takes bytes and :class:`~dpkit.cost.hardware.Link` objects (bandwidth in
-bytes/s one way, latency in s per message) and returns seconds. Notation: ``S`` bytes, ``n``
-devices, ``B`` a link's bandwidth, ``alpha`` its latency.
-
-- through device 0 (DataParallel): each transfer is ``alpha + bytes / B``, one after another
-  (funnelled through device 0's link) or all at once (separate links);
-- ring all-reduce: reduce-scatter then all-gather, ``2 (n - 1)`` steps of ``S / n`` bytes:
-  ``2 (n - 1) / n * S / B + 2 (n - 1) * alpha`` (Patarasuk and Yuan, 2009; the model behind
-  nccl-tests' "bus bandwidth", ``busbw = S / t * 2 (n - 1) / n``);
-- hierarchical all-reduce across ``m`` nodes of ``k`` devices: reduce-scatter inside each node,
-  a ring all-reduce of each device's ``S / k`` shard across nodes (all ``k`` shards at once,
-  sharing the node's network ports), all-gather inside each node.
+Notation: ``S`` bytes, ``n`` devices, ``B`` a link's bandwidth (bytes/s one way), ``alpha``
+its latency per message. nccl-tests reports *bus bandwidth*, ``busbw = S / t`` for
+broadcast and reduce and ``S / t * 2 (n - 1) / n`` for all-reduce (its doc/PERFORMANCE.md),
+which is the ``B`` below: a link measured by nccl-tests goes straight in.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from dpkit.cost.hardware import Hardware, Link
+
+# torch.nn.parallel.comm's buffer_size for broadcast_coalesced and reduce_add_coalesced.
+COALESCE_BYTES = 10 * 1024 * 1024
 
 
 def transfer(nbytes: float, link: Link) -> float:
@@ -33,32 +32,39 @@ def transfer(nbytes: float, link: Link) -> float:
     return link.time(nbytes)
 
 
-def through_device0(sizes: Sequence[float], link: Link, funnel: bool = True) -> float:
-    """Copies between device 0 and each other device (``sizes[i]`` bytes for device i; entry
-    0, device 0's own share, moves nothing): scatter, broadcast, gather or the copies of
-    reduce-add. Funnelled: one after another, the sum; else at once, the longest."""
-    times = [transfer(size, link) for size in sizes[1:]]
-    if not times:
+def through_device0(sizes: Sequence[float], link: Link) -> float:
+    """dpkit's virtual lanes: the host copies ``sizes[i]`` bytes between device 0 and each
+    other device ``i``, one after another (entry 0 stays put): the sum."""
+    return sum(transfer(size, link) for size in sizes[1:])
+
+
+def messages(tensor_sizes: Sequence[int], buffer_bytes: int = COALESCE_BYTES) -> int:
+    """How many NCCL calls ``*_coalesced`` makes for these tensors: torch's ``take_tensors``
+    packs tensors into buffers of up to ``buffer_bytes``, a larger tensor alone."""
+    count, filled = 0, 0
+    for size in tensor_sizes:
+        if filled and filled + size > buffer_bytes:
+            count, filled = count + 1, 0
+        filled += size
+    return count + (1 if filled else 0)
+
+
+def broadcast(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
+    """NCCL broadcast of ``nbytes`` from one device to ``n`` (pipelined down a ring):
+    ``S / B + calls * (n - 1) * alpha``; DataParallel's replicate."""
+    if n <= 1:
         return 0.0
-    return sum(times) if funnel else max(times)
+    return nbytes / link.bandwidth + calls * (n - 1) * link.latency
 
 
-def broadcast_through_device0(nbytes: float, n: int, link: Link, funnel: bool = True) -> float:
-    """The same ``nbytes`` from device 0 to each of ``n - 1`` others (DataParallel's replicate)."""
-    return through_device0([nbytes] * n, link, funnel)
-
-
-def reduce_through_device0(
-    nbytes: float, n: int, link: Link, memory_bandwidth: float, funnel: bool = True
-) -> float:
-    """DataParallel's reduce-add: ``n - 1`` copies of ``nbytes`` to device 0, then ``n - 1``
-    additions there, each reading two tensors and writing one (``3 * nbytes`` of memory)."""
-    copies = broadcast_through_device0(nbytes, n, link, funnel)
-    return copies + (n - 1) * 3 * nbytes / memory_bandwidth
+def reduce(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
+    """NCCL reduce of ``nbytes`` from ``n`` devices onto one: as a broadcast, reversed;
+    DataParallel's reduce-add of the gradients."""
+    return broadcast(nbytes, n, link, calls)
 
 
 def ring_allreduce(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of ``nbytes`` on ``n`` devices: ``2 (n-1)/n * S/B + 2 (n-1) * alpha``."""
+    """Ring all-reduce: ``2 (n-1)/n * S/B + 2 (n-1) * alpha`` (Patarasuk and Yuan, 2009)."""
     if n <= 1:
         return 0.0
     return 2 * (n - 1) / n * nbytes / link.bandwidth + 2 * (n - 1) * link.latency
@@ -69,33 +75,35 @@ def ring_bytes_sent(nbytes: float, n: int) -> int:
     return 0 if n <= 1 else round(2 * (n - 1) * nbytes / n)
 
 
-def hierarchical_allreduce(
-    nbytes: float, devices_per_node: int, nodes: int, intra: Link, inter: Link
-) -> float:
-    """All-reduce across ``nodes`` nodes of ``devices_per_node`` devices: reduce-scatter in
-    each node, a ring all-reduce of each ``S / k`` shard across the nodes over ``inter`` (one
-    device's share of its node's ports), then all-gather in each node."""
-    k = devices_per_node
-    inside = (k - 1) / k * nbytes / intra.bandwidth + (k - 1) * intra.latency if k > 1 else 0.0
-    across = ring_allreduce(nbytes / k, nodes, inter)
-    return 2 * inside + across
+def allreduce_link(hardware: Hardware, n: int) -> Link:
+    """The link an all-reduce over ``n`` devices runs at. Inside a node: the device link (or
+    ``allreduce_bandwidth``, e.g. NVLink SHARP). Across nodes: NCCL's rings cross the network
+    once per node each, a ring per port, so the slower of the node's links and its ports
+    together bounds the bus bandwidth, and every step waits for the network's latency."""
+    inside = hardware.device_link()
+    if n <= hardware.devices_per_node:
+        if hardware.allreduce_bandwidth is None:
+            return inside
+        return Link(hardware.allreduce_bandwidth, inside.latency, "NCCL all-reduce (NVLS)")
+    network = hardware.network_link()
+    return Link(
+        min(inside.bandwidth, network.bandwidth), max(inside.latency, network.latency),
+        "ring across nodes",
+    )  # fmt: skip
 
 
 def allreduce(nbytes: float, n: int, hardware: Hardware) -> float:
-    """All-reduce of ``nbytes`` over ``n`` devices of ``hardware``: a ring inside one node,
-    hierarchical when ``n`` spans nodes (devices fill node after node)."""
-    if n <= 1:
-        return 0.0
-    k = hardware.devices_per_node
-    if n <= k:
-        return ring_allreduce(nbytes, n, hardware.device_link())
-    nodes = -(-n // k)
-    return hierarchical_allreduce(
-        nbytes, k, nodes, hardware.device_link(), hardware.network_share()
-    )
+    """All-reduce of ``nbytes`` over ``n`` devices of ``hardware`` (DDP's gradients): a ring
+    at :func:`allreduce_link`'s bandwidth, devices filling node after node."""
+    return ring_allreduce(nbytes, n, allreduce_link(hardware, n))
 
 
 def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:
     """nccl-tests' bus bandwidth of an all-reduce of ``nbytes`` that took ``seconds`` on ``n``
     devices: ``S / t * 2 (n - 1) / n``, comparable across ``n`` and with link speeds."""
     return nbytes / seconds * 2 * (n - 1) / n
+
+
+def nodes_spanned(n: int, hardware: Hardware) -> int:
+    """Nodes ``n`` devices fill, node after node."""
+    return math.ceil(n / hardware.devices_per_node)

@@ -1,18 +1,17 @@
-"""How long one device takes for a forward or a backward of its chunk: the roofline, op by op.
+"""How long one device takes for a forward or a backward of its chunk, op by op.
 
-The surprise first: most ops of a small model are not limited by FLOPs at all. A ReLU, a
-max-pool or a layer norm does no matmul work; it reads and writes memory, and on a CPU it
-may be slower still. So each op takes the longer of its FLOPs at the achieved FLOP/s and its
-bytes at the achieved memory bandwidth (the roofline of Williams, Waterman and Patterson,
-CACM 2009), and the host pays a launch overhead per op on top.
+The surprise first: which units an op runs on is torch's choice, not the model's. In
+float32 a matmul runs on an NVIDIA GPU's CUDA cores (``torch.backends.cuda.matmul.allow_tf32``
+is False by default), a convolution in TF32 on its tensor cores
+(``torch.backends.cudnn.allow_tf32`` is True by default), eight times faster on an A100;
+under ``torch.autocast`` both run in float16 or bfloat16 on tensor cores, and the ops around
+them stay memory-bound. So each op takes the longer of its FLOPs at the rate of the units
+it runs on and its bytes at the memory's achieved bandwidth (the roofline of Williams,
+Waterman and Patterson, CACM 2009); the host pays an overhead per op on top.
 
-On a calibrated machine (:func:`dpkit.cost.calibrate`) measured seconds replace the roofline
-for every kind of op that was measured: ``Hardware.op_seconds`` holds, per aten op, how long
-it took for how much work (FLOPs, or bytes for ops without FLOPs), and the time for another
-amount of work is interpolated between those samples on a log-log scale (extrapolated at the
-last measured rate beyond them). That is what "achieved FLOP/s on the model's kind of work"
-means here: a CPU reaches very different rates on a matmul, a 3x3 convolution with 8
-channels and a max-pool, and no single number would do.
+On a calibrated machine (:func:`dpkit.cost.calibrate`) measured seconds replace the
+roofline for every kind of op that was measured: ``Hardware.op_seconds`` holds, per aten op,
+how long it took for how much work, interpolated on a log-log scale.
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+
+import torch
 
 from dpkit.cost.hardware import Hardware, OpSamples
 from dpkit.cost.profile import OpCost, PassCost
@@ -32,6 +33,20 @@ class PassTime:
 
     host: float
     device: float
+
+
+def rate_key(op: OpCost, hardware: Hardware) -> str:
+    """Which of ``hardware.peak_flops`` an op's FLOPs run at, as torch decides on a GPU:
+    its dtype, except float32 matmuls in TF32 where ``allow_tf32`` says so (convolutions by
+    default, matmuls after ``torch.backends.cuda.matmul.allow_tf32 = True``)."""
+    dtype = getattr(op, "dtype", "float32")
+    kind = getattr(op, "kind", "memory")
+    if dtype == "float32" and "tfloat32" in hardware.peak_flops:
+        if kind == "conv" and torch.backends.cudnn.allow_tf32:
+            return "tfloat32"
+        if kind == "matmul" and torch.backends.cuda.matmul.allow_tf32:
+            return "tfloat32"
+    return dtype if dtype in hardware.peak_flops else "float32"
 
 
 def interpolate(samples: OpSamples, work: float) -> float:
@@ -52,26 +67,37 @@ def interpolate(samples: OpSamples, work: float) -> float:
     return math.exp(math.log(t0) + share * (math.log(t1) - math.log(t0)))
 
 
-def op_time(op: OpCost, rows: int, hardware: Hardware, flops_per_second: float) -> float:
-    """Device seconds of one op at ``rows`` rows: measured if its shape or at least its kind
-    was calibrated, else the roofline, ``max(FLOPs / achieved FLOP/s, bytes / achieved
-    bandwidth)``."""
+def op_time(op: OpCost, rows: int, hardware: Hardware) -> float:
+    """Device seconds of one op at ``rows`` rows: measured if its kind was calibrated, else
+    ``max(FLOPs / achieved FLOP/s of its units, bytes / achieved memory bandwidth)``."""
     flops, nbytes = op.flops_at(rows), op.bytes_at(rows)
-    samples = hardware.op_seconds.get(op.shape_key) or hardware.op_seconds.get(op.name)
+    samples = hardware.op_seconds.get(op.name)
     if samples:
         return interpolate(samples, flops if flops > 0 else nbytes)
-    return max(flops / flops_per_second, nbytes / hardware.achieved_memory_bandwidth)
+    compute = flops / hardware.flops_per_second(rate_key(op, hardware)) if flops > 0 else 0.0
+    return max(compute, nbytes / hardware.achieved_memory_bandwidth)
 
 
-def pass_time(
-    cost: PassCost, rows: int, hardware: Hardware, flops_per_second: float, backward: bool
-) -> PassTime:
+def pass_time(cost: PassCost, rows: int, hardware: Hardware, backward: bool) -> PassTime:
     """Host and device seconds of a forward (``backward=False``) or backward of ``rows``."""
-    per_op = hardware.autograd_overhead if backward else hardware.launch_overhead
-    device = sum(op_time(op, rows, hardware, flops_per_second) for op in cost.ops)
+    per_op = hardware.backward_op_overhead if backward else hardware.op_overhead
+    device = sum(op_time(op, rows, hardware) for op in cost.ops)
     return PassTime(host=len(cost) * per_op, device=device)
 
 
-def elementwise_time(name: str, nbytes: float, hardware: Hardware) -> float:
-    """Device seconds of a memory-bound op ``name`` (``"aten.add"``, ...) over ``nbytes``."""
-    return op_time(OpCost(name, (0.0, 0.0), (nbytes, 0.0)), 0, hardware, 1.0)
+def ready_times(cost: PassCost, rows: int, hardware: Hardware) -> list[float]:
+    """Device seconds from the start of a backward to the end of each of its ops: when a
+    gradient that op produces is ready (DDP's buckets wait for these)."""
+    elapsed, ends = 0.0, []
+    for op in cost.ops:
+        elapsed += op_time(op, rows, hardware) + hardware.backward_op_overhead
+        ends.append(elapsed)
+    return ends
+
+
+def elementwise_time(nbytes: float, hardware: Hardware) -> float:
+    """Device seconds of a memory-bound op over ``nbytes`` (an add, a flatten's copy)."""
+    samples = hardware.op_seconds.get("aten.add")
+    if samples:
+        return interpolate(samples, nbytes)
+    return nbytes / hardware.achieved_memory_bandwidth

@@ -1,45 +1,52 @@
 """predict: a training step on hardware you may not have, as a Trace marked predicted.
 
 The surprise first: the prediction *is* a trace. It has the phases, bytes, steps and memory
-records a measured ``dpkit.trace()`` of the same model, batch and device count has (the bytes
-exactly, since they follow from the model's tensors alone), and only its times come from the
-cost model. So every summary, export and figure works on it unchanged, and every one of them
-says "predicted" (the events' kind is :data:`~dpkit.devices.PREDICTED`).
+records a measured ``dpkit.trace()`` of the same model, batch and device count has (the
+bytes exactly, since they follow from the model's tensors), and only its times come from
+the cost model. Every summary, export and figure works on it, and says "predicted".
 
-Two strategies, built side by side so that the difference shows:
+Each strategy runs as torch runs it, on two kinds of machine:
 
-``"dp"``  what ``DataParallel`` does every step, as dpkit runs it: scatter the batch from
-          device 0, broadcast the parameters from device 0 (replicate, then build the replica
-          modules in the caller's thread), start a thread per replica (apply), gather the
-          outputs on device 0; in backward scatter the output's gradient, run each replica's
-          backward, and reduce-add every gradient onto device 0. Every copy starts or ends at
-          device 0, one after another (``Hardware.funnel_through_device0``).
-``"ddp"`` what ``DistributedDataParallel`` does: one process per device, parameters
-          broadcast once at construction (not per step), a forward and a backward per rank,
-          and the gradients all-reduced in buckets (torch's defaults: 25 MiB, the first one
-          1 MiB, filled in the order gradients become ready), each bucket's ring all-reduce
-          starting as soon as its last gradient is ready, overlapping the rest of backward.
+``"dp"`` on GPUs (torch's ``nn.DataParallel``, one process, one node): scatter copies each
+    chunk from device 0 on the devices' own streams; replicate is one NCCL broadcast of the
+    parameters (``comm.broadcast_coalesced``), then the replica modules built in Python;
+    a thread per replica launches its forward (their Python takes turns with the GIL, the
+    GPUs compute at once); gather copies every output onto device 0; the loss runs there;
+    backward scatters the output's gradient, each GPU runs its replica's backward in its
+    own autograd thread, and only when *all* are done one NCCL reduce
+    (``comm.reduce_add_coalesced``) sums the gradients onto device 0.
+``"dp"`` on virtual lanes (dpkit's CPU lanes): the same phases, but the host does every
+    copy itself, tensor by tensor, through device 0, the threads share the cores, and
+    autograd runs all replicas' backward in one thread.
+``"ddp"`` (``DistributedDataParallel``, one process per device, any number of nodes): the
+    buffers broadcast from rank 0 at each forward, a forward and a backward per rank, and
+    the gradients all-reduced in buckets (25 MiB, the first 1 MiB), each bucket's all-reduce
+    starting once the backward has produced its last gradient, overlapping the rest.
 
-Times come from a small simulation with two clocks, the host's and each device's: on a GPU
-the host queues copies and kernels and runs ahead (a phase lasts the longer of its host and
-its device part); on CPU lanes the host does the work itself, the lanes' threads share the
-cores (``Hardware.compute_units``) and take turns with Python's GIL, and autograd runs every
-replica's backward in one thread. A prediction takes a few milliseconds once the model is
-profiled (:func:`dpkit.cost.profile`, cached).
+A step is forward and backward (the optimizer's step is not in it; its state is in the
+memory). Times come from two clocks, the host's and each device's queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpkit.cost.collectives import allreduce, ring_bytes_sent
-from dpkit.cost.compute import PassTime, elementwise_time, pass_time
-from dpkit.cost.hardware import Hardware, Link
+from dpkit.cost.collectives import (
+    allreduce,
+    allreduce_link,
+    broadcast,
+    messages,
+    reduce,
+    ring_bytes_sent,
+)
+from dpkit.cost.compute import PassTime, elementwise_time, pass_time, ready_times
+from dpkit.cost.hardware import Hardware
+from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies
 from dpkit.cost.presets import preset
 from dpkit.cost.profile import Profile, profile
 from dpkit.devices import KIND_LABELS, PREDICTED, Device
@@ -48,19 +55,19 @@ from dpkit.tracing import Event, Phase, Trace
 
 STRATEGIES = ("dp", "ddp")
 # torch.nn.parallel.DistributedDataParallel's defaults: bucket_cap_mb=25, and a first bucket
-# of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) so that the last layers' gradients, ready
+# of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), so that the last layers' gradients, ready
 # first, start communicating early.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
-# The loss between gather and the gradient's scatter (cross_entropy: log_softmax, nll_loss
-# and their backward, plus autograd's seed): a few ops on device 0, outside DataParallel.
+# The loss between gather and the gradient's scatter (cross_entropy: log_softmax, nll_loss,
+# their backward and autograd's seed): a few ops on device 0, outside DataParallel.
 LOSS_OPS = 6
 
 
 class PredictedTrace(Trace):
-    """A :class:`~dpkit.tracing.Trace` made by the cost model: the same events and memory
-    records as a measured one, every event of kind ``"predicted"``, and a title that names
-    the hardware (``.machine``) and the strategy."""
+    """A :class:`~dpkit.tracing.Trace` made by the cost model: events of kind "predicted",
+    a title that names the hardware (``.machine``) and the strategy, and the memory each
+    device holds (``.held``, by category, as :mod:`dpkit.cost.memory` counts it)."""
 
     def __init__(self, machine: Hardware, strategy: str, batch_size: int, devices: int):
         super().__init__()
@@ -70,6 +77,7 @@ class PredictedTrace(Trace):
         self.batch_size = batch_size
         self.device_count = devices
         self.step_bounds: dict[int, tuple[float, float]] = {}  # step -> (begins, ends)
+        self.held: list[Held] = []
 
     @property
     def hardware(self) -> str:
@@ -78,11 +86,20 @@ class PredictedTrace(Trace):
 
     @property
     def step_time(self) -> float:
-        """Predicted seconds of one step, as a wall clock around ``loss.backward()`` and the
-        forward before it would read them: the phases, and the Python before, between and
-        after them (``Hardware.step_overhead``)."""
+        """Predicted seconds of one step: forward and backward, phases and the Python
+        around them, as a wall clock around them would read on a warm machine."""
         begins, ends = self.step_bounds[max(self.step_bounds)]
         return ends - begins
+
+    @property
+    def memory_per_device(self) -> list[int]:
+        """Predicted bytes each device holds at its peak (the sum of its categories)."""
+        return [sum(device.values()) for device in self.held]
+
+    @property
+    def fits(self) -> bool:
+        """Whether every device's predicted bytes fit its ``memory_capacity``."""
+        return max(self.memory_per_device) <= self.machine.memory_capacity
 
 
 def device_names(hardware: Hardware, n: int) -> list[str]:
@@ -96,98 +113,41 @@ def device_names(hardware: Hardware, n: int) -> list[str]:
 
 
 @dataclass
-class _Clock:
-    """The host's clock and each device's queue, for one step."""
+class _Step:
+    """One step being built: the host's clock, each device's queue, and the events."""
 
+    trace: PredictedTrace
+    names: list[str]
+    step: int
     host: float
     device: list[float]
 
-
-class _Step:
-    """Builds one step's events and memory records into a trace."""
-
-    def __init__(self, trace: PredictedTrace, names: list[str], step: int, start: float):
-        self.trace, self.names, self.step = trace, names, step
-        self.clock = _Clock(start, [start] * len(names))
-
     def event(self, phase: Phase, index: int, start: float, end: float, nbytes: int = 0,
               **details: Any) -> None:  # fmt: skip
-        self.trace._events.append(
-            Event(
-                phase.value,
-                self.names[index],
-                start,
-                end,
-                int(nbytes),
-                self.step,
-                PREDICTED,
-                details,
-            )  # fmt: skip
-        )
+        self.trace._events.append(Event(
+            phase.value, self.names[index], start, end, int(nbytes), self.step, PREDICTED,
+            details,
+        ))  # fmt: skip
 
-    def memory(self, index: int, category: str, nbytes: int) -> None:
-        self.trace._memory.append((self.names[index], category, int(nbytes), self.step, PREDICTED))
+    def queue(self, index: int, host: float, device: float) -> tuple[float, float]:
+        """The host spends ``host`` issuing work that takes ``device`` on device ``index``'s
+        queue (once the host has issued it): returns when it starts and ends there."""
+        self.host += host
+        start = max(self.device[index], self.host)
+        self.device[index] = start + device
+        return start, start + device
 
-
-def _link_from_device0(hardware: Hardware, index: int) -> Link:
-    """Device 0 to device ``index``: inside its node, or over the network to another node."""
-    return hardware.device_link() if index < hardware.devices_per_node else hardware.node_to_node
-
-
-def _copies(
-    step: _Step,
-    hardware: Hardware,
-    phase: Phase,
-    sizes: Sequence[int],
-    local: bool = False,
-    extra: tuple[float, float] = (0.0, 0.0),
-    **details: Any,
-) -> list[float]:
-    """Copies between device 0 and each device (``sizes[i]`` bytes for device i, entry 0
-    staying put), one event per device; returns when each device's copy is done.
-
-    Funnelled, the copies run one after another on one queue; else each on its own link.
-    On a synchronous machine the host does them; on a GPU the host queues them and runs on.
-    ``local``: device 0's share is copied too, within its memory (gather copies every piece
-    into its result), moving no bytes between devices. ``extra``: ``(per call, per device)``
-    host seconds on top (:meth:`~dpkit.cost.Hardware.phase_extra`).
-    """
-    clock, done = step.clock, []
-    tensors = details.get("tensors", 1)  # reduce copies each gradient, one after another
-    fitted = hardware.phase_overheads.get(phase._value_)
-    for index, size in enumerate(sizes):
-        moves = index > 0 and size > 0
-        copies = moves or (local and size > 0)
-        if fitted is not None:  # calibrated in steps: per call (on the first event), per device
-            host = fitted[1] + (fitted[0] if index == 0 else 0.0)
-        else:
-            host = hardware.event_overhead + (tensors * hardware.copy_overhead if copies else 0.0)
-        host += extra[1] + (extra[0] if index == 0 else 0.0)
-        if moves:
-            link = _link_from_device0(hardware, index)
-            device = tensors * link.latency + size / link.bandwidth
-        else:
-            device = 2 * size / hardware.achieved_memory_bandwidth if copies else 0.0
-        if not hardware.asynchronous:
-            start, end = clock.host, clock.host + host + device
-            clock.host = end
-        else:
-            clock.host += host
-            queue = 0 if hardware.funnel_through_device0 else index
-            start = max(clock.device[queue], clock.host)
-            end = start + device
-            clock.device[queue] = end
-        step.event(phase, index, start, end, size if moves else 0, **details)
-        done.append(end)
-    return done
+    def busy(self, host: float) -> tuple[float, float]:
+        """The host does ``host`` seconds of work itself (virtual lanes)."""
+        start = self.host
+        self.host += host
+        return start, self.host
 
 
 def _share_cores(starts: list[float], work: list[float], units: float) -> list[float]:
     """When each of several threads ends, each needing ``work[i]`` seconds of a core from
-    ``starts[i]``, when they share ``units`` cores fairly (each runs at ``min(1, units /
-    running)``): processor sharing, simulated from one start or end to the next."""
-    ends = [0.0] * len(work)
-    left = list(work)
+    ``starts[i]``, sharing ``units`` cores fairly (processor sharing)."""
+    ends, left = [0.0] * len(work), list(work)
     pending = sorted(range(len(work)), key=starts.__getitem__)
     running: list[int] = []
     now = starts[pending[0]] if pending else 0.0
@@ -213,9 +173,9 @@ def _share_cores(starts: list[float], work: list[float], units: float) -> list[f
 def _threads_end(
     starts: list[float], work: list[float], python: float, units: float
 ) -> list[float]:
-    """When threads doing ``work`` on shared cores end (:func:`_share_cores`), held back so
-    that the last ends no sooner than all their ``python`` seconds after the first start:
-    Python's GIL lets one thread at a time run Python, however many cores there are."""
+    """When threads doing ``work`` on shared cores end, held back so that the last ends no
+    sooner than all their ``python`` seconds after the first start: the GIL lets one
+    thread at a time run Python, however many cores there are."""
     ends = _share_cores(starts, work, units)
     first, last = min(starts), max(ends)
     if last - first >= python or last <= first:
@@ -224,169 +184,174 @@ def _threads_end(
     return [first + (end - first) * stretch for end in ends]
 
 
-def _loss(step: _Step, hardware: Hardware, output_bytes: int) -> None:
-    """The loss on device 0 between forward and backward, and autograd starting the backward:
-    no event, only time (half of ``Hardware.step_overhead``, the rest before and after)."""
-    host = LOSS_OPS * hardware.launch_overhead + hardware.step_overhead / 2
-    device = LOSS_OPS * elementwise_time("aten.add", output_bytes, hardware)
-    clock = step.clock
-    if hardware.asynchronous:
-        clock.host += host
-        clock.device[0] = max(clock.device[0], clock.host) + device
-    else:
-        clock.host += host + device
-
-
 def _lasts(time: PassTime, hardware: Hardware) -> float:
-    """How long a pass lasts: its host and device parts overlap on a GPU, add up on a CPU."""
-    return max(time.host, time.device) if hardware.asynchronous else time.host + time.device
+    """A pass on one device: host and device overlap on a GPU, add up on CPU lanes."""
+    return time.host + time.device if hardware.virtual_lanes else max(time.host, time.device)
 
 
-def _one_device(
-    step: _Step, model: Profile, hardware: Hardware, rows: int, forward: PassTime,
-    backward: PassTime,
-) -> None:  # fmt: skip
-    """DataParallel on one device: the module's forward, the loss and its backward, no more."""
-    clock = step.clock
-    start = clock.host
-    end = start + _lasts(forward, hardware)
-    step.event(Phase.APPLY, 0, start, end, replica=0, note="one device: the module itself")
-    clock.host = clock.device[0] = end
-    _account_replica(step, model, 0, rows)
-    _loss(step, hardware, model.output_bytes(rows))
-    start = max(clock.host, clock.device[0])
-    end = start + _lasts(backward, hardware)
-    step.event(Phase.BACKWARD, 0, start, end)
-    clock.host = clock.device[0] = end
+def _loss(step: _Step, hardware: Hardware, output_bytes: int) -> None:
+    """The loss on device 0 between forward and backward: time, no event."""
+    device = LOSS_OPS * elementwise_time(output_bytes, hardware)
+    host = LOSS_OPS * hardware.op_overhead + hardware.step_overhead / 2
+    if hardware.virtual_lanes:
+        step.busy(host + device)
+    else:
+        step.queue(0, host, device)
 
 
-def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: float) -> None:
-    sizes = torch_chunk_sizes(batch, len(step.names))
-    n = len(sizes)  # devices that get a chunk, as DataParallel uses
-    clock = step.clock
-    input_sizes = [model.input_bytes(rows) for rows in sizes]
-    output_sizes = [model.output_bytes(rows) for rows in sizes]
-    forward = {rows: pass_time(model.forward, rows, hardware, rate, False) for rows in set(sizes)}
-    backward = {rows: pass_time(model.backward, rows, hardware, rate, True) for rows in set(sizes)}
-    for index, size in enumerate(input_sizes):
-        step.memory(index, "input", size)
-    working_set = model.input_bytes(batch) + model.activation_bytes(batch)
+def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
+            tensors: int = 1, **details: Any) -> list[float]:  # fmt: skip
+    """Copies between device 0 and each device (``sizes[i]`` bytes; entry 0 is device 0's
+    own): when each device has its copy. On virtual lanes the host makes each, tensor by
+    tensor, one after another. On GPUs the copies out of device 0 (scatter) run at once on
+    the devices' streams and share device 0's link; the copies into it (gather) run one
+    after another on its stream, each once its device is done. Gather also copies device
+    0's own piece into the result, within its memory."""
+    link, done = hardware.device_link(), []
+    local = phase is Phase.GATHER
+    outward = phase in (Phase.SCATTER, Phase.GRAD_SCATTER, Phase.REPLICATE)
+    moved = sum(sizes[1:])
+    step.host += 0.0 if hardware.virtual_lanes else len(sizes) * tensors * hardware.copy_overhead
+    ready = step.device[0]
+    for index, size in enumerate(sizes):
+        moves = index > 0 and size > 0
+        wire = tensors * link.latency + size / link.bandwidth if moves else 0.0
+        if index == 0 and local:
+            wire = 2 * elementwise_time(size, hardware)
+        if hardware.virtual_lanes:
+            start, end = step.busy(tensors * hardware.copy_overhead + wire)
+        elif outward:  # at once, sharing device 0's link: all done when all bytes are out
+            start = max(step.host, ready)
+            end = start + (link.latency * tensors + moved / link.bandwidth if moves else 0.0)
+            step.device[index] = max(step.device[index], end)
+        else:  # into device 0, one after another on its stream
+            start = max(step.host, step.device[0], step.device[index])
+            end = step.device[0] = start + wire
+        step.event(phase, index, start, end, size if moves else 0, **details)
+        done.append(end)
+    return done
 
-    def extra(phase: Phase) -> tuple[float, float]:
-        return hardware.phase_extra(phase._value_, working_set)
 
-    clock.host += hardware.step_overhead / 4  # DataParallel's entry: checks, a new step
-    _copies(step, hardware, Phase.SCATTER, input_sizes, extra=extra(Phase.SCATTER))
-    if n == 1:  # DataParallel on one device calls the module itself: no replicas, no threads
+def _chunks(batch: int, devices: int) -> list[int]:
+    return torch_chunk_sizes(batch, devices)
+
+
+def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> None:
+    sizes = _chunks(batch, len(step.names))
+    n, lanes = len(sizes), hardware.virtual_lanes
+    forward = {r: pass_time(model.forward, r, hardware, False) for r in set(sizes)}
+    backward = {r: pass_time(model.backward, r, hardware, True) for r in set(sizes)}
+    step.host += hardware.step_overhead / 4  # DataParallel's entry: checks, a new step
+    _copies(step, hardware, Phase.SCATTER, [model.input_bytes(r) for r in sizes])
+    if n == 1:  # DataParallel calls the module itself: no replicas, no threads
         _one_device(step, model, hardware, sizes[0], forward[sizes[0]], backward[sizes[0]])
         return
+    _replicate(step, model, hardware, n)
+    _apply(step, model, hardware, sizes, forward)
+    outputs = [model.output_bytes(r) for r in sizes]
+    _copies(step, hardware, Phase.GATHER, outputs, tensors=_outputs(model))
+    _loss(step, hardware, sum(outputs))
+    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, outputs, tensors=_outputs(model))
+    times = [backward[r] for r in sizes]
+    if lanes:  # autograd runs every replica's backward in the caller's one thread
+        start = max(step.host, *arrived)
+        end = start + sum(t.host + t.device for t in times)
+        for index in range(n):
+            step.event(Phase.BACKWARD, index, start, end, thread="shared")
+        step.host = end
+    else:  # a backward thread per GPU, each starting once its gradient has arrived
+        for index, time in enumerate(times):
+            start = max(arrived[index], step.device[index])
+            step.device[index] = start + max(time.host, time.device)
+            step.event(Phase.BACKWARD, index, start, step.device[index])
+    _reduce(step, model, hardware, n)
 
-    clock.host += hardware.dp_overhead / 3  # Python between DataParallel's phases
-    # replicate: parameters, then buffers, broadcast from device 0; then the replica modules
-    for tensors in (model.parameter_sizes, model.buffer_sizes):
-        if tensors:
-            per_device = sum(tensors)
-            copies = [0] + [per_device] * (n - 1)
-            _broadcast(step, hardware, copies, len(tensors))
-    modules_start = clock.host
-    per_call, per_device = extra(Phase.REPLICATE)  # on the host, with the replica modules
-    clock.host += hardware.replica_overhead * model.modules * n + per_call + per_device * n
-    step.event(Phase.REPLICATE, 0, modules_start, clock.host, what="modules", modules=model.modules)
 
-    # apply: a thread per replica, started one after another by the caller
-    clock.host += hardware.dp_overhead / 3
-    starts = [clock.host + (i + 1) * hardware.thread_start for i in range(n)]
-    contention = hardware.gil_contention_by_model.get(model.key, hardware.gil_contention)
-    per_op = hardware.launch_overhead + contention  # threads hand the GIL on
-    hosts = [len(model.forward) * per_op for _ in sizes]
+def _outputs(model: Profile) -> int:
+    return getattr(model, "output_tensors", 1)
+
+
+def _one_device(step: _Step, model: Profile, hardware: Hardware, rows: int,
+                forward: PassTime, backward: PassTime) -> None:  # fmt: skip
+    """DataParallel on one device: the module's forward, the loss and its backward."""
+    start = max(step.host, step.device[0])
+    end = start + _lasts(forward, hardware)
+    step.event(Phase.APPLY, 0, start, end, replica=0, note="one device: the module itself")
+    step.host = step.device[0] = end
+    _loss(step, hardware, model.output_bytes(rows))
+    start = max(step.host, step.device[0])
+    end = start + _lasts(backward, hardware)
+    step.event(Phase.BACKWARD, 0, start, end)
+    step.host = step.device[0] = end
+
+
+def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
+    """The parameters, then the buffers, from device 0 to every device; then the replica
+    modules, built by the host. GPUs: one NCCL broadcast per 10 MiB of tensors; virtual
+    lanes: a copy per tensor per lane."""
+    for sizes in (model.parameter_sizes, model.buffer_sizes):
+        if not sizes:
+            continue
+        if hardware.virtual_lanes:
+            _copies(step, hardware, Phase.REPLICATE, [0] + [sum(sizes)] * (n - 1),
+                    tensors=len(sizes))  # fmt: skip
+            continue
+        calls = messages(sizes)
+        took = broadcast(sum(sizes), n, hardware.device_link(), calls)
+        step.host += calls * hardware.copy_overhead
+        start = max(step.host, *step.device)
+        for index in range(n):
+            moved = sum(sizes) if index else 0
+            step.event(Phase.REPLICATE, index, start, start + took, moved, tensors=len(sizes))
+        step.device = [start + took] * n
+    start, end = step.busy(hardware.module_overhead * model.modules * n)
+    step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
+
+
+def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
+           forward: dict[int, PassTime]) -> None:  # fmt: skip
+    """A thread per replica, started one after another; their Python takes turns."""
+    n = len(sizes)
+    starts = [step.host + (i + 1) * hardware.thread_start for i in range(n)]
+    python = [len(model.forward) * (hardware.op_overhead + hardware.gil_handoff)] * n
     devices = [forward[rows].device for rows in sizes]
-    if hardware.asynchronous:
-        ready = max(clock.device)  # the lanes wait for the copies queued before them
-        begins = [max(s, ready) for s in starts]
-        # the threads' Python (launching each op) runs one thread at a time, the GPUs at once
-        launched = _threads_end(starts, hosts, sum(hosts), float(n))
-        ends = [max(h, b + d) for h, b, d in zip(launched, begins, devices)]
-        clock.host = max(launched)  # the caller joins its threads
-        clock.device = [max(ends)] * len(clock.device)  # and its stream waits for the lanes
-    else:
-        work = [h + d for h, d in zip(hosts, devices)]
-        ends = _threads_end(starts, work, sum(hosts), hardware.compute_units)
+    if hardware.virtual_lanes:
+        work = [p + d for p, d in zip(python, devices)]
+        ends = _threads_end(starts, work, sum(python), hardware.compute_units)
         begins = starts
-        clock.host = max(ends)
-    clock.host += n * len(model.forward) * hardware.graph_overhead  # each replica's graph
+        step.host = max(ends)
+    else:
+        launched = _threads_end(starts, python, sum(python), float(n))
+        begins = [max(s, q) for s, q in zip(starts, step.device)]
+        ends = [max(h, b + d) for h, b, d in zip(launched, begins, devices)]
+        step.host = max(launched)  # the caller joins its threads; the GPUs run on
+        step.device = list(ends)
     for index in range(n):
         step.event(Phase.APPLY, index, begins[index], ends[index], replica=index)
-        _account_replica(step, model, index, sizes[index])
-
-    _copies(step, hardware, Phase.GATHER, output_sizes, local=True, extra=extra(Phase.GATHER))
-    step.memory(0, "gathered", sum(output_sizes))
-    _loss(step, hardware, sum(output_sizes))
-    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, output_sizes,
-                      extra=extra(Phase.GRAD_SCATTER))  # fmt: skip
-
-    # backward: one thread for all replicas on the CPU, a thread per device on GPUs
-    times = [backward[rows] for rows in sizes]
-    if hardware.serial_backward:
-        start = max(clock.host, *arrived)
-        total = sum(t.host + t.device for t in times)
-        for index in range(n):
-            step.event(Phase.BACKWARD, index, start, start + total, thread="shared")
-        clock.host = start + total
-        clock.device = [max(q, clock.host) for q in clock.device]
-    else:
-        ends = []
-        for index, time in enumerate(times):
-            start = arrived[index]
-            ends.append(start + max(time.host, time.device))
-            step.event(Phase.BACKWARD, index, start, ends[-1])
-        clock.host = max(clock.host, max(ends))
-        clock.device = [max(q, max(ends)) for q in clock.device]
-
-    # reduce: every replica's gradients copied to device 0, then summed there
-    clock.host += hardware.dp_overhead / 3
-    gradients = model.parameter_bytes
-    _copies(step, hardware, Phase.REDUCE, [0] + [gradients] * (n - 1),
-            tensors=len(model.parameter_sizes))  # fmt: skip
-    adds = [elementwise_time("aten.add", 3 * size, hardware) for size in model.parameter_sizes]
-    per_call, per_device = extra(Phase.REDUCE)  # on the host, with the sums
-    host = hardware.event_overhead + (n - 1) * len(adds) * hardware.launch_overhead
-    host += per_call + per_device * n
-    device = (n - 1) * sum(adds)
-    if hardware.asynchronous:
-        clock.host += host
-        start = max(clock.device[0], clock.host)
-        end = start + device
-        clock.device[0] = end
-    else:
-        start, end = clock.host, clock.host + host + device
-        clock.host = end
-    step.event(Phase.REDUCE, 0, start, end, what="sum", tensors=len(adds))
 
 
-def _broadcast(step: _Step, hardware: Hardware, sizes: list[int], tensors: int) -> None:
-    """replicate's copies: like :func:`_copies`, paying the copy overhead per tensor."""
-    clock, per_device = step.clock, max(sizes)
-    for index, size in enumerate(sizes):
-        link = _link_from_device0(hardware, index)
-        moves = size > 0
-        host = hardware.event_overhead + (tensors * hardware.copy_overhead if moves else 0.0)
-        device = tensors * link.latency + size / link.bandwidth if moves else 0.0
-        if not hardware.asynchronous:
-            start, end = clock.host, clock.host + host + device
-            clock.host = end
-        else:
-            clock.host += host
-            queue = 0 if hardware.funnel_through_device0 else index
-            start = max(clock.device[queue], clock.host)
-            end = start + device
-            clock.device[queue] = end
-        step.event(Phase.REPLICATE, index, start, end, size, tensors=tensors)
-        step.memory(index, "parameters", per_device)  # each broadcast's tensors, as dpkit notes
-
-
-def _account_replica(step: _Step, model: Profile, index: int, rows: int) -> None:
-    step.memory(index, "outputs", model.output_bytes(rows))
-    step.memory(index, "activations", model.activation_bytes(rows))
+def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
+    """Every replica's gradients summed onto device 0, after every backward. GPUs: NCCL
+    reduce per 10 MiB (each device flattens its gradients, device 0 unflattens the sum);
+    virtual lanes: each gradient copied to lane 0 and added there, tensor by tensor."""
+    sizes = getattr(model, "gradient_sizes", None) or model.parameter_sizes
+    total = sum(sizes)
+    if hardware.virtual_lanes:
+        step.host = max(step.host, *step.device)
+        _copies(step, hardware, Phase.REDUCE, [0] + [total] * (n - 1), tensors=len(sizes))
+        adds = (n - 1) * (len(sizes) * hardware.op_overhead + elementwise_time(3 * total, hardware))
+        start, end = step.busy(adds)
+        step.event(Phase.REDUCE, 0, start, end, what="sum", tensors=len(sizes))
+        return
+    calls = messages(sizes)
+    flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
+    took = 2 * flatten + reduce(total, n, hardware.device_link(), calls)
+    step.host += calls * hardware.copy_overhead
+    start = max(step.host, *step.device)
+    for index in range(n):
+        step.event(Phase.REDUCE, index, start, start + took, total if index else 0,
+                   tensors=len(sizes))  # fmt: skip
+    step.device = [start + took] * n
 
 
 def ddp_buckets(
@@ -394,9 +359,10 @@ def ddp_buckets(
     bucket_bytes: int = DDP_BUCKET_BYTES,
     first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
 ) -> list[list[int]]:
-    """DDP's gradient buckets: parameter indices, in the order gradients become ready (the
-    reverse of ``parameters()``), each bucket closed once it holds at least its limit (1 MiB
-    for the first, then 25 MiB), as torch's ``_compute_bucket_assignment_by_size`` does."""
+    """DDP's gradient buckets: parameter indices in the order gradients become ready (the
+    reverse of ``parameters()``), a bucket closed once it holds at least its cap (1 MiB for
+    the first, then 25 MiB), as torch's ``_compute_bucket_assignment_by_size`` does: the
+    gradient is added, then the bucket closes (a 1.5 MiB cap can give a 2.1 MB bucket)."""
     buckets: list[list[int]] = []
     current: list[int] = []
     filled, limit = 0, first_bucket_bytes
@@ -413,27 +379,17 @@ def ddp_buckets(
 
 def allreduce_schedule(
     parameter_sizes: Sequence[int],
-    backward_start: float,
-    backward_end: float,
+    ready_at: Sequence[float],
     n: int,
     hardware: Hardware,
+    bucket_bytes: int = DDP_BUCKET_BYTES,
 ) -> list[tuple[list[int], float, float, int]]:
-    """DDP's bucketed all-reduces during a backward from ``backward_start`` to
-    ``backward_end``: ``(parameter indices, start, end, bytes)`` per bucket.
-
-    Gradients become ready last layer first; a parameter's share of the backward is taken
-    as its share of the parameters' bytes (a layer's backward work grows with its weights).
-    A bucket's all-reduce starts once its last gradient is ready and the one before it is
-    done (they run one after another on one communication stream), overlapping the rest of
-    the backward; what is left after the backward ends is the communication DDP exposes.
-    """
-    total = sum(parameter_sizes) or 1
-    ready_at, done = {}, 0
-    for index in reversed(range(len(parameter_sizes))):
-        done += parameter_sizes[index]
-        ready_at[index] = backward_start + (backward_end - backward_start) * done / total
-    schedule, free = [], backward_start
-    for bucket in ddp_buckets(parameter_sizes):
+    """DDP's bucketed all-reduces: ``(parameter indices, start, end, bytes)`` per bucket,
+    ``ready_at[i]`` being when parameter ``i``'s gradient is ready. A bucket's all-reduce
+    starts once its last gradient is ready and the one before it is done (one
+    communication stream), overlapping the rest of the backward."""
+    schedule, free = [], 0.0
+    for bucket in ddp_buckets(parameter_sizes, bucket_bytes):
         nbytes = sum(parameter_sizes[i] for i in bucket)
         start = max(free, max(ready_at[i] for i in bucket))
         free = start + allreduce(nbytes, n, hardware)
@@ -441,49 +397,84 @@ def allreduce_schedule(
     return schedule
 
 
-def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int, rate: float) -> None:
-    sizes = torch_chunk_sizes(batch, len(step.names))
+def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]:
+    """Seconds after the backward starts at which each parameter's gradient is ready: at the
+    end of the backward op that produced it, where the profile saw which one (by the
+    backward's work, not by the parameter's bytes: VGG's fully connected layers hold 89 %
+    of its bytes and take under 1 % of its work); else by the share of bytes."""
+    ends = ready_times(model.backward, rows, hardware)
+    produced_by = getattr(model, "gradient_ops", None)
+    total = ends[-1] if ends else 0.0
+    if produced_by and ends:
+        return [ends[min(i, len(ends) - 1)] if i >= 0 else total for i in produced_by]
+    sizes, done, ready = model.parameter_sizes, 0, [0.0] * len(model.parameter_sizes)
+    for index in reversed(range(len(sizes))):
+        done += sizes[index]
+        ready[index] = total * done / (sum(sizes) or 1)
+    return ready
+
+
+def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
+              bucket_bytes: int) -> None:  # fmt: skip
+    sizes = _chunks(batch, len(step.names))
     n = len(sizes)
-    clock = step.clock
-    start = clock.host + hardware.step_overhead / 4
-    if model.buffer_sizes and n > 1:  # DDP broadcasts buffers from rank 0 at every forward
-        took = allreduce(model.buffer_bytes, n, hardware) / 2  # a broadcast: half a ring
+    start = step.host + hardware.step_overhead / 4
+    if model.buffer_sizes and n > 1:  # broadcast_buffers=True: rank 0's, every forward
+        link = allreduce_link(hardware, n)
+        took = broadcast(model.buffer_bytes, n, link, messages(model.buffer_sizes))
         for index in range(n):
             moved = model.buffer_bytes if index else 0
             step.event(Phase.REPLICATE, index, start, start + took, moved, what="buffers")
         start += took
-    forward = [pass_time(model.forward, rows, hardware, rate, False) for rows in sizes]
-    backward = [pass_time(model.backward, rows, hardware, rate, True) for rows in sizes]
-    if hardware.asynchronous:
-        forward_ends = [start + max(t.host, t.device) for t in forward]
-    else:  # one process per rank, sharing the cores
-        forward_ends = _share_cores([start] * n, [t.host + t.device for t in forward],
-                                    hardware.compute_units)  # fmt: skip
-    loss = LOSS_OPS * (hardware.launch_overhead + elementwise_time("aten.add", 64, hardware))
+    forward = [pass_time(model.forward, rows, hardware, False) for rows in sizes]
+    backward = [pass_time(model.backward, rows, hardware, True) for rows in sizes]
+    loss = LOSS_OPS * (hardware.op_overhead + elementwise_time(64, hardware))
     loss += hardware.step_overhead / 2
-    backward_starts = [end + loss for end in forward_ends]
-    if hardware.asynchronous:
-        backward_ends = [s + max(t.host, t.device) for s, t in zip(backward_starts, backward)]
+    if hardware.virtual_lanes:  # a process per rank, sharing the cores
+        units = hardware.compute_units
+        forward_ends = _share_cores([start] * n, [t.host + t.device for t in forward], units)
+        backward_starts = [end + loss for end in forward_ends]
+        work = [t.host + t.device for t in backward]
+        backward_ends = _share_cores(backward_starts, work, units)
     else:
-        backward_ends = _share_cores(backward_starts, [t.host + t.device for t in backward],
-                                     hardware.compute_units)  # fmt: skip
-    for index, rows in enumerate(sizes):
-        step.memory(index, "input", model.input_bytes(rows))
-        step.memory(index, "parameters", model.parameter_bytes + model.buffer_bytes)
-        _account_replica(step, model, index, rows)
+        forward_ends = [start + _lasts(t, hardware) for t in forward]
+        backward_starts = [end + loss for end in forward_ends]
+        backward_ends = [s + _lasts(t, hardware) for s, t in zip(backward_starts, backward)]
+    for index in range(n):
         step.event(Phase.APPLY, index, start, forward_ends[index], replica=index)
         step.event(Phase.BACKWARD, index, backward_starts[index], backward_ends[index])
     end = max(backward_ends)
     if n > 1:
-        schedule = allreduce_schedule(model.parameter_sizes, max(backward_starts), end, n, hardware)
+        slowest = max(range(n), key=backward_ends.__getitem__)
+        stretch = (backward_ends[slowest] - backward_starts[slowest]) / max(
+            backward[slowest].device + backward[slowest].host, 1e-12
+        )  # a rank sharing cores with others runs its backward slower
+        ready = [
+            backward_starts[slowest] + t * stretch
+            for t in gradient_ready(model, sizes[slowest], hardware)
+        ]
+        schedule = allreduce_schedule(model.parameter_sizes, ready, n, hardware, bucket_bytes)
         for number, (bucket, bucket_start, bucket_end, nbytes) in enumerate(schedule):
             for index in range(n):
                 step.event(Phase.ALLREDUCE, index, bucket_start, bucket_end,
                            ring_bytes_sent(nbytes, n), bucket=number, bucket_bytes=nbytes,
                            tensors=len(bucket))  # fmt: skip
             end = max(end, bucket_end)
-    clock.host = end
-    clock.device = [end] * len(clock.device)
+    step.host = end
+    step.device = [end] * n
+
+
+def _record_memory(trace: PredictedTrace, names: list[str], step: int, model: Profile) -> None:
+    """The memory records of one step, as a measured trace notes them: the parameters and
+    the buffers apart (each broadcast's tensors), no record for nothing."""
+    for index, held in enumerate(trace.held):
+        for category, nbytes in held.items():
+            parts = [nbytes]
+            if category == "parameters" and model.buffer_bytes:
+                parts = [nbytes - model.buffer_bytes, model.buffer_bytes]
+            for part in parts:
+                if part:
+                    trace._memory.append((names[index], category, int(part), step, PREDICTED))
 
 
 def _count(devices: int | Sequence[Device]) -> int:
@@ -502,23 +493,57 @@ def _count(devices: int | Sequence[Device]) -> int:
     return count
 
 
+def _check_one_node(hardware: Hardware, count: int) -> None:
+    """DataParallel is one process on one machine: refuse more devices than a node has."""
+    if count > hardware.devices_per_node:
+        raise ValueError(
+            f"strategy='dp' on {count} devices: nn.DataParallel is one process with a thread "
+            f"per device, so it uses the devices of one machine ({hardware.devices_per_node} "
+            f"on {hardware.name!r}). Across machines, train with strategy='ddp' "
+            "(DistributedDataParallel: a process per device, started by torchrun on each node)"
+        )
+
+
+def _amp_dtype(amp: torch.dtype | str | None) -> torch.dtype | None:
+    if amp is None or isinstance(amp, torch.dtype):
+        if amp not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 or torch.float16")
+        return amp
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16}  # fmt: skip
+    if amp.lower() not in names:
+        raise ValueError(f"amp={amp!r}: use 'bf16' or 'fp16' (autocast's dtype), or None")
+    return names[amp.lower()]
+
+
 def predict(
     model: nn.Module,
-    sample_input: torch.Tensor,
+    sample_input: Any,
     batch_size: int,
     devices: int | Sequence[Device],
     hardware: Hardware | str,
     strategy: str = "dp",
     steps: int = 1,
+    *,
+    sample_kwargs: Mapping[str, Any] | None = None,
+    amp: torch.dtype | str | None = None,
+    optimizer: str = "sgd",
+    gradient_as_bucket_view: bool = False,
+    bucket_cap_mb: float = 25,
 ) -> PredictedTrace:
     """A predicted trace of ``steps`` training steps of ``model`` on a batch of ``batch_size``
-    rows like ``sample_input``, split over ``devices`` (a count, or a list of devices whose
-    number is used) of ``hardware`` (a :class:`~dpkit.cost.Hardware` or a preset's name),
-    with ``strategy`` ``"dp"`` (DataParallel) or ``"ddp"`` (DistributedDataParallel).
+    rows like ``sample_input`` (a tensor, or a tuple of positional inputs; ``sample_kwargs``
+    for keyword inputs), split over ``devices`` (a count, or a list of devices) of
+    ``hardware`` (a :class:`~dpkit.cost.Hardware` or a preset's name), with ``strategy``
+    ``"dp"`` (DataParallel: one node) or ``"ddp"`` (DistributedDataParallel).
 
-    The result is a :class:`PredictedTrace`: ``tr.summary()``, ``tr.memory_summary()``,
-    ``tr.to_chrome_trace(path)`` and ``dpkit.viz.timeline(tr)`` work as on a measured trace,
-    and ``tr.step_time`` is the predicted seconds per step.
+    ``amp``: ``torch.bfloat16``/``"bf16"`` or ``torch.float16``/``"fp16"`` predicts the step
+    under ``torch.autocast``; ``optimizer`` (``"sgd"``, ``"momentum"``, ``"adam"``,
+    ``"adamw"``) sets the state in the memory; ``gradient_as_bucket_view`` and
+    ``bucket_cap_mb`` are DDP's settings of the same names.
+
+    ``tr.step_time`` is the predicted seconds per step; ``tr.held`` the bytes per category on
+    each device, ``tr.memory_per_device`` their sums, ``tr.fits`` whether they fit.
     """
     if isinstance(hardware, str):
         hardware = preset(hardware)
@@ -533,20 +558,36 @@ def predict(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not (isinstance(bucket_cap_mb, (int, float)) and 0 < bucket_cap_mb < float("inf")):
+        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+    optimizer_copies(optimizer)
     count = _count(devices)
-    if count == 1:  # DataParallel calls the module itself: its own per-step overhead
-        hardware = hardware.on_one_device()
-    cost = profile(model, sample_input)
-    rate = hardware.flops_per_second(cost.dtype)
+    if strategy == "dp":
+        _check_one_node(hardware, count)
+    amp_dtype = _amp_dtype(amp)
+    options: dict[str, Any] = {}
+    if sample_kwargs is not None:
+        options["sample_kwargs"] = sample_kwargs
+    if amp_dtype is not None:
+        options["amp"] = amp_dtype
+    cost = profile(model, sample_input, **options)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     names = device_names(hardware, count)
-    build = _dp_step if strategy == "dp" else _ddp_step
+    sizes = _chunks(batch_size, count)
+    if strategy == "dp":
+        trace.held = dp_memory(cost, sizes, optimizer, gpu=not hardware.virtual_lanes)
+    else:
+        trace.held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view)
     start = 0.0
     for number in range(1, steps + 1):
-        step = _Step(trace, names, number, start)
-        build(step, cost, hardware, batch_size, rate)
+        step = _Step(trace, names, number, start, [start] * count)
+        if strategy == "dp":
+            _dp_step(step, cost, hardware, batch_size)
+        else:
+            _ddp_step(step, cost, hardware, batch_size, round(bucket_cap_mb * 1024 * 1024))
         # after the last phase: autograd finishing (gradients into .grad), the step's end
-        end = max(step.clock.host, *step.clock.device) + hardware.step_overhead / 4
+        end = max(step.host, *step.device) + hardware.step_overhead / 4
         trace.step_bounds[number] = (start, end)
+        _record_memory(trace, names, number, cost)
         start = end
     return trace

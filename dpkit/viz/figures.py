@@ -50,6 +50,10 @@ CATEGORY_COLORS = {
     # (buckets) that hold a second copy of them, in the all-reduce's colour.
     "gradients": "#b279a2",
     "buckets": PHASE_COLOURS["allreduce"],
+    # the cost model's (dpkit.cost.memory): optimizer state and DataParallel's reduce buffers
+    "optimizer": "#9d755d",
+    "reduce buffers": PHASE_COLOURS["reduce"],
+    "output gradient": "#ff9da6",
 }
 # torch's allocator totals, drawn as marks across a device's bar, not stacked on it.
 ALLOCATOR_STYLES = {

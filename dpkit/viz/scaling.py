@@ -1,17 +1,19 @@
 """Communication and scaling on hardware you may not have: the figures of notebook 06.
 
-The surprise first: DataParallel does not slow down across nodes because the network is slow
-for everyone; it slows down because every copy starts or ends at device 0. The parameters go
-out to each device and the gradients come back from each device, one copy after another
-through device 0's link, so the devices on the second node add a whole model's worth of
-bytes *each* over one network port. DDP's ring all-reduce sends ``2 (n - 1) / n`` of the
-gradients through every device's link at once, and mostly while backward still runs.
+The surprise first: on GPUs, DataParallel and DDP move about the same bytes per step. torch's
+DataParallel broadcasts the parameters with NCCL (``S / B``) and reduces the gradients with
+NCCL (``S / B``); DDP's ring all-reduce moves ``2 (n - 1) / n * S / B``. DataParallel is
+slower because of *when* and *where*: it broadcasts every step, reduces only after the whole
+backward (DDP's buckets overlap it), launches every replica's kernels from one process's
+threads (the GIL), and piles the batch, the gathered outputs, the loss and the optimizer's
+state on device 0. And it is one process: it cannot use a second node at all. Across nodes
+the course's answer is DDP, whose all-reduce then runs at the network's pace.
 
 Everything here reads traces from :func:`dpkit.cost.predict`; no number is typed in. Layers:
 
 - data: :func:`traffic` (what a step moves over which link, how long), :func:`scaling_rows`
   (step time by device count), :func:`speedup_grid` (speed-up and efficiency over batch x
-  devices, break-even batches);
+  devices, break-even batches), :func:`memory_table` (bytes per device, does it fit);
 - figures: :func:`phase_timeline` (a row per phase: one step at a glance, for any number of
   devices), :func:`scaling_figure`, :func:`speedup_heatmap`;
 - a widget: :func:`scaling_explorer` (hardware, model, devices 1-64, batch).
@@ -67,6 +69,12 @@ def predict(model_name: str, batch: int, devices: int, hardware: Any, strategy: 
     return cost.predict(model(model_name), sample_input(), batch, devices, hardware, strategy)
 
 
+def dp_fits_on(hardware: Any, devices: int) -> bool:
+    """Whether DataParallel can use ``devices`` devices of ``hardware``: one process, so the
+    devices of one node only."""
+    return devices <= _hardware(hardware).devices_per_node
+
+
 def _hardware(hardware: Any) -> cost.Hardware:
     return cost.preset(hardware) if isinstance(hardware, str) else hardware
 
@@ -82,9 +90,10 @@ def _index(device: str) -> int:
 
 def link_names(hardware: Any) -> dict[str, str]:
     """A machine's two links in words: ``"node"`` (between devices of one node) and
-    ``"network"`` (between nodes), each its achieved bandwidth and its latency."""
+    ``"network"`` (between nodes: a node's ports together), each its achieved bandwidth
+    and its latency."""
     machine = _hardware(hardware)
-    inside, network = machine.device_link(), machine.node_to_node
+    inside, network = machine.device_link(), machine.network_link()
     how = "peer to peer" if machine.peer_to_peer else "through host memory"
     return {
         "node": f"{inside.bandwidth / 1e9:.3g} GB/s, {inside.latency * 1e6:.3g} us ({how})",
@@ -146,22 +155,46 @@ def traffic(trace: Any) -> Any:
 
 
 def hardware_table(names: Sequence[str] | None = None) -> Any:
-    """The presets' links side by side (default: the GPU machines): devices per node, and
-    each link's bandwidth (GB/s, achieved, one way) and latency (us)."""
+    """The presets side by side (default: the GPU machines): devices per node, peak FLOP/s
+    of the units float32 matmuls, float32 convolutions (TF32 by default) and autocast use,
+    memory per device, and each link's achieved bandwidth with where it comes from."""
     machines = cost.presets()
     rows = []
     for name in names or gpu_presets():
         machine = machines[name]
-        inside = machine.device_link()
+        peaks = machine.peak_flops
+        inside, network = machine.device_link(), machine.network_link()
         rows.append(
             {
                 "hardware": name,
-                "device": machine.device_name,
                 "per node": machine.devices_per_node,
-                "device link GB/s": round(inside.bandwidth / 1e9, 3),
-                "device link us": round(inside.latency * 1e6, 3),
-                "network GB/s": round(machine.node_to_node.bandwidth / 1e9, 3),
-                "network us": round(machine.node_to_node.latency * 1e6, 3),
+                "fp32 TFLOP/s": round(peaks["float32"] / 1e12, 1),
+                "tf32": round(peaks.get("tfloat32", peaks["float32"]) / 1e12, 1),
+                "fp16/bf16": round(max(peaks.get("float16", 0), peaks.get("bfloat16", 0)) / 1e12),
+                "memory GiB": round(machine.memory_capacity / 2**30),
+                "device link GB/s": round(inside.bandwidth / 1e9, 1),
+                "from": inside.source,
+                "network GB/s per node": round(network.bandwidth / 1e9, 2),
+                "network from": network.source,
+            }
+        )
+    return as_dataframe(rows)
+
+
+def memory_table(traces: Sequence[Any], labels: Sequence[str]) -> Any:
+    """Bytes per device of predicted steps, one row per trace: device 0's, the largest of
+    the others', the device's capacity and whether it fits (all predicted)."""
+    rows = []
+    for label, trace in zip(labels, traces):
+        per_device = trace.memory_per_device
+        others = max(per_device[1:], default=0)
+        rows.append(
+            {
+                "step": label,
+                "device 0": human_bytes(per_device[0]),
+                "other devices (max)": human_bytes(others) if len(per_device) > 1 else "-",
+                "capacity": human_bytes(trace.machine.memory_capacity),
+                "fits": "yes" if trace.fits else "no",
             }
         )
     return as_dataframe(rows)
@@ -274,11 +307,14 @@ def scaling_rows(
     strategies: Sequence[str] = ("dp", "ddp"),
 ) -> list[ScalingRow]:
     """Predicted step times as the device count grows, the batch growing with it
-    (``batch_per_device`` rows per device: the usual way to scale out)."""
+    (``batch_per_device`` rows per device: the usual way to scale out). DataParallel only
+    up to one node's devices: it is one process."""
     rows = []
     for name in hardware_names:
         for strategy in strategies:
             for n in device_counts:
+                if strategy == "dp" and not dp_fits_on(name, n):
+                    continue
                 trace = predict(model_name, batch_per_device * n, n, name, strategy)
                 moved = sum(
                     row["time_s"] for row in trace.summary() if row["phase"] in COMMUNICATION
@@ -357,7 +393,10 @@ def speedup_grid(
     devices: Sequence[int] = (2, 4, 8, 16, 32, 64),
     strategy: str = "dp",
 ) -> SpeedupGrid:
-    """Predict every (batch, devices) pair of the grid, and one device at each batch."""
+    """Predict every (batch, devices) pair of the grid, and one device at each batch; for
+    DataParallel, only the device counts one node has."""
+    if strategy == "dp":
+        devices = [n for n in devices if dp_fits_on(hardware, n)]
     single = tuple(predict(model_name, b, 1, hardware, strategy).step_time * 1e3 for b in batches)
     table = tuple(
         tuple(predict(model_name, b, n, hardware, strategy).step_time * 1e3 for n in devices)
@@ -417,44 +456,46 @@ class ScalingView:
     model: str
     devices: int
     batch: int
-    dp: Any
+    dp: Any  # None beyond one node: DataParallel is one process
     ddp: Any
 
     @property
     def marker(self) -> str:
+        dp = f"{self.dp.step_time * 1e3:.3g} ms" if self.dp is not None else "one node only"
         return (
             f"batch={self.batch} devices={self.devices} hardware={self.hardware} "
-            f"model={self.model}: predicted step DataParallel {self.dp.step_time * 1e3:.3g} ms, "
+            f"model={self.model}: predicted step DataParallel {dp}, "
             f"DDP {self.ddp.step_time * 1e3:.3g} ms"
         )
 
 
 def scaling_view(hardware: str, model_name: str, devices: int, batch: int) -> ScalingView:
-    """DataParallel and DDP predicted for the same step on the same hardware."""
-    return ScalingView(
-        hardware,
-        model_name,
-        devices,
-        batch,
-        predict(model_name, batch, devices, hardware, "dp"),
-        predict(model_name, batch, devices, hardware, "ddp"),
-    )
+    """DataParallel and DDP predicted for the same step on the same hardware (DataParallel
+    None past one node)."""
+    dp = None
+    if dp_fits_on(hardware, devices):
+        dp = predict(model_name, batch, devices, hardware, "dp")
+    ddp = predict(model_name, batch, devices, hardware, "ddp")
+    return ScalingView(hardware, model_name, devices, batch, dp, ddp)
 
 
 def scaling_view_figure(view: ScalingView) -> Figure:
-    """DataParallel above DDP, phase by phase, predicted, on one time axis."""
-    machine = view.dp.machine
+    """DataParallel above DDP, phase by phase, predicted, on one time axis (DDP alone past
+    one node, saying why)."""
+    machine = view.ddp.machine
     nodes = -(-view.devices // machine.devices_per_node)
     where = f"{view.devices} device(s)" + (f" on {nodes} nodes" if nodes > 1 else "")
-    figure = phase_timeline(
-        [view.dp, view.ddp],
-        [
-            f"DataParallel: {view.dp.step_time * 1e3:.3g} ms per step",
-            f"DDP: {view.ddp.step_time * 1e3:.3g} ms per step",
-        ],
-    )
+    traces, labels = [view.ddp], [f"DDP: {view.ddp.step_time * 1e3:.3g} ms per step"]
+    if view.dp is not None:
+        traces.insert(0, view.dp)
+        labels.insert(0, f"DataParallel: {view.dp.step_time * 1e3:.3g} ms per step")
+    else:
+        labels[0] += (
+            f" (no DataParallel: one process uses one node's {machine.devices_per_node} devices)"
+        )
+    figure = phase_timeline(traces, labels)
     figure.suptitle(
-        hardware_title(view.dp, f"{view.model}, batch {view.batch}, {where}").replace(", dp", ""),
+        hardware_title(view.ddp, f"{view.model}, batch {view.batch}, {where}").replace(", ddp", ""),
         fontsize=9,
     )
     return figure

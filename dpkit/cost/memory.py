@@ -1,0 +1,101 @@
+"""What each device holds during a step: the memory half of a prediction.
+
+The surprise first: in DataParallel device 0 runs out of memory first, and not because of
+its replica. It holds the caller's whole batch (its chunk is a view of it), the gathered
+outputs and their gradient, the loss, the module's ``.grad`` *and* its own replica's
+gradients until the reduce, the 10 MiB buffers the reduce flattens into, and the
+optimizer's state (the optimizer steps the module on device 0 only). DDP's ranks are even,
+but each holds its gradients twice, once as ``.grad`` and once in the buckets the
+all-reduce runs on, unless ``gradient_as_bucket_view=True`` makes one a view of the other:
+about three times the parameters' bytes with plain SGD, five with Adam.
+
+Bytes by category, per device, as :func:`dp_memory` and :func:`ddp_memory` return them:
+
+- ``parameters``: parameters and buffers (replicas too: broadcast every step);
+- ``gradients``: ``.grad`` (device 0 in DataParallel; every rank in DDP), plus each
+  replica's own gradients, held until DataParallel's reduce;
+- ``optimizer``: SGD with momentum keeps one buffer per parameter, Adam(W) two;
+- ``input``: the chunk each device computes on (on GPUs DataParallel's device 0 holds the
+  whole batch, its chunk a view of it);
+- ``activations``: what autograd saves for the backward; ``outputs``: each replica's output;
+- ``gathered`` and ``output gradient``: DataParallel's output on device 0, and the loss's
+  gradient of it;
+- ``buckets``: DDP's gradient buckets (none with ``gradient_as_bucket_view=True``);
+- ``reduce buffers``: the flat buffers ``reduce_add_coalesced`` packs gradients into (GPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dpkit.cost.collectives import COALESCE_BYTES
+from dpkit.cost.profile import Profile
+
+# Optimizer state per trainable parameter, in copies of it (torch.optim's state_dict):
+# plain SGD none, SGD(momentum>0) its momentum_buffer, Adam and AdamW exp_avg, exp_avg_sq.
+OPTIMIZER_COPIES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+Held = dict[str, int]
+
+
+def optimizer_copies(optimizer: str) -> int:
+    """Copies of the gradients an optimizer keeps as state; a clear error for other names."""
+    try:
+        return OPTIMIZER_COPIES[optimizer.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(
+            f"optimizer={optimizer!r} is not known; use one of {', '.join(OPTIMIZER_COPIES)} "
+            "(the state it keeps is what the memory prediction needs)"
+        ) from None
+
+
+def _gradient_bytes(model: Profile) -> int:
+    sizes = getattr(model, "gradient_sizes", None)
+    return sum(model.parameter_sizes if sizes is None else sizes)
+
+
+def _replica(model: Profile, rows: int) -> Held:
+    return {
+        "parameters": model.parameter_bytes + model.buffer_bytes,
+        "input": model.input_bytes(rows),
+        "activations": model.activation_bytes(rows),
+        "outputs": model.output_bytes(rows),
+    }
+
+
+def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -> list[Held]:
+    """Bytes per category on each device of a DataParallel step with chunks of ``sizes``
+    rows. ``gpu``: torch's path (device 0 holds the whole batch; NCCL reduce buffers);
+    else dpkit's virtual lanes (each lane its chunk; the host reduces tensor by tensor)."""
+    gradients = _gradient_bytes(model)
+    held = [_replica(model, rows) for rows in sizes]
+    for device in held[1:] if len(sizes) > 1 else []:
+        device["gradients"] = gradients  # the replica's own, until the reduce
+    first = held[0]
+    first["gradients"] = gradients * (2 if len(sizes) > 1 else 1)  # .grad, and replica 0's
+    first["optimizer"] = gradients * optimizer_copies(optimizer)
+    if len(sizes) > 1:
+        first["gathered"] = model.output_bytes(sum(sizes))
+        first["output gradient"] = model.output_bytes(sum(sizes))  # the loss's, scattered back
+    if gpu:
+        first["input"] = model.input_bytes(sum(sizes))
+        if len(sizes) > 1:  # each device flattens up to 10 MiB; device 0 also the result
+            flat = min(gradients, COALESCE_BYTES)
+            for index, device in enumerate(held):
+                device["reduce buffers"] = flat * (2 if index == 0 else 1)
+    return held
+
+
+def ddp_memory(
+    model: Profile, sizes: Sequence[int], optimizer: str, gradient_as_bucket_view: bool
+) -> list[Held]:
+    """Bytes per category on each rank of a DDP step: even, apart from uneven chunks."""
+    gradients = _gradient_bytes(model)
+    held = []
+    for rows in sizes:
+        device = _replica(model, rows)
+        device["gradients"] = gradients
+        device["buckets"] = 0 if gradient_as_bucket_view else gradients
+        device["optimizer"] = gradients * optimizer_copies(optimizer)
+        held.append(device)
+    return held
