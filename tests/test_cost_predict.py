@@ -149,7 +149,7 @@ def test_ddp_buckets_match_torch():
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
-    sizes = [4 << 20, 4, 30 << 20, 2 << 20, 500 << 10, 700 << 10, 300 << 10, 8]
+    sizes = [4 << 20, 4, 30 << 20, 2 << 20, 500 << 10, 700 << 10, 300 << 10, 8, 1 << 20]
     tensors = [torch.empty(size // 4) for size in sizes]
     expected, _ = dist._compute_bucket_assignment_by_size(
         list(reversed(tensors)), [1 << 20, 25 << 20], [False] * len(tensors)

@@ -38,7 +38,8 @@ class PassTime:
 def rate_key(op: OpCost, hardware: Hardware) -> str:
     """Which of ``hardware.peak_flops`` an op's FLOPs run at, as torch decides on a GPU:
     its dtype, except float32 matmuls in TF32 where ``allow_tf32`` says so (convolutions by
-    default, matmuls after ``torch.backends.cuda.matmul.allow_tf32 = True``)."""
+    default, matmuls after ``torch.backends.cuda.matmul.allow_tf32 = True``). A T4 has no
+    bfloat16 units: predicting bf16 autocast there is an error, as it should be."""
     dtype = getattr(op, "dtype", "float32")
     kind = getattr(op, "kind", "memory")
     if dtype == "float32" and "tfloat32" in hardware.peak_flops:
@@ -46,7 +47,7 @@ def rate_key(op: OpCost, hardware: Hardware) -> str:
             return "tfloat32"
         if kind == "matmul" and torch.backends.cuda.matmul.allow_tf32:
             return "tfloat32"
-    return dtype if dtype in hardware.peak_flops else "float32"
+    return dtype  # a dtype the hardware has no units for is refused by flops_per_second
 
 
 def interpolate(samples: OpSamples, work: float) -> float:

@@ -1,0 +1,243 @@
+"""The cost model against answers worked out by hand: a 2-layer MLP on 2 devices of a made-up
+GPU machine (every phase's time and bytes), memory per device, unit conversions, bucket
+boundaries, and Hardware/Link refusing what makes no sense."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import dpkit.cost as cost
+from dpkit.cost import Hardware, Link
+
+TINY = 1e-12  # a host overhead too small to matter (validation wants every term above 0)
+GB = 1e9
+
+
+def made_up(**changes: object) -> Hardware:
+    """A GPU machine with round numbers: 1 GFLOP/s, memory so fast that no op waits for it,
+    a 1 GB/s device link with 1 us per message, host overheads of nothing."""
+    link = Link(1 * GB, 1e-6, "made up")
+    machine = Hardware(
+        name="made-up", description="round numbers", device_name="toy", source="this test",
+        peak_flops={"float32": 1e9}, matmul_efficiency=1.0, memory_bandwidth=1e15,
+        memory_efficiency=1.0, memory_capacity=1e6, compute_units=2, host_to_device=link,
+        device_to_device=link, node_to_node=link, devices_per_node=2, nodes=1,
+        nics_per_node=1, peer_to_peer=True, virtual_lanes=False, op_overhead=TINY,
+        backward_op_overhead=TINY, gil_handoff=TINY, thread_start=TINY, module_overhead=TINY,
+        copy_overhead=TINY, step_overhead=TINY,
+    )  # fmt: skip
+    return dataclasses.replace(machine, **changes)
+
+
+def two_layers() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+PARAMS = (8 * 4 + 8 + 2 * 8 + 2) * 4  # 232 bytes of float32
+US = 1e-6
+
+
+def spans(trace) -> dict[str, tuple[float, float]]:
+    found: dict[str, tuple[float, float]] = {}
+    for e in trace.events:
+        first, last = found.get(e.phase, (e.start, e.end))
+        found[e.phase] = (min(first, e.start), max(last, e.end))
+    return found
+
+
+def test_a_dataparallel_step_on_two_made_up_gpus_by_hand():
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, made_up())
+    got = spans(trace)
+    # scatter: device 1's chunk, 2 rows x 4 floats = 32 B: 1 us + 32 ns
+    scatter = 1 * US + 32e-9
+    assert got["scatter"][1] == pytest.approx(scatter, abs=1e-10)
+    # replicate: one NCCL broadcast of 232 B to 2 devices: 232 ns + 1 ring step of 1 us
+    replicate = scatter + PARAMS / GB + 1 * US
+    assert got["replicate"][1] == pytest.approx(replicate, abs=1e-10)
+    # apply: 2 rows through Linear(4, 8) and Linear(8, 2): 2*2*4*8 + 2*2*8*2 = 192 FLOPs
+    apply = replicate + 192e-9
+    assert got["apply"] == pytest.approx((replicate, apply), abs=1e-10)
+    # gather onto device 0: device 1's output, 2 rows x 2 floats = 16 B: 1 us + 16 ns
+    gather = apply + 1 * US + 16e-9
+    assert got["gather"][1] == pytest.approx(gather, abs=1e-10)
+    # the output's gradient back to device 1, then each replica's backward: the weights'
+    # gradients (2*2*2*8 and 2*2*8*4 FLOPs) and layer 2's input gradient (2*2*2*8): 256
+    backward = gather + 1 * US + 16e-9 + 256e-9
+    assert got["backward"][1] == pytest.approx(backward, abs=1e-10)
+    # only then one NCCL reduce of the 232 B of gradients: 232 ns + 1 us
+    reduce = backward + PARAMS / GB + 1 * US
+    assert got["reduce"] == pytest.approx((backward, reduce), abs=1e-10)
+    assert trace.step_time == pytest.approx(reduce, abs=1e-10)
+    moved = {row["phase"]: row["nbytes"] for row in trace.summary()}
+    assert moved == {"scatter": 32, "replicate": PARAMS, "apply": 0, "gather": 16,
+                     "grad_scatter": 16, "backward": 0, "reduce": PARAMS}  # fmt: skip
+
+
+def test_a_ddp_step_on_two_made_up_gpus_by_hand():
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, made_up(), strategy="ddp")
+    got = spans(trace)
+    assert got["apply"][1] == pytest.approx(192e-9, abs=1e-10)  # no scatter, no replicate
+    backward = 192e-9 + 256e-9
+    assert got["backward"][1] == pytest.approx(backward, abs=1e-10)
+    # one bucket (232 B < 1 MiB), ready when the last gradient is: 2 * 1/2 * 232 B / 1 GB/s
+    # plus 2 ring steps of 1 us
+    allreduce = PARAMS / GB + 2 * US
+    first_gradient_ready = got["allreduce"][0]
+    assert got["allreduce"][1] - first_gradient_ready == pytest.approx(allreduce, abs=1e-10)
+    assert first_gradient_ready <= backward + 1e-10
+    assert {e.nbytes for e in trace.events if e.phase == "allreduce"} == {PARAMS}  # 2*(1/2)*S
+
+
+def test_memory_per_device_by_hand():
+    model, sample = two_layers(), torch.randn(1, 4)
+    dp = cost.predict(model, sample, 4, 2, made_up(), optimizer="adam")
+    zero, one = dp.held
+    assert zero["parameters"] == one["parameters"] == PARAMS
+    assert zero["gradients"] == 2 * PARAMS  # .grad and replica 0's, until the reduce
+    assert one["gradients"] == PARAMS
+    assert zero["optimizer"] == 2 * PARAMS and "optimizer" not in one  # Adam: 2 states
+    assert zero["input"] == 4 * 16 and one["input"] == 2 * 16  # the whole batch on device 0
+    assert zero["gathered"] == zero["output gradient"] == 4 * 2 * 4
+    assert zero["reduce buffers"] == 2 * PARAMS and one["reduce buffers"] == PARAMS
+    assert dp.memory_per_device[0] > dp.memory_per_device[1]
+    ddp = cost.predict(model, sample, 4, 2, made_up(), "ddp", optimizer="momentum")
+    for rank in ddp.held:  # parameters, gradients, buckets, momentum: 4x the parameters
+        assert [rank[k] for k in ("parameters", "gradients", "buckets", "optimizer")] == [
+            PARAMS
+        ] * 4
+    view = cost.predict(model, sample, 4, 2, made_up(), "ddp", gradient_as_bucket_view=True)
+    assert all(rank["buckets"] == 0 for rank in view.held)
+    assert dp.fits and not cost.predict(model, sample, 4, 2, made_up(memory_capacity=500)).fits
+
+
+def test_frozen_parameters_have_no_gradients_and_no_optimizer_state():
+    model = two_layers()
+    model[0].weight.requires_grad_(False)
+    dp = cost.predict(model, torch.randn(1, 4), 4, 2, made_up(), optimizer="adam")
+    trainable = PARAMS - 8 * 4 * 4
+    assert dp.held[1]["gradients"] == trainable
+    assert dp.held[0]["optimizer"] == 2 * trainable
+
+
+def test_gradients_and_optimizer_state_as_torch_holds_them():
+    model = two_layers()
+    optimizer = torch.optim.Adam(model.parameters())
+    nn.functional.mse_loss(model(torch.randn(4, 4)), torch.randn(4, 2)).backward()
+    optimizer.step()
+    grads = sum(p.grad.nbytes for p in model.parameters())
+    state = sum(
+        t.nbytes for s in optimizer.state.values() for k, t in s.items() if k != "step"
+    )  # exp_avg, exp_avg_sq (Adam's step counter is a 4-byte scalar per parameter)
+    held = cost.predict(model, torch.randn(1, 4), 4, 1, made_up(), optimizer="adam").held[0]
+    assert held["gradients"] == grads and held["optimizer"] == state
+
+
+def test_amp_and_tf32_pick_the_units_torch_runs_on():
+    fast = made_up(peak_flops={"float32": 1e9, "tfloat32": 8e9, "bfloat16": 16e9})
+    model, sample = two_layers(), torch.randn(1, 4)
+    fp32 = spans(cost.predict(model, sample, 4, 1, fast))["apply"]
+    bf16 = spans(cost.predict(model, sample, 4, 1, fast, amp="bf16"))["apply"]
+    # 4 rows: 2*4*4*8 + 2*4*8*2 = 384 FLOPs at 1 GFLOP/s (CUDA cores), then at 16
+    assert fp32[1] - fp32[0] == pytest.approx(384e-9, abs=1e-11)
+    assert bf16[1] - bf16[0] == pytest.approx(384e-9 / 16, abs=1e-11)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True  # as set_float32_matmul_precision("high")
+        tf32 = spans(cost.predict(model, sample, 4, 1, fast))["apply"]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    assert tf32[1] - tf32[0] == pytest.approx(384e-9 / 8, abs=1e-11)
+    with pytest.raises(ValueError, match="bfloat16.*T4"):
+        cost.predict(model, sample, 4, 1, "T4-PCIe3", amp="bf16")
+
+
+def test_convolutions_run_in_tf32_by_default_and_matmuls_do_not():
+    from dpkit.cost.compute import rate_key
+    from dpkit.cost.profile import OpCost
+
+    a100 = cost.preset("8xA100-SXM-NVLink")
+    conv = OpCost("aten.convolution", (0.0, 1.0), (0.0, 1.0), kind="conv", dtype="float32")
+    mm = OpCost("aten.mm", (0.0, 1.0), (0.0, 1.0), kind="matmul", dtype="float32")
+    assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    assert rate_key(conv, a100) == "tfloat32" and rate_key(mm, a100) == "float32"
+    v100 = cost.preset("8xV100-NVLink")  # no TF32 before Ampere
+    assert rate_key(conv, v100) == "float32"
+
+
+def test_units_of_the_presets_match_the_spec_sheets():
+    a100 = cost.preset("8xA100-SXM-NVLink")
+    assert a100.memory_capacity == 80 * 1024**3  # "80GB": 81,920 MiB in nvidia-smi
+    assert a100.memory_bandwidth == 2.039e12  # 2,039 GB/s: decimal gigabytes
+    assert a100.peak_flops["float32"] == 19.5e12
+    # 200 Gb/s HDR is 25 GB/s (bits to bytes), 96 % reached
+    assert a100.node_to_node.bandwidth == pytest.approx(200e9 / 8 * 0.96)
+    assert cost.preset("2x8xA100-10GbE").node_to_node.bandwidth == pytest.approx(10e9 / 8 * 0.5)
+
+
+def test_ddp_buckets_close_once_a_gradient_takes_them_past_the_cap():
+    mib = 1 << 20
+    # reversed: 0.75 MiB (not yet 1 MiB), + 0.75 MiB -> 1.5 MiB, closed; then a 25 MiB cap
+    assert cost.ddp_buckets([20 * mib, 6 * mib, mib * 3 // 4, mib * 3 // 4]) == [[3, 2], [1, 0]]
+    assert cost.ddp_buckets([mib, 1], first_bucket_bytes=mib) == [[1, 0]]
+    assert cost.ddp_buckets([5, mib]) == [[1], [0]]  # exactly the cap closes the bucket
+    # a 1.5 MiB cap, buckets of 1.2 MB tensors: the second makes 2.4 MB, then it closes
+    assert cost.ddp_buckets([1_200_000] * 3, bucket_bytes=1_572_864) == [[2], [1, 0]]
+
+
+def test_a_sample_row_is_what_the_bytes_scale_with():
+    model = two_layers()
+    profile = cost.profile(model, torch.randn(3, 4))  # the sample's batch size is not used
+    assert profile.input_bytes(10) == 10 * 4 * 4
+    assert profile.output_bytes(10) == 10 * 2 * 4
+    trace = cost.predict(model, torch.randn(3, 4), 10, 2, made_up())
+    assert next(e.nbytes for e in trace.events if e.phase == "scatter" and e.nbytes) == 5 * 16
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"matmul_efficiency": 5}, "matmul_efficiency.*fraction"),
+        ({"memory_efficiency": 0.0}, "memory_efficiency"),
+        ({"devices_per_node": 2.5}, "devices_per_node.*whole"),
+        ({"nodes": 0}, "nodes"),
+        ({"peer_to_peer": "no"}, "peer_to_peer.*True or False"),
+        ({"virtual_lanes": 1}, "virtual_lanes"),
+        ({"step_overhead": float("nan")}, "step_overhead"),
+        ({"peak_flops": {"float32": -1.0}}, "peak_flops"),
+        ({"peak_flops": {"bfloat16": 1e12}}, "float32"),
+        ({"device_to_device": 5e9}, "device_to_device.*Link"),
+        ({"allreduce_bandwidth": float("inf")}, "allreduce_bandwidth"),
+    ],
+)
+def test_hardware_refuses_what_makes_no_sense(changes, words):
+    with pytest.raises((TypeError, ValueError), match=words):
+        made_up(**changes)
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "latency"), [(0, 1e-6), (float("nan"), 1e-6), (1e9, -1.0), (1e9, math.inf)]
+)
+def test_a_link_refuses_what_would_divide_by_zero_or_poison_the_times(bandwidth, latency):
+    with pytest.raises(ValueError, match="Link"):
+        Link(bandwidth, latency)
+
+
+def test_dataparallel_beyond_one_node_teaches_ddp():
+    with pytest.raises(ValueError, match="one machine.*strategy='ddp'"):
+        cost.predict(two_layers(), torch.randn(1, 4), 8, 3, made_up())
+    assert cost.predict(two_layers(), torch.randn(1, 4), 8, 3, made_up(), "ddp").step_time > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [({"optimizer": "lion"}, "optimizer"), ({"amp": "fp8"}, "amp"), ({"bucket_cap_mb": 0}, "bucket")],
+)
+def test_bad_options_are_named(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        cost.predict(two_layers(), torch.randn(1, 4), 4, 2, made_up(), **kwargs)
