@@ -27,21 +27,22 @@ def _parameter_bytes(name: str) -> int:
     return sum(p.numel() * p.element_size() for p in course_model(name).parameters())
 
 
-def test_traffic_splits_dataparallel_s_copies_into_inside_and_across_nodes():
+def test_traffic_counts_what_each_phase_moves_inside_one_node():
     params = _parameter_bytes("cnn")
-    trace = scaling.predict("cnn", 160, 12, TWO_NODES)  # 8 devices in node 0, 4 in node 1
+    trace = scaling.predict("cnn", 160, 8, TWO_NODES)  # DataParallel: node 0's 8 devices
     rows = {row.phase: row for row in scaling.phase_traffic(trace)}
     for phase in ("replicate", "reduce"):  # the whole model, to or from each other device
         assert rows[phase].inside == 7 * params, phase
-        assert rows[phase].across == 4 * params, phase
-        assert rows[phase].copies >= 11
-    # the batch: 12 chunks of 160 / 12 -> 14 rows (torch.chunk), the last 6; device 0's stays
-    row_bytes = 28 * 28 * 4
-    assert rows["scatter"].inside == 7 * 14 * row_bytes
-    assert rows["scatter"].across == (3 * 14 + 6) * row_bytes
+        assert rows[phase].across == 0, phase
+    # the batch: 8 chunks of 160 / 8 = 20 rows; device 0's stays
+    assert rows["scatter"].inside == 7 * 20 * 28 * 28 * 4
     assert rows["apply"].inside == rows["apply"].across == 0
-    table = scaling.traffic(trace)
-    assert len(table) == len(rows)
+    ddp = {
+        row.phase: row
+        for row in scaling.phase_traffic(scaling.predict("cnn", 160, 12, TWO_NODES, "ddp"))
+    }
+    assert ddp["allreduce"].across > 0  # ranks 8-11 on node 1 all-reduce over the network
+    assert len(scaling.traffic(trace)) == len(rows)
 
 
 def test_ddp_all_reduces_instead_of_funnelling_through_device0():
@@ -53,7 +54,7 @@ def test_ddp_all_reduces_instead_of_funnelling_through_device0():
 def test_link_names_state_each_link_s_bandwidth_and_latency():
     machine = cost.preset(TWO_NODES)
     names = scaling.link_names(machine)
-    assert f"{machine.node_to_node.bandwidth / 1e9:.3g} GB/s" in names["network"]
+    assert f"{machine.network_link().bandwidth / 1e9:.3g} GB/s" in names["network"]
     assert f"{machine.device_link().bandwidth / 1e9:.3g} GB/s" in names["node"]
 
 
@@ -78,7 +79,8 @@ def test_phase_timeline_draws_each_phase_s_span_and_says_predicted():
 
 
 def test_speedup_grid_is_one_device_over_n_from_the_cost_model():
-    grid = scaling.speedup_grid("mlp", "8xA100-SXM-NVLink", batches=(64, 4096), devices=(2, 16))
+    grid = scaling.speedup_grid("mlp", "8xA100-SXM-NVLink", batches=(64, 4096), devices=(2, 8, 16))
+    assert grid.devices == (2, 8)  # DataParallel: one node's devices only
     model = scaling.model("mlp")
     sample = cost.models.sample_input()
     for i, batch in enumerate(grid.batches):
@@ -110,8 +112,8 @@ def test_break_even_is_the_first_batch_where_n_devices_beat_one():
 def test_scaling_rows_grow_the_batch_with_the_devices_and_say_predicted():
     rows = scaling.scaling_rows("mlp", 32, (1, 4, 16), ("2x8xA100-10GbE",))
     assert [(r.strategy, r.devices, r.batch) for r in rows] == [
-        (s, n, 32 * n) for s in ("dp", "ddp") for n in (1, 4, 16)
-    ]
+        (s, n, 32 * n) for s in ("dp", "ddp") for n in (1, 4, 16) if (s, n) != ("dp", 16)
+    ]  # DataParallel stops at one node
     assert all(0 <= r.communication_ms < r.step_ms for r in rows)
     figure = scaling.scaling_figure(rows)
     assert "predicted" in figure.axes[0].get_title()
@@ -128,8 +130,13 @@ def test_explorer_redraws_for_every_control_and_names_what_it_shows():
     first_png = explorer.last_png
     explorer.controls["batch"].value = 272
     assert explorer.marker.value.startswith("batch=272 ") and explorer.last_png != first_png
-    explorer.controls["devices"].value = 64
-    assert explorer.last_data.dp.device_count == 64 == explorer.last_data.ddp.device_count
+    explorer.controls["devices"].value = 64  # past one node: DDP alone, and why
+    assert explorer.last_data.dp is None and explorer.last_data.ddp.device_count == 64
+    assert "one node only" in explorer.marker.value
+    labels = [axes.get_title(loc="left") for axes in explorer.last_figure.axes]
+    assert len(labels) == 1 and "no DataParallel: one process" in labels[0]
+    explorer.controls["devices"].value = 8
+    assert explorer.last_data.dp.device_count == 8
     explorer.controls["hardware"].value = TWO_NODES
     assert TWO_NODES in explorer.last_figure.get_suptitle()
     assert "predicted" in explorer.last_figure.get_suptitle()
