@@ -241,3 +241,30 @@ def test_dataparallel_beyond_one_node_teaches_ddp():
 def test_bad_options_are_named(kwargs, words):
     with pytest.raises(ValueError, match=words):
         cost.predict(two_layers(), torch.randn(1, 4), 4, 2, made_up(), **kwargs)
+
+
+def test_ddp_buckets_wait_for_the_backward_work_not_the_bytes():
+    """VGG's shape: the fully connected layers hold nearly all the bytes and little of the
+    work, and their gradients come first; the convolutions' come at the very end."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(32 * 16, 2048), nn.ReLU(),
+        nn.Linear(2048, 256),
+    )  # fmt: skip
+    sample = torch.randn(1, 3, 64, 64)
+    profile = cost.profile(model, sample)
+    ops = [op.name for op in profile.backward.ops]
+    # the first conv's weight gradient is the last convolution_backward's; the last layer's
+    # comes within its first few ops
+    assert profile.gradient_ops[0] == max(i for i, n in enumerate(ops) if "convolution" in n)
+    assert max(profile.gradient_ops[-2:]) < ops.index("aten.threshold_backward")
+    from dpkit.cost.predict import gradient_ready
+
+    a100 = cost.preset("8xA100-SXM-NVLink")
+    ready = gradient_ready(profile, 256, a100)
+    backward = cost.compute.pass_time(profile.backward, 256, a100, True)
+    fc_bytes = sum(profile.gradient_sizes[-4:])
+    assert fc_bytes > 0.9 * profile.gradient_bytes  # 98 % of the bytes ...
+    assert max(ready[-4:]) < 0.25 * ready[0]  # ... ready in its first quarter
+    assert ready[0] == pytest.approx(backward.device + len(profile.backward) * 6e-6)

@@ -397,17 +397,23 @@ def allreduce_schedule(
     return schedule
 
 
+def _gradients(model: Profile) -> tuple[int, ...]:
+    """Bytes of each gradient DDP buckets: the parameters that require grad, in order."""
+    return model.gradient_sizes or model.parameter_sizes
+
+
 def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]:
-    """Seconds after the backward starts at which each parameter's gradient is ready: at the
-    end of the backward op that produced it, where the profile saw which one (by the
-    backward's work, not by the parameter's bytes: VGG's fully connected layers hold 89 %
-    of its bytes and take under 1 % of its work); else by the share of bytes."""
+    """Seconds after the backward starts at which each gradient (:func:`_gradients`) is
+    ready: at the end of the backward op that produced it, as the profile saw (by the
+    backward's work, not by the parameters' bytes: VGG's fully connected layers hold 89 %
+    of its bytes and take under 1 % of its work); an unused one at the end."""
     ends = ready_times(model.backward, rows, hardware)
-    produced_by = getattr(model, "gradient_ops", None)
     total = ends[-1] if ends else 0.0
-    if produced_by and ends:
-        return [ends[min(i, len(ends) - 1)] if i >= 0 else total for i in produced_by]
-    sizes, done, ready = model.parameter_sizes, 0, [0.0] * len(model.parameter_sizes)
+    sizes = _gradients(model)
+    produced_by = model.gradient_ops
+    if len(produced_by) == len(sizes):
+        return [ends[i] if 0 <= i < len(ends) else total for i in produced_by]
+    done, ready = 0, [0.0] * len(sizes)  # not profiled: the share of bytes, last layer first
     for index in reversed(range(len(sizes))):
         done += sizes[index]
         ready[index] = total * done / (sum(sizes) or 1)
@@ -453,7 +459,7 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
             backward_starts[slowest] + t * stretch
             for t in gradient_ready(model, sizes[slowest], hardware)
         ]
-        schedule = allreduce_schedule(model.parameter_sizes, ready, n, hardware, bucket_bytes)
+        schedule = allreduce_schedule(_gradients(model), ready, n, hardware, bucket_bytes)
         for number, (bucket, bucket_start, bucket_end, nbytes) in enumerate(schedule):
             for index in range(n):
                 step.event(Phase.ALLREDUCE, index, bucket_start, bucket_end,

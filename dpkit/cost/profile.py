@@ -1,24 +1,50 @@
 """A model's cost, read off the real module running on a sample input: :func:`profile`.
 
-The surprise first: nothing here is a hand formula. The FLOPs are what
-``torch.utils.flop_counter.FlopCounterMode`` counts for each aten op the module really runs,
-in forward and in backward; the bytes each op reads and writes are the sizes of its actual
-tensors; the activations are what autograd really saved, walked exactly as the trace walks
-a replica's graph (:mod:`dpkit.tracing.replica_graph`). The module runs twice, on 2 and 4
-rows copied from the sample, and every count is fitted as ``a + b * rows``, exact for the
-layers of the course's models (a matmul's FLOPs grow with its rows, a weight's bytes do not).
+The surprise first: nothing here is a hand formula, except where torch counts nothing. The
+FLOPs are what ``torch.utils.flop_counter.FlopCounterMode`` counts for each aten op the
+module really runs, in forward and in backward; the bytes each op reads and writes are the
+sizes of its actual tensors; the activations are what autograd really saved, walked exactly
+as the trace walks a replica's graph (:mod:`dpkit.tracing.replica_graph`).
 
-Profiles are cached per module and input shape, so a widget sweeping batch sizes and device
-counts profiles once and then predicts in milliseconds.
+Where torch counts 0 FLOPs for an op that does a matmul's work, a silent zero would make
+the model look memory-bound. On a CPU that is the attention of ``nn.MultiheadAttention``
+and ``nn.TransformerEncoderLayer`` (``aten._scaled_dot_product_flash_attention_for_cpu``
+and its backward; in eval mode without gradients the whole layer, ``_native_multi_head_
+attention`` or ``_transformer_encoder_layer_fwd``) and ``nn.LSTM``
+(``aten.mkldnn_rnn_layer`` and its backward). Those ops get an estimate from their maths
+and their tensors' shapes (:data:`ESTIMATES`, marked ``OpCost.estimated``); any other
+compute-heavy op with no count (a linear-algebra kernel, an FFT, a custom op) makes
+:func:`profile` warn, naming the op and its share of the pass's bytes.
+
+What no dispatch mode sees cannot be counted: numpy (or any C code outside torch) inside a
+custom ``torch.autograd.Function`` runs no aten op, so its work is missing from the
+profile, and the prediction under-estimates that model's compute without a warning.
+
+The module runs on 2, 3, 4 and 5 rows copied from the sample. Each count is fitted as
+``a + b * rows + c * rows**2`` through 2, 3 and 4 rows, which is exact for the layers of
+the course's models (a matmul's FLOPs grow with its rows, a weight's bytes do not) and for
+work that grows with the batch squared (a contrastive loss's ``x @ x.T`` inside the
+model); 5 rows checks the curve, and a count that is no quadratic in rows (a reshape into
+pairs, say) is fitted as the line through 2 and 5 rows instead. If the runs ran different
+ops, every count is the largest run's scaled by rows.
+
+Profiles are cached per module, input shapes, train/eval mode and trainable parameters, so
+a widget sweeping batch sizes and device counts profiles once and then predicts in
+milliseconds.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
+import dataclasses
+import functools
+import math
+import re
 import time
+import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,33 +56,52 @@ from torch.utils.flop_counter import FlopCounterMode
 from dpkit.nested import tensors_in
 from dpkit.tracing import replica_graph
 
-PROFILE_ROWS = (2, 4)  # the two batch sizes each count is fitted from
+PROFILE_ROWS = (2, 3, 4)  # the batch sizes each count's quadratic passes through
+CHECK_ROWS = 5  # the batch size that checks it
+AMP_DTYPES = (torch.bfloat16, torch.float16)
+
+Coefficients = tuple[float, float, float]
+
+
+def _evaluate(coefficients: Sequence[float], rows: int) -> float:
+    """``a + b * rows + c * rows**2`` (a shorter tuple is a line or a constant)."""
+    return max(0.0, sum(c * rows**power for power, c in enumerate(coefficients)))
 
 
 @dataclass(frozen=True)
 class OpCost:
-    """One aten op of a pass: ``flops`` and ``nbytes`` (read + written) as ``(a, b)``, the
-    cost at ``rows`` rows being ``a + b * rows``. A view moves no bytes."""
+    """One aten op of a pass: ``flops`` and ``nbytes`` (read + written) as ``(a, b, c)``,
+    the cost at ``rows`` rows being ``a + b * rows + c * rows**2``. A view moves no bytes.
+
+    ``kind`` is ``"matmul"``, ``"conv"`` or ``"memory"`` (the rest); ``dtype`` the dtype it
+    computes in (``"bfloat16"`` for a matmul under autocast); ``estimated`` says the FLOPs
+    are dpkit's estimate from the op's shapes, FlopCounterMode counting none for it."""
 
     name: str
-    flops: tuple[float, float]
-    nbytes: tuple[float, float]
+    flops: Coefficients
+    nbytes: Coefficients
+    kind: str = "memory"
+    dtype: str = "float32"
+    estimated: bool = False
 
     def flops_at(self, rows: int) -> float:
-        return max(0.0, self.flops[0] + self.flops[1] * rows)
+        return _evaluate(self.flops, rows)
+
+    def bytes_at(self, rows: int) -> float:
+        return _evaluate(self.nbytes, rows)
 
     @property
     def shape_key(self) -> str:
         """The op and its shape, apart from rows: ``"aten.addmm@401408"`` (FLOPs per row, or
-        ``@b`` and bytes per row for an op without FLOPs). Calibration times each layer's op
-        under this key as well as under its name: two convolutions of different channels
-        reach different FLOP/s, and their samples are kept apart."""
-        if self.flops[1] > 0:
-            return f"{self.name}@{round(self.flops[1])}"
+        ``@b`` and bytes per row for an op without FLOPs; ``+`` the FLOPs per row squared
+        where there are some). Calibration times each layer's op under this key as well as
+        under its name: two convolutions of different channels reach different FLOP/s, and
+        their samples are kept apart."""
+        per_row, per_row_squared = (tuple(self.flops) + (0.0, 0.0, 0.0))[1:3]
+        if per_row > 0 or per_row_squared > 0:
+            squared = f"+{round(per_row_squared)}" if per_row_squared > 0 else ""
+            return f"{self.name}@{round(per_row)}{squared}"
         return f"{self.name}@b{round(self.nbytes[1])}"
-
-    def bytes_at(self, rows: int) -> float:
-        return max(0.0, self.nbytes[0] + self.nbytes[1] * rows)
 
 
 @dataclass(frozen=True)
@@ -80,10 +125,17 @@ class Profile:
     """What one replica's step costs, per row of its chunk and per model.
 
     ``parameter_sizes`` and ``buffer_sizes`` are the bytes of each tensor in
-    ``module.parameters()`` / ``module.buffers()`` order (what replicate broadcasts and reduce
-    sums, tensor by tensor); ``modules`` counts ``module.modules()`` (what replicate builds
-    per replica); ``input_row_bytes`` and ``output_row_bytes`` the bytes of one row of input
-    and output; ``activations`` the bytes autograd saves, ``(a, b)`` as in :class:`OpCost`.
+    ``module.parameters()`` / ``module.buffers()`` order (what replicate broadcasts),
+    ``gradient_sizes`` those of the parameters that require grad, in the same order (what
+    reduce sums: a frozen parameter is broadcast but gets no gradient); ``modules`` counts
+    ``module.modules()`` (what replicate builds per replica); ``input_row_bytes`` and
+    ``output_row_bytes`` the bytes of one row of all inputs and of all outputs;
+    ``output_tensors`` how many tensors a replica returns (gather copies each);
+    ``activations`` the bytes autograd saves, ``(a, b, c)`` as in :class:`OpCost`.
+    ``dtype`` is the parameters' dtype, ``amp`` the autocast dtype the passes ran under
+    (``None``: none; each op's own dtype is in its :class:`OpCost`). ``gradient_ops``: for
+    each entry of ``gradient_sizes``, the index of the backward op after which its gradient
+    is ready (-1: never, an unused parameter).
     """
 
     dtype: torch.dtype
@@ -94,18 +146,19 @@ class Profile:
     modules: int
     input_row_bytes: int
     output_row_bytes: int
-    activations: tuple[float, float]
-
-    @property
-    def key(self) -> str:
-        """Names the model by its forward's ops and their shapes (what
-        ``Hardware.gil_contention_by_model`` is keyed by): equal for equal architectures."""
-        shapes = "|".join(op.shape_key for op in self.forward.ops)
-        return hashlib.sha1(shapes.encode()).hexdigest()[:16]
+    activations: Coefficients
+    gradient_sizes: tuple[int, ...] = ()
+    amp: torch.dtype | None = None
+    output_tensors: int = 1
+    gradient_ops: tuple[int, ...] = ()
 
     @property
     def parameter_bytes(self) -> int:
         return sum(self.parameter_sizes)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(self.gradient_sizes)
 
     @property
     def buffer_bytes(self) -> int:
@@ -118,19 +171,223 @@ class Profile:
         return rows * self.output_row_bytes
 
     def activation_bytes(self, rows: int) -> int:
-        return max(0, round(self.activations[0] + self.activations[1] * rows))
+        return round(_evaluate(self.activations, rows))
+
+
+# --- what kind of work an op does -----------------------------------------------------------
+
+MATMUL_OPS = frozenset(
+    f"aten.{name}"
+    for name in (
+        "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "vdot",
+        "addbmm", "_addmm_activation", "_scaled_mm", "_int_mm", "_trilinear",
+    )
+)  # fmt: skip
+# (Not ``_thnn_fused_lstm_cell``: CUDA's gates, elementwise after the matmuls before it.)
+_ATTENTION_OR_RNN = re.compile(
+    r"attention|_cudnn_rnn|miopen_rnn|mkldnn_rnn|_transformer_encoder|"
+    r"^aten\.(lstm|gru|rnn_tanh|rnn_relu)$"
+)
+_CONV = re.compile(r"convolution|slow_conv|conv_depthwise|conv_tbc|conv_transpose|conv\dd")
+# Compute-heavy ops that no FlopCounterMode formula and no estimate of ours covers: linear
+# algebra, FFTs, pairwise distances. Zero FLOPs for them is a warning, not a fact.
+_HEAVY_UNCOUNTED = re.compile(
+    r"^aten\.(_?linalg_|_fft_|fft_|cholesky|triangular_solve|_cdist|_euclidean_dist|"
+    r"inverse|_?lu|qr|svd|_?eig|slogdet|det|_weight_int\dpack_mm|_convert_weight_to_int)"
+    r"(?!.*check_errors)"  # _linalg_check_errors only reads an info tensor
+)
+
+
+@functools.cache  # a few hundred names, looked up once per op run
+def op_kind(name: str) -> str:
+    """``"matmul"``, ``"conv"`` or ``"memory"`` for an aten op's name (``"aten.addmm"``)."""
+    if name in MATMUL_OPS or _ATTENTION_OR_RNN.search(name):
+        return "matmul"
+    if _CONV.search(name):
+        return "conv"
+    return "memory"
+
+
+def _compute_heavy(name: str, kind: str) -> bool:
+    """Whether 0 FLOPs for this op is a missing count: a matmul or convolution, a known
+    compute-heavy kernel, or an op outside aten whose work dpkit cannot know (a custom op)."""
+    namespace = name.split(".", 1)[0]
+    return kind != "memory" or bool(_HEAVY_UNCOUNTED.search(name)) or namespace not in (
+        "aten", "prims", "prim",
+    )  # fmt: skip
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
+    """The dtype an op computes in: its first floating-point input's (a matmul under
+    autocast reads bfloat16), else its first tensor's, else float32."""
+    for tensor in (*inputs, *outputs):
+        if tensor.is_floating_point() or tensor.is_complex():
+            return _dtype_name(tensor.dtype)
+    return _dtype_name(inputs[0].dtype) if inputs else "float32"
+
+
+# --- estimates for ops FlopCounterMode counts 0 FLOPs for ---------------------------------
+
+
+def _tokens(tensor: torch.Tensor) -> int:
+    """Rows of features: every dim but the last."""
+    return tensor.numel() // tensor.shape[-1] if tensor.dim() and tensor.shape[-1] else 0
+
+
+def _attention_flops(query: Any, key: Any, value: Any, backward: bool) -> float:
+    """Scaled dot-product attention's two matmuls, ``Q @ K^T`` and ``P @ V``: 2 * L * S * E
+    FLOPs each per batch and head. Backward recomputes ``Q @ K^T`` and runs four more
+    (``dP``, ``dV``, ``dQ``, ``dK``): 2.5 times the forward for E == Ev, as torch's own
+    formula for the CUDA kernels (``flop_counter.sdpa_backward_flop_count``) has it. A mask
+    or ``is_causal`` is not taken off, as torch does not."""
+    length, width = query.shape[-2], query.shape[-1]
+    sources, value_width = key.shape[-2], value.shape[-1]
+    batch_heads = math.prod(query.shape[:-2])
+    scores, weighted = width, value_width  # the inner dims of Q @ K^T and of P @ V
+    if backward:  # recomputed scores, dP, dV, dQ, dK
+        scores, weighted = 3 * width, 2 * value_width
+    return 2.0 * batch_heads * length * sources * (scores + weighted)
+
+
+def _sdpa(args: tuple, kwargs: dict) -> float:
+    return _attention_flops(args[0], args[1], args[2], backward=False)
+
+
+def _sdpa_backward(args: tuple, kwargs: dict) -> float:
+    return _attention_flops(args[1], args[2], args[3], backward=True)  # args[0]: grad_out
+
+
+def _native_mha(args: tuple, kwargs: dict) -> float:
+    """``nn.MultiheadAttention``'s fast path (eval, no gradients): the q, k, v and output
+    projections (``embed_dim`` squared each) and the attention over all heads."""
+    query, key, value, embed_dim = args[0], args[1], args[2], args[3]
+    projections = 2.0 * embed_dim * embed_dim * (2 * _tokens(query) + _tokens(key) + _tokens(value))
+    return projections + 4.0 * _tokens(query) * key.shape[-2] * embed_dim
+
+
+def _encoder_layer(args: tuple, kwargs: dict) -> float:
+    """``nn.TransformerEncoderLayer``'s fast path: its four weight matmuls over every token
+    (in projection, out projection, the two feed-forward layers) and the attention."""
+    src, embed_dim = args[0], args[1]
+    weights = (args[3], args[5], args[14], args[16])  # qkv, proj, ffn 1, ffn 2
+    matmuls = 2.0 * _tokens(src) * sum(w.numel() for w in weights)
+    return matmuls + 4.0 * _tokens(src) * src.shape[-2] * embed_dim
+
+
+def _mkldnn_rnn_layer(args: tuple, kwargs: dict) -> float:
+    """One layer and direction of ``nn.LSTM`` on a CPU: every token's input and hidden state
+    times the gate weights, ``2 * 4H * (I + H)`` FLOPs a token (weights ``(4H, I)`` and
+    ``(4H, H)``); the gates' elementwise work is left out."""
+    return 2.0 * _tokens(args[0]) * (args[1].numel() + args[2].numel())
+
+
+def _mkldnn_rnn_layer_backward(args: tuple, kwargs: dict) -> float:
+    """Twice the forward: the gradients of the inputs and of the weights, each a matmul of
+    the forward's size (oneDNN computes the input's even where nothing needs it)."""
+    return 2.0 * _mkldnn_rnn_layer(args, kwargs)
+
+
+def _cudnn_rnn(args: tuple, kwargs: dict) -> float:
+    """A whole ``nn.LSTM``/``GRU``/``RNN`` on a GPU: each layer and direction's matrices
+    over every token (``args[1]`` lists them all, biases too, which are left out)."""
+    return 2.0 * _tokens(args[0]) * sum(w.numel() for w in args[1] if w.dim() == 2)
+
+
+def _cudnn_rnn_backward(args: tuple, kwargs: dict) -> float:
+    return 2.0 * _cudnn_rnn(args, kwargs)
+
+
+def _matrix_vector(args: tuple, kwargs: dict) -> float:
+    matrix = args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]
+    return 2.0 * matrix.numel()  # addmv(self, mat, vec) or mv(mat, vec)
+
+
+def _dot(args: tuple, kwargs: dict) -> float:
+    return 2.0 * args[0].numel()
+
+
+def _addbmm(args: tuple, kwargs: dict) -> float:
+    first, second = args[1], args[2]  # (B, n, m) @ (B, m, p)
+    return 2.0 * first.numel() * second.shape[-1]
+
+
+def _addmm_activation(args: tuple, kwargs: dict) -> float:
+    first, second = args[1], args[2]  # (n, m) @ (m, p)
+    return 2.0 * first.numel() * second.shape[-1]
+
+
+def _trilinear(args: tuple, kwargs: dict) -> float:
+    """``nn.Bilinear``'s kernel: three tensors, each with ``expand`` dims inserted, multiplied
+    over their broadcast shape and summed: 2 FLOPs per element of that shape
+    (``2 * B * out * in1 * in2`` for a Bilinear)."""
+    shapes = []
+    for tensor, expand in zip(args[:3], args[3:6]):
+        shape = list(tensor.shape)
+        for dim in sorted(expand):
+            shape.insert(dim, 1)
+        shapes.append(shape)
+    return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
+
+
+Estimate = Callable[[tuple, dict], float]
+
+ESTIMATES: dict[str, Estimate] = {
+    "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_backward,
+    "aten._scaled_dot_product_fused_attention_overrideable": _sdpa,
+    "aten._scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
+    "aten._native_multi_head_attention": _native_mha,
+    "aten._transformer_encoder_layer_fwd": _encoder_layer,
+    "aten.mkldnn_rnn_layer": _mkldnn_rnn_layer,
+    "aten.mkldnn_rnn_layer_backward": _mkldnn_rnn_layer_backward,
+    "aten._cudnn_rnn": _cudnn_rnn,
+    "aten._cudnn_rnn_backward": _cudnn_rnn_backward,
+    "aten.miopen_rnn": _cudnn_rnn,
+    "aten.miopen_rnn_backward": _cudnn_rnn_backward,
+    "aten.addmv": _matrix_vector,
+    "aten.mv": _matrix_vector,
+    "aten.dot": _dot,
+    "aten.vdot": _dot,
+    "aten.addbmm": _addbmm,
+    "aten._addmm_activation": _addmm_activation,
+    "aten._trilinear": _trilinear,
+}
+"""FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name: each
+takes the op's ``args`` and ``kwargs``. An estimate that fails (a nested tensor's shape,
+say) is no estimate, and :func:`profile` warns."""
+
+
+def _estimate(name: str, args: tuple, kwargs: dict) -> float | None:
+    estimate = ESTIMATES.get(name)
+    if estimate is None:
+        return None
+    try:
+        return float(estimate(args, kwargs))
+    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+# --- recording the passes -------------------------------------------------------------------
 
 
 class OpRecorder(TorchDispatchMode):
     """Notes every aten op that runs inside it: its name, the FLOPs ``counter`` (an enclosing
     FlopCounterMode) counted for it, the bytes of its tensors, and, with ``timed``, the
-    seconds it took (calibration uses that without a counter, so that counting costs no time)."""
+    seconds it took (calibration uses that without a counter, so that counting costs no
+    time); then its kind, its dtype, and whether its FLOPs are an estimate (with a counter,
+    an op it counted 0 for that :data:`ESTIMATES` knows).
+
+    ``ops`` holds ``(name, flops, bytes, seconds, kind, dtype, estimated)`` tuples."""
 
     def __init__(self, counter: FlopCounterMode | None = None, timed: bool = False) -> None:
         super().__init__()
         self.counter = counter
         self.timed = timed
-        self.ops: list[tuple[str, float, int, float]] = []  # name, flops, bytes, seconds
+        self.ops: list[tuple[str, float, int, float, str, str, bool]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         kwargs = kwargs or {}
@@ -138,9 +395,17 @@ class OpRecorder(TorchDispatchMode):
         start = time.perf_counter() if self.timed else 0.0
         out = func(*args, **kwargs)
         seconds = time.perf_counter() - start if self.timed else 0.0
-        flops = self.counter.get_total_flops() - before if self.counter is not None else 0
-        nbytes = 0 if func.is_view else _distinct_nbytes(tensors_in([args, kwargs, out]))
-        self.ops.append((str(func.overloadpacket), float(flops), nbytes, seconds))
+        flops = float(self.counter.get_total_flops() - before) if self.counter is not None else 0.0
+        name = str(func.overloadpacket)
+        inputs, outputs = tensors_in([args, kwargs]), tensors_in(out)
+        nbytes = 0 if func.is_view else _distinct_nbytes([*inputs, *outputs])
+        estimated = False
+        if self.counter is not None and flops == 0:
+            estimate = _estimate(name, args, kwargs)
+            if estimate is not None:
+                flops, estimated = estimate, True
+        dtype = _compute_dtype(inputs, outputs)
+        self.ops.append((name, flops, nbytes, seconds, op_kind(name), dtype, estimated))
         return out
 
 
@@ -157,15 +422,16 @@ def _distinct_nbytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
-    """A batch of ``rows`` rows made of the sample's first row (real values, fresh memory):
-    row ``i`` is that row's values rotated by an amount of its own.
+    """A batch of ``rows`` rows made of the sample's first row (real values, fresh memory, no
+    autograd history): row ``i`` is that row's values rotated by an amount of its own. Any
+    dtype: token ids stay valid ids, a padding mask stays a mask of the same count.
 
     The rows must differ. Max-pooling ran twice as fast on a batch of one row repeated as on
     distinct rows (its comparisons go the same way every time, and the CPU's branch
     predictor learns them): calibrating on repeated rows made the course CNN's forward a
     third faster than the learner's random images take.
     """
-    first = sample[:1].reshape(-1)
+    first = sample.detach()[:1].reshape(-1)
     size = first.numel()
     batch = first.new_empty((rows, size))  # made from the sample: on its device, or lane
     # a fixed stride through the row: deterministic, and no two of the first `size` alike
@@ -176,107 +442,275 @@ def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
     return batch.reshape(rows, *sample.shape[1:])
 
 
-def run_passes(
-    module: nn.Module, inputs: torch.Tensor, counter: FlopCounterMode | None, timed: bool
-) -> tuple[list[tuple], list[tuple], torch.Tensor, int]:
-    """One forward and one backward of ``module`` on ``inputs``, recorded op by op: the
-    forward's ops, the backward's ops, the output and the activations' bytes.
+def batch_like(inputs: Any, rows: int) -> Any:
+    """``inputs`` (a tensor, or tuples, lists, namedtuples and dicts holding them) with every
+    tensor replaced by :func:`rows_like` of it: what DataParallel's scatter hands one
+    replica, all tensors cut along dim 0, everything else passed as it is."""
+    if isinstance(inputs, torch.Tensor):
+        return rows_like(inputs, rows)
+    if isinstance(inputs, tuple) and hasattr(inputs, "_fields"):
+        return type(inputs)(*(batch_like(item, rows) for item in inputs))
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(batch_like(item, rows) for item in inputs)
+    if isinstance(inputs, dict):
+        return type(inputs)((key, batch_like(item, rows)) for key, item in inputs.items())
+    return inputs
 
-    The backward starts from the output with a gradient of ones and stops at the parameters
-    (``torch.autograd.grad``): exactly what a replica's backward runs, no loss and no
-    accumulation into ``.grad``.
+
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """Every tensor a module returned: in tensors, tuples (namedtuples too), lists, dicts and
+    dataclasses, nested as deep as they go."""
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        fields = [getattr(output, field.name) for field in dataclasses.fields(output)]
+        return [t for item in fields for t in output_tensors(item)]
+    if isinstance(output, (list, tuple)):
+        return [t for item in output for t in output_tensors(item)]
+    if isinstance(output, dict):
+        return [t for item in output.values() for t in output_tensors(item)]
+    return [output] if isinstance(output, torch.Tensor) else []
+
+
+def _autocast(amp: torch.dtype | None, tensors: Sequence[torch.Tensor]) -> Any:
+    """Autocast to ``amp`` on the inputs' device type (CPU, CUDA, ...), or nothing."""
+    if amp is None:
+        return nullcontext()
+    device_type = tensors[0].device.type if tensors else "cpu"
+    return torch.autocast(device_type, dtype=amp)
+
+
+def run_passes(
+    module: nn.Module,
+    inputs: torch.Tensor | tuple | list,
+    counter: FlopCounterMode | None,
+    timed: bool,
+    kwargs: dict[str, Any] | None = None,
+    amp: torch.dtype | None = None,
+    ready: list[int] | None = None,
+) -> tuple[list[tuple], list[tuple], Any, int]:
+    """One forward and one backward of ``module`` on ``inputs`` (a tensor, or a tuple or list
+    of positional inputs) and ``kwargs``, recorded op by op: the forward's ops, the
+    backward's ops, the output and the activations' bytes.
+
+    The forward runs under ``torch.autocast`` to ``amp`` if given; the backward outside it,
+    as torch recommends (its ops run in the dtypes the forward saved). The backward starts
+    from every floating-point output that requires grad, with a gradient of ones, and stops
+    at the parameters that require grad (``torch.autograd.grad``): exactly what a replica's
+    backward runs, no loss and no accumulation into ``.grad``. ``ready``, if given, gets for
+    each parameter that requires grad how many backward ops had run when its gradient was
+    ready (DDP's buckets wait for that, not for a share of the bytes).
     """
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    kwargs = kwargs or {}
+    given_inputs = tensors_in([args, kwargs])
     params = [p for p in module.parameters() if p.requires_grad]
-    given = [*module.parameters(), *module.buffers(), inputs]
-    outer = counter if counter is not None else _NoMode()
-    with outer:
-        with OpRecorder(counter, timed) as forward:
-            output = module(inputs)
-    if not isinstance(output, torch.Tensor):
+    given = [*module.parameters(), *module.buffers(), *given_inputs]
+    outer = counter if counter is not None else nullcontext()
+    with outer, OpRecorder(counter, timed) as forward, _autocast(amp, given_inputs):
+        output = module(*args, **kwargs)
+    found = output_tensors(output)
+    if not found:
         raise TypeError(
-            "the cost model profiles modules that return one tensor; this one returned "
-            f"{type(output).__name__}"
+            "the cost model profiles modules that return tensors (in tuples, lists, dicts or "
+            f"dataclasses); this one returned {type(output).__name__} holding none"
         )
-    activations = replica_graph.walk([output], given).saved_nbytes
-    seed = torch.ones_like(output)
-    with outer:
-        with OpRecorder(counter, timed) as backward:
-            if params and output.requires_grad:
-                torch.autograd.grad([output], params, [seed], allow_unused=True)
+    activations = replica_graph.walk(found, given).saved_nbytes
+    roots = [t for t in found if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    seeds = [torch.ones_like(t) for t in roots]
+    with outer, OpRecorder(counter, timed) as backward:
+        hooks = []
+        if ready is not None:
+            ready[:] = [-1] * len(params)
+            for index, param in enumerate(params):
+                note = functools.partial(_note_ready, ready, index, backward.ops)
+                hooks.append(param.register_hook(note))
+        if params and roots:
+            torch.autograd.grad(roots, params, seeds, allow_unused=True)
+        for hook in hooks:
+            hook.remove()
     return forward.ops, backward.ops, output, activations
 
 
-class _NoMode:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: Any) -> None:
-        return None
+def _note_ready(ready: list[int], index: int, ops: list, gradient: torch.Tensor) -> None:
+    ready[index] = len(ops)
 
 
-def _fit(small: list[tuple], large: list[tuple], rows: tuple[int, int]) -> PassCost:
-    """Each op's FLOPs and bytes as ``a + b * rows`` from the runs at ``rows[0]`` and
-    ``rows[1]``; if the two runs ran different ops, the larger run's costs scaled by rows."""
-    r1, r2 = rows
-    if [op[0] for op in small] != [op[0] for op in large]:
+# --- fitting counts to rows -----------------------------------------------------------------
+
+
+def _quadratic(values: Sequence[float]) -> Coefficients | None:
+    """``(a, b, c)`` with ``a + b*r + c*r**2`` through ``values`` at :data:`PROFILE_ROWS`,
+    if it also meets the value at :data:`CHECK_ROWS`; ``None`` if not. Exact in floats for
+    integer counts: the rows' differences are 1 and 2."""
+    (r1, r2, r3), (v1, v2, v3, check) = PROFILE_ROWS, values
+    slope_low, slope_high = (v2 - v1) / (r2 - r1), (v3 - v2) / (r3 - r2)
+    c = (slope_high - slope_low) / (r3 - r1)
+    b = slope_low - c * (r1 + r2)
+    a = v1 - b * r1 - c * r1 * r1
+    predicted = a + b * CHECK_ROWS + c * CHECK_ROWS**2
+    return (a, b, c) if math.isclose(predicted, check, rel_tol=1e-9, abs_tol=1e-6) else None
+
+
+def fit_rows(values: Sequence[float]) -> Coefficients:
+    """``values`` measured at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)``:
+    the quadratic through the first three if it meets the fourth, else the line through
+    the smallest and the largest."""
+    quadratic = _quadratic(values)
+    if quadratic is not None:
+        return quadratic
+    low, high = PROFILE_ROWS[0], CHECK_ROWS
+    slope = (values[-1] - values[0]) / (high - low)
+    return (values[0] - slope * low, slope, 0.0)
+
+
+def _fit(runs: Sequence[list[tuple]]) -> PassCost:
+    """Each op's FLOPs and bytes fitted to rows (:func:`fit_rows`) from ``runs`` of one pass
+    at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS`; if the runs ran different ops, the
+    largest run's costs scaled by rows."""
+    largest = runs[-1]
+    if any([op[0] for op in run] != [op[0] for op in largest] for run in runs):
         return PassCost(
-            tuple(OpCost(name, (0.0, f / r2), (0.0, b / r2)) for name, f, b, _ in large)
+            tuple(
+                OpCost(
+                    name, (0.0, f / CHECK_ROWS, 0.0), (0.0, b / CHECK_ROWS, 0.0), kind, dtype, est
+                )
+                for name, f, b, _, kind, dtype, est in largest
+            )
         )
     ops = []
-    for (name, f1, b1, _), (_, f2, b2, _) in zip(small, large):
-        flops_slope, bytes_slope = (f2 - f1) / (r2 - r1), (b2 - b1) / (r2 - r1)
-        ops.append(
-            OpCost(name, (f1 - flops_slope * r1, flops_slope), (b1 - bytes_slope * r1, bytes_slope))
-        )
+    for same_op in zip(*runs):
+        name, _, _, _, kind, dtype, estimated = same_op[-1]
+        flops = fit_rows([op[1] for op in same_op])
+        nbytes = fit_rows([op[2] for op in same_op])
+        ops.append(OpCost(name, flops, nbytes, kind, dtype, estimated))
     return PassCost(tuple(ops))
 
+
+def _warn_uncounted(cost: PassCost, which: str) -> None:
+    """Warns once per op name for compute-heavy ops with neither a FLOP count nor an
+    estimate, with their share of the pass's bytes (all the prediction sees of them)."""
+    rows = CHECK_ROWS
+    total = cost.nbytes(rows) or 1.0
+    shares: dict[str, float] = {}
+    for op in cost.ops:
+        if op.flops_at(rows) == 0 and op.bytes_at(rows) > 0 and _compute_heavy(op.name, op.kind):
+            shares[op.name] = shares.get(op.name, 0.0) + op.bytes_at(rows) / total
+    for name, share in shares.items():
+        warnings.warn(
+            f"dpkit.cost.profile: {name} in the {which} is compute-heavy, but torch's "
+            f"FlopCounterMode counts no FLOPs for it and dpkit has no estimate: it is "
+            f"predicted by its bytes alone ({share:.1%} of the {which}'s bytes at {rows} "
+            "rows), so the predicted compute time is too low",
+            stacklevel=3,
+        )
+
+
+# --- the profile and its cache --------------------------------------------------------------
 
 _cache: weakref.WeakKeyDictionary[nn.Module, dict[tuple, Profile]] = weakref.WeakKeyDictionary()
 
 
-def _key(module: nn.Module, sample: torch.Tensor) -> tuple:
-    # The parameters' names and shapes too: a module changed in place is profiled afresh.
-    shapes = tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
-    return (tuple(sample.shape[1:]), sample.dtype, sample.device, shapes)
+def _structure(obj: Any) -> Any:
+    """What of the inputs changes the cost: tensors' shapes past the batch dim, dtypes and
+    devices, containers' shapes, and other values themselves (their type, if unhashable)."""
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", tuple(obj.shape[1:]), obj.dtype, obj.device)
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__qualname__, tuple(_structure(item) for item in obj))
+    if isinstance(obj, dict):
+        return ("dict", tuple((key, _structure(item)) for key, item in obj.items()))
+    try:
+        hash(obj)
+    except TypeError:
+        return ("value", type(obj).__qualname__)
+    return ("value", type(obj).__qualname__, obj)
 
 
-def profile(module: nn.Module, sample_input: torch.Tensor) -> Profile:
-    """FLOPs, bytes and activations of ``module`` per row of ``sample_input`` (cached).
+def _key(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) -> tuple:
+    # The parameters' names and shapes too: a module changed in place is profiled afresh;
+    # train/eval and requires_grad change the ops run (dropout, fast paths, the backward).
+    parameters = tuple(
+        (name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()
+    )
+    modes = tuple(m.training for m in module.modules())
+    return (_structure(args), _structure(kwargs), parameters, modes, amp)
 
-    ``sample_input`` is a batch (rows along dim 0) of the kind the module takes; its values
-    are used, its batch size is not. The module itself is left untouched: a copy runs
-    (BatchNorm's running statistics, say, stay as they were).
-    """
+
+def _check_inputs(
+    module: Any, sample_input: Any, sample_kwargs: Any, amp: Any
+) -> tuple[tuple, dict[str, Any]]:
+    """The positional and keyword inputs, after the checks a learner needs named."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    if not isinstance(sample_input, torch.Tensor) or sample_input.dim() == 0:
+    args = tuple(sample_input) if isinstance(sample_input, (tuple, list)) else (sample_input,)
+    if sample_kwargs is not None and not isinstance(sample_kwargs, dict):
+        raise TypeError(f"sample_kwargs must be a dict, got {type(sample_kwargs).__name__}")
+    kwargs = dict(sample_kwargs or {})
+    tensors = tensors_in([args, kwargs])
+    if not tensors or any(t.dim() == 0 for t in tensors):
         raise TypeError(
             "sample_input must be a tensor with a batch dimension (dim 0), e.g. "
-            "torch.randn(1, 1, 28, 28)"
+            "torch.randn(1, 1, 28, 28), or a tuple of inputs whose tensors all have one "
+            "(DataParallel cuts every tensor input along dim 0)"
         )
-    key = _key(module, sample_input)
+    if amp is not None and amp not in AMP_DTYPES:
+        raise ValueError(f"amp must be None, torch.bfloat16 or torch.float16, got {amp!r}")
+    return args, kwargs
+
+
+def profile(
+    module: nn.Module,
+    sample_input: torch.Tensor | tuple | list,
+    sample_kwargs: dict[str, Any] | None = None,
+    amp: torch.dtype | None = None,
+) -> Profile:
+    """FLOPs, bytes and activations of ``module`` per row of its inputs (cached).
+
+    ``sample_input`` is a batch (rows along dim 0) of the kind the module takes, or a tuple
+    or list of its positional inputs; ``sample_kwargs`` its keyword inputs. As in
+    DataParallel's scatter, every tensor among them is a batch along dim 0 (token ids and
+    masks too) and anything else is passed as it is; their values are used, their batch
+    size is not. ``amp`` (``torch.bfloat16`` or ``torch.float16``) runs the forward under
+    ``torch.autocast``, so that each op's dtype and bytes are what autocast runs.
+
+    The module itself is left untouched: a copy runs (BatchNorm's running statistics, say,
+    stay as they were). Warns if a compute-heavy op got no FLOP count and no estimate (see
+    the module's doc); cannot see numpy inside a custom autograd Function.
+    """
+    args, kwargs = _check_inputs(module, sample_input, sample_kwargs, amp)
+    key = _key(module, args, kwargs, amp)
     cached = _cache.setdefault(module, {})
-    if key in cached:
-        return cached[key]
-    runs = []
-    work = copy.deepcopy(module)
-    work.train(module.training)
-    for rows in PROFILE_ROWS:
+    if key not in cached:
+        cached[key] = _profile(module, args, kwargs, amp)
+    return cached[key]
+
+
+def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) -> Profile:
+    work = copy.deepcopy(module)  # keeps each submodule's train/eval and requires_grad
+    runs, ready = [], []
+    for rows in (*PROFILE_ROWS, CHECK_ROWS):
         counter = FlopCounterMode(display=False)
-        runs.append(run_passes(work, rows_like(sample_input, rows), counter, timed=False))
-    (fwd1, bwd1, out1, act1), (fwd2, bwd2, out2, act2) = runs
-    r1, r2 = PROFILE_ROWS
+        inputs, keywords = batch_like(args, rows), batch_like(kwargs, rows)
+        runs.append(run_passes(work, inputs, counter, False, keywords, amp, ready))
+    forward, backward = _fit([run[0] for run in runs]), _fit([run[1] for run in runs])
+    _warn_uncounted(forward, "forward")
+    _warn_uncounted(backward, "backward")
+    outputs = [output_tensors(run[2]) for run in runs]
+    out_small, out_large = (sum(t.nbytes for t in found) for found in (outputs[0], outputs[-1]))
     floating = [p for p in module.parameters() if p.is_floating_point()]
-    result = Profile(
-        dtype=floating[0].dtype if floating else sample_input.dtype,
-        forward=_fit(fwd1, fwd2, PROFILE_ROWS),
-        backward=_fit(bwd1, bwd2, PROFILE_ROWS),
+    inputs = tensors_in([args, kwargs])
+    floating_inputs = [t for t in inputs if t.is_floating_point()] or inputs
+    return Profile(
+        dtype=floating[0].dtype if floating else floating_inputs[0].dtype,
+        forward=forward,
+        backward=backward,
         parameter_sizes=tuple(p.nbytes for p in module.parameters()),
         buffer_sizes=tuple(b.nbytes for b in module.buffers()),
         modules=len(list(module.modules())),
-        input_row_bytes=sample_input[:1].nbytes,
-        output_row_bytes=out2.nbytes // r2,
-        activations=(act1 - (act2 - act1) / (r2 - r1) * r1, (act2 - act1) / (r2 - r1)),
+        input_row_bytes=sum(t[:1].nbytes for t in inputs),
+        output_row_bytes=round((out_large - out_small) / (CHECK_ROWS - PROFILE_ROWS[0])),
+        activations=fit_rows([run[3] for run in runs]),
+        gradient_sizes=tuple(p.nbytes for p in module.parameters() if p.requires_grad),
+        amp=amp,
+        output_tensors=len(outputs[-1]),
+        gradient_ops=tuple(count - 1 if count > 0 else -1 for count in ready),
     )
-    cached[key] = result
-    return result
