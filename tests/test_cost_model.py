@@ -268,3 +268,15 @@ def test_ddp_buckets_wait_for_the_backward_work_not_the_bytes():
     assert fc_bytes > 0.9 * profile.gradient_bytes  # 98 % of the bytes ...
     assert max(ready[-4:]) < 0.25 * ready[0]  # ... ready in its first quarter
     assert ready[0] == pytest.approx(backward.device + len(profile.backward) * 6e-6)
+
+
+def test_the_host_pays_per_call_of_python_into_torch_not_per_aten_op():
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU())
+    assert cost.profile(mlp, torch.randn(1, 4, 4)).forward.calls == 5  # flatten, 2 x (linear, relu)
+    gru = nn.GRU(8, 16, batch_first=True)
+    forward = cost.profile(gru, torch.randn(1, 12, 8)).forward
+    assert forward.calls <= 3 < 50 < len(forward)  # one torch.gru (and its zeros) runs them all
+    machine = made_up(op_overhead=1e-6)
+    host = cost.compute.pass_time(forward, 4, machine, backward=False).host
+    assert host == pytest.approx(forward.calls * 1e-6)

@@ -80,10 +80,20 @@ def op_time(op: OpCost, rows: int, hardware: Hardware) -> float:
 
 
 def pass_time(cost: PassCost, rows: int, hardware: Hardware, backward: bool) -> PassTime:
-    """Host and device seconds of a forward (``backward=False``) or backward of ``rows``."""
-    per_op = hardware.backward_op_overhead if backward else hardware.op_overhead
+    """Host and device seconds of a forward (``backward=False``) or backward of ``rows``: the
+    host pays ``op_overhead`` per call the forward's Python makes into torch, and
+    ``backward_op_overhead`` per op autograd runs."""
     device = sum(op_time(op, rows, hardware) for op in cost.ops)
-    return PassTime(host=len(cost) * per_op, device=device)
+    if backward:
+        return PassTime(host=len(cost) * hardware.backward_op_overhead, device=device)
+    return PassTime(host=host_calls(cost) * hardware.op_overhead, device=device)
+
+
+def host_calls(cost: PassCost) -> int:
+    """Calls the host makes for a forward: its Python's calls into torch where profiled,
+    else one per aten op."""
+    calls = getattr(cost, "calls", None)
+    return len(cost) if calls is None else calls
 
 
 def ready_times(cost: PassCost, rows: int, hardware: Hardware) -> list[float]:

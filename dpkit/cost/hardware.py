@@ -102,13 +102,14 @@ class Hardware:
 
     Host overheads, seconds, the same for every model:
 
-    - ``op_overhead``: one op of a forward: Python, torch's dispatcher, a kernel launch;
+    - ``op_overhead``: one call of a forward's Python into torch (Python, the dispatcher,
+      the kernels it launches), and one tensor a copy moves;
     - ``backward_op_overhead``: one op of a backward (the autograd engine, no Python);
     - ``gil_handoff``: per op of a replica's forward while several replica threads run, the
       GIL handed from thread to thread (their Python runs one thread at a time);
     - ``thread_start``: parallel_apply starting one worker thread;
     - ``module_overhead``: replicate building one module object of one replica;
-    - ``copy_overhead``: the host's part of one copy or one collective call;
+    - ``copy_overhead``: the host's part of one copy call or one collective, beyond its ops;
     - ``step_overhead``: one step outside its phases (DataParallel's checks, the loss's
       Python, autograd starting and finishing).
     """

@@ -44,7 +44,7 @@ from dpkit.cost.collectives import (
     reduce,
     ring_bytes_sent,
 )
-from dpkit.cost.compute import PassTime, elementwise_time, pass_time, ready_times
+from dpkit.cost.compute import PassTime, elementwise_time, host_calls, pass_time, ready_times
 from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies
 from dpkit.cost.presets import preset
@@ -211,7 +211,8 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
     local = phase is Phase.GATHER
     outward = phase in (Phase.SCATTER, Phase.GRAD_SCATTER, Phase.REPLICATE)
     moved = sum(sizes[1:])
-    step.host += 0.0 if hardware.virtual_lanes else len(sizes) * tensors * hardware.copy_overhead
+    per_copy = hardware.copy_overhead + tensors * hardware.op_overhead  # dpkit's call, its ops
+    step.host += 0.0 if hardware.virtual_lanes else len(sizes) * per_copy
     ready = step.device[0]
     for index, size in enumerate(sizes):
         moves = index > 0 and size > 0
@@ -219,7 +220,7 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
         if index == 0 and local:
             wire = 2 * elementwise_time(size, hardware)
         if hardware.virtual_lanes:
-            start, end = step.busy(tensors * hardware.copy_overhead + wire)
+            start, end = step.busy(per_copy + wire)
         elif outward:  # at once, sharing device 0's link: all done when all bytes are out
             start = max(step.host, ready)
             end = start + (link.latency * tensors + moved / link.bandwidth if moves else 0.0)
@@ -298,7 +299,7 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
             continue
         calls = messages(sizes)
         took = broadcast(sum(sizes), n, hardware.device_link(), calls)
-        step.host += calls * hardware.copy_overhead
+        step.host += hardware.copy_overhead + calls * hardware.op_overhead
         start = max(step.host, *step.device)
         for index in range(n):
             moved = sum(sizes) if index else 0
@@ -313,7 +314,7 @@ def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
     """A thread per replica, started one after another; their Python takes turns."""
     n = len(sizes)
     starts = [step.host + (i + 1) * hardware.thread_start for i in range(n)]
-    python = [len(model.forward) * (hardware.op_overhead + hardware.gil_handoff)] * n
+    python = [host_calls(model.forward) * (hardware.op_overhead + hardware.gil_handoff)] * n
     devices = [forward[rows].device for rows in sizes]
     if hardware.virtual_lanes:
         work = [p + d for p, d in zip(python, devices)]
@@ -346,7 +347,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     calls = messages(sizes)
     flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
     took = 2 * flatten + reduce(total, n, hardware.device_link(), calls)
-    step.host += calls * hardware.copy_overhead
+    step.host += hardware.copy_overhead + calls * hardware.op_overhead
     start = max(step.host, *step.device)
     for index in range(n):
         step.event(Phase.REDUCE, index, start, start + took, total if index else 0,

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import math
 import re
+import sys
 import time
 import warnings
 import weakref
@@ -106,9 +107,12 @@ class OpCost:
 
 @dataclass(frozen=True)
 class PassCost:
-    """The ops of a forward or a backward, in the order they ran."""
+    """The ops of a forward or a backward, in the order they ran; ``calls``: how many of
+    torch's functions the forward's Python called (its host work: a GRU's one call runs
+    hundreds of aten ops from C++), None for a backward (autograd's engine is C++)."""
 
     ops: tuple[OpCost, ...]
+    calls: int | None = None
 
     def flops(self, rows: int) -> float:
         return sum(op.flops_at(rows) for op in self.ops)
@@ -486,6 +490,7 @@ def run_passes(
     kwargs: dict[str, Any] | None = None,
     amp: torch.dtype | None = None,
     ready: list[int] | None = None,
+    calls: list[int] | None = None,
 ) -> tuple[list[tuple], list[tuple], Any, int]:
     """One forward and one backward of ``module`` on ``inputs`` (a tensor, or a tuple or list
     of positional inputs) and ``kwargs``, recorded op by op: the forward's ops, the
@@ -497,7 +502,8 @@ def run_passes(
     at the parameters that require grad (``torch.autograd.grad``): exactly what a replica's
     backward runs, no loss and no accumulation into ``.grad``. ``ready``, if given, gets for
     each parameter that requires grad how many backward ops had run when its gradient was
-    ready (DDP's buckets wait for that, not for a share of the bytes).
+    ready (DDP's buckets wait for that, not for a share of the bytes). ``calls``, if given,
+    gets how many of torch's functions the forward's Python called (:func:`python_calls`).
     """
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     kwargs = kwargs or {}
@@ -505,6 +511,9 @@ def run_passes(
     params = [p for p in module.parameters() if p.requires_grad]
     given = [*module.parameters(), *module.buffers(), *given_inputs]
     outer = counter if counter is not None else nullcontext()
+    if calls is not None:  # a forward of its own: the recorders' own Python would count
+        with _autocast(amp, given_inputs):
+            calls[:] = [python_calls(lambda: module(*args, **kwargs))[1]]
     with outer, OpRecorder(counter, timed) as forward, _autocast(amp, given_inputs):
         output = module(*args, **kwargs)
     found = output_tensors(output)
@@ -528,6 +537,36 @@ def run_passes(
         for hook in hooks:
             hook.remove()
     return forward.ops, backward.ops, output, activations
+
+
+# What Python asks of torch without work behind it: the tracer's and __torch_function__'s
+# checks on every call, and a tensor's shape.
+_QUERIES = ("_get_tracing_state", "_has_torch_function", "dim", "size", "is_", "__len__")
+
+
+def python_calls(work: Any) -> tuple[Any, int]:
+    """``work()``'s result, and how many of torch's C functions its Python called (a call
+    into ``torch``, or a tensor's method, that is not a query of shape or state): the host
+    work an eager forward does per call, read with ``sys.setprofile``."""
+    count = 0
+
+    def note(frame: Any, event: str, function: Any) -> None:
+        nonlocal count
+        if event != "c_call":
+            return
+        owner = getattr(function, "__self__", None)
+        module = getattr(function, "__module__", None) or type(owner).__module__ or ""
+        if module.startswith("torch") or isinstance(owner, torch.Tensor):
+            name = getattr(function, "__name__", "")
+            count += not name.startswith(_QUERIES)
+
+    previous = sys.getprofile()
+    sys.setprofile(note)
+    try:
+        result = work()
+    finally:
+        sys.setprofile(previous)
+    return result, count
 
 
 def _note_ready(ready: list[int], index: int, ops: list, gradient: torch.Tensor) -> None:
@@ -686,12 +725,14 @@ def profile(
 
 def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) -> Profile:
     work = copy.deepcopy(module)  # keeps each submodule's train/eval and requires_grad
-    runs, ready = [], []
+    runs, ready, calls = [], [], []
     for rows in (*PROFILE_ROWS, CHECK_ROWS):
         counter = FlopCounterMode(display=False)
         inputs, keywords = batch_like(args, rows), batch_like(kwargs, rows)
-        runs.append(run_passes(work, inputs, counter, False, keywords, amp, ready))
+        counted = calls if rows == CHECK_ROWS else None
+        runs.append(run_passes(work, inputs, counter, False, keywords, amp, ready, counted))
     forward, backward = _fit([run[0] for run in runs]), _fit([run[1] for run in runs])
+    forward = dataclasses.replace(forward, calls=calls[0])
     _warn_uncounted(forward, "forward")
     _warn_uncounted(backward, "backward")
     outputs = [output_tensors(run[2]) for run in runs]
