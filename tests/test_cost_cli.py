@@ -1,19 +1,71 @@
-"""``dpkit predict`` end to end, in a subprocess as a learner runs it."""
+"""``dpkit predict`` end to end: in a subprocess as a learner runs it where the exit status
+and the absence of a traceback are the point, else in this process through ``dpkit.cli.main``
+(the same parser, the same error handling, seconds faster)."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
 
 import dpkit.cost as cost
+import dpkit.cost.cli as predict_cli
+from dpkit.cli import main
+from dpkit.cost.models import course_model, sample_input
+
+tomllib = predict_cli._toml_module("tests")  # tomllib, or tomli on Python 3.10
 
 
 def dpkit(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "DPKIT_DEBUG"}
     return subprocess.run(
         [sys.executable, "-m", "dpkit", *arguments],
-        capture_output=True, text=True, timeout=120, cwd=cwd,
+        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
     )  # fmt: skip
+
+
+@pytest.fixture
+def predict_here(capsys, monkeypatch, tmp_path):
+    """``dpkit predict ARGS`` in this process: (exit status, stdout, stderr); the figures
+    and trace go to a temporary folder unless ``--out`` is given."""
+    monkeypatch.delenv("DPKIT_DEBUG", raising=False)
+
+    def run(*arguments: str) -> tuple[int, str, str]:
+        out = [] if "--out" in arguments else ["--out", str(tmp_path / "out")]
+        status = main(["predict", *arguments, *out])
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records what ``dpkit predict`` passes to ``cost.predict`` and the trace it gets."""
+    calls: list[dict] = []
+
+    def recording(*args, **kwargs):
+        trace = cost.predict(*args, **kwargs)
+        calls.append({"args": args, "kwargs": kwargs, "trace": trace})
+        return trace
+
+    monkeypatch.setattr(predict_cli, "predict", recording)
+    return calls
+
+
+def one_line_error(stderr: str, *needles: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("dpkit: error:"), stderr
+    assert "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, stderr)
 
 
 def test_list_prints_a_preset_per_line_name_first():
@@ -23,7 +75,7 @@ def test_list_prints_a_preset_per_line_name_first():
     assert [line.split(":")[0] for line in lines] == list(cost.presets())
 
 
-def test_predict_prints_the_summaries_and_writes_the_files(tmp_path):
+def test_predict_prints_time_and_memory_and_writes_the_files(tmp_path):
     result = dpkit(
         "predict", "--hardware", "2x8xA100-IB-HDR", "--devices", "16", "--batch", "512",
         "--model", "cnn", "--strategy", "ddp", "--out", str(tmp_path),
@@ -31,12 +83,14 @@ def test_predict_prints_the_summaries_and_writes_the_files(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("PREDICTED by dpkit's cost model, not measured: 2x8xA100-IB-HDR")
-    assert "phase" in out and "allreduce" in out and "bytes held" in out
-    assert "predicted:15 (A100, node 1)" in out
+    assert "phase" in out and "allreduce" in out
     assert "predicted step time:" in out
+    assert "memory per device at the step's peak, predicted" in out
+    assert "predicted memory: fits: device 0 needs" in out and "of 80.00 GiB" in out
     chrome = json.loads((tmp_path / "trace.json").read_text())
     tracks = [e for e in chrome["traceEvents"] if e["name"] == "thread_name"]
     assert len(tracks) == 16
+    assert "predicted:15 (A100, node 1)" in {e["args"]["name"] for e in tracks}
     process = next(e for e in chrome["traceEvents"] if e["name"] == "process_name")
     assert "predicted" in process["args"]["name"]
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
@@ -46,4 +100,336 @@ def test_predict_prints_the_summaries_and_writes_the_files(tmp_path):
 def test_unknown_hardware_is_a_clear_error():
     result = dpkit("predict", "--hardware", "my-laptop-gpu")
     assert result.returncode == 2
-    assert "is not a preset" in result.stderr and "8xA100-SXM-NVLink" in result.stderr
+    one_line_error(result.stderr, "is not a preset", "8xA100-SXM-NVLink")
+
+
+# -- the flags reach predict ---------------------------------------------------------------
+
+
+def test_adam_holds_two_more_copies_of_the_gradients_on_device_0_than_sgd(predict_here, spy):
+    gradient_bytes = sum(cost.profile(course_model("mlp"), sample_input()).parameter_sizes)
+    for optimizer in ("sgd", "adam"):
+        status, out, err = predict_here("--model", "mlp", "--devices", "4",
+                                        "--optimizer", optimizer)  # fmt: skip
+        assert status == 0, err
+        assert f"optimizer {optimizer}" in out
+    sgd, adam = (call["trace"].held[0] for call in spy)
+    assert spy[1]["kwargs"]["optimizer"] == "adam"
+    assert adam["optimizer"] - sgd.get("optimizer", 0) == 2 * gradient_bytes
+    assert sum(adam.values()) - sum(sgd.values()) == 2 * gradient_bytes
+
+
+def test_amp_gradient_as_bucket_view_and_bucket_cap_reach_predict(predict_here, spy):
+    status, out, err = predict_here(
+        "--model", "cnn", "--devices", "4", "--strategy", "ddp", "--amp", "bf16",
+        "--gradient-as-bucket-view", "--bucket-cap-mb", "50",
+    )  # fmt: skip
+    assert status == 0, err
+    kwargs = spy[0]["kwargs"]
+    assert kwargs["amp"] == "bf16"
+    assert kwargs["gradient_as_bucket_view"] is True
+    assert kwargs["bucket_cap_mb"] == 50.0
+    assert all(held["buckets"] == 0 for held in spy[0]["trace"].held)
+    assert "autocast bf16" in out and "gradient_as_bucket_view" in out
+
+
+def test_the_defaults_are_torchs(predict_here, spy):
+    status, out, err = predict_here("--model", "cnn", "--devices", "2")
+    assert status == 0, err
+    kwargs = spy[0]["kwargs"]
+    assert (kwargs["amp"], kwargs["optimizer"]) == (None, "sgd")
+    assert (kwargs["gradient_as_bucket_view"], kwargs["bucket_cap_mb"]) == (False, 25)
+    assert spy[0]["args"][4] == cost.preset("8xA100-SXM-NVLink")
+    assert "float32 (as torch runs it" in out
+
+
+@pytest.mark.parametrize(
+    "arguments, needle",
+    [
+        (["--amp", "fp8"], "--amp: invalid choice"),
+        (["--optimizer", "lion"], "--optimizer: invalid choice"),
+        (["--bucket-cap-mb", "0"], "--bucket-cap-mb: must be a positive number"),
+        (["--bucket-cap-mb", "nan"], "--bucket-cap-mb: must be a positive number"),
+    ],
+)
+def test_bad_flags_are_refused_by_the_parser(predict_here, capsys, arguments, needle):
+    with pytest.raises(SystemExit) as exit_:
+        predict_here(*arguments)
+    assert exit_.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_amp_on_a_device_without_its_units_is_a_clear_error(predict_here):
+    status, _, err = predict_here("--hardware", "8xV100-NVLink", "--amp", "bf16")
+    assert status == 2
+    one_line_error(err, "no bfloat16 rate", "V100")
+
+
+# -- memory: the table and the verdict ------------------------------------------------------
+
+
+def test_memory_table_has_every_category_total_and_capacity_and_a_fits_verdict(predict_here, spy):
+    status, out, err = predict_here("--model", "mlp", "--devices", "4", "--optimizer", "momentum")
+    assert status == 0, err
+    trace = spy[0]["trace"]
+    table = out.split("memory per device at the step's peak, predicted, in MiB:\n")[1]
+    header, _, *rows = table.splitlines()[:4]
+    for category in trace.held[0]:
+        assert category in header
+    assert header.split()[-2:] == ["total", "capacity"]
+    device_0 = rows[0].split()
+    assert device_0[0] == "0" and rows[1].split()[0] == "1-3"  # devices 1-3 hold the same
+    assert float(device_0[-2]) == pytest.approx(trace.memory_per_device[0] / 2**20, abs=0.05)
+    assert device_0[-1] == "81,920.0"  # 80 GiB in MiB
+    verdict = next(line for line in out.splitlines() if line.startswith("predicted memory:"))
+    assert verdict.startswith("predicted memory: fits: device 0 needs ")
+    assert verdict.endswith("of 80.00 GiB (0.0 %), the fullest device")
+
+
+def test_a_machine_too_small_does_not_fit_and_says_by_how_much(predict_here, spy, tmp_path):
+    small = tmp_path / "small.toml"
+    small.write_text('base = "8xA100-SXM-NVLink"\nmemory_capacity = 3e6\n')
+    status, out, err = predict_here("--hardware-file", str(small), "--model", "mlp",
+                                    "--devices", "4", "--batch", "512")  # fmt: skip
+    assert status == 0, err
+    trace = spy[0]["trace"]
+    assert not trace.fits
+    need = predict_cli.readable_bytes(trace.memory_per_device[0])
+    assert f"predicted memory: does not fit: device 0 needs {need} of 2.9 MiB" in out
+    assert "--strategy ddp" in out
+
+
+# -- hardware files -------------------------------------------------------------------------
+
+
+def same_machine(a: cost.Hardware, b: cost.Hardware) -> bool:
+    """Every field equal, floats to 12 digits (the template writes 10e-6 for 10 * 1e-6)."""
+
+    def close(x, y) -> bool:
+        if isinstance(x, cost.Link):
+            return isinstance(y, cost.Link) and all(
+                close(getattr(x, k), getattr(y, k)) for k in ("bandwidth", "latency", "source")
+            )
+        if isinstance(x, dict):
+            return (
+                isinstance(y, dict) and x.keys() == y.keys() and all(close(x[k], y[k]) for k in x)
+            )
+        if isinstance(x, float) and not isinstance(y, bool):
+            return math.isclose(x, y, rel_tol=1e-12)
+        return type(x) is type(y) and x == y
+
+    return all(close(getattr(a, f.name), getattr(b, f.name)) for f in fields(cost.Hardware))
+
+
+@pytest.mark.parametrize("name", list(cost.presets()))
+def test_a_printed_preset_loads_back_as_the_preset(predict_here, tmp_path, name):
+    status, template, err = predict_here("--print-hardware", name)
+    assert status == 0, err
+    assert template.startswith(f"# {name}: a machine for dpkit's cost model")
+    path = tmp_path / "machine.toml"
+    path.write_text(template)
+    loaded = predict_cli.load_hardware_file(path)
+    assert same_machine(loaded, cost.preset(name))
+    assert predict_cli.hardware_toml(loaded, f"dpkit predict --print-hardware {name}") == template
+
+
+def test_a_template_keeps_12_digits_op_seconds_and_no_allreduce_bandwidth(tmp_path):
+    odd = replace(
+        cost.preset("8xH100-SXM-NVLink"),
+        name="odd",
+        memory_bandwidth=1234.56789012e9,
+        matmul_efficiency=0.123456789012,
+        step_overhead=1.23456789012e-4,
+        allreduce_bandwidth=None,
+        op_seconds={"aten.addmm": ((1e6, 2.5e-6), (1.5e9, 1.23456789012e-3))},
+    )
+    path = tmp_path / "odd.toml"
+    path.write_text(predict_cli.hardware_toml(odd))
+    assert 'allreduce_bandwidth = "none"' in path.read_text()
+    assert same_machine(predict_cli.load_hardware_file(path), odd)
+
+
+def test_whole_counts_written_as_floats_are_counts(predict_here, spy, tmp_path):
+    path = tmp_path / "fours.toml"
+    path.write_text('base = "2x8xA100-IB-HDR"\ndevices_per_node = 4.0\nnodes = 2.0\n')
+    status, out, err = predict_here("--hardware-file", str(path), "--strategy", "ddp",
+                                    "--devices", "8", "--model", "cnn")  # fmt: skip
+    assert status == 0, err
+    machine = spy[0]["trace"].machine
+    assert type(machine.devices_per_node) is int and type(machine.nodes) is int
+    assert "predicted:7 (A100, node 1)" in {e.device for e in spy[0]["trace"].events}
+
+
+def test_a_toml_hardware_file_predicts_like_its_preset(predict_here, spy, tmp_path):
+    path = tmp_path / "mine.toml"
+    status, template, _ = predict_here("--print-hardware", "8xA100-SXM-NVLink")
+    path.write_text(template.replace('name = "8xA100-SXM-NVLink"', 'name = "my A100 box"'))
+    outs = []
+    for hardware in (["--hardware-file", str(path)], ["--hardware", "8xA100-SXM-NVLink"]):
+        status, out, err = predict_here(*hardware, "--model", "cnn", "--devices", "8")
+        assert status == 0, err
+        outs.append(out)
+    mine, preset = (call["trace"] for call in spy)
+    assert mine.machine.name == "my A100 box"
+    assert outs[0].startswith("PREDICTED by dpkit's cost model, not measured: my A100 box")
+    assert mine.step_time == pytest.approx(preset.step_time, rel=1e-9)
+    assert mine.memory_per_device == preset.memory_per_device
+
+
+def test_a_json_what_if_changes_only_what_it_names(predict_here, spy, tmp_path):
+    path = tmp_path / "slow_network.json"
+    path.write_text(json.dumps({
+        "base": "2x8xA100-100GbE",
+        "node_to_node": {"bandwidth": 1.25e9},
+        "peak_flops": {"float32": 20e12},
+    }))  # fmt: skip
+    status, out, err = predict_here("--hardware-file", str(path), "--strategy", "ddp",
+                                    "--devices", "16", "--model", "cnn")  # fmt: skip
+    assert status == 0, err
+    machine, base = spy[0]["trace"].machine, cost.preset("2x8xA100-100GbE")
+    assert machine.name == "slow_network" and "slow_network" in out
+    assert machine.node_to_node.bandwidth == 1.25e9
+    assert machine.node_to_node.latency == base.node_to_node.latency
+    assert "slow_network.json" in machine.node_to_node.source  # not the base's citation
+    assert machine.peak_flops == {**base.peak_flops, "float32": 20e12}
+    assert machine.device_to_device == base.device_to_device
+    assert machine.memory_capacity == base.memory_capacity
+
+
+def test_the_doc_example_file_loads():
+    root = Path(__file__).resolve().parents[1]
+    machine = predict_cli.load_hardware_file(root / "docs" / "examples" / "my_machine.toml")
+    assert machine.name == "2x8xA100-40GB-2x100GbE" and machine.nics_per_node == 2
+    assert machine.node_to_node.latency == cost.preset("2x8xA100-100GbE").node_to_node.latency
+
+
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        ('base = "8xA100-SXM-NVLink"\nmemory_capcity = 40e9\n',
+         ["unknown field 'memory_capcity'", "did you mean 'memory_capacity'", "nics_per_node"]),
+        ('base = "8xA100-SXM-NVLink"\nmemory_capacity = "40 GB"\n',
+         ["memory_capacity = '40 GB'", "plain number of bytes", "80e9 for 80 GB"]),
+        ('base = "8xA100-SXM-NVLink"\nmemory_capacity = -1\n',
+         ["memory_capacity=-1", "must be finite and above 0"]),
+        ('base = "8xA100-SXM-NVLink"\nmatmul_efficiency = 70\n',
+         ["matmul_efficiency=70", "in (0, 1]"]),
+        ('base = "8xA100-SXM-NVLink"\nnodes = 1.5\n', ["nodes=1.5", "whole number"]),
+        ('base = "8xA100-SXM-NVLink"\npeer_to_peer = "yes"\n',
+         ["peer_to_peer = 'yes'", "true or false"]),
+        ('base = "8xA100-SXM-NVLink"\n[node_to_node]\nbandwith = 12.5e9\n',
+         ["unknown key of node_to_node 'bandwith'", "did you mean 'bandwidth'"]),
+        ('base = "8xA100-SXM-NVLink"\n[node_to_node]\nlatency = 0\n',
+         ["node_to_node", "latency (s)=0", "above 0"]),
+        ('base = "8xA100-SXM-NVLink"\n[peak_flops]\nfp32 = 1e12\n',
+         ["peak_flops.fp32 is not a dtype", "float32"]),
+        ('base = "A100"\n', ["base:", "is not a preset", "8xA100-SXM-NVLink"]),
+        ('name = "half"\nnodes = 1\n', ["missing description", "--print-hardware", "base ="]),
+        ("base = \n", ["not valid TOML"]),
+    ],
+)  # fmt: skip
+def test_a_bad_hardware_file_is_refused_naming_the_field(predict_here, tmp_path, text, needles):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    status, out, err = predict_here("--hardware-file", str(path))
+    assert status == 2 and out == ""
+    one_line_error(err, f"--hardware-file {path}", *needles)
+
+
+def test_a_bad_json_file_names_the_path_and_the_place(predict_here, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"base": "8xA100-SXM-NVLink",\n "nodes": }')
+    status, _, err = predict_here("--hardware-file", str(path))
+    assert status == 2
+    one_line_error(err, f"--hardware-file {path}: not valid JSON", "line 2")
+
+
+@pytest.mark.parametrize(
+    "name, needle", [("missing.toml", "no such file"), ("machine.yaml", "name it .toml or .json")]
+)
+def test_a_missing_or_misnamed_file_is_named(predict_here, tmp_path, name, needle):
+    status, _, err = predict_here("--hardware-file", str(tmp_path / name))
+    assert status == 2
+    one_line_error(err, f"--hardware-file {tmp_path / name}", needle)
+
+
+def test_without_a_toml_reader_the_error_says_to_use_json_or_install_tomli(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.10 without tomli
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(ValueError, match="pip install tomli.*as a .json file"):
+        predict_cli.load_hardware_file(
+            Path(__file__).resolve().parents[1] / "docs" / "examples" / "my_machine.toml"
+        )
+
+
+def test_hardware_and_hardware_file_together_are_refused(predict_here, tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "8xA100-SXM-NVLink"\n')
+    status, _, err = predict_here("--hardware-file", str(path), "--hardware", "T4-PCIe3")
+    assert status == 2
+    one_line_error(err, "--hardware and --hardware-file", 'base = "T4-PCIe3"')
+
+
+def test_print_hardware_without_a_name_prints_the_machine_a_file_makes(predict_here, tmp_path):
+    path = tmp_path / "fast_network.toml"
+    path.write_text('base = "2x8xA100-100GbE"\nnics_per_node = 8\n')
+    status, template, err = predict_here("--hardware-file", str(path), "--print-hardware")
+    assert status == 0, err
+    data = tomllib.loads(template)
+    assert data["name"] == "fast_network" and data["nics_per_node"] == 8
+    assert (
+        data["node_to_node"]
+        == tomllib.loads(predict_cli.hardware_toml(cost.preset("2x8xA100-100GbE")))["node_to_node"]
+    )
+
+
+# -- clean errors: --out, dp across nodes ---------------------------------------------------
+
+
+def test_dp_across_nodes_exits_2_with_the_teaching_message(tmp_path):
+    result = dpkit("predict", "--hardware", "2x8xA100-100GbE", "--devices", "16",
+                   "--strategy", "dp", "--model", "mlp", "--out", str(tmp_path))  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    one_line_error(result.stderr, "nn.DataParallel is one process", "strategy='ddp'")
+
+
+def test_out_in_proc_exits_2_with_one_line():
+    result = dpkit("predict", "--model", "mlp", "--out", "/proc/dpkit-cannot-write-here")
+    assert result.returncode == 2 and result.stdout == ""
+    one_line_error(result.stderr, "--out /proc/dpkit-cannot-write-here", "cannot write there",
+                   "--out /tmp/")  # fmt: skip
+
+
+def test_out_not_a_folder_exits_2_naming_out(predict_here, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for out, needle in ((a_file, "is a file, not a folder"),
+                        (a_file / "below", "a part of it is a file")):  # fmt: skip
+        status, _, err = predict_here("--out", str(out))
+        assert status == 2
+        one_line_error(err, f"--out {out}", needle, "choose a folder you can write to")
+
+
+def test_out_where_trace_json_cannot_be_written_exits_2(predict_here, tmp_path):
+    (tmp_path / "trace.json").mkdir()  # a folder where the file goes
+    status, _, err = predict_here("--out", str(tmp_path), "--devices", "2")
+    assert status == 2
+    one_line_error(err, f"--out {tmp_path}", "cannot write trace.json")
+
+
+def test_out_read_only_folder_exits_2(predict_here, tmp_path, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anyway: make it answer as it does anyone else
+
+        def refused(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(locked))
+
+        monkeypatch.setattr(predict_cli.tempfile, "NamedTemporaryFile", refused)
+    try:
+        status, _, err = predict_here("--out", str(locked))
+    finally:
+        locked.chmod(0o755)
+    assert status == 2
+    one_line_error(err, f"--out {locked}", "cannot write there (Permission denied)")

@@ -1,33 +1,490 @@
 """``dpkit predict``: a predicted training step on a named machine, printed and drawn like
-``dpkit demo`` prints and draws a measured one, every output labelled predicted.
+``dpkit demo`` prints and draws a measured one, every output labelled predicted: the time of
+each phase, the step's time, and the bytes each device holds beside its capacity (fits or
+not).
 
     dpkit predict --list                                   the machines, one per line
     dpkit predict --hardware 8xA100-SXM-NVLink --devices 8 --batch 512 --model cnn
     dpkit predict --hardware 2x8xA100-10GbE --devices 16 --batch 4096 --strategy ddp --out /tmp/p
+    dpkit predict --hardware 8xA100-SXM-NVLink --strategy ddp --amp bf16 --optimizer adam
+    dpkit predict --print-hardware 8xA100-SXM-NVLink > my_machine.toml    a template to edit
+    dpkit predict --hardware-file my_machine.toml --devices 8              your machine
     dpkit predict --hardware this-machine --calibrate      measure this machine first (~2 s)
+
+A hardware file (TOML or JSON, by its suffix) is either a whole machine (every field of
+:class:`~dpkit.cost.Hardware`, as ``--print-hardware`` writes them), or ``base = "<preset>"``
+and only the fields that change. Units are SI, plain numbers: bytes, bytes/s, seconds,
+FLOP/s. ``--hardware`` and ``--hardware-file`` together are refused: the file says its base.
+The format, and the commands that answer "one node of 8 A100 or two over 100 GbE, dp or
+ddp, which batch, does it fit?", are in ``docs/hardware_file.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
+import math
+import tempfile
+from collections.abc import Mapping
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import torch
+
 from dpkit.cli_types import at_least_one
-from dpkit.cost.hardware import Hardware
+from dpkit.cost.hardware import Hardware, Link
+from dpkit.cost.memory import OPTIMIZER_COPIES
 from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
 from dpkit.cost.presets import preset, presets
 
+DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
+AMP_CHOICES = ("bf16", "fp16")
+LINKS = ("host_to_device", "device_to_device", "node_to_node")
+LINK_KEYS = ("bandwidth", "latency", "source")
+TEXT_FIELDS = ("name", "description", "device_name", "source")
+COUNT_FIELDS = ("devices_per_node", "nodes", "nics_per_node")
+NO_ALLREDUCE = "none"  # allreduce_bandwidth = "none": the ring's (TOML has no null)
+GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+_FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
 
-def list_presets() -> str:
-    """What ``dpkit predict --list`` prints: a line per machine, its name first."""
-    return "\n".join(hardware.summary() for hardware in presets().values())
+# Each field's unit (what a plain number in a hardware file means) and a line about it, for
+# the template's comments and the errors' fixes.
+FIELD_UNITS: dict[str, tuple[str, str]] = {
+    "name": ("text", "what the outputs call the machine"),
+    "description": ("text", "one line about it"),
+    "device_name": ("text", "what a device is called, e.g. A100"),
+    "source": ("text", "where the numbers come from"),
+    "peak_flops": ("FLOP/s", "spec-sheet peak by the dtype an op computes in"),
+    "matmul_efficiency": ("fraction", "of peak_flops that matmuls and convolutions reach"),
+    "memory_bandwidth": ("bytes/s", "spec-sheet bandwidth of a device's memory"),
+    "memory_efficiency": ("fraction", "of memory_bandwidth that elementwise ops reach"),
+    "memory_capacity": ("bytes", "one device's memory: what 'does it fit' checks"),
+    "compute_units": ("count", "devices of a node that compute at full speed at once"),
+    "host_to_device": ("link", "host memory to a device (PCIe)"),
+    "device_to_device": ("link", "two devices of a node (NVLink or PCIe), NCCL's bus bandwidth"),
+    "node_to_node": ("link", "one network port between nodes"),
+    "devices_per_node": ("whole number", "devices in one node"),
+    "nodes": ("whole number", "nodes as named (DDP on more devices assumes more)"),
+    "nics_per_node": ("whole number", "network ports a node's devices share"),
+    "peer_to_peer": ("true/false", "false if copies go through host memory"),
+    "virtual_lanes": ("true/false", "true for dpkit's virtual CPU lanes, false for GPUs"),
+    "op_overhead": ("seconds", "host time of one forward op (Python, dispatch, launch)"),
+    "backward_op_overhead": ("seconds", "host time of one backward op"),
+    "gil_handoff": ("seconds", "per op of a replica while several threads take turns"),
+    "thread_start": ("seconds", "parallel_apply starting one thread"),
+    "module_overhead": ("seconds", "replicate building one module object"),
+    "copy_overhead": ("seconds", "host time of one copy or collective call"),
+    "step_overhead": ("seconds", "one step outside its phases"),
+    "allreduce_bandwidth": (
+        "bytes/s",
+        "NCCL's NVLS all-reduce in a node; \"none\": the ring's",
+    ),
+    "op_seconds": ("[work, seconds] pairs", "measured per aten op by --calibrate"),
+}
+_EXAMPLES = {
+    "bytes": "80e9 for 80 GB, 85899345920 for 80 GiB",
+    "bytes/s": "25e9 for 25 GB/s, 12.5e9 for 100 Gb/s",
+    "seconds": "5e-6 for 5 us",
+    "FLOP/s": "312e12 for 312 TFLOP/s",
+    "fraction": "0.7",
+    "count": "8",
+    "whole number": "8",
+}
+_LINK_UNITS = {"bandwidth": "bytes/s", "latency": "seconds", "source": "text"}
 
 
-def report(trace: PredictedTrace, model: str, files: dict[str, Path | None]) -> str:
-    """What ``dpkit predict`` prints: the machine, the per-phase and memory summaries (the
-    same tables ``dpkit demo`` prints), the predicted step time and where the files are."""
+# -- hardware files: writing a template, reading one back ---------------------------------
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, DEL aside."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_key(key: str) -> str:
+    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
+    return key if bare else _toml_string(key)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _toml_float(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise TypeError(f"no TOML for {type(value).__name__}")
+
+
+def _toml_float(value: float) -> str:
+    """As a spec sheet writes it, 12 digits: 3350e9, 10e-6 (not 9.999999999999999e-06, which
+    10 * 1e-6 is in binary; read back, it is within 1e-12 of the value), 0.7."""
+    if not 1e-300 < abs(value) < 1e300 or 1e-3 <= abs(value) < 1e3:
+        text = f"{value:.12g}"
+        return text if any(c in text for c in ".eninf") else text + ".0"
+    power = 3 * math.floor(math.log10(abs(value)) / 3)
+    mantissa = f"{value / 10.0**power:.12g}"
+    if "e" in mantissa:  # rounding crossed a power of 1000
+        return f"{value:.12g}"
+    return f"{mantissa}e{power}"
+
+
+def _readable(value: float, unit: str) -> str:
+    """``value`` in ``unit`` as a spec sheet writes it, for a comment."""
+    if unit == "bytes":
+        return f"{value / GIB:.4g} GiB" if value >= GIB else f"{value / MIB:.4g} MiB"
+    if unit == "bytes/s":
+        return f"{value / 1e9:.4g} GB/s"
+    if unit == "FLOP/s":
+        return f"{value / 1e12:.4g} TFLOP/s" if value >= 1e12 else f"{value / 1e9:.4g} GFLOP/s"
+    if unit == "seconds":
+        return f"{value * 1e6:.4g} us" if value < 1e-3 else f"{value * 1e3:.4g} ms"
+    return ""
+
+
+def _line(key: str, value: object, unit: str, about: str = "") -> str:
+    """``key = value  # unit (readable): about``; text gets no comment."""
+    comment = ""
+    if unit != "text":
+        readable = _readable(value, unit) if isinstance(value, (int, float)) else ""
+        comment = unit + (f" ({readable})" if readable else "") + (f": {about}" if about else "")
+    return f"{_toml_key(key)} = {_toml_value(value)}" + (f"  # {comment}" if comment else "")
+
+
+def hardware_toml(hardware: Hardware, command: str = "") -> str:
+    """``hardware`` as a TOML file that ``--hardware-file`` reads back equal to it: every
+    field (from :meth:`Hardware.describe`), a comment with its unit and meaning."""
+    values = dict(hardware.describe())
+    calibrated = bool(hardware.op_seconds)  # measured: not the preset of its name
+    base = hardware.name if hardware.name in presets() and not calibrated else DEFAULT_HARDWARE
+    lines = [
+        f"# {hardware.name}: a machine for dpkit's cost model"
+        + (f",\n# written by `{command}`." if command else "."),
+        "# Use it: dpkit predict --hardware-file THIS_FILE.toml --devices 8 ...",
+        "# Units are SI, plain numbers: bytes, bytes/s, seconds, FLOP/s (80 GB is 80e9, 5 us",
+        "# is 5e-6). Edit the numbers from your spec sheet; or keep only the line",
+        f'# base = "{base}" and the fields you change (a what-if). docs/hardware_file.md',
+        "",
+    ]
+    tables = {"peak_flops", *LINKS, "op_seconds"}
+    for key, value in values.items():
+        if key in tables:
+            continue
+        unit, about = FIELD_UNITS[key]
+        if key == "allreduce_bandwidth" and value is None:
+            lines.append(f'{key} = "{NO_ALLREDUCE}"  # {unit}: {about}')
+            continue
+        lines.append(_line(key, value, unit, about))
+    lines += ["", f"[peak_flops]  # FLOP/s, {FIELD_UNITS['peak_flops'][1]}; float32 is needed"]
+    lines += [_line(dtype, rate, "FLOP/s") for dtype, rate in values["peak_flops"].items()]
+    for key in LINKS:
+        link: Link = values[key]
+        lines += [
+            "",
+            f"[{key}]  # {FIELD_UNITS[key][1]}",
+            _line("bandwidth", link.bandwidth, "bytes/s", "achieved, one way"),
+            _line("latency", link.latency, "seconds", "per message"),
+            _line("source", link.source, "text"),
+        ]
+    if values["op_seconds"]:
+        lines += ["", f"[op_seconds]  # {FIELD_UNITS['op_seconds'][1]}: [work, seconds] pairs"]
+        for op, samples in values["op_seconds"].items():
+            lines.append(f"{_toml_key(op)} = {_toml_value([list(s) for s in samples])}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_module(where: str) -> ModuleType:
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib  # the same parser, for Python 3.10
+        except ModuleNotFoundError:
+            raise ValueError(
+                f"{where}: reading TOML needs Python 3.11 or the tomli package "
+                "(pip install tomli); or write the same fields as a .json file"
+            ) from None
+    return tomllib
+
+
+def _refuse_unknown(where: str, what: str, keys: Any, known: Any) -> None:
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"{where}: unknown {what} {key!r}{hint}; the known ones: {', '.join(known)}"
+            )
+
+
+def _number(where: str, name: str, value: object, unit: str) -> float:
+    """A plain number, or a ValueError that names the field, its unit and an example."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        example = _EXAMPLES.get(unit)
+        raise ValueError(
+            f"{where}: {name} = {value!r} must be a plain number of {unit} (SI units, no "
+            "suffixes" + (f"; e.g. {example})" if example else ")")
+        )
+    return value
+
+
+def _text(where: str, name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {name} = {value!r} must be text, in quotes")
+    return value
+
+
+def _table(where: str, name: str, value: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{where}: {name} = {value!r} must be a table of {what} (TOML: a [{name}] "
+            "section; JSON: an object)"
+        )
+    return value
+
+
+def _link(where: str, name: str, value: object, base: Link | None, origin: str) -> Link:
+    table = _table(where, name, value, "bandwidth, latency and source")
+    _refuse_unknown(where, f"key of {name}", table, LINK_KEYS)
+    given = dict(table)
+    for key in ("bandwidth", "latency"):
+        if key in given:
+            _number(where, f"{name}.{key}", given[key], _LINK_UNITS[key])
+    if "source" in given:
+        _text(where, f"{name}.source", given["source"])
+    if base is not None:
+        if "source" not in given and given:  # the base's citation is not for these numbers
+            given["source"] = f"{origin} (changed from: {base.source})"
+        given = {"bandwidth": base.bandwidth, "latency": base.latency, **given}
+    missing = [key for key in ("bandwidth", "latency") if key not in given]
+    if missing:
+        raise ValueError(
+            f"{where}: {name} has no {' and no '.join(missing)}: a link needs bandwidth "
+            "(bytes/s) and latency (seconds), and may say its source"
+        )
+    try:
+        return Link(**given)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {name}: {error}") from None
+
+
+def _peak_flops(where: str, value: object, base: Hardware | None) -> dict[str, float]:
+    table = _table(where, "peak_flops", value, "FLOP/s by dtype")
+    for dtype, rate in table.items():
+        if dtype != "tfloat32" and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(
+                f"{where}: peak_flops.{dtype} is not a dtype: use torch's names, float32 (needed), "
+                "tfloat32, bfloat16, float16"
+            )
+        _number(where, f"peak_flops.{dtype}", rate, "FLOP/s")
+    return {**(base.peak_flops if base is not None else {}), **table}
+
+
+def _op_seconds(where: str, value: object) -> dict[str, tuple[tuple[float, float], ...]]:
+    table = _table(where, "op_seconds", value, "[work, seconds] pairs per aten op")
+    result = {}
+    for op, samples in table.items():
+        pairs = samples if isinstance(samples, list) else None
+        if not pairs or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise ValueError(
+                f"{where}: op_seconds.{op} = {samples!r} must be a list of [work, seconds] pairs"
+            )
+        result[str(op)] = tuple(
+            (_number(where, f"op_seconds.{op}", w, "work"),
+             _number(where, f"op_seconds.{op}", s, "seconds"))
+            for w, s in pairs
+        )  # fmt: skip
+    return result
+
+
+def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file") -> Hardware:
+    """A :class:`Hardware` from a hardware file's contents: every field, or ``base`` (a
+    preset's name) and the fields that change; tables (``peak_flops``, the links,
+    ``op_seconds``) over a base change only the keys they name. ``where`` starts every
+    error, each of which names the field and says how to fix it."""
+    names = [spec.name for spec in fields(Hardware)]
+    _refuse_unknown(where, "field", data, ["base", *names])
+    base: Hardware | None = None
+    if "base" in data:
+        try:
+            base = preset(_text(where, "base", data["base"]))
+        except ValueError as error:
+            raise ValueError(f"{where}: base: {error}") from None
+    origin = where.removeprefix("--hardware-file ")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "base":
+            continue
+        unit = FIELD_UNITS[name][0]
+        if name in TEXT_FIELDS:
+            values[name] = _text(where, name, value)
+        elif name in LINKS:
+            values[name] = _link(where, name, value, getattr(base, name, None), origin)
+        elif name == "peak_flops":
+            values[name] = _peak_flops(where, value, base)
+        elif name == "op_seconds":
+            values[name] = {**(base.op_seconds if base else {}), **_op_seconds(where, value)}
+        elif name in ("peer_to_peer", "virtual_lanes"):
+            if not isinstance(value, bool):
+                raise ValueError(f"{where}: {name} = {value!r} must be true or false")
+            values[name] = value
+        elif name == "allreduce_bandwidth" and (value is None or value == NO_ALLREDUCE):
+            values[name] = None
+        else:
+            number = _number(where, name, value, unit)
+            whole = name in COUNT_FIELDS and isinstance(number, float) and number.is_integer()
+            values[name] = int(number) if whole else number
+    try:
+        if base is None:
+            required = [
+                s.name for s in fields(Hardware)
+                if s.default is MISSING and s.default_factory is MISSING
+            ]  # fmt: skip
+            missing = [name for name in required if name not in values]
+            if missing:
+                raise ValueError(
+                    f"{where}: missing {', '.join(missing)}. Give every field (dpkit predict "
+                    "--print-hardware NAME writes them all), or start from a preset: base = "
+                    f'"{DEFAULT_HARDWARE}" and only the fields you change'
+                )
+            return Hardware(**values)
+        changed = sorted(key for key in values if key not in TEXT_FIELDS) or ["nothing"]
+        values.setdefault("name", Path(origin).stem or f"{base.name}-edited")
+        values.setdefault("description", f"{base.name} with {', '.join(changed)} from {origin}")
+        values.setdefault("source", f"{base.source}; {', '.join(changed)} from {origin}")
+        return replace(base, **values)
+    except TypeError as error:
+        raise ValueError(f"{where}: {error}") from None
+    except ValueError as error:
+        if str(error).startswith(where):
+            raise
+        raise ValueError(f"{where}: {error}") from None
+
+
+def load_hardware_file(path: str | Path) -> Hardware:
+    """The machine a ``.toml`` or ``.json`` hardware file describes (see
+    :func:`hardware_from_mapping`); a ValueError naming the file for anything wrong."""
+    path = Path(path)
+    where = f"--hardware-file {path}"
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ValueError(f"{where}: name it .toml or .json (the suffix says how to read it)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(
+            f"{where}: no such file; `dpkit predict --print-hardware {DEFAULT_HARDWARE} "
+            f"> {path.name}` writes one to edit"
+        ) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{where}: cannot read it ({error})") from None
+    if suffix == ".toml":
+        toml = _toml_module(where)
+        try:
+            data = toml.loads(text)
+        except toml.TOMLDecodeError as error:
+            raise ValueError(f"{where}: not valid TOML: {error}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{where}: not valid JSON: {error.msg} at line {error.lineno} column {error.colno}"
+            ) from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: must hold one JSON object of fields, {{...}}")
+    return hardware_from_mapping(data, where)
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def readable_bytes(nbytes: float) -> str:
+    """``nbytes`` in B, KiB, MiB or GiB, whichever reads best."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= size:
+            return f"{nbytes / size:,.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def _device_groups(trace: PredictedTrace) -> list[tuple[str, dict[str, int]]]:
+    """Consecutive devices holding the same bytes, as one row: ("1-7", bytes by category)."""
+    groups: list[tuple[list[int], dict[str, int]]] = []
+    for index, held in enumerate(trace.held):
+        if groups and groups[-1][1] == held:
+            groups[-1][0].append(index)
+        else:
+            groups.append(([index], held))
+    return [(f"{i[0]}" if len(i) == 1 else f"{i[0]}-{i[-1]}", held) for i, held in groups]
+
+
+def memory_table(trace: PredictedTrace) -> str:
+    """Each device's predicted bytes by category (from ``trace.held``), its total and its
+    ``memory_capacity``, one unit for the table; devices holding the same share a row."""
+    totals = trace.memory_per_device
+    capacity = trace.machine.memory_capacity
+    unit, size = next(
+        ((u, s) for u, s in (("GiB", GIB), ("MiB", MIB)) if max(totals) >= s), ("KiB", KIB)
+    )
+    digits = 2 if unit == "GiB" else 1
+    categories = list(dict.fromkeys(c for held in trace.held for c in held))
+    columns = [*categories, "total", "capacity"]
+    rows = [
+        (label, [held.get(c, 0) for c in categories] + [sum(held.values()), capacity])
+        for label, held in _device_groups(trace)
+    ]
+    cells = [[f"{value / size:,.{digits}f}" for value in values] for _, values in rows]
+    widths = [max(len(c), *(len(r[k]) for r in cells)) + 2 for k, c in enumerate(columns)]
+    width = max(len("device"), *(len(label) for label, _ in rows)) + 1
+    header = f"{'device':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
+    lines = [header, "-" * len(header)]
+    for (label, _), row in zip(rows, cells):
+        lines.append(f"{label:<{width}}" + "".join(f"{v:>{w}}" for v, w in zip(row, widths)))
+    lines.insert(0, f"memory per device at the step's peak, predicted, in {unit}:")
+    return "\n".join(lines)
+
+
+def fit_verdict(trace: PredictedTrace) -> str:
+    """ "fits: ..." or "does not fit: device 0 needs X of Y", the fullest device named."""
+    machine = trace.machine
+    totals = trace.memory_per_device
+    capacity = machine.memory_capacity
+    if machine.virtual_lanes:  # the lanes share the host's memory
+        need = sum(totals)
+        says = f"the {len(totals)} lane(s) together need {readable_bytes(need)} of the host's "
+        says += readable_bytes(capacity)
+        return ("fits: " if need <= capacity else "does not fit: ") + says
+    fullest = max(range(len(totals)), key=totals.__getitem__)
+    need = totals[fullest]
+    says = f"device {fullest} needs {readable_bytes(need)} of {readable_bytes(capacity)}"
+    if need <= capacity:
+        return f"fits: {says} ({100 * need / capacity:.1f} %), the fullest device"
+    fix = "a smaller --batch or more --devices"
+    if trace.strategy == "dp":
+        fix = "a smaller --batch, more --devices, or --strategy ddp (no device 0 holding more)"
+    return f"does not fit: {says}; try {fix}"
+
+
+def _precision(args: argparse.Namespace) -> str:
+    if args.amp:
+        return f"autocast {args.amp}"
+    return "float32 (as torch runs it: convolutions in TF32 where the GPU has it)"
+
+
+def report(
+    trace: PredictedTrace, model: str, files: dict[str, Path | None], settings: str = ""
+) -> str:
+    """What ``dpkit predict`` prints: the machine, the per-phase summary (the table ``dpkit
+    demo`` prints), the predicted step time, the bytes each device holds against its
+    capacity, whether it fits, and where the files are."""
     machine = trace.machine
     lines = [
         f"PREDICTED by dpkit's cost model, not measured: {machine.name}",
@@ -35,14 +492,16 @@ def report(trace: PredictedTrace, model: str, files: dict[str, Path | None]) -> 
         f"  numbers from: {machine.source}",
         f"model {model}, batch {trace.batch_size} (1x28x28 images), {trace.device_count} "
         f"device(s), strategy {trace.strategy}",
+        *([f"  {settings}"] if settings else []),
         "",
         f"per phase, per step — {trace.hardware}:",
         str(trace.summary()),
         "",
-        "memory per device (counted: the sum of the categories), predicted:",
-        str(trace.memory_summary()),
-        "",
         f"predicted step time: {trace.step_time * 1e3:.3f} ms",
+        "",
+        memory_table(trace),
+        f"predicted memory: {fit_verdict(trace)}",
+        "",
     ]
     for what, path in files.items():
         lines.append(f"{what + ':':<22}{path if path is not None else 'skipped (no matplotlib)'}")
@@ -50,58 +509,188 @@ def report(trace: PredictedTrace, model: str, files: dict[str, Path | None]) -> 
     return "\n".join(lines)
 
 
+# -- the command --------------------------------------------------------------------------
+
+
+def _out_folder(text: str) -> Path:
+    """The ``--out`` folder, made if need be, checked writable before minutes of work."""
+    out = Path(text).expanduser().absolute()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".dpkit-write-check-"):
+            pass
+    except FileExistsError:
+        raise ValueError(f"--out {out}: is a file, not a folder; {_FIX_OUT}") from None
+    except NotADirectoryError:
+        raise ValueError(f"--out {out}: a part of it is a file, not a folder; {_FIX_OUT}") from None
+    except OSError as error:
+        why = error.strerror or str(error)
+        raise ValueError(f"--out {out}: cannot write there ({why}); {_FIX_OUT}") from None
+    return out
+
+
+def _write_files(trace: PredictedTrace, out: Path) -> dict[str, Path | None]:
+    files: dict[str, Path | None] = {}
+    try:
+        files["Chrome trace"] = trace.to_chrome_trace(out / "trace.json")
+        try:
+            from dpkit import viz
+        except ImportError:
+            files.update({"timeline": None, "memory": None})
+        else:
+            import matplotlib.pyplot as plt
+
+            for what, draw in (("timeline", viz.timeline), ("memory", viz.memory_per_device)):
+                figure = draw(trace)
+                files[what] = out / f"{what}.png"
+                figure.savefig(files[what], dpi=120)
+                plt.close(figure)
+    except OSError as error:
+        where = Path(error.filename) if error.filename else out
+        why = error.strerror or str(error)
+        raise ValueError(
+            f"--out {out}: cannot write {where.name} there ({why}); {_FIX_OUT}"
+        ) from None
+    return files
+
+
+def choose_hardware(args: argparse.Namespace) -> Hardware:
+    """The machine the options name: ``--hardware``, ``--hardware-file`` or ``--calibrate``
+    (``--hardware`` and ``--hardware-file`` together are refused: the file names its base)."""
+    if args.hardware is not None and args.hardware_file is not None:
+        raise ValueError(
+            "--hardware and --hardware-file name two machines: give one. To start the file "
+            f'from a preset, write base = "{args.hardware}" in it'
+        )
+    if args.calibrate:
+        if args.hardware_file is not None or (args.hardware or "this-machine").lower() != (
+            "this-machine"
+        ):
+            raise ValueError("--calibrate measures this machine: use --hardware this-machine")
+        from dpkit.cost.calibrate import calibrate
+
+        return calibrate(quick=True, progress=True)
+    if args.hardware_file is not None:
+        return load_hardware_file(args.hardware_file)
+    return preset(args.hardware or DEFAULT_HARDWARE)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         print(list_presets())
         return 0
-    hardware: Hardware
-    if args.calibrate:
-        if args.hardware.lower() != "this-machine":
-            raise ValueError("--calibrate measures this machine: use --hardware this-machine")
-        from dpkit.cost.calibrate import calibrate
-
-        hardware = calibrate(quick=True, progress=True)
-    else:
-        hardware = preset(args.hardware)
+    if args.print_hardware is not None:
+        if args.print_hardware:
+            if args.hardware or args.hardware_file or args.calibrate:
+                raise ValueError(
+                    "--print-hardware NAME prints that preset; to print the machine that "
+                    "--hardware, --hardware-file or --calibrate names, give --print-hardware "
+                    "without a name"
+                )
+            hardware = preset(args.print_hardware)
+            command = f"dpkit predict --print-hardware {hardware.name}"
+        else:
+            hardware = choose_hardware(args)
+            command = "dpkit predict --print-hardware"
+        print(hardware_toml(hardware, command), end="")
+        return 0
+    hardware = choose_hardware(args)
+    out = _out_folder(args.out)
     trace = predict(
         course_model(args.model), sample_input(), args.batch, args.devices, hardware,
-        strategy=args.strategy,
+        strategy=args.strategy, amp=args.amp, optimizer=args.optimizer,
+        gradient_as_bucket_view=args.gradient_as_bucket_view, bucket_cap_mb=args.bucket_cap_mb,
     )  # fmt: skip
-    out = Path(args.out).resolve()
-    files: dict[str, Path | None] = {"Chrome trace": trace.to_chrome_trace(out / "trace.json")}
-    try:
-        from dpkit import viz
-    except ImportError:
-        files.update({"timeline": None, "memory": None})
-    else:
-        files["timeline"] = out / "timeline.png"
-        viz.timeline(trace).savefig(files["timeline"], dpi=120)
-        files["memory"] = out / "memory.png"
-        viz.memory_per_device(trace).savefig(files["memory"], dpi=120)
-    print(report(trace, args.model, files))
+    settings = [_precision(args), f"optimizer {args.optimizer}"]
+    if args.strategy == "ddp":
+        settings.append(f"bucket_cap_mb={args.bucket_cap_mb:g}")
+        if args.gradient_as_bucket_view:
+            settings.append("gradient_as_bucket_view")
+    print(report(trace, args.model, _write_files(trace, out), "; ".join(settings)))
     return 0
+
+
+def list_presets() -> str:
+    """What ``dpkit predict --list`` prints: a line per machine, its name first."""
+    return "\n".join(hardware.summary() for hardware in presets().values())
+
+
+def _megabytes(text: str) -> float:
+    """An argparse type: a positive, finite number of MiB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text!r}")
+    return value
+
+
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in its help, where it has one (not None, not a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_predict_command(commands: Any) -> None:
     """Add ``dpkit predict`` to the subparsers ``commands`` of dpkit's command line."""
     parser = commands.add_parser(
         "predict",
-        help="predict a training step on a named machine (cost model): summaries, a timeline "
-        "and a Chrome trace, labelled predicted",
+        help="predict a training step on a named machine (cost model): time, memory per "
+        "device, a timeline and a Chrome trace, labelled predicted",
         description="Predict one training step of a course model with DataParallel (dp) or "
         "DistributedDataParallel (ddp) on a machine you may not have, with dpkit's cost "
-        "model: print the time and bytes of every phase and the bytes each device holds, "
-        "write timeline.png, memory.png and trace.json. Every output says predicted.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "model: print the time and bytes of every phase, the step's time, and the bytes "
+        "each device holds against its memory (fits or not); write timeline.png, memory.png "
+        "and trace.json. Every output says predicted. Your own machine: --print-hardware "
+        "writes a preset as a TOML file to edit, --hardware-file reads it (docs/hardware_file.md).",
+        formatter_class=_HelpWithDefaults,
     )
-    parser.add_argument("--list", action="store_true", help="list the machines and exit")
-    parser.add_argument("--hardware", default="8xA100-SXM-NVLink", help="a name from --list")
-    parser.add_argument(
+    machine = parser.add_argument_group("the machine")
+    machine.add_argument("--list", action="store_true", help="list the machines and exit")
+    machine.add_argument(
+        "--hardware", default=None, metavar="NAME",
+        help=f"a name from --list (default: {DEFAULT_HARDWARE})",
+    )  # fmt: skip
+    machine.add_argument(
+        "--hardware-file", default=None, metavar="PATH",
+        help="a machine from a .toml or .json file: every field, or base = \"<preset>\" and "
+        "the fields that change; SI units (bytes, bytes/s, seconds, FLOP/s). Not with "
+        "--hardware",
+    )  # fmt: skip
+    machine.add_argument(
+        "--print-hardware", nargs="?", const="", default=None, metavar="NAME",
+        help="print preset NAME as a TOML hardware file to edit, and exit; without NAME, the "
+        "machine that --hardware, --hardware-file or --calibrate names",
+    )  # fmt: skip
+    machine.add_argument(
         "--calibrate", action="store_true", help="with --hardware this-machine: measure it first"
     )
-    parser.add_argument("--devices", type=at_least_one, default=8, help="number of devices")
-    parser.add_argument("--batch", type=at_least_one, default=256, help="batch size per step")
-    parser.add_argument("--model", choices=MODEL_NAMES, default="mlp", help="course model")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="dp", help="dp or ddp")
-    parser.add_argument("--out", default=".", help="folder for the figures and trace.json")
+    step = parser.add_argument_group("the step")
+    step.add_argument("--devices", type=at_least_one, default=8, help="number of devices")
+    step.add_argument("--batch", type=at_least_one, default=256, help="batch size per step")
+    step.add_argument("--model", choices=MODEL_NAMES, default="mlp", help="course model")
+    step.add_argument("--strategy", choices=STRATEGIES, default="dp", help="dp or ddp")
+    step.add_argument(
+        "--amp", choices=AMP_CHOICES, default=None,
+        help="autocast's dtype (default: none, float32 as torch runs it, convolutions in TF32 "
+        "where the GPU has it)",
+    )  # fmt: skip
+    step.add_argument(
+        "--optimizer", choices=tuple(OPTIMIZER_COPIES), default="sgd",
+        help="its state is in the memory: sgd none, momentum 1 copy of the parameters, "
+        "adam/adamw 2",
+    )  # fmt: skip
+    step.add_argument(
+        "--gradient-as-bucket-view", action="store_true",
+        help="ddp: .grad is a view of the buckets (one copy of the gradients fewer)",
+    )  # fmt: skip
+    step.add_argument(
+        "--bucket-cap-mb", type=_megabytes, default=25.0, metavar="MiB",
+        help="ddp: the size of a gradient bucket (DDP's bucket_cap_mb)",
+    )  # fmt: skip
+    step.add_argument("--out", default=".", help="folder for the figures and trace.json")
     parser.set_defaults(run=run)
