@@ -67,6 +67,8 @@ def test_h100_all_reduces_with_nvlink_sharp_inside_a_node_and_its_ring_elsewhere
     seconds = cost.allreduce(8 << 30, 8, h100)
     busbw = cost.bus_bandwidth(8 << 30, seconds, 8)
     assert busbw == pytest.approx(480e9, rel=0.01)  # nccl-tests#212: NVLS ~480 GB/s
+    four = cost.bus_bandwidth(8 << 30, cost.allreduce(8 << 30, 4, h100), 4)
+    assert four == pytest.approx(275e9 * 2 * 3 / 4, rel=0.01)  # algbw x 2 (n - 1) / n
     # broadcast and reduce (DataParallel's) run the ring: 370 GB/s
     assert cost.broadcast(8 << 30, 8, h100.device_link()) == pytest.approx(
         (8 << 30) / 370e9, rel=0.01

@@ -236,7 +236,11 @@ def test_dataparallel_beyond_one_node_teaches_ddp():
 
 @pytest.mark.parametrize(
     ("kwargs", "words"),
-    [({"optimizer": "lion"}, "optimizer"), ({"amp": "fp8"}, "amp"), ({"bucket_cap_mb": 0}, "bucket")],
+    [
+        ({"optimizer": "lion"}, "optimizer"),
+        ({"amp": "fp8"}, "amp"),
+        ({"bucket_cap_mb": 0}, "bucket"),
+    ],
 )
 def test_bad_options_are_named(kwargs, words):
     with pytest.raises(ValueError, match=words):

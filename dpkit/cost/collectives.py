@@ -76,15 +76,13 @@ def ring_bytes_sent(nbytes: float, n: int) -> int:
 
 
 def allreduce_link(hardware: Hardware, n: int) -> Link:
-    """The link an all-reduce over ``n`` devices runs at. Inside a node: the device link (or
-    ``allreduce_bandwidth``, e.g. NVLink SHARP). Across nodes: NCCL's rings cross the network
-    once per node each, a ring per port, so the slower of the node's links and its ports
-    together bounds the bus bandwidth, and every step waits for the network's latency."""
+    """The link a ring all-reduce over ``n`` devices runs at: inside a node the device link;
+    across nodes NCCL's rings cross the network once per node each, a ring per port, so the
+    slower of the node's links and its ports together bounds the bus bandwidth, and every
+    step waits for the network's latency."""
     inside = hardware.device_link()
     if n <= hardware.devices_per_node:
-        if hardware.allreduce_bandwidth is None:
-            return inside
-        return Link(hardware.allreduce_bandwidth, inside.latency, "NCCL all-reduce (NVLS)")
+        return inside
     network = hardware.network_link()
     return Link(
         min(inside.bandwidth, network.bandwidth), max(inside.latency, network.latency),
@@ -94,8 +92,15 @@ def allreduce_link(hardware: Hardware, n: int) -> Link:
 
 def allreduce(nbytes: float, n: int, hardware: Hardware) -> float:
     """All-reduce of ``nbytes`` over ``n`` devices of ``hardware`` (DDP's gradients): a ring
-    at :func:`allreduce_link`'s bandwidth, devices filling node after node."""
-    return ring_allreduce(nbytes, n, allreduce_link(hardware, n))
+    at :func:`allreduce_link`'s bandwidth, devices filling node after node. Inside a node
+    with NVLink SHARP (``Hardware.allreduce_bandwidth``) NCCL takes the faster of the ring
+    and the switch's own reduction, where each device sends its ``S`` bytes once and gets
+    the sum once: ``S / A`` (a bus bandwidth of ``A * 2 (n - 1) / n``)."""
+    link = allreduce_link(hardware, n)
+    ring = ring_allreduce(nbytes, n, link)
+    if hardware.allreduce_bandwidth is None or n > hardware.devices_per_node or n <= 1:
+        return ring
+    return min(ring, link.latency + nbytes / hardware.allreduce_bandwidth)
 
 
 def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:

@@ -93,8 +93,10 @@ class Hardware:
     ``nodes`` (as named; a DDP prediction on more devices assumes more such nodes),
     ``nics_per_node`` (ports a node's devices share), ``peer_to_peer`` (False: copies and
     NCCL go through host memory, over ``host_to_device`` twice), ``allreduce_bandwidth``
-    (bus bandwidth of NCCL's own all-reduce inside a node where it beats the ring, as NVLink
-    SHARP on H100 NVSwitch; None: the ring's). ``virtual_lanes``: dpkit's virtual CPU
+    (NVLink SHARP on an H100 NVSwitch: the switch sums, each device sends and receives its
+    bytes once, at this *algorithm* bandwidth; None: the ring only).
+
+    ``virtual_lanes``: dpkit's virtual CPU
     lanes, where the host does every copy itself, through device 0, one after another, the
     lanes' threads share ``compute_units`` cores and autograd runs every replica's backward
     in one thread; False: GPUs, where the host queues work and runs ahead, torch's

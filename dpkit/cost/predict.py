@@ -435,17 +435,18 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
         start += took
     forward = [pass_time(model.forward, rows, hardware, False) for rows in sizes]
     backward = [pass_time(model.backward, rows, hardware, True) for rows in sizes]
-    loss = LOSS_OPS * (hardware.op_overhead + elementwise_time(64, hardware))
-    loss += hardware.step_overhead / 2
+    # each rank's loss on its own output (and autograd's start)
+    loss = [LOSS_OPS * (hardware.op_overhead + elementwise_time(model.output_bytes(rows), hardware))
+            + hardware.step_overhead / 2 for rows in sizes]  # fmt: skip
     if hardware.virtual_lanes:  # a process per rank, sharing the cores
         units = hardware.compute_units
         forward_ends = _share_cores([start] * n, [t.host + t.device for t in forward], units)
-        backward_starts = [end + loss for end in forward_ends]
+        backward_starts = [end + own for end, own in zip(forward_ends, loss)]
         work = [t.host + t.device for t in backward]
         backward_ends = _share_cores(backward_starts, work, units)
     else:
         forward_ends = [start + _lasts(t, hardware) for t in forward]
-        backward_starts = [end + loss for end in forward_ends]
+        backward_starts = [end + own for end, own in zip(forward_ends, loss)]
         backward_ends = [s + _lasts(t, hardware) for s, t in zip(backward_starts, backward)]
     for index in range(n):
         step.event(Phase.APPLY, index, start, forward_ends[index], replica=index)

@@ -179,7 +179,8 @@ def _presets() -> list[Hardware]:
             memory_capacity=80 * GIB,
             host_to_device=_PCIE5,
             device_to_device=Link(370 * GB, 2 * US, "measured: ring, 8 H100 [nccl-212]"),
-            allreduce_bandwidth=480 * GB,  # measured: NVLS [nccl-212]
+            # NVLS's algorithm bandwidth: "~480 GB/s busbw, ~275 algbw" on 8 GPUs [nccl-212]
+            allreduce_bandwidth=275 * GB,
             node_to_node=Link(50 * GB * 0.96, 5 * US, "[DGX] NDR 400 Gb/s x 0.96, as [nccl-119]"),
             devices_per_node=8,
             nodes=1,
