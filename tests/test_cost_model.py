@@ -284,3 +284,28 @@ def test_the_host_pays_per_call_of_python_into_torch_not_per_aten_op():
     machine = made_up(op_overhead=1e-6)
     host = cost.compute.pass_time(forward, 4, machine, backward=False).host
     assert host == pytest.approx(forward.calls * 1e-6)
+
+
+class TwoInputs(nn.Module):
+    """Two batched inputs and a keyword input, a dict out: DataParallel scatters and gathers
+    each, and so must the prediction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left, self.right = nn.Linear(4, 3), nn.Linear(6, 3)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, *, mask: torch.Tensor) -> dict:
+        joined = self.left(a) + self.right(b)
+        return {"scores": joined * mask, "norm": joined.norm(dim=1)}
+
+
+@pytest.mark.filterwarnings("error")  # a norm is a reduction, memory-bound: nothing to warn
+def test_a_model_of_several_inputs_and_a_dict_output_is_predicted_as_dataparallel_runs_it():
+    model = TwoInputs()
+    sample = (torch.randn(1, 4), torch.randn(1, 6))
+    trace = cost.predict(model, sample, 8, 2, made_up(), sample_kwargs={"mask": torch.ones(1, 3)})
+    moved = {row["phase"]: row["nbytes"] for row in trace.summary()}
+    assert moved["scatter"] == 4 * (4 + 6 + 3) * 4  # device 1's 4 rows of a, b and the mask
+    assert moved["gather"] == 4 * (3 + 1) * 4  # its 4 rows of scores and of norm
+    gathers = [e for e in trace.events if e.phase == "gather" and e.nbytes]
+    assert trace.step_time > 0 and len(gathers) == 1

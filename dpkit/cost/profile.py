@@ -196,7 +196,7 @@ _CONV = re.compile(r"convolution|slow_conv|conv_depthwise|conv_tbc|conv_transpos
 # Compute-heavy ops that no FlopCounterMode formula and no estimate of ours covers: linear
 # algebra, FFTs, pairwise distances. Zero FLOPs for them is a warning, not a fact.
 _HEAVY_UNCOUNTED = re.compile(
-    r"^aten\.(_?linalg_|_fft_|fft_|cholesky|triangular_solve|_cdist|_euclidean_dist|"
+    r"^aten\.(_?linalg_(?!vector_norm|matrix_norm)|_fft_|fft_|cholesky|triangular_solve|_cdist|_euclidean_dist|"
     r"inverse|_?lu|qr|svd|_?eig|slogdet|det|_weight_int\dpack_mm|_convert_weight_to_int)"
     r"(?!.*check_errors)"  # _linalg_check_errors only reads an info tensor
 )
