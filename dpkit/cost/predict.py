@@ -211,7 +211,9 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
     local = phase is Phase.GATHER
     outward = phase in (Phase.SCATTER, Phase.GRAD_SCATTER, Phase.REPLICATE)
     moved = sum(sizes[1:])
-    per_copy = hardware.copy_overhead + tensors * hardware.op_overhead  # dpkit's call, its ops
+    per_copy = tensors * hardware.op_overhead  # its ops; and dpkit's Python around them,
+    if phase is not Phase.GRAD_SCATTER:  # except in gather's backward, which autograd runs
+        per_copy += hardware.copy_overhead
     step.host += 0.0 if hardware.virtual_lanes else len(sizes) * per_copy
     ready = step.device[0]
     for index, size in enumerate(sizes):
