@@ -184,6 +184,54 @@ def _threads_end(
     return [first + (end - first) * stretch for end in ends]
 
 
+def _gil_threads(starts: list[float], calls: int, python: list[float], kernel: list[float],
+                 units: float) -> list[float]:  # fmt: skip
+    """When threads end that each make ``calls`` calls into torch, each call ``python[i]``
+    seconds of Python (holding the GIL) then ``kernel[i]`` seconds of kernel (without it),
+    on ``units`` cores shared fairly: the GIL passes from thread to thread in the order they
+    ask, so a thread whose kernel is done waits while another runs its Python."""
+    n = len(starts)
+    left_calls = [calls] * n
+    state = ["new"] * n  # new, waiting (for the GIL), python, kernel, done
+    left = [0.0] * n
+    ends = [0.0] * n
+    waiting: list[int] = []
+    holder: int | None = None
+    now = min(starts)
+    while any(s != "done" for s in state):
+        for i in range(n):
+            if state[i] == "new" and starts[i] <= now:
+                state[i] = "waiting"
+                waiting.append(i)
+        if holder is None and waiting:
+            holder = waiting.pop(0)
+            state[holder], left[holder] = "python", python[holder]
+        running = [i for i in range(n) if state[i] in ("python", "kernel")]
+        rate = min(1.0, units / len(running)) if running else 1.0
+        step_to = min((left[i] / rate for i in running), default=float("inf"))
+        arrivals = [starts[i] - now for i in range(n) if state[i] == "new"]
+        elapsed = min([step_to, *arrivals])
+        if elapsed == float("inf"):
+            break
+        for i in running:
+            left[i] -= elapsed * rate
+        now += elapsed
+        for i in running:
+            if left[i] > 1e-15:
+                continue
+            if state[i] == "python":
+                holder = None
+                state[i], left[i] = "kernel", kernel[i]
+            else:
+                left_calls[i] -= 1
+                if left_calls[i] > 0:
+                    state[i] = "waiting"
+                    waiting.append(i)
+                else:
+                    state[i], ends[i] = "done", now
+    return ends
+
+
 def _lasts(time: PassTime, hardware: Hardware) -> float:
     """A pass on one device: host and device overlap on a GPU, add up on CPU lanes."""
     return time.host + time.device if hardware.virtual_lanes else max(time.host, time.device)
@@ -318,9 +366,11 @@ def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
     starts = [step.host + (i + 1) * hardware.thread_start for i in range(n)]
     python = [host_calls(model.forward) * (hardware.op_overhead + hardware.gil_handoff)] * n
     devices = [forward[rows].device for rows in sizes]
-    if hardware.virtual_lanes:
-        work = [p + d for p, d in zip(python, devices)]
-        ends = _threads_end(starts, work, sum(python), hardware.compute_units)
+    if hardware.virtual_lanes:  # each call's Python with the GIL, then its kernels without
+        calls = max(1, host_calls(model.forward))
+        per_call = [p / calls for p in python]
+        kernels = [d / calls for d in devices]
+        ends = _gil_threads(starts, calls, per_call, kernels, hardware.compute_units)
         begins = starts
         step.host = max(ends)
     else:
