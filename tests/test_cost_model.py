@@ -309,3 +309,16 @@ def test_a_model_of_several_inputs_and_a_dict_output_is_predicted_as_dataparalle
     assert moved["gather"] == 4 * (3 + 1) * 4  # its 4 rows of scores and of norm
     gathers = [e for e in trace.events if e.phase == "gather" and e.nbytes]
     assert trace.step_time > 0 and len(gathers) == 1
+
+
+def test_replica_threads_take_turns_with_the_gil_call_by_call():
+    from dpkit.cost.predict import _gil_threads
+
+    # by hand, 2 threads on 2 cores, 4 calls of 1 s of Python then 3 s of kernel: A runs
+    # Python 0-1, B waits for the GIL, runs 1-2; each call after is 4 s later: A ends at
+    # 16, B at 17 (kernels overlap; the GIL only orders the Python)
+    assert _gil_threads([0.0, 0.0], 4, [1.0, 1.0], [3.0, 3.0], 2.0) == pytest.approx([16, 17])
+    # Python-bound: the two threads' 8 s of Python run one after another, whatever the cores
+    assert max(_gil_threads([0.0, 0.0], 4, [1.0, 1.0], [0.1, 0.1], 8.0)) == pytest.approx(8.1)
+    # one core: all of it, Python and kernels, 2 x 4 x (0.01 + 3) s, runs on it in turn
+    assert max(_gil_threads([0.0, 0.0], 4, [0.01, 0.01], [3.0, 3.0], 1.0)) == pytest.approx(24.08)
