@@ -13,6 +13,7 @@ import dpkit
 import dpkit.cost as cost
 from dpkit.cost.hardware import _HOST
 from dpkit.cost.models import course_model, sample_input
+from dpkit.placement_check import checking_placement
 
 # dpkit.cost.calibrate is the function (re-exported by dpkit.cost); this is its module
 calibration = importlib.import_module("dpkit.cost.calibrate")
@@ -22,10 +23,13 @@ calibration = importlib.import_module("dpkit.cost.calibrate")
 def measured() -> cost.Hardware:
     # One torch thread, as lanes run in the course: with one per core, a copy's OpenMP team
     # waits for a descheduled thread whenever the machine is busy, and measures that.
+    # Under dpkit's placement check, as notebooks 05 and 06 run it in nbval: every tensor it
+    # makes for the lanes must be made on them (a label left on the host fails, as on a GPU).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return cost.calibrate(2, models=("mlp",), quick=True, progress=False)
+        with checking_placement():
+            return cost.calibrate(2, models=("mlp",), quick=True, progress=False)
     finally:
         torch.set_num_threads(threads)
 

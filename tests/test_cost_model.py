@@ -322,3 +322,13 @@ def test_replica_threads_take_turns_with_the_gil_call_by_call():
     assert max(_gil_threads([0.0, 0.0], 4, [1.0, 1.0], [0.1, 0.1], 8.0)) == pytest.approx(8.1)
     # one core: all of it, Python and kernels, 2 x 4 x (0.01 + 3) s, runs on it in turn
     assert max(_gil_threads([0.0, 0.0], 4, [0.01, 0.01], [3.0, 3.0], 1.0)) == pytest.approx(24.08)
+
+
+def test_the_calls_counted_are_the_model_s_under_dpkit_s_placement_check_too():
+    from dpkit.placement_check import checking_placement
+
+    torch.manual_seed(0)
+    plain = cost.profile(two_layers(), torch.randn(1, 4)).forward.calls
+    with checking_placement():  # its TorchFunctionMode calls torch again for every call
+        checked = cost.profile(two_layers(), torch.randn(1, 4)).forward.calls
+    assert plain == checked == 3

@@ -322,7 +322,7 @@ def measure_steps(
             parallel = _Timed(module, device_ids=list(lanes[:n]))
             for rows in rows_per_lane:
                 inputs = rows_like(sample, rows * n)
-                labels = torch.zeros(rows * n, dtype=torch.long)
+                labels = torch.zeros(rows * n, dtype=torch.long, device=lanes[0].torch_device)
                 configs.append((module, sample, n, parallel, inputs, labels, defaultdict(list)))
     # two rounds through all steps: another tenant's burst of work lasts seconds, and a
     # step's fastest should come from more than one moment

@@ -544,6 +544,11 @@ def run_passes(
 _QUERIES = ("_get_tracing_state", "_has_torch_function", "dim", "size", "is_", "__len__")
 
 
+# Code that runs *because* of a call, not the model's: a TorchFunctionMode's handler (dpkit's
+# placement check follows every torch call with one) calls torch again for each call.
+_HANDLERS = ("placement_check.py", "overrides.py", "_python_dispatch.py")
+
+
 def python_calls(work: Any) -> tuple[Any, int]:
     """``work()``'s result, and how many of torch's C functions its Python called (a call
     into ``torch``, or a tensor's method, that is not a query of shape or state): the host
@@ -552,7 +557,7 @@ def python_calls(work: Any) -> tuple[Any, int]:
 
     def note(frame: Any, event: str, function: Any) -> None:
         nonlocal count
-        if event != "c_call":
+        if event != "c_call" or frame.f_code.co_filename.endswith(_HANDLERS):
             return
         owner = getattr(function, "__self__", None)
         module = getattr(function, "__module__", None) or type(owner).__module__ or ""
