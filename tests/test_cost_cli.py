@@ -68,10 +68,10 @@ def one_line_error(stderr: str, *needles: str) -> None:
         assert needle in lines[0], (needle, stderr)
 
 
-def test_list_prints_a_preset_per_line_name_first():
-    result = dpkit("predict", "--list")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
+def test_list_prints_a_preset_per_line_name_first(predict_here):
+    status, out, err = predict_here("--list")
+    assert status == 0, err
+    lines = out.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == list(cost.presets())
 
 
@@ -97,10 +97,10 @@ def test_predict_prints_time_and_memory_and_writes_the_files(tmp_path):
     assert (tmp_path / "memory.png").stat().st_size > 10_000
 
 
-def test_unknown_hardware_is_a_clear_error():
-    result = dpkit("predict", "--hardware", "my-laptop-gpu")
-    assert result.returncode == 2
-    one_line_error(result.stderr, "is not a preset", "8xA100-SXM-NVLink")
+def test_unknown_hardware_is_a_clear_error(predict_here):
+    status, _, err = predict_here("--hardware", "my-laptop-gpu")
+    assert status == 2
+    one_line_error(err, "is not a preset", "8xA100-SXM-NVLink")
 
 
 # -- the flags reach predict ---------------------------------------------------------------
@@ -393,11 +393,10 @@ def test_dp_across_nodes_exits_2_with_the_teaching_message(tmp_path):
     one_line_error(result.stderr, "nn.DataParallel is one process", "strategy='ddp'")
 
 
-def test_out_in_proc_exits_2_with_one_line():
-    result = dpkit("predict", "--model", "mlp", "--out", "/proc/dpkit-cannot-write-here")
-    assert result.returncode == 2 and result.stdout == ""
-    one_line_error(result.stderr, "--out /proc/dpkit-cannot-write-here", "cannot write there",
-                   "--out /tmp/")  # fmt: skip
+def test_out_in_proc_exits_2_with_one_line(predict_here):
+    status, out, err = predict_here("--model", "mlp", "--out", "/proc/dpkit-cannot-write-here")
+    assert status == 2 and out == ""
+    one_line_error(err, "--out /proc/dpkit-cannot-write-here", "cannot write there", "--out /tmp/")
 
 
 def test_out_not_a_folder_exits_2_naming_out(predict_here, tmp_path):
