@@ -6,34 +6,21 @@ ResNet-50 or GPT-2 is profiled here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 from torch import nn
 
 import dpkit.cost as cost
+from tests.scripts import REPO, load
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def _load(relative: str) -> ModuleType:
-    name = Path(relative).stem
-    spec = importlib.util.spec_from_file_location(f"_dpkit_{name}", REPO / relative)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-published = _load("benchmarks/cost_published.py")
+published = load("benchmarks/cost_published.py")
 
 
 def _row(key: str, published_value: float, predicted: float, **kw) -> object:

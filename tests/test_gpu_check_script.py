@@ -4,31 +4,19 @@ results, pick wheels and measure overlap do what the GPU run relies on."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.scripts import REPO, load
 
-
-def _load(relative: str) -> ModuleType:
-    name = Path(relative).stem
-    spec = importlib.util.spec_from_file_location(f"_dpkit_{name}", REPO / relative)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load("scripts/gpu_check.py")
-gpu_step = _load("benchmarks/gpu_step.py")
+gpu_check = load("scripts/gpu_check.py")
+gpu_step = load("benchmarks/gpu_step.py")
 
 
 def _run_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
