@@ -123,6 +123,11 @@ def test_frozen_parameters_have_no_gradients_and_no_optimizer_state():
     trainable = PARAMS - 8 * 4 * 4
     assert dp.held[1]["gradients"] == trainable
     assert dp.held[0]["optimizer"] == 2 * trainable
+    reduced = sum(e.nbytes for e in dp.events if e.phase == "reduce")
+    assert reduced == trainable  # device 1's gradients only, and only the trainable ones
+    frozen = two_layers().requires_grad_(False)
+    none = cost.predict(frozen, torch.randn(1, 4), 4, 2, made_up(), "ddp")
+    assert not [e for e in none.events if e.phase == "allreduce"]  # nothing to all-reduce
 
 
 def test_gradients_and_optimizer_state_as_torch_holds_them():

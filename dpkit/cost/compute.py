@@ -40,8 +40,7 @@ def rate_key(op: OpCost, hardware: Hardware) -> str:
     its dtype, except float32 matmuls in TF32 where ``allow_tf32`` says so (convolutions by
     default, matmuls after ``torch.backends.cuda.matmul.allow_tf32 = True``). A T4 has no
     bfloat16 units: predicting bf16 autocast there is an error, as it should be."""
-    dtype = getattr(op, "dtype", "float32")
-    kind = getattr(op, "kind", "memory")
+    dtype, kind = op.dtype, op.kind
     if dtype == "float32" and "tfloat32" in hardware.peak_flops:
         if kind == "conv" and torch.backends.cudnn.allow_tf32:
             return "tfloat32"
@@ -92,8 +91,7 @@ def pass_time(cost: PassCost, rows: int, hardware: Hardware, backward: bool) -> 
 def host_calls(cost: PassCost) -> int:
     """Calls the host makes for a forward: its Python's calls into torch where profiled,
     else one per aten op."""
-    calls = getattr(cost, "calls", None)
-    return len(cost) if calls is None else calls
+    return len(cost) if cost.calls is None else cost.calls
 
 
 def ready_times(cost: PassCost, rows: int, hardware: Hardware) -> list[float]:

@@ -49,11 +49,6 @@ def optimizer_copies(optimizer: str) -> int:
         ) from None
 
 
-def _gradient_bytes(model: Profile) -> int:
-    sizes = getattr(model, "gradient_sizes", None)
-    return sum(model.parameter_sizes if sizes is None else sizes)
-
-
 def _replica(model: Profile, rows: int) -> Held:
     return {
         "parameters": model.parameter_bytes + model.buffer_bytes,
@@ -67,7 +62,7 @@ def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -
     """Bytes per category on each device of a DataParallel step with chunks of ``sizes``
     rows. ``gpu``: torch's path (device 0 holds the whole batch; NCCL reduce buffers);
     else dpkit's virtual lanes (each lane its chunk; the host reduces tensor by tensor)."""
-    gradients = _gradient_bytes(model)
+    gradients = model.gradient_bytes
     held = [_replica(model, rows) for rows in sizes]
     for device in held[1:] if len(sizes) > 1 else []:
         device["gradients"] = gradients  # the replica's own, until the reduce
@@ -90,7 +85,7 @@ def ddp_memory(
     model: Profile, sizes: Sequence[int], optimizer: str, gradient_as_bucket_view: bool
 ) -> list[Held]:
     """Bytes per category on each rank of a DDP step: even, apart from uneven chunks."""
-    gradients = _gradient_bytes(model)
+    gradients = model.gradient_bytes
     held = []
     for rows in sizes:
         device = _replica(model, rows)

@@ -283,12 +283,8 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
     return done
 
 
-def _chunks(batch: int, devices: int) -> list[int]:
-    return torch_chunk_sizes(batch, devices)
-
-
 def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> None:
-    sizes = _chunks(batch, len(step.names))
+    sizes = torch_chunk_sizes(batch, len(step.names))
     n, lanes = len(sizes), hardware.virtual_lanes
     forward = {r: pass_time(model.forward, r, hardware, False) for r in set(sizes)}
     backward = {r: pass_time(model.backward, r, hardware, True) for r in set(sizes)}
@@ -300,9 +296,9 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
     _replicate(step, model, hardware, n)
     _apply(step, model, hardware, sizes, forward)
     outputs = [model.output_bytes(r) for r in sizes]
-    _copies(step, hardware, Phase.GATHER, outputs, tensors=_outputs(model))
+    _copies(step, hardware, Phase.GATHER, outputs, tensors=model.output_tensors)
     _loss(step, hardware, sum(outputs))
-    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, outputs, tensors=_outputs(model))
+    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, outputs, tensors=model.output_tensors)
     times = [backward[r] for r in sizes]
     if lanes:  # autograd runs every replica's backward in the caller's one thread
         start = max(step.host, *arrived)
@@ -316,10 +312,6 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
             step.device[index] = start + max(time.host, time.device)
             step.event(Phase.BACKWARD, index, start, step.device[index])
     _reduce(step, model, hardware, n)
-
-
-def _outputs(model: Profile) -> int:
-    return getattr(model, "output_tensors", 1)
 
 
 def _one_device(step: _Step, model: Profile, hardware: Hardware, rows: int,
@@ -387,7 +379,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     """Every replica's gradients summed onto device 0, after every backward. GPUs: NCCL
     reduce per 10 MiB (each device flattens its gradients, device 0 unflattens the sum);
     virtual lanes: each gradient copied to lane 0 and added there, tensor by tensor."""
-    sizes = getattr(model, "gradient_sizes", None) or model.parameter_sizes
+    sizes = model.gradient_sizes
     total = sum(sizes)
     if hardware.virtual_lanes:
         step.host = max(step.host, *step.device)
@@ -450,19 +442,14 @@ def allreduce_schedule(
     return schedule
 
 
-def _gradients(model: Profile) -> tuple[int, ...]:
-    """Bytes of each gradient DDP buckets: the parameters that require grad, in order."""
-    return model.gradient_sizes or model.parameter_sizes
-
-
 def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]:
-    """Seconds after the backward starts at which each gradient (:func:`_gradients`) is
+    """Seconds after the backward starts at which each gradient (``Profile.gradient_sizes``) is
     ready: at the end of the backward op that produced it, as the profile saw (by the
     backward's work, not by the parameters' bytes: VGG's fully connected layers hold 89 %
     of its bytes and take under 1 % of its work); an unused one at the end."""
     ends = ready_times(model.backward, rows, hardware)
     total = ends[-1] if ends else 0.0
-    sizes = _gradients(model)
+    sizes = model.gradient_sizes
     produced_by = model.gradient_ops
     if len(produced_by) == len(sizes):
         return [ends[i] if 0 <= i < len(ends) else total for i in produced_by]
@@ -475,7 +462,7 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
 
 def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
               bucket_bytes: int) -> None:  # fmt: skip
-    sizes = _chunks(batch, len(step.names))
+    sizes = torch_chunk_sizes(batch, len(step.names))
     n = len(sizes)
     start = step.host + hardware.step_overhead / 4
     if model.buffer_sizes and n > 1:  # broadcast_buffers=True: rank 0's, every forward
@@ -513,7 +500,7 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
             backward_starts[slowest] + t * stretch
             for t in gradient_ready(model, sizes[slowest], hardware)
         ]
-        schedule = allreduce_schedule(_gradients(model), ready, n, hardware, bucket_bytes)
+        schedule = allreduce_schedule(model.gradient_sizes, ready, n, hardware, bucket_bytes)
         for number, (bucket, bucket_start, bucket_end, nbytes) in enumerate(schedule):
             for index in range(n):
                 step.event(Phase.ALLREDUCE, index, bucket_start, bucket_end,
@@ -633,7 +620,7 @@ def predict(
     cost = profile(model, sample_input, **options)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     names = device_names(hardware, count)
-    sizes = _chunks(batch_size, count)
+    sizes = torch_chunk_sizes(batch_size, count)
     if strategy == "dp":
         trace.held = dp_memory(cost, sizes, optimizer, gpu=not hardware.virtual_lanes)
     else:
