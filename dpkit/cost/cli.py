@@ -44,9 +44,7 @@ from dpkit.cost.presets import preset, presets
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
 AMP_CHOICES = ("bf16", "fp16")
 LINKS = ("host_to_device", "device_to_device", "node_to_node")
-LINK_KEYS = ("bandwidth", "latency", "source")
 TEXT_FIELDS = ("name", "description", "device_name", "source")
-COUNT_FIELDS = ("devices_per_node", "nodes", "nics_per_node")
 NO_ALLREDUCE = "none"  # allreduce_bandwidth = "none": the ring's (TOML has no null)
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 _FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
@@ -94,47 +92,30 @@ _EXAMPLES = {
     "count": "8",
     "whole number": "8",
 }
-_LINK_UNITS = {"bandwidth": "bytes/s", "latency": "seconds", "source": "text"}
+_LINK_UNITS = {
+    "bandwidth": ("bytes/s", "achieved, one way"),
+    "latency": ("seconds", "per message"),
+    "source": ("text", ""),
+}
 
 
 # -- hardware files: writing a template, reading one back ---------------------------------
 
 
-def _toml_string(text: str) -> str:
-    """A TOML basic string: JSON's escapes are TOML's, DEL aside."""
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+def _toml(value: object) -> str:
+    """A TOML value. Floats as Python's shortest exact form (``repr``: it reads back equal;
+    inf and nan are TOML's too); strings with JSON's escapes, which are TOML's, DEL aside."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return str(value) if isinstance(value, int) else repr(float(value))
 
 
 def _toml_key(key: str) -> str:
-    bare = key.replace("_", "").replace("-", "").isalnum() and key.isascii()
-    return key if bare else _toml_string(key)
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return _toml_float(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    raise TypeError(f"no TOML for {type(value).__name__}")
-
-
-def _toml_float(value: float) -> str:
-    """As a spec sheet writes it, 12 digits: 3350e9, 10e-6 (not 9.999999999999999e-06, which
-    10 * 1e-6 is in binary; read back, it is within 1e-12 of the value), 0.7."""
-    if not 1e-300 < abs(value) < 1e300 or 1e-3 <= abs(value) < 1e3:
-        text = f"{value:.12g}"
-        return text if any(c in text for c in ".eninf") else text + ".0"
-    power = 3 * math.floor(math.log10(abs(value)) / 3)
-    mantissa = f"{value / 10.0**power:.12g}"
-    if "e" in mantissa:  # rounding crossed a power of 1000
-        return f"{value:.12g}"
-    return f"{mantissa}e{power}"
+    return key if key.isidentifier() else _toml(key)  # "aten.addmm" needs quotes
 
 
 def _readable(value: float, unit: str) -> str:
@@ -152,11 +133,11 @@ def _readable(value: float, unit: str) -> str:
 
 def _line(key: str, value: object, unit: str, about: str = "") -> str:
     """``key = value  # unit (readable): about``; text gets no comment."""
-    comment = ""
-    if unit != "text":
-        readable = _readable(value, unit) if isinstance(value, (int, float)) else ""
-        comment = unit + (f" ({readable})" if readable else "") + (f": {about}" if about else "")
-    return f"{_toml_key(key)} = {_toml_value(value)}" + (f"  # {comment}" if comment else "")
+    if unit == "text":
+        return f"{_toml_key(key)} = {_toml(value)}"
+    readable = _readable(value, unit) if isinstance(value, (int, float)) else ""
+    comment = unit + (f" ({readable})" if readable else "") + (f": {about}" if about else "")
+    return f"{_toml_key(key)} = {_toml(value)}  # {comment}"
 
 
 def hardware_toml(hardware: Hardware, command: str = "") -> str:
@@ -174,30 +155,23 @@ def hardware_toml(hardware: Hardware, command: str = "") -> str:
         f'# base = "{base}" and the fields you change (a what-if). docs/hardware_file.md',
         "",
     ]
-    tables = {"peak_flops", *LINKS, "op_seconds"}
     for key, value in values.items():
-        if key in tables:
-            continue
         unit, about = FIELD_UNITS[key]
         if key == "allreduce_bandwidth" and value is None:
             lines.append(f'{key} = "{NO_ALLREDUCE}"  # {unit}: {about}')
-            continue
-        lines.append(_line(key, value, unit, about))
+        elif key not in ("peak_flops", *LINKS, "op_seconds"):
+            lines.append(_line(key, value, unit, about))
     lines += ["", f"[peak_flops]  # FLOP/s, {FIELD_UNITS['peak_flops'][1]}; float32 is needed"]
     lines += [_line(dtype, rate, "FLOP/s") for dtype, rate in values["peak_flops"].items()]
     for key in LINKS:
         link: Link = values[key]
-        lines += [
-            "",
-            f"[{key}]  # {FIELD_UNITS[key][1]}",
-            _line("bandwidth", link.bandwidth, "bytes/s", "achieved, one way"),
-            _line("latency", link.latency, "seconds", "per message"),
-            _line("source", link.source, "text"),
-        ]
+        lines += ["", f"[{key}]  # {FIELD_UNITS[key][1]}"]
+        lines += [_line(name, getattr(link, name), unit, about)
+                  for name, (unit, about) in _LINK_UNITS.items()]  # fmt: skip
     if values["op_seconds"]:
         lines += ["", f"[op_seconds]  # {FIELD_UNITS['op_seconds'][1]}: [work, seconds] pairs"]
-        for op, samples in values["op_seconds"].items():
-            lines.append(f"{_toml_key(op)} = {_toml_value([list(s) for s in samples])}")
+        lines += [f"{_toml_key(op)} = {_toml([list(s) for s in samples])}"
+                  for op, samples in values["op_seconds"].items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -225,43 +199,40 @@ def _refuse_unknown(where: str, what: str, keys: Any, known: Any) -> None:
             )
 
 
-def _number(where: str, name: str, value: object, unit: str) -> float:
-    """A plain number, or a ValueError that names the field, its unit and an example."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        example = _EXAMPLES.get(unit)
-        raise ValueError(
-            f"{where}: {name} = {value!r} must be a plain number of {unit} (SI units, no "
-            "suffixes" + (f"; e.g. {example})" if example else ")")
-        )
+def _check(where: str, name: str, value: object, unit: str) -> Any:
+    """``value`` if it is the kind of value ``unit`` is written as, else a ValueError naming
+    the field, its unit and an example. Ranges are :class:`Hardware`'s and :class:`Link`'s."""
+    if unit == "text":
+        ok, want = isinstance(value, str), "text, in quotes"
+    elif unit == "true/false":
+        ok, want = isinstance(value, bool), "true or false"
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        example = f"; e.g. {_EXAMPLES[unit]}" if unit in _EXAMPLES else ""
+        want = f"a plain number of {unit} (SI units, no suffixes{example})"
+    if not ok:
+        raise ValueError(f"{where}: {name} = {value!r} must be {want}")
     return value
 
 
-def _text(where: str, name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: {name} = {value!r} must be text, in quotes")
-    return value
-
-
-def _table(where: str, name: str, value: object, what: str) -> Mapping[str, Any]:
+def _table(where: str, name: str, value: object, keys: Any = None) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(
-            f"{where}: {name} = {value!r} must be a table of {what} (TOML: a [{name}] "
-            "section; JSON: an object)"
+            f"{where}: {name} = {value!r} must be a table (TOML: a [{name}] section; JSON: "
+            "an object)"
         )
-    return value
+    if keys is not None:
+        _refuse_unknown(where, f"key of {name}", value, keys)
+    return dict(value)
 
 
 def _link(where: str, name: str, value: object, base: Link | None, origin: str) -> Link:
-    table = _table(where, name, value, "bandwidth, latency and source")
-    _refuse_unknown(where, f"key of {name}", table, LINK_KEYS)
-    given = dict(table)
-    for key in ("bandwidth", "latency"):
+    given = _table(where, name, value, _LINK_UNITS)
+    for key, unit in _LINK_UNITS.items():
         if key in given:
-            _number(where, f"{name}.{key}", given[key], _LINK_UNITS[key])
-    if "source" in given:
-        _text(where, f"{name}.source", given["source"])
+            _check(where, f"{name}.{key}", given[key], unit[0])
     if base is not None:
-        if "source" not in given and given:  # the base's citation is not for these numbers
+        if given and "source" not in given:  # the base's citation is not for these numbers
             given["source"] = f"{origin} (changed from: {base.source})"
         given = {"bandwidth": base.bandwidth, "latency": base.latency, **given}
     missing = [key for key in ("bandwidth", "latency") if key not in given]
@@ -270,103 +241,97 @@ def _link(where: str, name: str, value: object, base: Link | None, origin: str) 
             f"{where}: {name} has no {' and no '.join(missing)}: a link needs bandwidth "
             "(bytes/s) and latency (seconds), and may say its source"
         )
-    try:
-        return Link(**given)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: {name}: {error}") from None
+    return Link(**given)
 
 
-def _peak_flops(where: str, value: object, base: Hardware | None) -> dict[str, float]:
-    table = _table(where, "peak_flops", value, "FLOP/s by dtype")
-    for dtype, rate in table.items():
-        if dtype != "tfloat32" and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-            raise ValueError(
-                f"{where}: peak_flops.{dtype} is not a dtype: use torch's names, float32 (needed), "
-                "tfloat32, bfloat16, float16"
-            )
-        _number(where, f"peak_flops.{dtype}", rate, "FLOP/s")
-    return {**(base.peak_flops if base is not None else {}), **table}
+def _field(where: str, name: str, value: Any, base: Hardware | None, origin: str) -> Any:
+    """One field of a hardware file as :class:`Hardware` takes it; tables over a ``base``
+    change only the keys they name."""
+    if name in LINKS:
+        return _link(where, name, value, getattr(base, name, None), origin)
+    if name == "peak_flops":
+        table = _table(where, name, value)
+        for dtype, rate in table.items():
+            if dtype != "tfloat32" and not isinstance(getattr(torch, dtype, None), torch.dtype):
+                raise ValueError(
+                    f"{where}: peak_flops.{dtype} is not a dtype: use torch's names, float32 "
+                    "(needed), tfloat32, bfloat16, float16"
+                )
+            _check(where, f"peak_flops.{dtype}", rate, "FLOP/s")
+        return {**(base.peak_flops if base else {}), **table}
+    if name == "op_seconds":
+        table = _table(where, name, value)
+        for op, pairs in table.items():
+            if not _pairs(pairs):
+                raise ValueError(f"{where}: op_seconds.{op} = {pairs!r} must be a list of "
+                                 "[work, seconds] pairs")  # fmt: skip
+            table[op] = tuple(tuple(p) for p in pairs)
+        return {**(base.op_seconds if base else {}), **table}
+    if name == "allreduce_bandwidth" and value in (None, NO_ALLREDUCE):
+        return None
+    unit = FIELD_UNITS[name][0]
+    _check(where, name, value, unit)
+    whole = unit == "whole number" and isinstance(value, float) and value.is_integer()
+    return int(value) if whole else value
 
 
-def _op_seconds(where: str, value: object) -> dict[str, tuple[tuple[float, float], ...]]:
-    table = _table(where, "op_seconds", value, "[work, seconds] pairs per aten op")
-    result = {}
-    for op, samples in table.items():
-        pairs = samples if isinstance(samples, list) else None
-        if not pairs or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise ValueError(
-                f"{where}: op_seconds.{op} = {samples!r} must be a list of [work, seconds] pairs"
-            )
-        result[str(op)] = tuple(
-            (_number(where, f"op_seconds.{op}", w, "work"),
-             _number(where, f"op_seconds.{op}", s, "seconds"))
-            for w, s in pairs
-        )  # fmt: skip
-    return result
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _pairs(value: object) -> bool:
+    """Whether ``value`` is a non-empty list of [number, number] (op_seconds' samples)."""
+    pair = lambda p: isinstance(p, list) and len(p) == 2 and all(map(_number, p))  # noqa: E731
+    return isinstance(value, list) and bool(value) and all(map(pair, value))
+
+
+def _named(where: str, name: str, error: Exception) -> ValueError:
+    """``error`` as a ValueError that starts with ``where`` and names the field."""
+    text = str(error)
+    if text.startswith(where):
+        return ValueError(text)
+    return ValueError(f"{where}: {name}: {text}" if name else f"{where}: {text}")
 
 
 def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file") -> Hardware:
     """A :class:`Hardware` from a hardware file's contents: every field, or ``base`` (a
-    preset's name) and the fields that change; tables (``peak_flops``, the links,
-    ``op_seconds``) over a base change only the keys they name. ``where`` starts every
-    error, each of which names the field and says how to fix it."""
+    preset's name) and the fields that change. ``where`` starts every error, each of which
+    names the field and says how to fix it."""
     names = [spec.name for spec in fields(Hardware)]
     _refuse_unknown(where, "field", data, ["base", *names])
-    base: Hardware | None = None
-    if "base" in data:
-        try:
-            base = preset(_text(where, "base", data["base"]))
-        except ValueError as error:
-            raise ValueError(f"{where}: base: {error}") from None
     origin = where.removeprefix("--hardware-file ")
+    base: Hardware | None = None
     values: dict[str, Any] = {}
-    for name, value in data.items():
-        if name == "base":
-            continue
-        unit = FIELD_UNITS[name][0]
-        if name in TEXT_FIELDS:
-            values[name] = _text(where, name, value)
-        elif name in LINKS:
-            values[name] = _link(where, name, value, getattr(base, name, None), origin)
-        elif name == "peak_flops":
-            values[name] = _peak_flops(where, value, base)
-        elif name == "op_seconds":
-            values[name] = {**(base.op_seconds if base else {}), **_op_seconds(where, value)}
-        elif name in ("peer_to_peer", "virtual_lanes"):
-            if not isinstance(value, bool):
-                raise ValueError(f"{where}: {name} = {value!r} must be true or false")
-            values[name] = value
-        elif name == "allreduce_bandwidth" and (value is None or value == NO_ALLREDUCE):
-            values[name] = None
-        else:
-            number = _number(where, name, value, unit)
-            whole = name in COUNT_FIELDS and isinstance(number, float) and number.is_integer()
-            values[name] = int(number) if whole else number
+    for name, value in sorted(data.items(), key=lambda item: item[0] != "base"):
+        try:  # base first: the other fields change its values
+            if name == "base":
+                base = preset(_check(where, "base", value, "text"))
+            else:
+                values[name] = _field(where, name, value, base, origin)
+        except (TypeError, ValueError) as error:
+            raise _named(where, name, error) from None
+    if base is None:
+        required = [s.name for s in fields(Hardware) if s.default is MISSING
+                    and s.default_factory is MISSING]  # fmt: skip
+        missing = [name for name in required if name not in values]
+        if missing:
+            raise ValueError(
+                f"{where}: missing {', '.join(missing)}. Give every field (dpkit predict "
+                "--print-hardware NAME writes them all), or start from a preset: base = "
+                f'"{DEFAULT_HARDWARE}" and only the fields you change'
+            )
+    else:
+        changed = ", ".join(sorted(key for key in values if key not in TEXT_FIELDS)) or "nothing"
+        values = {
+            "name": Path(origin).stem or f"{base.name}-edited",
+            "description": f"{base.name} with {changed} from {origin}",
+            "source": f"{base.source}; {changed} from {origin}",
+            **values,
+        }
     try:
-        if base is None:
-            required = [
-                s.name for s in fields(Hardware)
-                if s.default is MISSING and s.default_factory is MISSING
-            ]  # fmt: skip
-            missing = [name for name in required if name not in values]
-            if missing:
-                raise ValueError(
-                    f"{where}: missing {', '.join(missing)}. Give every field (dpkit predict "
-                    "--print-hardware NAME writes them all), or start from a preset: base = "
-                    f'"{DEFAULT_HARDWARE}" and only the fields you change'
-                )
-            return Hardware(**values)
-        changed = sorted(key for key in values if key not in TEXT_FIELDS) or ["nothing"]
-        values.setdefault("name", Path(origin).stem or f"{base.name}-edited")
-        values.setdefault("description", f"{base.name} with {', '.join(changed)} from {origin}")
-        values.setdefault("source", f"{base.source}; {', '.join(changed)} from {origin}")
-        return replace(base, **values)
-    except TypeError as error:
-        raise ValueError(f"{where}: {error}") from None
-    except ValueError as error:
-        if str(error).startswith(where):
-            raise
-        raise ValueError(f"{where}: {error}") from None
+        return Hardware(**values) if base is None else replace(base, **values)
+    except (TypeError, ValueError) as error:
+        raise _named(where, "", error) from None
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
