@@ -84,7 +84,8 @@ def test_a_ddp_step_on_two_made_up_gpus_by_hand():
     got = spans(trace)
     assert got["apply"][1] == pytest.approx(192e-9, abs=1e-10)  # no scatter, no replicate
     backward = 192e-9 + 256e-9
-    assert got["backward"][1] == pytest.approx(backward, abs=1e-10)
+    passes = [e for e in trace.events if e.phase == "backward" and "what" not in e.details]
+    assert max(e.end for e in passes) == pytest.approx(backward, abs=1e-10)
     # one bucket (232 B < 1 MiB), ready when the last gradient is: 2 * 1/2 * 232 B / 1 GB/s
     # plus 2 ring steps of 1 us
     allreduce = PARAMS / GB + 2 * US
@@ -92,6 +93,22 @@ def test_a_ddp_step_on_two_made_up_gpus_by_hand():
     assert got["allreduce"][1] - first_gradient_ready == pytest.approx(allreduce, abs=1e-10)
     assert first_gradient_ready <= backward + 1e-10
     assert {e.nbytes for e in trace.events if e.phase == "allreduce"} == {PARAMS}  # 2*(1/2)*S
+    # then the sums are copied from the bucket back into .grad (memory so fast it is ~0)
+    back = [e for e in trace.events if e.details.get("what") == "bucket to grad"]
+    assert len(back) == 2 and {e.start for e in back} == {got["allreduce"][1]}
+
+
+def test_ddp_copies_gradients_into_its_buckets_and_back_even_on_one_rank():
+    slow_memory = made_up(memory_bandwidth=1 * GB)  # 1 ns a byte: the copies show
+    model, sample = two_layers(), torch.randn(1, 4)
+    one_device = cost.predict(model, sample, 4, 1, slow_memory, strategy="dp")
+    one_rank = cost.predict(model, sample, 4, 1, slow_memory, strategy="ddp")
+    # into the buckets (read .grad, write the bucket: 2 x 232 B) and back (2 x 232 B)
+    assert one_rank.step_time - one_device.step_time == pytest.approx(4 * PARAMS / GB, abs=1e-10)
+    views = cost.predict(model, sample, 4, 2, slow_memory, "ddp", gradient_as_bucket_view=True)
+    copies = cost.predict(model, sample, 4, 2, slow_memory, "ddp")
+    # .grad a view of the bucket: an in-place divide stays, the copy back goes
+    assert copies.step_time - views.step_time == pytest.approx(2 * PARAMS / GB, abs=1e-10)
 
 
 def test_memory_per_device_by_hand():

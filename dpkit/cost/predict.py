@@ -21,7 +21,10 @@ Each strategy runs as torch runs it, on two kinds of machine:
 ``"ddp"`` (``DistributedDataParallel``, one process per device, any number of nodes): the
     buffers broadcast from rank 0 at each forward, a forward and a backward per rank, and
     the gradients all-reduced in buckets (25 MiB, the first 1 MiB), each bucket's all-reduce
-    starting once the backward has produced its last gradient, overlapping the rest.
+    starting once the backward has produced its last gradient, overlapping the rest;
+    each gradient is copied into its bucket as it is produced and, after the last
+    all-reduce, back into ``.grad`` (one rank too: DDP's cost where there is nothing to
+    communicate).
 
 A step is forward and backward (the optimizer's step is not in it; its state is in the
 memory). Times come from two clocks, the host's and each device's queue.
@@ -460,8 +463,20 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
     return ready
 
 
+def _bucket_copies(model: Profile, hardware: Hardware) -> PassTime:
+    """DDP's reducer copying every gradient into its bucket as autograd produces it (one op
+    per gradient, dividing by the world size on the way: ``Reducer::copy_grad_to_bucket``),
+    and, after the all-reduces, back into ``.grad`` (``finalize_bucket_dense``): on every
+    rank, one rank too. With ``gradient_as_bucket_view`` the first is an in-place divide
+    and the second does not happen."""
+    return PassTime(
+        host=len(model.gradient_sizes) * hardware.backward_op_overhead,
+        device=elementwise_time(2 * model.gradient_bytes, hardware),
+    )
+
+
 def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
-              bucket_bytes: int) -> None:  # fmt: skip
+              bucket_bytes: int, bucket_view: bool) -> None:  # fmt: skip
     sizes = torch_chunk_sizes(batch, len(step.names))
     n = len(sizes)
     start = step.host + hardware.step_overhead / 4
@@ -473,7 +488,9 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
             step.event(Phase.REPLICATE, index, start, start + took, moved, what="buffers")
         start += took
     forward = [pass_time(model.forward, rows, hardware, False) for rows in sizes]
+    copies = _bucket_copies(model, hardware)
     backward = [pass_time(model.backward, rows, hardware, True) for rows in sizes]
+    backward = [PassTime(t.host + copies.host, t.device + copies.device) for t in backward]
     # each rank's loss on its own output (and autograd's start)
     loss = [LOSS_OPS * (hardware.op_overhead + elementwise_time(model.output_bytes(rows), hardware))
             + hardware.step_overhead / 2 for rows in sizes]  # fmt: skip
@@ -507,6 +524,11 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
                            ring_bytes_sent(nbytes, n), bucket=number, bucket_bytes=nbytes,
                            tensors=len(bucket))  # fmt: skip
             end = max(end, bucket_end)
+    if not bucket_view:  # the sums back into .grad, once the last bucket is in
+        took = _lasts(copies, hardware)
+        for index in range(n):
+            step.event(Phase.BACKWARD, index, end, end + took, what="bucket to grad")
+        end += took
     step.host = end
     step.device = [end] * n
 
@@ -631,7 +653,8 @@ def predict(
         if strategy == "dp":
             _dp_step(step, cost, hardware, batch_size)
         else:
-            _ddp_step(step, cost, hardware, batch_size, round(bucket_cap_mb * 1024 * 1024))
+            cap = round(bucket_cap_mb * 1024 * 1024)
+            _ddp_step(step, cost, hardware, batch_size, cap, gradient_as_bucket_view)
         # after the last phase: autograd finishing (gradients into .grad), the step's end
         end = max(step.host, *step.device) + hardware.step_overhead / 4
         trace.step_bounds[number] = (start, end)
