@@ -334,16 +334,26 @@ def test_a_model_of_several_inputs_and_a_dict_output_is_predicted_as_dataparalle
 
 
 def test_replica_threads_take_turns_with_the_gil_call_by_call():
-    from dpkit.cost.predict import _gil_threads
+    from dpkit.cost.predict import _threads
 
     # by hand, 2 threads on 2 cores, 4 calls of 1 s of Python then 3 s of kernel: A runs
     # Python 0-1, B waits for the GIL, runs 1-2; each call after is 4 s later: A ends at
     # 16, B at 17 (kernels overlap; the GIL only orders the Python)
-    assert _gil_threads([0.0, 0.0], 4, [1.0, 1.0], [3.0, 3.0], 2.0) == pytest.approx([16, 17])
+    assert _threads([0.0, 0.0], 4, [1.0, 1.0], [3.0, 3.0], 2.0) == pytest.approx([16, 17])
     # Python-bound: the two threads' 8 s of Python run one after another, whatever the cores
-    assert max(_gil_threads([0.0, 0.0], 4, [1.0, 1.0], [0.1, 0.1], 8.0)) == pytest.approx(8.1)
+    assert max(_threads([0.0, 0.0], 4, [1.0, 1.0], [0.1, 0.1], 8.0)) == pytest.approx(8.1)
     # one core: all of it, Python and kernels, 2 x 4 x (0.01 + 3) s, runs on it in turn
-    assert max(_gil_threads([0.0, 0.0], 4, [0.01, 0.01], [3.0, 3.0], 1.0)) == pytest.approx(24.08)
+    assert max(_threads([0.0, 0.0], 4, [0.01, 0.01], [3.0, 3.0], 1.0)) == pytest.approx(24.08)
+
+
+def test_processes_share_the_cores_fairly_without_a_gil():
+    from dpkit.cost.predict import _threads
+
+    # 3 processes of 2 s each on 2 cores: each at 2/3 speed, all done at 3 s
+    assert _threads([0.0] * 3, 1, [0.0] * 3, [2.0] * 3, 2.0) == pytest.approx([3, 3, 3])
+    # 1 core, A (1 s) from 0, B (1 s) from 0.5: A alone to 0.5, then half speed each; A has
+    # 0.5 s left, done at 1.5; B did 0.5 s by then, done alone at 2
+    assert _threads([0.0, 0.5], 1, [0.0, 0.0], [1.0, 1.0], 1.0) == pytest.approx([1.5, 2.0])
 
 
 def test_the_calls_counted_are_the_model_s_under_dpkit_s_placement_check_too():

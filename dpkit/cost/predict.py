@@ -147,52 +147,13 @@ class _Step:
         return start, self.host
 
 
-def _share_cores(starts: list[float], work: list[float], units: float) -> list[float]:
-    """When each of several threads ends, each needing ``work[i]`` seconds of a core from
-    ``starts[i]``, sharing ``units`` cores fairly (processor sharing)."""
-    ends, left = [0.0] * len(work), list(work)
-    pending = sorted(range(len(work)), key=starts.__getitem__)
-    running: list[int] = []
-    now = starts[pending[0]] if pending else 0.0
-    while pending or running:
-        while pending and starts[pending[0]] <= now:
-            running.append(pending.pop(0))
-        if not running:
-            now = starts[pending[0]]
-            continue
-        rate = min(1.0, units / len(running))
-        finish = min(left[i] for i in running) / rate
-        arrive = starts[pending[0]] - now if pending else float("inf")
-        elapsed = min(finish, arrive)
-        for i in running:
-            left[i] -= elapsed * rate
-        now += elapsed
-        for i in [i for i in running if left[i] <= 1e-15]:
-            ends[i] = now
-            running.remove(i)
-    return ends
-
-
-def _threads_end(
-    starts: list[float], work: list[float], python: float, units: float
-) -> list[float]:
-    """When threads doing ``work`` on shared cores end, held back so that the last ends no
-    sooner than all their ``python`` seconds after the first start: the GIL lets one
-    thread at a time run Python, however many cores there are."""
-    ends = _share_cores(starts, work, units)
-    first, last = min(starts), max(ends)
-    if last - first >= python or last <= first:
-        return ends
-    stretch = python / (last - first)
-    return [first + (end - first) * stretch for end in ends]
-
-
-def _gil_threads(starts: list[float], calls: int, python: list[float], kernel: list[float],
-                 units: float) -> list[float]:  # fmt: skip
+def _threads(starts: list[float], calls: int, python: list[float], kernel: list[float],
+             units: float) -> list[float]:  # fmt: skip
     """When threads end that each make ``calls`` calls into torch, each call ``python[i]``
-    seconds of Python (holding the GIL) then ``kernel[i]`` seconds of kernel (without it),
-    on ``units`` cores shared fairly: the GIL passes from thread to thread in the order they
-    ask, so a thread whose kernel is done waits while another runs its Python."""
+    seconds of Python (holding the GIL) then ``kernel[i]`` seconds of kernel (torch lets the
+    GIL go around an op's work), on ``units`` cores shared fairly: the GIL passes from thread
+    to thread in the order they ask, so a thread whose kernel is done waits while another
+    runs its Python. Processes (DDP's ranks) share no GIL: ``python`` 0, one call each."""
     n = len(starts)
     left_calls = [calls] * n
     state = ["new"] * n  # new, waiting (for the GIL), python, kernel, done
@@ -359,17 +320,16 @@ def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
     """A thread per replica, started one after another; their Python takes turns."""
     n = len(sizes)
     starts = [step.host + (i + 1) * hardware.thread_start for i in range(n)]
-    python = [host_calls(model.forward) * (hardware.op_overhead + hardware.gil_handoff)] * n
+    calls = max(1, host_calls(model.forward))  # each call's Python holds the GIL
+    per_call = [hardware.op_overhead + hardware.gil_handoff] * n
     devices = [forward[rows].device for rows in sizes]
-    if hardware.virtual_lanes:  # each call's Python with the GIL, then its kernels without
-        calls = max(1, host_calls(model.forward))
-        per_call = [p / calls for p in python]
+    if hardware.virtual_lanes:  # ... then its kernels run on the shared cores without it
         kernels = [d / calls for d in devices]
-        ends = _gil_threads(starts, calls, per_call, kernels, hardware.compute_units)
+        ends = _threads(starts, calls, per_call, kernels, hardware.compute_units)
         begins = starts
         step.host = max(ends)
-    else:
-        launched = _threads_end(starts, python, sum(python), float(n))
+    else:  # ... and only queues the GPU's kernels
+        launched = _threads(starts, calls, per_call, [0.0] * n, float(n))
         begins = [max(s, q) for s, q in zip(starts, step.device)]
         ends = [max(h, b + d) for h, b, d in zip(launched, begins, devices)]
         step.host = max(launched)  # the caller joins its threads; the GPUs run on
@@ -496,10 +456,11 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
             + hardware.step_overhead / 2 for rows in sizes]  # fmt: skip
     if hardware.virtual_lanes:  # a process per rank, sharing the cores
         units = hardware.compute_units
-        forward_ends = _share_cores([start] * n, [t.host + t.device for t in forward], units)
+        idle = [0.0] * n
+        forward_ends = _threads([start] * n, 1, idle, [t.host + t.device for t in forward], units)
         backward_starts = [end + own for end, own in zip(forward_ends, loss)]
         work = [t.host + t.device for t in backward]
-        backward_ends = _share_cores(backward_starts, work, units)
+        backward_ends = _threads(backward_starts, 1, idle, work, units)
     else:
         forward_ends = [start + _lasts(t, hardware) for t in forward]
         backward_starts = [end + own for end, own in zip(forward_ends, loss)]
