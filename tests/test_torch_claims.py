@@ -155,3 +155,99 @@ def test_ddp_broadcasts_buffers_at_every_forward_by_default(tmp_path):
         assert synced is True
     finally:
         dist.destroy_process_group()
+
+
+def test_torchs_gather_hands_replica_outputs_to_the_c_gather_not_to_torch_cat():
+    """Notebook 08 §8: torch's ``Gather.forward`` calls ``comm.gather``, which calls
+    ``torch._C._gather``; that C++ function (torch/csrc/cuda/comm.cpp, ``gather``) checks every
+    shape before copying, so outputs of different lengths fail with "Input tensor at index 1
+    has invalid shape", never inside ``torch.cat``. The C++ check needs CUDA tensors: see
+    ``test_torchs_gather_names_the_output_of_another_shape`` for the run on a GPU."""
+    import inspect
+
+    from torch.nn.parallel import _functions, comm
+
+    forward = inspect.getsource(_functions.Gather.forward)
+    assert "comm.gather(inputs, ctx.dim, ctx.target_device)" in forward
+    assert "torch.cat" not in forward
+    assert "torch._C._gather(tensors, dim, destination)" in inspect.getsource(comm.gather)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch._C._gather needs CUDA tensors")
+def test_torchs_gather_names_the_output_of_another_shape():
+    from torch.nn.parallel import comm
+
+    longer, shorter = torch.zeros(2, 5, 3, device="cuda"), torch.zeros(2, 4, 3, device="cuda")
+    with pytest.raises(RuntimeError, match=r"Input tensor at index 1 has invalid shape"):
+        comm.gather([longer, shorter], dim=0, destination=0)
+
+
+def test_torchs_parallel_apply_workers_run_cudas_default_autocast_dtype():
+    """Notebook 08 §13: torch's worker enters ``torch.amp.autocast(device_type,
+    enabled=autocast_enabled)`` with no dtype, and the autocast dtype is per thread, so a
+    worker computes in CUDA's default float16 even under ``dtype=torch.bfloat16``; the CPU's
+    autocast is not carried (the flag read is CUDA's, see the test above). parallel_apply
+    itself needs an accelerator, so its worker's autocast call is read from its source and
+    then run as the worker runs it, in a new thread."""
+    import ast
+    import inspect
+    import textwrap
+    import threading
+    import warnings
+
+    from torch.nn.parallel import parallel_apply
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(parallel_apply)))
+    (call,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.amp.autocast"
+    ]
+    assert ast.unparse(call) == "torch.amp.autocast(device_type, enabled=autocast_enabled)"
+
+    seen = {}
+
+    def worker():
+        with warnings.catch_warnings():  # a CPU-only torch turns CUDA's autocast off, saying so
+            warnings.simplefilter("ignore")
+            seen["cuda dtype"] = torch.amp.autocast("cuda", enabled=True).fast_dtype
+        seen["cpu autocast on"] = torch.is_autocast_enabled("cpu")
+
+    previous = torch.get_autocast_dtype("cuda")
+    torch.set_autocast_dtype("cuda", torch.bfloat16)  # what autocast("cuda", dtype=...) sets
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            thread = threading.Thread(target=worker)
+            thread.start()
+            thread.join()
+    finally:
+        torch.set_autocast_dtype("cuda", previous)
+    assert seen == {"cuda dtype": torch.float16, "cpu autocast on": False}
+
+
+def test_torchs_data_parallel_with_a_keyword_tensor_of_another_batch_size_fails_its_assertion(
+    monkeypatch,
+):
+    """docs/bad_input.md: a keyword tensor of 6 rows against a batch of 8 on 4 devices.
+    torch chunks each tensor by itself (torch/csrc/cuda/comm.cpp's ``scatter`` calls
+    ``tensor.chunk(devices)``): 4 chunks of the batch, 3 of the keyword tensor.
+    ``scatter_kwargs`` pads the keywords only when they are fewer than the *positional
+    arguments* (1 here), so parallel_apply gets 4 modules and 3 keyword dicts. Its CUDA
+    scatter is replaced by that chunking; scatter_kwargs and parallel_apply are torch's."""
+    from torch import nn
+    from torch.nn.parallel import parallel_apply, scatter_gather
+
+    class ChunkOnly:
+        @staticmethod
+        def apply(target_gpus, chunk_sizes, dim, tensor):
+            return tensor.chunk(len(target_gpus), dim)
+
+    monkeypatch.setattr(scatter_gather, "Scatter", ChunkOnly)
+    inputs, kwargs = scatter_gather.scatter_kwargs(
+        (torch.randn(8, 3),), {"scale": torch.randn(6, 1)}, [0, 1, 2, 3]
+    )
+    assert (len(inputs), len(kwargs)) == (4, 3)
+    replicas = [nn.Identity()] * len(inputs)  # DataParallel replicates onto len(inputs) devices
+    assert _torch_message(lambda: parallel_apply(replicas, inputs, kwargs)) == (
+        "AssertionError: The number of modules 4 is not equal to the number of kwargs_tup 3"
+    )
