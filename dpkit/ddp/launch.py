@@ -3,11 +3,12 @@
 The surprises first:
 
 - **One rank failing does not stop the others.** A rank that raises simply exits; its peers
-  sit in the next all-reduce, waiting for it, until the process group's timeout (30
-  minutes by default in torch). :class:`Ranks` watches every rank from the parent: the
-  first error stops all of them at once and is raised as :class:`RankFailed`, naming the
-  rank, its error, where it was (step and stage) and its traceback (in a notebook the
-  ranks' stderr goes to the kernel's log, not to the cell, so the traceback travels back).
+  sit in the next all-reduce, waiting for it, until the process group's timeout (by default
+  30 minutes for gloo, 10 for NCCL: ``init_process_group``'s ``timeout``). :class:`Ranks`
+  watches every rank from the parent: the first error stops all of them at once and is
+  raised as :class:`RankFailed`, naming the rank, its error, where it was (step and stage)
+  and its traceback (in a notebook the ranks' stderr goes to the kernel's log, not to the
+  cell, so the traceback travels back).
 - **A stuck rank hangs everyone.** Nothing inside torch notices a rank that never reaches
   a collective (until the process group's own timeout). The parent does: when no rank has
   moved on to another stage or step for ``timeout`` seconds, :class:`RanksTimedOut` says
