@@ -125,10 +125,11 @@ PITFALLS: tuple[Pitfall, ...] = (
          _pull(17363, "Fix DataParallel(cpu_m).cuda() not working by checking at forward")),
     ),
     Pitfall(
-        13, "autocast", "autocast does not follow into new threads",
-        "a replica runs in float32 inside torch.autocast",
+        13, "autocast", "autocast follows into the replicas' threads only in part",
+        "under autocast(\"cuda\", dtype=torch.bfloat16), torch's replicas compute in float16",
         (_issue(50170, "Automated Mixed Precision not documented to work with nn.DataParallel"),
-         _issue(60540, "Automatic Mixed Precision with DataParallel")),
+         _issue(60540, "Automatic Mixed Precision with DataParallel"),
+         _pull(43102, "Support AMP in nn.parallel")),
     ),
     Pitfall(
         14, "hooks", "A forward hook runs once per replica",
