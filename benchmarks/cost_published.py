@@ -198,8 +198,8 @@ H100_PCIE_URL = (
 def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
     """Two TITAN RTX joined by an NVLink bridge (NV2), as in Hugging Face's DP/DDP runs.
 
-    From the 8xV100-NVLink preset (a GPU box: its host overheads, its 0.7/0.8 achieved
-    fractions), with the TITAN RTX's spec sheet: FP32 16.3 TFLOP/s, tensor 130 TFLOP/s,
+    From the 8xV100-NVLink preset (a GPU box: its host overheads, its achieved fractions:
+    FP32 0.94 and FP16 tensor cores 0.69 [dle-rnx101], memory 0.8), with the TITAN RTX's spec sheet: FP32 16.3 TFLOP/s, tensor 130 TFLOP/s,
     GDDR6 672 GB/s, 24 GB [Tom's Hardware, NVIDIA's launch specs]; NVLink: two x8 links of
     25 GB/s per direction, "up to 100 GB/s in total" both ways [NVIDIA forum answer;
     TechPowerUp], so 50 GB/s one way, times the V100 preset's assumed 0.8 = 40 GB/s;
@@ -737,11 +737,13 @@ def resnet_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
 
     a100_numbers = (
         "8xA100-SXM-NVLink: A100 datasheet peaks (TF32 156, FP16 312 TFLOP/s, 2,039 GB/s) x "
-        "the presets' assumed 0.7 (matmul/conv) and 0.8 (memory)"
+        "tensor cores at TF32 0.33 and FP16 0.60 of peak, read from ResNeXt-101 rows "
+        "[dle-rnx101] (not from these), FP32 matmuls at the assumed 0.7, memory at 0.8"
     )
     v100_numbers = (
         "8xV100-NVLink: V100 datasheet peaks (FP32 15.7, FP16 tensor 125 TFLOP/s, 900 GB/s) "
-        "x the assumed 0.7 and 0.8"
+        "x FP32 0.94 and FP16 tensor cores 0.69, read from ResNeXt-101 rows [dle-rnx101] "
+        "(not from these), memory 0.8"
     )
     optimizer_note = "; + SGD(momentum) step estimated (optimizer_seconds), same on both sides"
     rows = []
@@ -823,7 +825,8 @@ def t4_row(models: Models) -> Row:
         "compute, one GPU",
         ratio(256 / fp16, 256 / fp32),
         "T4-PCIe3: T4 datasheet peaks (FP32 8.1, FP16 tensor 65 TFLOP/s, 320 GB/s) x the "
-        "assumed 0.7 and 0.8; the forward of the training profile (BatchNorm in training "
+        "assumed 0.7 (no T4 training measurement to read tensor cores from) and 0.8; the "
+        "forward of the training profile (BatchNorm in training "
         "mode: a little more memory traffic than inference's)",
         "",
         what="ResNet-50 inference throughput on one T4, AMP over FP32 (batch 256)",
@@ -847,7 +850,8 @@ def ddp_bench_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     one, eight, sixteen = rate(v100, 1), rate(v100, 8), rate(two, 16)
     small_buckets = rate(two, 16, bucket_cap_mb=1)
     numbers = (
-        "8xV100-NVLink: V100 datasheet x assumed 0.7/0.8; NVLink 150 GB/s x 0.8 (assumed); "
+        "8xV100-NVLink: V100 datasheet x 0.94 FP32 [dle-rnx101] and 0.8 memory; NVLink "
+        "150 GB/s x 0.8 (assumed); "
         "2 nodes: 4 x EDR 100 Gb/s x 0.9 per node (assumed; the 4 ports are this "
         "benchmark's stated machine)"
     )
@@ -921,7 +925,8 @@ def gpt2_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     single = cost.predict(models.gpt2, models.tokens, 4, 1, nvlink, "ddp").step_time + extra
     numbers = (
         "two TITAN RTX built from 8xV100-NVLink (titan_rtx_pair): FP32 16.3 TFLOP/s, 672 "
-        "GB/s (spec sheet) x assumed 0.7/0.8; NVLink 2 x 25 GB/s one way x 0.8 (assumed); "
+        "GB/s (spec sheet) x V100's 0.94 FP32 [dle-rnx101] and 0.8; NVLink 2 x 25 GB/s one "
+        "way x 0.8 (assumed); "
         "no P2P: PCIe 3 x16 x 0.8 / 2 through host memory; GPT-2 profiled at 64/128/256 "
         "tokens, stretched to 1024; + AdamW, clipping and zero_grad estimated"
     )
@@ -986,10 +991,12 @@ def explain(rows: list[Row]) -> None:
             steps = ", ".join(f"{name} {d[name + ': step_time s']:.3f} s" for name in names)
             row.off = (
                 f"predicted steps {steps} (measured: a100 tf32 0.273, a100 amp 0.104, "
-                "v100 fp32 0.305, v100 amp 0.213 s); one matmul_efficiency (0.7) for every "
-                "unit: the measured steps imply, after the model's memory-bound ops, "
-                f"convolution efficiencies of {_efficiencies(d)}: tensor cores reach far "
-                "less of their peak than CUDA cores"
+                "v100 fp32 0.305, v100 amp 0.213 s); the units' fractions of peak come "
+                "from ResNeXt-101's published steps (benchmarks/tensor_core_efficiency.py); "
+                "ResNet-50's own steps would imply, after the model's memory-bound ops, "
+                f"{_efficiencies(d)}: lower than ResNeXt's for every unit, so the model's "
+                "memory-bound ops (BatchNorm, ReLU, adds) are likely too slow for ResNeXt's "
+                "wider activations or too fast for ResNet's"
             )
         elif row.key.endswith("8gpu_speedup"):
             names = [k.split(":")[0] for k in d if k.endswith("step_time s")]
@@ -1135,6 +1142,12 @@ def markdown(rows: list[Row], groups: list[dict[str, Any]], result: dict[str, An
         "- ResNet-50 v1.5 (`benchmarks/published_models.py`) profiled on this CPU once in "
         "float32 and once under float16 autocast; every prediction reuses those profiles. "
         "TF32 on A100: torch's defaults (convolutions in TF32, the one Linear in FP32).",
+        "- The fractions of peak the A100 and V100 presets' units reach (TF32 0.33, FP16 0.60 "
+        "on A100; FP32 0.94, FP16 0.69 on V100) were read from another model's published "
+        "steps, ResNeXt-101 32x4d in the same NVIDIA tables "
+        "(`benchmarks/tensor_core_efficiency.py`, `results/tensor_core_efficiency.json`), "
+        "never from these rows: the ResNet-50 rows check them. Before, one assumed 0.7 for "
+        "every unit put the ResNet-50 rows 8-96 % off and their ranking wrong.",
         f"- GPT-2 small (with its loss inside, as HF's model computes it: `WithLoss`) "
         f"profiled at {', '.join(map(str, STRETCH_LENGTHS))} tokens and stretched to 1024 "
         "(`stretch_profile`: each count through the quadratic in sequence length). "

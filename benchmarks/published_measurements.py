@@ -62,6 +62,11 @@ _DLE_RN50 = (
     "291f0d02e815b148fa5c2b81bf07aa3552142895/"
     "PyTorch/Classification/ConvNets/resnet50v1.5/README.md"
 )
+_DLE_RNX101 = (
+    "https://github.com/NVIDIA/DeepLearningExamples/blob/"
+    "48dc9adacd401a3f414400bee061dc9e0fc86b3f/"
+    "PyTorch/Classification/ConvNets/resnext101-32x4d/README.md"
+)
 _DLE_NOTE = (
     "NGC pytorch-21.03 container, DALI data loading, ImageNet 224x224, NHWC for AMP; batch "
     "per GPU from PyTorch/Classification/ConvNets/configs.yml (benchmark_training mode)"
@@ -505,6 +510,69 @@ MEASUREMENTS: list[Measurement] = [
         "assumes for NCCL over 100 GbE. Old NCCL (2.4.8); the same post finds one process "
         "per node slower.",
     ),
+    # --- one GPU: NVIDIA DeepLearningExamples ResNeXt-101 32x4d (PyTorch) ------------------
+    # These four set the presets' tensor_core_efficiency (benchmarks/tensor_core_efficiency.py):
+    # they are not checks of the model; ResNet-50's rows below check what was read from them.
+    *[
+        Measurement(
+            key=f"rnx101_{tag}_1gpu_{prec}",
+            what=f"ResNeXt-101 32x4d training throughput, 1x {gpu}, {prec.upper()}",
+            kind="throughput",
+            value=value,
+            unit="img/s",
+            conditions=dict(
+                model="resnext101-32x4d",
+                gpu=gpu,
+                gpus=1,
+                nodes=1,
+                precision=prec,
+                batch_per_gpu=batch,
+                image=[3, 224, 224],
+            ),  # fmt: skip
+            source=f"NVIDIA DeepLearningExamples, ResNeXt101-32x4d for PyTorch: {table}",
+            url=_DLE_RNX101,
+            quote=quote,
+            note=_DLE_NOTE + "; sets presets.py's tensor_core_efficiency (not a check)",
+        )
+        for tag, gpu, table, prec, batch, value, quote in (
+            (
+                "a100",
+                "A100-SXM4-80GB",
+                "Training performance: NVIDIA DGX A100 (8x A100 80GB)",
+                "tf32",
+                128,
+                456.0,
+                "|    1     |       456 img/s       |            1211 img/s",
+            ),
+            (
+                "a100",
+                "A100-SXM4-80GB",
+                "Training performance: NVIDIA DGX A100 (8x A100 80GB)",
+                "amp",
+                128,
+                1211.0,
+                "|    1     |       456 img/s       |            1211 img/s",
+            ),
+            (
+                "v100",
+                "V100-SXM2-16GB",
+                "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)",
+                "fp32",
+                64,
+                147.0,
+                "|    1     |       147 img/s       |            587 img/s",
+            ),
+            (
+                "v100",
+                "V100-SXM2-16GB",
+                "Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)",
+                "amp",
+                128,
+                587.0,
+                "|    1     |       147 img/s       |            587 img/s",
+            ),
+        )
+    ],  # fmt: skip
     # --- one GPU and one DGX: NVIDIA DeepLearningExamples ResNet-50 v1.5 (PyTorch) --------
     *[
         Measurement(

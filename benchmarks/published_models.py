@@ -64,6 +64,45 @@ def resnet50(num_classes: int = 1000) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+class GroupedBottleneck(nn.Module):
+    """ResNeXt's block: 1x1 reduce to ``groups x width_per_group`` channels, a 3x3 grouped
+    convolution (carrying the stride), 1x1 expand to ``4 x planes``, residual add, ReLU."""
+
+    def __init__(self, cin: int, planes: int, stride: int, groups: int, per_group: int) -> None:
+        super().__init__()
+        width, cout = groups * per_group * planes // 64, planes * 4
+        self.conv1, self.bn1 = _conv(cin, width, 1), nn.BatchNorm2d(width)
+        self.conv2 = skip_init(nn.Conv2d, width, width, 3, stride=stride, padding=1,
+                               groups=groups, bias=False)  # fmt: skip
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = _conv(width, cout, 1), nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(_conv(cin, cout, 1, stride), nn.BatchNorm2d(cout))
+
+    forward = Bottleneck.forward
+
+
+def resnext101_32x4d(num_classes: int = 1000) -> nn.Module:
+    """ResNeXt-101 32x4d as NVIDIA's DeepLearningExamples build it (``--arch
+    resnext101-32x4d``: blocks [3, 4, 23, 3], cardinality 32, width 4 per group at the first
+    stage): 44,177,704 parameters at 1000 classes (checked by running it)."""
+    layers: list[nn.Module] = [
+        _conv(3, 64, 7, 2), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1),
+    ]  # fmt: skip
+    cin = 64
+    for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 23, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(GroupedBottleneck(cin, planes, stride if i == 0 else 1, 32, 4))
+            cin = planes * 4
+    layers += [
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), skip_init(nn.Linear, cin, num_classes),
+    ]  # fmt: skip
+    return nn.Sequential(*layers)
+
+
 class GPT2Small(nn.Module):
     """GPT-2 small: token and position embeddings, 12 pre-norm causal blocks, final norm,
     logits through the (tied) token embedding."""

@@ -323,6 +323,8 @@ def test_the_doc_example_file_loads():
          ["node_to_node", "latency (s)=0", "above 0"]),
         ('base = "8xA100-SXM-NVLink"\n[peak_flops]\nfp32 = 1e12\n',
          ["peak_flops.fp32 is not a dtype", "float32"]),
+        ('base = "8xA100-SXM-NVLink"\n[tensor_core_efficiency]\nfloat16 = 40\n',
+         ["tensor_core_efficiency['float16']=40", "fraction in (0, 1]"]),
         ('base = "A100"\n', ["base:", "is not a preset", "8xA100-SXM-NVLink"]),
         ('name = "half"\nnodes = 1\n', ["missing description", "--print-hardware", "base ="]),
         ("base = \n", ["not valid TOML"]),

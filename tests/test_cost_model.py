@@ -179,6 +179,18 @@ def test_amp_and_tf32_pick_the_units_torch_runs_on():
         cost.predict(model, sample, 4, 1, "T4-PCIe3", amp="bf16")
 
 
+def test_tensor_cores_reach_their_own_fraction_and_cuda_cores_matmul_efficiency():
+    units = {"float32": 1e9, "tfloat32": 8e9, "bfloat16": 16e9}
+    fast = made_up(peak_flops=units, matmul_efficiency=0.5,
+                   tensor_core_efficiency={"bfloat16": 0.25})  # fmt: skip
+    assert fast.flops_per_second("float32") == 0.5e9
+    assert fast.flops_per_second("tfloat32") == 4e9  # not named: matmul_efficiency's 0.5
+    assert fast.flops_per_second("bfloat16") == 4e9  # 16e9 x 0.25
+    model, sample = two_layers(), torch.randn(1, 4)
+    bf16 = spans(cost.predict(model, sample, 4, 1, fast, amp="bf16"))["apply"]
+    assert bf16[1] - bf16[0] == pytest.approx(384e-9 / 4, abs=1e-11)  # 384 FLOPs at 4 GFLOP/s
+
+
 def test_convolutions_run_in_tf32_by_default_and_matmuls_do_not():
     from dpkit.cost.compute import rate_key
     from dpkit.cost.profile import OpCost
@@ -235,6 +247,9 @@ def test_a_sample_row_is_what_the_bytes_scale_with():
         ({"peak_flops": {"bfloat16": 1e12}}, "float32"),
         ({"device_to_device": 5e9}, "device_to_device.*Link"),
         ({"allreduce_bandwidth": float("inf")}, "allreduce_bandwidth"),
+        ({"tensor_core_efficiency": {"float32": 1.5}}, "tensor_core_efficiency.*fraction"),
+        ({"tensor_core_efficiency": {"float16": 0.5}}, "a dtype that peak_flops names"),
+        ({"tensor_core_efficiency": {"float32": 0.0}}, "tensor_core_efficiency"),
     ],
 )
 def test_hardware_refuses_what_makes_no_sense(changes, words):

@@ -35,6 +35,8 @@ def test_every_field_is_set_and_positive(name):
         value = getattr(hardware, field.name)
         if field.name in CALIBRATED_ONLY:
             continue  # filled by calibrate() only
+        if field.name == "tensor_core_efficiency":
+            continue  # by dtype, where measured: test_tensor_core_fractions_are_the_measured_ones
         if isinstance(value, Link):
             assert value.bandwidth > 0 and value.latency > 0, field.name
         elif isinstance(value, bool):
@@ -70,3 +72,23 @@ def test_hardware_refuses_numbers_that_are_not_positive():
     with pytest.raises(ValueError, match="float64"):
         good.flops_per_second("float64")
     assert good.flops_per_second("float32") == pytest.approx(19.5e12 * good.matmul_efficiency)
+
+
+def test_tensor_core_fractions_are_the_measured_ones():
+    """The A100 and V100 presets' fractions of peak are what
+    benchmarks/tensor_core_efficiency.py read from ResNeXt-101's published steps (its
+    results file), rounded to 2 digits; a preset edited by hand without re-running it fails."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    found = json.loads((results / "tensor_core_efficiency.json").read_text())
+    for row in found.values():
+        hardware = cost.preset(row["preset"])
+        unit, fraction = row["unit"], row["implied fraction of peak"]
+        if unit == "float32":  # CUDA cores
+            assert hardware.matmul_efficiency == round(fraction, 2), row
+        else:
+            assert hardware.tensor_core_efficiency[unit] == round(fraction, 2), row
+    a100 = cost.preset("8xA100-SXM-NVLink")
+    assert a100.flops_per_second("tfloat32") == pytest.approx(156e12 * 0.33)

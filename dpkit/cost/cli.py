@@ -82,6 +82,10 @@ FIELD_UNITS: dict[str, tuple[str, str]] = {
         "NCCL's NVLS all-reduce in a node; \"none\": the ring's",
     ),
     "op_seconds": ("[work, seconds] pairs", "measured per aten op by --calibrate"),
+    "tensor_core_efficiency": (
+        "fraction",
+        "of peak_flops[dtype] tensor cores reach; a dtype not named: matmul_efficiency",
+    ),
 }
 _EXAMPLES = {
     "bytes": "80e9 for 80 GB, 85899345920 for 80 GiB",
@@ -159,10 +163,14 @@ def hardware_toml(hardware: Hardware, command: str = "") -> str:
         unit, about = FIELD_UNITS[key]
         if key == "allreduce_bandwidth" and value is None:
             lines.append(f'{key} = "{NO_ALLREDUCE}"  # {unit}: {about}')
-        elif key not in ("peak_flops", *LINKS, "op_seconds"):
+        elif key not in ("peak_flops", *LINKS, "op_seconds", "tensor_core_efficiency"):
             lines.append(_line(key, value, unit, about))
     lines += ["", f"[peak_flops]  # FLOP/s, {FIELD_UNITS['peak_flops'][1]}; float32 is needed"]
     lines += [_line(dtype, rate, "FLOP/s") for dtype, rate in values["peak_flops"].items()]
+    if values["tensor_core_efficiency"]:
+        lines += ["", f"[tensor_core_efficiency]  # {FIELD_UNITS['tensor_core_efficiency'][1]}"]
+        lines += [_line(dtype, fraction, "fraction")
+                  for dtype, fraction in values["tensor_core_efficiency"].items()]  # fmt: skip
     for key in LINKS:
         link: Link = values[key]
         lines += ["", f"[{key}]  # {FIELD_UNITS[key][1]}"]
@@ -249,16 +257,16 @@ def _field(where: str, name: str, value: Any, base: Hardware | None, origin: str
     change only the keys they name."""
     if name in LINKS:
         return _link(where, name, value, getattr(base, name, None), origin)
-    if name == "peak_flops":
-        table = _table(where, name, value)
-        for dtype, rate in table.items():
+    if name in ("peak_flops", "tensor_core_efficiency"):
+        table, unit = _table(where, name, value), FIELD_UNITS[name][0]
+        for dtype, number in table.items():
             if dtype != "tfloat32" and not isinstance(getattr(torch, dtype, None), torch.dtype):
                 raise ValueError(
-                    f"{where}: peak_flops.{dtype} is not a dtype: use torch's names, float32 "
-                    "(needed), tfloat32, bfloat16, float16"
+                    f"{where}: {name}.{dtype} is not a dtype: use torch's names, float32 "
+                    "(needed in peak_flops), tfloat32, bfloat16, float16"
                 )
-            _check(where, f"peak_flops.{dtype}", rate, "FLOP/s")
-        return {**(base.peak_flops if base else {}), **table}
+            _check(where, f"{name}.{dtype}", number, unit)
+        return {**(getattr(base, name) if base else {}), **table}
     if name == "op_seconds":
         table = _table(where, name, value)
         for op, pairs in table.items():

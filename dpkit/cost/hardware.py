@@ -10,8 +10,9 @@ a spec sheet times a stated fraction), since that is what published measurements
 
 How each field is used, in one place (:mod:`dpkit.cost.predict` is the rest):
 
-- an op takes ``max(FLOPs / (peak[dtype] * matmul_efficiency), bytes / (memory_bandwidth *
-  memory_efficiency))`` on its device, or what ``op_seconds`` measured for its kind of op;
+- an op takes ``max(FLOPs / (peak[dtype] * efficiency[dtype]), bytes / (memory_bandwidth *
+  memory_efficiency))`` on its device (``efficiency``: ``tensor_core_efficiency`` where it
+  names the dtype, else ``matmul_efficiency``), or what ``op_seconds`` measured for its op;
 - a copy or a collective of ``S`` bytes over a link takes ``latency + S / bandwidth`` per
   message (alpha-beta), see :mod:`dpkit.cost.collectives`;
 - the host pays a few named overheads (the last group of fields), the same for every model.
@@ -79,6 +80,10 @@ class Hardware:
       cores), ``"tfloat32"``, ``"bfloat16"``, ``"float16"`` (tensor cores). Which one an op
       gets follows torch's defaults (:func:`dpkit.cost.compute.rate_key`).
     - ``matmul_efficiency``: the fraction of that peak matmuls and convolutions reach.
+    - ``tensor_core_efficiency``: by dtype (``"tfloat32"``, ``"float16"``, ``"bfloat16"``),
+      the fraction of that dtype's peak convolutions and matmuls reach on tensor cores,
+      where it was measured apart; ``matmul_efficiency`` then serves the CUDA cores. A
+      dtype it does not name uses ``matmul_efficiency``.
     - ``memory_bandwidth`` and ``memory_efficiency``: spec-sheet bytes/s of the device's
       memory and the fraction memory-bound ops (elementwise, norms, pooling) reach.
     - ``memory_capacity``: bytes one device holds (what "does it fit" is checked against).
@@ -143,6 +148,7 @@ class Hardware:
     step_overhead: float
     allreduce_bandwidth: float | None = None
     op_seconds: Mapping[str, OpSamples] = field(default_factory=dict)
+    tensor_core_efficiency: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware {self.name!r}"
@@ -167,6 +173,13 @@ class Hardware:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
             _positive(owner, f"peak_flops[{dtype!r}]", rate)
+        for dtype, fraction in self.tensor_core_efficiency.items():
+            _positive(owner, f"tensor_core_efficiency[{dtype!r}]", fraction)
+            if dtype not in self.peak_flops or fraction > 1:
+                raise ValueError(
+                    f"{owner}: tensor_core_efficiency[{dtype!r}]={fraction!r} must be a "
+                    "fraction in (0, 1] of a dtype that peak_flops names"
+                )
         if self.allreduce_bandwidth is not None:
             _positive(owner, "allreduce_bandwidth", self.allreduce_bandwidth)
         for op, samples in self.op_seconds.items():
@@ -189,7 +202,7 @@ class Hardware:
                 f"hardware {self.name!r} has no {name} rate (it has {known}): "
                 f"{self.device_name} has no units for it; use another dtype or amp setting"
             )
-        return self.peak_flops[name] * self.matmul_efficiency
+        return self.peak_flops[name] * self.tensor_core_efficiency.get(name, self.matmul_efficiency)
 
     @property
     def achieved_memory_bandwidth(self) -> float:

@@ -35,6 +35,12 @@ Sources, cited by key below:
 - [ddp-bench] pytorch/pytorch benchmarks/distributed/ddp/README.md: DGX-1 nodes with 4 x
   100 Gb/s InfiniBand.
 - [eth] IEEE 802.3 line rates (10 GbE 1.25 GB/s, 100 GbE 12.5 GB/s).
+- [dle-rnx101] NVIDIA DeepLearningExamples, ResNeXt-101 32x4d for PyTorch (pytorch-21.03),
+  one GPU's training throughput: A100 80GB TF32 456 img/s, AMP 1211; V100 16GB FP32 147,
+  AMP 587. ``benchmarks/tensor_core_efficiency.py`` finds the fraction of each unit's peak
+  at which this model predicts them: A100 TF32 0.33, FP16 0.60; V100 FP32 0.94, FP16 0.69
+  (``benchmarks/results/tensor_core_efficiency.json``). A convolutional network's fractions:
+  a transformer's large matmuls reach more. ResNet-50's published rows check them.
 
 Host overheads on GPU machines are PyTorch eager mode's, not on any spec sheet: *assumed*
 (a few microseconds of Python and dispatch per op, about 5 us per CUDA launch, 0.1 ms to
@@ -62,9 +68,12 @@ _GPU_HOST = dict(
     step_overhead=150 * US,
     virtual_lanes=False,
 )
-# Assumed: large cuBLAS/cuDNN kernels reach 70-90 % of their units' peak, a real model's
-# smaller layers less (0.7); HBM streams at 80-90 % of its peak (0.8).
+# Assumed where no measurement says otherwise: large cuBLAS/cuDNN kernels reach 70-90 % of
+# their units' peak, a real model's smaller layers less (0.7); HBM streams at 80-90 % of its
+# peak (0.8). Tensor cores, where measured [dle-rnx101], reach less of theirs.
 _GPU_EFFICIENCY = dict(matmul_efficiency=0.7, memory_efficiency=0.8)
+# [dle-rnx101]: ResNeXt-101 on one A100 (bfloat16 runs on float16's units: assumed the same)
+_A100_TENSOR_CORES = {"tfloat32": 0.33, "float16": 0.60, "bfloat16": 0.60}
 _ASSUMED_COPY = "spec x 0.8, assumed (pinned cudaMemcpy reaches about 80 % of PCIe)"
 _PCIE3 = Link(15.75 * GB * 0.8, 10 * US, f"[PCIe] Gen3 x16 {_ASSUMED_COPY}")
 _PCIE4 = Link(31.5 * GB * 0.8, 10 * US, f"[PCIe] Gen4 x16 {_ASSUMED_COPY}")
@@ -78,6 +87,7 @@ _A100_SXM = dict(
         "bfloat16": 312 * TFLOPS,
         "float16": 312 * TFLOPS,
     },  # [A100] # fmt: skip
+    tensor_core_efficiency=_A100_TENSOR_CORES,
     memory_bandwidth=2039 * GB,  # [A100] 80 GB SXM4
     memory_capacity=80 * GIB,  # 81,920 MiB
     host_to_device=_PCIE4,
@@ -92,8 +102,9 @@ _A100_SXM = dict(
 
 
 def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardware:
+    numbers = {**_GPU_EFFICIENCY, **numbers}  # a preset's own measured fraction first
     return Hardware(name=name, description=description, source=source, **_GPU_HOST,
-                    **_GPU_EFFICIENCY, **numbers)  # type: ignore[arg-type]  # fmt: skip
+                    **numbers)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _presets() -> list[Hardware]:
@@ -130,6 +141,7 @@ def _presets() -> list[Hardware]:
             "spec sheet [A100], PCIe [PCIe], NCCL on PCIe [nccl-1639]",
             device_name="A100 PCIe",
             peak_flops=_A100_SXM["peak_flops"],  # [A100]: the PCIe card has the same peaks
+            tensor_core_efficiency=_A100_TENSOR_CORES,
             memory_bandwidth=1935 * GB,
             memory_capacity=80 * GIB,
             host_to_device=_PCIE4,
@@ -148,6 +160,8 @@ def _presets() -> list[Hardware]:
             "spec sheet [V100], network [ddp-bench]",
             device_name="V100",
             peak_flops={"float32": 15.7 * TFLOPS, "float16": 125 * TFLOPS},  # [V100]
+            matmul_efficiency=0.94,  # [dle-rnx101]: ResNeXt-101 on one V100, FP32
+            tensor_core_efficiency={"float16": 0.69},  # [dle-rnx101], AMP
             memory_bandwidth=900 * GB,
             memory_capacity=32 * GIB,
             host_to_device=_PCIE3,
@@ -175,6 +189,7 @@ def _presets() -> list[Hardware]:
                 "bfloat16": 989.5 * TFLOPS,
                 "float16": 989.5 * TFLOPS,
             },  # fmt: skip
+            tensor_core_efficiency=_A100_TENSOR_CORES,  # A100's [dle-rnx101]: assumed
             memory_bandwidth=3350 * GB,
             memory_capacity=80 * GIB,
             host_to_device=_PCIE5,
