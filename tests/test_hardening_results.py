@@ -28,7 +28,8 @@ def test_positional_inputs_of_different_batch_sizes_raise_naming_both():
 @pytest.mark.parametrize("rows", [4, 6, 1])
 def test_a_keyword_tensor_of_another_batch_size_raises_naming_it(rows):
     # 4 rows: each replica gets 2 rows of x and 1 of scale, which broadcasts silently;
-    # 6 rows: torch ends in "got 4 modules but 3 kwargs_tup".
+    # 6 rows: torch ends in parallel_apply's "AssertionError: The number of modules 4 is not
+    # equal to the number of kwargs_tup 3" (test_torch_claims runs it).
     parallel = dpkit.DataParallel(Scale(), device_ids=lanes(4))
     with pytest.raises(ValueError, match=rf"inputs\[0\] has 8, kwargs\['scale'\] has {rows}"):
         parallel(torch.randn(8, 3), scale=torch.randn(rows, 1))

@@ -302,7 +302,8 @@ def test_unpacked_lengths_differ_per_replica_and_fail_to_gather(lanes, sequences
     encoder = pitfalls.PackedEncoder()
     outcome = pitfalls.attempt(parallel(encoder, lanes), padded, lengths)
     assert outcome.raised
-    # What torch's gather would concatenate: one output per chunk, of its own length.
+    # One output per chunk, of its own length: torch's gather (C++, on GPUs) refuses their
+    # shapes before copying (test_torch_claims); concatenating them fails as well.
     chunks = zip(padded.chunk(4), lengths.chunk(4))
     outputs = [encoder(chunk, chunk_lengths) for chunk, chunk_lengths in chunks]
     assert [o.shape[1] for o in outputs] == [5, 4, 3, 2]

@@ -65,7 +65,7 @@ def free_reducers() -> None:
     destructor joins its worker thread, which may be waiting for the GIL to free a finished
     collective's tensors: a deadlock at exit, seen here about one run in ten under torchrun
     (gdb: ``~Reducer -> ~ProcessGroupGloo -> thread::join`` against
-    ``~AsyncAllgatherWork -> gil_scoped_acquire``; see pytorch/pytorch#75097 and #179291).
+    ``~AsyncAllgatherWork -> gil_scoped_acquire``; see pytorch/pytorch#56297 and #179291).
     Freed first, the group dies in ``destroy_process_group``, whose binding releases the GIL.
     """
     gc.collect()  # a DDP module caught in a reference cycle (hooks can make one) goes too

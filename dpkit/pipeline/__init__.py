@@ -22,8 +22,8 @@ The price of each is in what it sends (:mod:`dpkit.pipeline.contrast`)::
 ``contrast``       DataParallel vs DDP vs a model split: holds, sends, bytes, fits
 =================  ==================================================================
 
-Not built on ``torch.distributed`` point-to-point: gloo has no ``batch_isend_irecv``, and
-pipelines on it hang. The stages are lanes (threads) in one process, like DataParallel's.
+Not built on ``torch.distributed`` point-to-point: the stages are lanes (threads) in one
+process, like DataParallel's, so a learner sees the schedule without starting processes.
 """
 
 from dpkit.pipeline.bubble import (

@@ -75,7 +75,8 @@ def contrast_table(model: nn.Sequential, inputs: torch.Tensor, devices: int) -> 
             "each device holds": f"1/{n} of the layers (one stage)",
             "crosses devices": "activations forward, their gradients back",
             "bytes/step": 2 * cut_activation_bytes(model, inputs, n),
-            "fits when": "the model does not fit on one device; needs micro-batches",
+            "fits when": "the model does not fit on one device (sharding, ZeRO or FSDP, is the "
+            "usual first step); needs micro-batches",
         }
     )
     return rows
