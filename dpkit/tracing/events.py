@@ -47,22 +47,30 @@ class Phase(str, Enum):
 
     @property
     def colour(self) -> str:
-        """Its colour in every figure: forward in blues and greens, backward in warm colours."""
+        """Its colour in every figure: forward in blues and green, backward in reds, purples
+        and yellows; every two phases stay apart under the common colour-vision deficiencies
+        (:data:`PHASE_COLOURS`)."""
         return _DIRECTION_AND_COLOUR[self][1]
 
 
+# Eleven colours from two published colour-blind-safe sets: Paul Tol's (Tol, "Colour
+# schemes", SRON/EPS/TN/09-002, 2021: muted, light and vibrant) and Okabe & Ito's ("Color
+# Universal Design", 2008). Chosen so that every pair differs by CIEDE2000 >= 10 under normal
+# vision and under protanopia, deuteranopia and tritanopia as simulated by Machado, Oliveira &
+# Fernandes (2009): tests/test_palette.py measures it. The previous palette (Tableau 10's)
+# put apply and reduce 1.2 apart under deuteranopia.
 _DIRECTION_AND_COLOUR = {
-    Phase.SCATTER: (FORWARD, "#4c78a8"),
-    Phase.REPLICATE: (FORWARD, "#72b7b2"),
-    Phase.APPLY: (FORWARD, "#54a24b"),
-    Phase.GATHER: (FORWARD, "#9ecae9"),
-    Phase.GRAD_SCATTER: (BACKWARD, "#f58518"),
-    Phase.BACKWARD: (BACKWARD, "#b79a20"),
-    Phase.REDUCE: (BACKWARD, "#e45756"),
-    Phase.GRAD_GATHER: (BACKWARD, "#ff9da6"),
-    Phase.GRAD_BROADCAST: (BACKWARD, "#b279a2"),
-    Phase.ALLREDUCE: (BACKWARD, "#9d755d"),
-    Phase.OPTIMIZER: (BACKWARD, "#6b6ecf"),  # after backward: figures draw it in that half
+    Phase.SCATTER: (FORWARD, "#77aadd"),  # Tol light: light blue
+    Phase.REPLICATE: (FORWARD, "#99ddff"),  # Tol light: pale cyan
+    Phase.APPLY: (FORWARD, "#117733"),  # Tol muted: green
+    Phase.GATHER: (FORWARD, "#332288"),  # Tol muted: indigo
+    Phase.GRAD_SCATTER: (BACKWARD, "#ee3377"),  # Tol vibrant: magenta
+    Phase.BACKWARD: (BACKWARD, "#999933"),  # Tol muted: olive
+    Phase.REDUCE: (BACKWARD, "#882255"),  # Tol muted: wine
+    Phase.GRAD_GATHER: (BACKWARD, "#ffaabb"),  # Tol light: pink
+    Phase.GRAD_BROADCAST: (BACKWARD, "#aa4499"),  # Tol muted: purple
+    Phase.ALLREDUCE: (BACKWARD, "#cc79a7"),  # Okabe-Ito: reddish purple
+    Phase.OPTIMIZER: (BACKWARD, "#eedd88"),  # Tol light: light yellow; drawn in backward's half
 }
 FORWARD_PHASES = tuple(p.value for p in Phase if p.direction == FORWARD)
 BACKWARD_PHASES = tuple(p.value for p in Phase if p.direction == BACKWARD)

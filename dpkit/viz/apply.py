@@ -42,6 +42,7 @@ from dpkit.viz.common import (
     notebook_timeline,
 )
 from dpkit.viz.explorer import Explorer, int_slider
+from dpkit.viz.figures import OTHER_COLOR
 
 # --------------------------------------------------------------------------------------
 # The timeline explorer: devices x batch -> traced forward -> timeline
@@ -315,14 +316,14 @@ def overlap_figure(results: list[ApplyOverlap]) -> Figure:
         [r.serial_ms for r in results],
         height,
         label="one after another (one thread)",
-        color="#bab0ac",
+        color=OTHER_COLOR,
     )
     parallel = axes.barh(
         [r + height / 2 for r in rows],
         [r.parallel_ms for r in results],
         height,
         label="parallel_apply (a thread per replica)",
-        color="#54a24b",
+        color=Phase.APPLY.colour,
     )
     axes.bar_label(serial, fmt="%.1f ms", fontsize=8, padding=2)
     axes.bar_label(

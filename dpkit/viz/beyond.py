@@ -22,6 +22,7 @@ from dpkit.tracing import Trace
 from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, cores
 from dpkit.viz.figures import (
     CATEGORY_COLORS,
+    MEASURED_COLOR,
     _legend_outside,
     device_order,
     draw_timeline,
@@ -29,7 +30,7 @@ from dpkit.viz.figures import (
     human_bytes,
 )
 
-ENGINE_COLORS = {"DataParallel": "#4c78a8", "DDP": "#f58518"}
+ENGINE_COLORS = {"DataParallel": "#0072b2", "DDP": "#e69f00"}  # Okabe-Ito blue and orange
 
 
 def _figure(height: float, rows: int = 1, columns: int = 1, **options: Any) -> tuple[Figure, Any]:
@@ -106,7 +107,7 @@ def bubble_figure(rows: Sequence[dict[str, Any]], predicted: dict[int, list[floa
     medians = [row["measured idle"] for row in rows]
     spread = [[m - row["q1"] for m, row in zip(medians, rows)],
               [row["q3"] - m for m, row in zip(medians, rows)]]  # fmt: skip
-    ax.errorbar(ms, medians, yerr=spread, marker="o", capsize=3, color="#e45756",
+    ax.errorbar(ms, medians, yerr=spread, marker="o", capsize=3, color=MEASURED_COLOR,
                 label=f"measured, p={stages} (median, quartiles)")  # fmt: skip
     ax.plot(ms, [row["formula"] for row in rows], "k--", label=f"formula (p-1)/(m+p-1), p={stages}")
     for p, idle in sorted((predicted or {}).items()):

@@ -38,22 +38,28 @@ from dpkit.tracing.events import (
 from dpkit.tracing.export import hardware_label
 
 PHASE_COLORS = PHASE_COLOURS  # one colour per phase, from the phase vocabulary
-OTHER_COLOR = "#bab0ac"
+# Colours with a role of their own; tests/test_palette.py checks each against the colours
+# it is drawn with, as the phases' are checked, under the common colour-vision deficiencies.
+OTHER_COLOR = "#bab0ac"  # a phase or category without a colour; one device, as a baseline
+MEASURED_COLOR = "#0072b2"  # Okabe-Ito blue: a measured series
+HIGHLIGHT_COLOR = "#d55e00"  # Okabe-Ito vermillion: predicted values, idle devices, a choice
 
+# A category of memory has the colour of the phase that puts it there (its input arrives with
+# scatter, a replica's parameters with replicate, ...), so the two figures read together.
 CATEGORY_COLORS = {
-    "parameters": "#4c78a8",
-    "input": "#72b7b2",
-    "activations": "#54a24b",
-    "outputs": "#eeca3b",
-    "gathered": "#e45756",
+    "parameters": PHASE_COLOURS["replicate"],
+    "input": PHASE_COLOURS["scatter"],
+    "activations": PHASE_COLOURS["apply"],
+    "outputs": "#0072b2",  # apply's too, in a colour of its own (Okabe-Ito blue)
+    "gathered": PHASE_COLOURS["gather"],
     # DDP's (dpkit.ddp): every rank's own gradients, and the flat all-reduce buffers
     # (buckets) that hold a second copy of them, in the all-reduce's colour.
-    "gradients": "#b279a2",
+    "gradients": PHASE_COLOURS["backward"],
     "buckets": PHASE_COLOURS["allreduce"],
     # the cost model's (dpkit.cost.memory): optimizer state and DataParallel's reduce buffers
-    "optimizer": "#9d755d",
+    "optimizer": PHASE_COLOURS["optimizer"],
     "reduce buffers": PHASE_COLOURS["reduce"],
-    "output gradient": "#ff9da6",
+    "output gradient": PHASE_COLOURS["grad_scatter"],
 }
 # torch's allocator totals, drawn as marks across a device's bar, not stacked on it.
 ALLOCATOR_STYLES = {

@@ -35,11 +35,11 @@ from dpkit.replicate import replicate
 from dpkit.tracing import Phase
 from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
-from dpkit.viz.figures import hardware_title, human_bytes
+from dpkit.viz.figures import HIGHLIGHT_COLOR, hardware_title, human_bytes
 
 IN_FEATURES, CLASSES = 64, 10
 MAX_WIDTH = 2048
-BUFFER_COLOR = "#3b7a75"  # a darker shade of the replicate colour
+BUFFER_COLOR = "#4477aa"  # Tol bright blue: a darker blue than the replicate colour
 
 
 def example_model(width: int) -> nn.Module:
@@ -198,7 +198,7 @@ def replication_figure(cost: ReplicationCost) -> Figure:
 
     counts = list(range(1, MAX_DEVICES + 1))
     growth.plot(counts, [cost.replica_bytes * (n - 1) for n in counts], color=color, marker=".")
-    growth.plot([cost.num_devices], [cost.copied_bytes], "o", color="#e45756", markersize=8)
+    growth.plot([cost.num_devices], [cost.copied_bytes], "o", color=HIGHLIGHT_COLOR, markersize=8)
     growth.annotate(
         f"{cost.num_devices} devices:\n{human_bytes(cost.copied_bytes)}",
         (cost.num_devices, cost.copied_bytes),
@@ -207,7 +207,7 @@ def replication_figure(cost: ReplicationCost) -> Figure:
         ha="left" if cost.num_devices < 9 else "right",
         va="top",
         fontsize=8,
-        color="#e45756",
+        color=HIGHLIGHT_COLOR,
     )
     growth.set_xlabel("devices")
     growth.set_xticks([1, 4, 8, 12, 16])

@@ -26,6 +26,7 @@ from torch import nn
 import dpkit
 from dpkit import cost
 from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, demo_model, hardware_of, intra_op_threads
+from dpkit.viz.figures import HIGHLIGHT_COLOR, MEASURED_COLOR
 
 FEATURES = 256  # the demo MLP's input width
 
@@ -127,17 +128,17 @@ def speedup_spread_figure(
     batches = list(series.batches)
     for batch in batches:
         values = series.speedups(batch)
-        axes.plot([batch] * len(values), values, ".", color="#4c78a8", alpha=0.35)
+        axes.plot([batch] * len(values), values, ".", color=MEASURED_COLOR, alpha=0.35)
         low, _, high = series.quartiles(batch)
-        axes.vlines(batch, low, high, color="#4c78a8", linewidth=3, alpha=0.6)
+        axes.vlines(batch, low, high, color=MEASURED_COLOR, linewidth=3, alpha=0.6)
     medians = [series.quartiles(b)[1] for b in batches]
-    axes.plot(batches, medians, "o-", color="#4c78a8", label="measured: median of the rounds")
+    axes.plot(batches, medians, "o-", color=MEASURED_COLOR, label="measured: median of the rounds")
     if predicted:
         axes.plot(
             batches,
             [predicted[b] for b in batches],
             "s--",
-            color="#e45756",
+            color=HIGHLIGHT_COLOR,
             label="predicted (cost model, calibrated here)",
         )
     axes.axhline(1, color="0.4", linestyle=":", linewidth=1)

@@ -38,12 +38,12 @@ from dpkit.tracing import Phase
 from dpkit.tracing.export import as_dataframe
 from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
-from dpkit.viz.figures import hardware_title
+from dpkit.viz.figures import HIGHLIGHT_COLOR, hardware_title
 
 SPLIT_MODES = {"torch": "torch.chunk", "balanced": "balanced"}
 FEATURES = 3  # columns of the example input
 SEQUENCE = 5  # time steps of the sequence-first example input (dim=1)
-IDLE_COLOR = "#e45756"
+IDLE_COLOR = HIGHLIGHT_COLOR
 MAX_BATCH = 512
 
 

@@ -26,6 +26,7 @@ from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 import dpkit
+from dpkit.tracing import Phase
 from dpkit.viz.common import (
     FIGURE_DPI,
     FIGURE_WIDTH,
@@ -35,6 +36,7 @@ from dpkit.viz.common import (
     notebook_timeline,
 )
 from dpkit.viz.explorer import Explorer, int_slider
+from dpkit.viz.figures import MEASURED_COLOR, OTHER_COLOR
 
 # --------------------------------------------------------------------------------------
 # The backward path as a timeline
@@ -203,7 +205,7 @@ def train(
 def loss_curve(run: TrainingRun) -> Figure:
     figure = Figure(figsize=(FIGURE_WIDTH, 2.8), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
-    axes.plot(range(1, len(run.losses) + 1), run.losses, color="#4c78a8")
+    axes.plot(range(1, len(run.losses) + 1), run.losses, color=MEASURED_COLOR)
     axes.set_xlabel("step")
     axes.set_ylabel("cross-entropy loss")
     axes.grid(alpha=0.3)
@@ -295,17 +297,17 @@ def speedup_figure(rows: list[SpeedupRow]) -> Figure:
     figure = Figure(figsize=(FIGURE_WIDTH, 3.0), dpi=FIGURE_DPI, layout="constrained")
     times, ratio = figure.subplots(1, 2)
     batches = [r.batch for r in rows]
-    times.plot(batches, [r.single_ms for r in rows], "o-", color="#bab0ac", label="1 device")
+    times.plot(batches, [r.single_ms for r in rows], "o-", color=OTHER_COLOR, label="1 device")
     times.plot(
         batches,
         [r.parallel_ms for r in rows],
         "o-",
-        color="#54a24b",
+        color=Phase.APPLY.colour,
         label=f"DataParallel, {rows[0].devices} devices",
     )
     times.set_ylabel("training step (ms, median)")
     times.legend(fontsize=8, frameon=False)
-    ratio.plot(batches, [r.speedup for r in rows], "o-", color="#4c78a8")
+    ratio.plot(batches, [r.speedup for r in rows], "o-", color=MEASURED_COLOR)
     ratio.axhline(1, color="0.4", linestyle=":", linewidth=1)
     ratio.annotate(
         "no gain", (batches[0], 1), xytext=(0, 3), textcoords="offset points", fontsize=8
