@@ -177,6 +177,10 @@ FIGURE_COLOURS = {
         "parallel": Phase.APPLY.colour,
     },
     "beyond: the two engines": beyond.ENGINE_COLORS,
+    "beyond: the bubble's measured and predicted stage counts": {
+        "measured": figures.MEASURED_COLOR,
+        **{f"predicted {i}": colour for i, colour in enumerate(beyond.STAGE_COLORS)},
+    },
 }
 
 

@@ -31,6 +31,9 @@ from dpkit.viz.figures import (
 )
 
 ENGINE_COLORS = {"DataParallel": "#0072b2", "DDP": "#e69f00"}  # Okabe-Ito blue and orange
+# The bubble figure's predicted stage counts, after the measured one (MEASURED_COLOR): Okabe-Ito
+# vermillion, bluish green and reddish purple (matplotlib's default cycle is not CVD-safe).
+STAGE_COLORS = ("#d55e00", "#009e73", "#cc79a7")
 
 
 def _figure(height: float, rows: int = 1, columns: int = 1, **options: Any) -> tuple[Figure, Any]:
@@ -110,8 +113,11 @@ def bubble_figure(rows: Sequence[dict[str, Any]], predicted: dict[int, list[floa
     ax.errorbar(ms, medians, yerr=spread, marker="o", capsize=3, color=MEASURED_COLOR,
                 label=f"measured, p={stages} (median, quartiles)")  # fmt: skip
     ax.plot(ms, [row["formula"] for row in rows], "k--", label=f"formula (p-1)/(m+p-1), p={stages}")
-    for p, idle in sorted((predicted or {}).items()):
-        (line,) = ax.plot(ms, idle, marker="s", linestyle=":", label=f"predicted, p={p}")
+    for index, (p, idle) in enumerate(sorted((predicted or {}).items())):
+        colour = STAGE_COLORS[index % len(STAGE_COLORS)]
+        (line,) = ax.plot(
+            ms, idle, marker="s", linestyle=":", color=colour, label=f"predicted, p={p}"
+        )
         ax.plot(ms, [bubble_formula(p, m) for m in ms], "--", color=line.get_color(),
                 linewidth=0.8, label=f"formula, p={p}")  # fmt: skip
     ax.set_xscale("log", base=2)
