@@ -161,7 +161,7 @@ def test_every_two_phases_stay_apart(vision: str) -> None:
 
 # Colours drawn together in one figure, each with its own meaning.
 FIGURE_COLOURS = {
-    "memory_per_device: categories": figures.CATEGORY_COLORS,
+    "memory_per_device: categories": {**figures.CATEGORY_COLORS, "other": figures.OTHER_COLOR},
     "split: a chunk vs idle": {"chunk": split.Phase.SCATTER.colour, "idle": split.IDLE_COLOR},
     "replicas: parameters, buffers, the chosen count": {
         "parameters": Phase.REPLICATE.colour,

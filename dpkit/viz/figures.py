@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
@@ -78,6 +79,14 @@ SIDE_BAND = (0.13, 0.25)  # its communication band, below it
 # otherwise be thinner than a pixel next to a 10 ms apply.
 MIN_BAR_SHARE = 0.004
 
+# Direct labels: a bar wide and tall enough for its name carries it, so that colour is not the
+# only way to tell a phase or a category. Whether a name fits is estimated without drawing
+# (measuring text costs a layout pass on every redraw), for the smallest plot area a notebook
+# figure gives a timeline or a memory chart: a 7-inch figure less its tick labels and legend.
+LABEL_FONT_SIZE = 7
+SMALLEST_PLOT_INCHES = (4.0, 2.2)  # width, height
+_CHARACTER_INCHES = 0.6 * LABEL_FONT_SIZE / 72  # DejaVu Sans's mean advance, with a margin
+
 TraceLike = Any  # a Trace, or a sequence of Event / MemoryRecord
 
 
@@ -92,6 +101,40 @@ def human_bytes(nbytes: float) -> str:
 
 def phase_color(phase: str) -> str:
     return PHASE_COLORS.get(phase, OTHER_COLOR)
+
+
+def _relative_luminance(colour: str) -> float:
+    """WCAG 2's relative luminance of a colour (0 black, 1 white)."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(colour)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def text_colour_on(background: str) -> str:
+    """Black or white, whichever contrasts more with ``background`` (WCAG contrast ratio)."""
+    luminance = _relative_luminance(background)
+    return "black" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "white"
+
+
+def label_if_it_fits(
+    axes: Any, x: float, y: float, text: str, background: str, inches: tuple[float, float]
+) -> bool:
+    """Write ``text`` centred at (``x``, ``y``) on a bar of ``background`` colour whose size on
+    the smallest plot is ``inches`` (width, height), if it fits there; whether it did."""
+    width, height = inches
+    if width < len(text) * _CHARACTER_INCHES + 0.08 or height < LABEL_FONT_SIZE / 72 * 1.4:
+        return False
+    axes.text(
+        x,
+        y,
+        text,
+        ha="center",
+        va="center",
+        fontsize=LABEL_FONT_SIZE,
+        color=text_colour_on(background),
+        clip_on=True,
+        in_layout=False,  # inside the plot: it moves no margin
+    )
+    return True
 
 
 def hardware_title(trace: TraceLike, what: str) -> str:
@@ -216,6 +259,15 @@ def draw_timeline(axes: Any, events: Sequence[Event], span_ms: float | None = No
             linewidth=0.3,
             hatch="////" if event in shared else None,
         )
+        width_ms = max(event.duration * 1e3, min_width)
+        label_if_it_fits(
+            axes,
+            start_ms + width_ms / 2,
+            row[event.device] + offset + height / 2,
+            event.phase,
+            phase_color(event.phase),
+            (width_ms / (span_ms * 1.01) * SMALLEST_PLOT_INCHES[0], 1.0),
+        )
     if shared:
         middle = (min(e.start for e in shared) + max(e.end for e in shared)) / 2
         rows_used = [row[e.device] for e in shared]
@@ -330,6 +382,17 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
             linewidth=0.5,
         )
         bottom = [b + h for b, h in zip(bottom, heights)]
+    tallest = max([*bottom, *(n for per in totals.values() for n in per.values())], default=0)
+    bar_inches = 0.8 * SMALLEST_PLOT_INCHES[0] / len(devices)
+    base = [0] * len(devices)
+    for category, per_device in held.items():  # a segment tall and wide enough is named
+        colour = CATEGORY_COLORS.get(category, OTHER_COLOR)
+        for x, device in enumerate(devices):
+            size = per_device[device]
+            share = size / (tallest * 1.15) if tallest else 0.0
+            inches = (bar_inches, share * SMALLEST_PLOT_INCHES[1])
+            label_if_it_fits(axes, x, base[x] + size / 2, category, colour, inches)
+            base[x] += size
     for x, total in enumerate(bottom):
         axes.annotate(
             human_bytes(total),
@@ -350,7 +413,6 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
             label=category,
             **ALLOCATOR_STYLES.get(category, {"color": OTHER_COLOR}),
         )
-    tallest = max([*bottom, *(n for per in totals.values() for n in per.values())], default=0)
     # An explicit top leaves room for the totals (autoscaling ignores the annotations).
     axes.set_ylim(0, tallest * 1.15 or 1)
     _bytes_axis(axes.yaxis)
