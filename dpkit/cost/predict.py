@@ -32,6 +32,7 @@ memory). Times come from two clocks, the host's and each device's queue.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +155,8 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
     GIL go around an op's work), on ``units`` cores shared fairly: the GIL passes from thread
     to thread in the order they ask, so a thread whose kernel is done waits while another
     runs its Python. Processes (DDP's ranks) share no GIL: ``python`` 0, one call each."""
+    if not any(kernel):  # GPU launches: the GIL alone, a queue served in turn (fast)
+        return _gil_queue(starts, calls, python)
     n = len(starts)
     left_calls = [calls] * n
     state = ["new"] * n  # new, waiting (for the GIL), python, kernel, done
@@ -193,6 +196,31 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
                     waiting.append(i)
                 else:
                     state[i], ends[i] = "done", now
+    return ends
+
+
+def _gil_queue(starts: list[float], calls: int, python: list[float]) -> list[float]:
+    """:func:`_threads` without kernels: each thread's calls wait in one first-come queue
+    for the GIL, a thread asking again behind those already waiting."""
+    pending = deque(sorted(range(len(starts)), key=starts.__getitem__))
+    waiting: deque[int] = deque()
+    left, ends = [calls] * len(starts), [0.0] * len(starts)
+    now = starts[pending[0]] if pending else 0.0
+    while pending or waiting:
+        while pending and starts[pending[0]] <= now:
+            waiting.append(pending.popleft())
+        if not waiting:
+            now = starts[pending[0]]
+            continue
+        thread = waiting.popleft()
+        now += python[thread]
+        left[thread] -= 1
+        while pending and starts[pending[0]] <= now:
+            waiting.append(pending.popleft())
+        if left[thread]:
+            waiting.append(thread)
+        else:
+            ends[thread] = now
     return ends
 
 
@@ -485,11 +513,8 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
                            ring_bytes_sent(nbytes, n), bucket=number, bucket_bytes=nbytes,
                            tensors=len(bucket))  # fmt: skip
             end = max(end, bucket_end)
-    if not bucket_view:  # the sums back into .grad, once the last bucket is in
-        took = _lasts(copies, hardware)
-        for index in range(n):
-            step.event(Phase.BACKWARD, index, end, end + took, what="bucket to grad")
-        end += took
+    if not bucket_view:  # the sums back into .grad once the last bucket is in: autograd's
+        end += _lasts(copies, hardware)  # final callback, no phase of its own
     step.host = end
     step.device = [end] * n
 
