@@ -90,8 +90,15 @@ class Rounds:
 
     def quartiles(self) -> tuple[float, float, float]:
         """Lower quartile, median and upper quartile of the rounds' ratios."""
-        low, middle, high = statistics.quantiles(self.ratios, n=4, method="inclusive")
-        return low, middle, high
+        return middle_half(self.ratios)
+
+
+def middle_half(values: Sequence[float]) -> tuple[float, float, float]:
+    """Lower quartile, median and upper quartile of ``values`` (one value: itself, thrice)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    low, middle, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, middle, high
 
 
 def judge(low: float, high: float, tolerance: float = TOLERANCE) -> Outcome:

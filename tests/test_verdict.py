@@ -16,7 +16,7 @@ from dpkit.verdict import (
     judge,
     machine_load,
 )
-from tests.verdict_checker import check_text, find_verdicts
+from tests.verdict_checker import check_text, find_verdicts, unchecked_claims
 
 WORDS = {
     Outcome.FASTER: "threads helped",
@@ -105,3 +105,15 @@ def test_machine_load_sees_another_process_spinning():
     # the child is another process: at least part of a core, whatever else runs here
     assert 0.3 <= load.busy_elsewhere <= load.cores
     assert "cores busy" in str(load)
+
+
+def test_the_checker_flags_a_verdict_its_numbers_contradict_and_an_unformed_claim():
+    lying = "MatmulNet: 1.32x (middle half of the rounds: 0.86-1.40x) → faster: overlapped"
+    (problem,) = check_text(lying)
+    assert "means too noisy to tell at this load" in problem
+    assert check_text("1.32x (middle half of the rounds: 1.01-1.40x) → faster") == []
+    # a rounded 1.00 may have been 1.004: either side of 1 is accepted
+    assert check_text("1.10x (middle half of the rounds: 1.00-1.20x) → faster") == []
+    assert unchecked_claims("Same threads: the replicas overlapped.\n2 cores") == [
+        "Same threads: the replicas overlapped."
+    ]

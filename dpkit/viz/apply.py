@@ -20,6 +20,7 @@ keeps the last data, figure and PNG, so tests can move a slider and check both c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import threading
@@ -31,6 +32,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
+from dpkit import verdict
 from dpkit.tracing import Phase
 from dpkit.viz.common import (
     FIGURE_DPI,
@@ -63,6 +65,22 @@ def apply_trace(
         for _ in range(steps):
             parallel(inputs)
     return recorded
+
+
+def first_and_last_apply(recorded: dpkit.Trace) -> str:
+    """What the last step of ``recorded`` shows of its first and last replicas' apply bars:
+    whether the first ended before the last began, and by how much (one trace, no verdict)."""
+    drawn = max(e.step for e in recorded.events)
+    applies = sorted(
+        (e for e in recorded.events if e.step == drawn and e.phase == Phase.APPLY),
+        key=lambda e: e.start,
+    )
+    first, last = applies[0], applies[-1]
+    apart = (last.start - first.end) * 1e3
+    began = f"the last replica began {(last.start - first.start) * 1e3:.2f} ms after the first"
+    if apart > 0:
+        return f"In this trace {began}, {apart:.2f} ms after the first had ended: no overlap."
+    return f"In this trace {began}, while the first still ran: their bars share {-apart:.2f} ms."
 
 
 def apply_timeline(recorded: dpkit.Trace) -> Figure:
@@ -108,6 +126,15 @@ class MatmulNet(nn.Module):
         return torch.relu(self.layers(x))
 
 
+# What each outcome of "parallel_apply against the same replicas one after another" means.
+OVERLAP_WORDING = {
+    verdict.Outcome.FASTER: "the replicas overlapped",
+    verdict.Outcome.SLOWER: "threads made it slower than one after another",
+    verdict.Outcome.WITHIN_NOISE: "no difference beyond the run-to-run noise",
+    verdict.Outcome.TOO_NOISY: "the rounds disagree; another program took cores during some",
+}
+
+
 @dataclass
 class ApplyOverlap:
     """How much of ``devices`` replicas' apply work really ran at the same time."""
@@ -125,6 +152,12 @@ class ApplyOverlap:
     start_gap_ms: float = 0.0
     threads: int | None = 1  # torch's intra-op threads per lane (None: torch's default)
     batch: int = 0  # rows of the whole input, before the scatter
+    # Every round's times (ms), one after another and parallel_apply, measured back to back.
+    serial_rounds_ms: tuple[float, ...] = ()
+    parallel_rounds_ms: tuple[float, ...] = ()
+    # Rounds in which the first replica's apply ended before the last one's began.
+    first_done_before_last_began: int = 0
+    load: verdict.Load | None = None  # what other programs used while the rounds ran
 
     @property
     def forward_ms(self) -> float:
@@ -133,34 +166,110 @@ class ApplyOverlap:
 
     @property
     def speedup(self) -> float:
-        """Serial time over parallel time: how many replicas' worth of work ran at once."""
-        return self.serial_ms / self.parallel_ms
+        """Serial time over parallel time, the median round's: how many replicas' worth of
+        work ran at once."""
+        if not self.serial_rounds_ms:
+            return self.serial_ms / self.parallel_ms
+        ratios = [a / b for a, b in zip(self.serial_rounds_ms, self.parallel_rounds_ms)]
+        return verdict.middle_half(ratios)[1]
+
+    def conclusion(self) -> verdict.Verdict:
+        """The speed-up with its spread over the rounds, and only the conclusion it allows."""
+        low, high = self.speedup_quartiles
+        return verdict.conclude_from_quartiles(self.speedup, low, high, OVERLAP_WORDING)
 
     @property
     def overlapped(self) -> bool:
         """Whether the replicas clearly overlapped: a speed-up above 1 in three rounds of four
         (the lower quartile above 1), not a median that noise pushed past 1."""
-        return self.speedup_quartiles[0] > 1.0
+        return self.conclusion().outcome is verdict.Outcome.FASTER
 
     @property
     def slowed_down(self) -> bool:
         """Whether threads clearly made it slower: the upper quartile below 1."""
-        return self.speedup_quartiles[1] < 1.0
+        return self.conclusion().outcome is verdict.Outcome.SLOWER
 
     def verdict(self) -> str:
-        """The speed-up with its spread over rounds, and only the conclusion the spread allows."""
-        low, high = self.speedup_quartiles
-        measured = f"{self.speedup:.2f}x (middle half of the rounds: {low:.2f}-{high:.2f}x)"
-        if self.overlapped:
-            return f"{measured}: the replicas overlapped"
-        if self.slowed_down:
-            return f"{measured}: threads made it slower than one after another"
-        return f"{measured}: no difference beyond the run-to-run noise"
+        """:meth:`conclusion` as the sentence: numbers, outcome, and what it means."""
+        return str(self.conclusion())
 
     @property
     def busy_over_span(self) -> float:
         """Sum of per-device apply time over the wall span: counts waiting as busy."""
         return self.busy_ms / self.parallel_ms
+
+
+Setup = tuple[nn.Module, torch.Tensor, "int | None"]  # model, whole input, intra-op threads
+
+
+def measure_apply_rounds(
+    setups: list[Setup], devices: int = 4, repeats: int = 5
+) -> list[ApplyOverlap]:
+    """Each setup's replicas run in parallel and one after another, ``repeats`` rounds, the
+    setups interleaved: in every round each setup runs once each way, back to back, so all
+    of them see the same moments of the machine (and comparisons between them are fair)."""
+    lanes = dpkit.devices(devices)
+    prepared = []
+    for model, inputs, _ in setups:
+        model, inputs = dpkit.to_device((model, inputs), lanes[0])
+        chunks = dpkit.scatter(inputs, lanes)
+        used = lanes[: len(chunks)]
+        prepared.append((dpkit.replicate(model, used, detach=True), chunks, used))
+    measured: list[dict[str, list[float]]] = [
+        {"serial": [], "parallel": [], "busy": [], "gap": [], "apart": []} for _ in setups
+    ]
+    with verdict.machine_load() as load, torch.no_grad():
+        for _ in range(repeats + 1):  # the first round warms up
+            for (_, _, threads), (replicas, chunks, used), rounds in zip(
+                setups, prepared, measured
+            ):
+                with intra_op_threads(threads):
+                    _one_round(replicas, chunks, used, rounds)
+    results = []
+    for (model, inputs, threads), (_, _, used), rounds in zip(setups, prepared, measured):
+        serial, parallel = rounds["serial"][1:], rounds["parallel"][1:]
+        low, _, high = verdict.middle_half([a / b for a, b in zip(serial, parallel)])
+        results.append(
+            ApplyOverlap(
+                type(model).__name__,
+                len(used),
+                hardware_of(used),
+                statistics.median(serial),
+                statistics.median(parallel),
+                statistics.median(rounds["busy"][1:]),
+                (low, high),
+                statistics.median(rounds["gap"][1:]),
+                threads,
+                len(inputs),
+                tuple(serial),
+                tuple(parallel),
+                int(sum(rounds["apart"][1:])),
+                load,
+            )
+        )
+    return results
+
+
+def _one_round(
+    replicas: list[nn.Module],
+    chunks: tuple[torch.Tensor, ...],
+    lanes: list[dpkit.Device],
+    rounds: dict[str, list[float]],
+) -> None:
+    """parallel_apply, traced, then the same replicas one after another; times in ms."""
+    with dpkit.trace() as recorded:
+        dpkit.parallel_apply(replicas, chunks, devices=lanes)
+    applies = sorted((e for e in recorded.events if e.phase == Phase.APPLY), key=lambda e: e.start)
+    starts = [e.start for e in applies]
+    rounds["parallel"].append((max(e.end for e in applies) - starts[0]) * 1e3)
+    rounds["busy"].append(sum(e.duration for e in applies) * 1e3)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    rounds["gap"].append(statistics.median(gaps) * 1e3 if gaps else 0.0)
+    rounds["apart"].append(float(applies[0].end < applies[-1].start))
+    start = time.perf_counter()
+    for replica, chunk, lane in zip(replicas, chunks, lanes):
+        dpkit.parallel_apply([replica], [chunk], devices=[lane])  # runs in this thread
+    rounds["serial"].append((time.perf_counter() - start) * 1e3)
 
 
 def measure_apply_overlap(
@@ -170,44 +279,9 @@ def measure_apply_overlap(
     repeats: int = 5,
     threads: int | None = 1,
 ) -> ApplyOverlap:
-    """Run ``model``'s replicas in parallel and one after another; medians of ``repeats``."""
-    lanes = dpkit.devices(devices)
-    model, inputs = dpkit.to_device((model, inputs), lanes[0])
-    chunks = dpkit.scatter(inputs, lanes)
-    lanes = lanes[: len(chunks)]
-    replicas = dpkit.replicate(model, lanes, detach=True)
-    serial, parallel, busy, gaps = [], [], [], []
-    with intra_op_threads(threads), torch.no_grad():
-        for _ in range(repeats + 1):  # the first round warms up
-            with dpkit.trace() as recorded:
-                dpkit.parallel_apply(replicas, chunks, devices=lanes)
-            applies = sorted(
-                (e for e in recorded.events if e.phase == Phase.APPLY), key=lambda e: e.start
-            )
-            parallel.append(max(e.end for e in applies) - applies[0].start)
-            busy.append(sum(e.duration for e in applies))
-            starts = [e.start for e in applies]
-            gaps.append(
-                statistics.median(b - a for a, b in zip(starts, starts[1:])) if starts[1:] else 0.0
-            )
-            start = time.perf_counter()
-            for replica, chunk, lane in zip(replicas, chunks, lanes):
-                dpkit.parallel_apply([replica], [chunk], devices=[lane])  # runs in this thread
-            serial.append(time.perf_counter() - start)
-    rounds = sorted(s / p for s, p in zip(serial[1:], parallel[1:]))
-    low, _, high = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else rounds * 3
-    return ApplyOverlap(
-        type(model).__name__,
-        len(lanes),
-        hardware_of(lanes),
-        statistics.median(serial[1:]) * 1e3,
-        statistics.median(parallel[1:]) * 1e3,
-        statistics.median(busy[1:]) * 1e3,
-        (low, high),
-        statistics.median(gaps[1:]) * 1e3,
-        threads,
-        len(inputs),
-    )
+    """Run ``model``'s replicas in parallel and one after another; medians of ``repeats``
+    rounds (at least 4, for the quartiles of the noise)."""
+    return measure_apply_rounds([(model, inputs, threads)], devices, repeats)[0]
 
 
 # --------------------------------------------------------------------------------------
@@ -261,33 +335,70 @@ class StartSuspects:
     load_average: float | None = None
 
     def table(self) -> str:
-        """One line per run: batch, threads, a replica's forward, the start gap, the speed-up."""
+        """One line per run: batch, threads, a replica's forward, the start gap, the speed-up
+        over the same replicas one after another, and what its rounds allow one to say."""
         lines = [
             f"{'batch':>6} {'intra-op threads':>17} {'one forward':>12} {'starts apart':>13}"
-            "   speed-up (middle half of the rounds)"
+            "   speed-up of parallel_apply over one after another"
         ]
         for run in self.runs:
-            low, high = run.speedup_quartiles
             threads = "1 per lane" if run.threads == 1 else f"{torch.get_num_threads()} (default)"
             forward, gap = f"{run.forward_ms:.2f} ms", f"{run.start_gap_ms:.2f} ms"
-            lines.append(
-                f"{run.batch:>6} {threads:>17} {forward:>12} {gap:>13}"
-                f"   {run.speedup:.2f}x ({low:.2f}-{high:.2f}x)"
-            )
+            outcome = dataclasses.replace(run.conclusion(), phrase="")
+            lines.append(f"{run.batch:>6} {threads:>17} {forward:>12} {gap:>13}   {outcome}")
+        lines.extend(beyond_the_cores(self.runs, self.cores))
         return "\n".join(lines)
+
+    def default_threads_conclusion(self) -> verdict.Verdict:
+        """parallel_apply at the largest batch with torch's default intra-op threads (B)
+        against one thread per lane (A), round by round (the rounds were interleaved)."""
+        one_per_lane, default = self.runs[-2], self.runs[-1]
+        rounds = verdict.Rounds.of(one_per_lane.parallel_rounds_ms, default.parallel_rounds_ms)
+        return verdict.conclude(rounds, DEFAULT_THREADS_WORDING)
+
+
+# parallel_apply with torch's default intra-op threads (B) against one per lane (A).
+DEFAULT_THREADS_WORDING = {
+    verdict.Outcome.FASTER: "torch's default threads were faster here: the lanes' ops found "
+    "cores free",
+    verdict.Outcome.SLOWER: "every lane's ops ask for every core, and the lanes wait for "
+    "each other's threads",
+    verdict.Outcome.WITHIN_NOISE: "no difference beyond the run-to-run noise: the lanes already "
+    "kept the cores busy",
+    verdict.Outcome.TOO_NOISY: "the rounds disagree; another program took cores during some",
+}
+
+
+def beyond_the_cores(runs: list[ApplyOverlap], cores: int) -> list[str]:
+    """A note for each run whose median speed-up is above what its cores allow: the excess
+    cannot come from replicas computing at once, so the run says nothing about overlap."""
+    notes = []
+    for run in runs:
+        ceiling = min(run.devices, cores)
+        if run.speedup > ceiling:
+            notes.append(
+                f"Batch {run.batch}, {run.threads or 'default'} intra-op thread(s): a median "
+                f"speed-up of {run.speedup:.2f}x is more than {run.devices} replicas on {cores} "
+                f"cores can give ({ceiling}x). The excess is not overlap: the one-after-another "
+                "run was slowed by something the parallel one escaped (another program, or "
+                "torch's own threads waiting for a busy core), so this row says nothing about "
+                "overlap."
+            )
+    return notes
 
 
 def start_suspects(
     devices: int = 4, batches: tuple[int, ...] = (256, 2048), repeats: int = 5
 ) -> StartSuspects:
-    """Measure each suspect of :class:`StartSuspects` on the demo MLP (256 -> 512 -> 512 -> 10)."""
-    runs = []
+    """Measure each suspect of :class:`StartSuspects` on the demo MLP (256 -> 512 -> 512 -> 10),
+    every setup in the same interleaved rounds (:func:`measure_apply_rounds`)."""
+    setups: list[Setup] = []
     for threads in (1, None):
         for batch in batches if threads == 1 else batches[-1:]:
             torch.manual_seed(0)
-            inputs = torch.randn(batch, 256)
-            runs.append(measure_apply_overlap(demo_model(), inputs, devices, repeats, threads))
-    empty = measure_apply_overlap(nn.Identity(), torch.randn(batches[0], 256), devices, repeats)
+            setups.append((demo_model(), torch.randn(batch, 256), threads))
+    setups.append((nn.Identity(), torch.randn(batches[0], 256), 1))
+    *runs, empty = measure_apply_rounds(setups, devices, repeats)
     python_ms = one_row_forward_ms(demo_model(), 256)
     try:
         load: float | None = os.getloadavg()[0]
@@ -297,12 +408,37 @@ def start_suspects(
 
 
 def gil_comparison(devices: int = 4, repeats: int = 5) -> list[ApplyOverlap]:
-    """The Python-loop forward and the matmul forward, measured the same way."""
+    """The Python-loop forward and the matmul forward, measured the same way, in the same
+    interleaved rounds."""
     torch.manual_seed(0)
-    return [
-        measure_apply_overlap(PythonLoopNet(), torch.randn(64, 16), devices, repeats),
-        measure_apply_overlap(MatmulNet(), torch.randn(1024, 512), devices, repeats),
+    setups: list[Setup] = [
+        (PythonLoopNet(), torch.randn(64, 16), 1),
+        (MatmulNet(), torch.randn(1024, 512), 1),
     ]
+    return measure_apply_rounds(setups, devices, repeats)
+
+
+# How much more threads sped up the matmul forward (B's speed-up over A's, round by round).
+FORWARD_DECIDES_WORDING = {
+    verdict.Outcome.FASTER: "threads sped up the matmuls more than the loop: with the same "
+    "threads and devices, the forward decides",
+    verdict.Outcome.SLOWER: "threads sped up the loop more than the matmuls this time: the "
+    "cores, not the GIL, set the pace (see below why this varies)",
+    verdict.Outcome.WITHIN_NOISE: "threads sped up both alike this time: the cores, not the GIL, "
+    "set the pace (see below why this varies)",
+    verdict.Outcome.TOO_NOISY: "the rounds disagree; another program took cores during some",
+}
+
+
+def forward_decides(loop: ApplyOverlap, matmul: ApplyOverlap) -> verdict.Verdict:
+    """The matmul forward's speed-up over the loop's, round by round (the same rounds)."""
+    speedups = [
+        [a / b for a, b in zip(run.serial_rounds_ms, run.parallel_rounds_ms)]
+        for run in (loop, matmul)
+    ]
+    # as "times": the ratio A/B is the matmul's speed-up over the loop's
+    rounds = verdict.Rounds.of(speedups[1], speedups[0])
+    return verdict.conclude(rounds, FORWARD_DECIDES_WORDING)
 
 
 def overlap_figure(results: list[ApplyOverlap]) -> Figure:
