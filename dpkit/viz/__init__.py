@@ -34,6 +34,7 @@ from dpkit.viz.figures import (
 # module that defines them. This table is the one list of the explorers' public names.
 _LAZY_EXPORTS = {
     "explorer": ("Explorer", "figure_png", "int_slider"),
+    "alt_text": ("figure_alt_text",),
     "quiz": ("Question", "check_your_understanding"),
     "split": (
         "SplitPlan",

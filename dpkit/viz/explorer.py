@@ -4,6 +4,8 @@ An :class:`Explorer` computes data from its controls' values, draws it into a ma
 figure, shows the figure as a PNG in an ``ipywidgets.Image`` and then updates a one-line
 marker naming what is shown (a label with CSS class ``dpkit-marker``: the browser test
 waits for it before comparing images). In a text-only view the explorer shows the marker.
+Under the image, a collapsed "Text description of the figure" holds its text alternative
+(:mod:`dpkit.viz.alt_text`: the title and what the figure shows), for a screen reader.
 
 The surprise first: a redraw's time goes into matplotlib, not into the PNG encoder.
 ``savefig`` draws a constrained-layout figure twice (once to lay it out, once to paint it),
@@ -32,6 +34,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+from dpkit.viz.alt_text import alt_text_html, figure_alt_text
 
 # zlib level 1: the image is a few tens of KB either way; level 6 (the default) costs more
 # time for a few percent fewer bytes.
@@ -221,7 +225,8 @@ class Explorer:
     Values are keyed by each control's label (its ``description``). ``.widget`` is the box to
     display (a cell ending in the explorer shows it); ``.controls[label].value = ...``
     redraws as a slider move does; ``.last_data``, ``.last_figure`` and ``.last_png`` hold
-    what is shown; ``.marker`` is the line naming it, ``marker(data, values)`` its text.
+    what is shown; ``.marker`` is the line naming it, ``marker(data, values)`` its text;
+    ``.alt_text`` is the figure's text alternative, shown in ``.description`` under the image.
     ``.layouts`` remembers the figures' layouts (``reuse_layout=False``: lay out every figure).
     """
 
@@ -243,8 +248,10 @@ class Explorer:
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
         self.marker = widgets.Label(layout=widgets.Layout(width="auto"))
         self.marker.add_class("dpkit-marker")
+        self.description = widgets.HTML()  # the image's text alternative (Image has no alt)
+        self.alt_text = ""
         rows = [widgets.HBox(list(controls[i : i + 2])) for i in range(0, len(controls), 2)]
-        self.widget = widgets.VBox([*rows, self.marker, self.image])
+        self.widget = widgets.VBox([*rows, self.marker, self.image, self.description])
         self.last_data: Any = None
         self.last_figure: Figure | None = None
         self.last_png = b""
@@ -267,6 +274,8 @@ class Explorer:
             f"{round(self.last_figure.get_figwidth() * self.last_figure.dpi)}px"
         )
         self.image.value = self.last_png
+        self.alt_text = figure_alt_text(self.last_figure)
+        self.description.value = alt_text_html(self.alt_text)
         self.marker.value = self._describe(self.last_data, values)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
