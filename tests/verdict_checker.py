@@ -38,7 +38,7 @@ VERDICT = re.compile(
 # Words that state a measured outcome; a line holding one and no verdict cannot be checked.
 CLAIM = re.compile(
     r"\b(faster|slower|overlapp?ed|the noise|noisy|speed-?up was|shrinks|grows|"
-    r"more than the noise|no difference|pays off|did not get faster)\b",
+    r"more than the noise|no difference|pays off|did not get faster|decides|by a factor of)\b",
     re.IGNORECASE,
 )
 
