@@ -14,6 +14,7 @@ import pytest
 
 import dpkit.cost as cost
 from dpkit.cost.models import course_model
+from dpkit.verdict import Outcome
 from dpkit.viz import prediction_check, scaling
 from dpkit.viz.explorer import figure_png
 
@@ -160,13 +161,15 @@ def _comparison(measured_ms: list[float], predicted_ms: float) -> prediction_che
     return prediction_check.Comparison("mlp", 2, 8, None, predicted, measured_ms)
 
 
-def test_a_prediction_is_called_wrong_only_outside_the_measured_spread():
-    steps = [10.0, 10.5, 11.0, 12.0, 14.0, 20.0]  # quartiles 10.375 .. 15.5
-    assert "within the measured spread" in _comparison(steps, 12.5).verdict()
-    assert "within the measured spread" in _comparison(steps, 10.0).verdict()
-    assert "faster than the fastest" in _comparison(steps, 8.0).verdict()
-    assert "slower than the upper quartile" in _comparison(steps, 17.0).verdict()
-    assert _comparison(steps, 11.5).error == pytest.approx(11.5 / 11.5 - 1)
+def test_a_prediction_is_judged_on_the_middle_half_of_the_measured_steps():
+    tight = [10.0, 10.1, 10.2, 10.3, 10.4, 10.5]  # steps over the prediction: middle half
+    assert _comparison(tight, 10.25).verdict().outcome is Outcome.WITHIN_NOISE  # 0.99-1.01
+    faster = _comparison(tight, 8.0).verdict()  # every step 1.25-1.31x the prediction
+    assert faster.outcome is Outcome.FASTER and "leaves out" in str(faster)
+    assert _comparison(tight, 13.0).verdict().outcome is Outcome.SLOWER  # 0.77-0.81x
+    wide = [8.0, 9.0, 10.0, 12.0, 14.0, 16.0]  # a loaded machine: 0.82-1.23x of 11 ms
+    assert _comparison(wide, 11.0).verdict().outcome is Outcome.TOO_NOISY
+    assert _comparison(tight, 10.25).error == pytest.approx(10.25 / 10.25 - 1)
 
 
 def test_measured_against_predicted_on_lanes():

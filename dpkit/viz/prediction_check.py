@@ -4,8 +4,9 @@ machine's lanes, with the error judged against the measurement's own noise.
 The surprise first: on a machine shared with other programs, one measured step is not "the"
 step time. Calibration (:func:`dpkit.cost.calibrate`) keeps the fastest of its repeats, so
 a prediction from it is of the machine at its quietest; real steps are slower whenever
-something else runs. So the measured steps are kept, all of them, and a prediction is
-called wrong only where it falls outside their spread (:meth:`Comparison.verdict`).
+something else runs. So the measured steps are kept, all of them, each one a round against
+the prediction, and the prediction is judged on their middle half, as every measured
+conclusion of the course is (:mod:`dpkit.verdict`, :meth:`Comparison.verdict`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dpkit import cost
 from dpkit.cost.models import course_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.export import as_dataframe
+from dpkit.verdict import Load, Outcome, Rounds, Verdict, conclude, machine_load
 from dpkit.viz.common import intra_op_threads
 from dpkit.viz.scaling import phase_timeline
 
@@ -41,6 +43,7 @@ class Comparison:
     measured: Trace
     predicted: Any  # a dpkit.cost.PredictedTrace
     measured_ms: list[float]
+    load: Load | None = None  # how busy other programs kept the cores while the steps ran
 
     @property
     def quartiles_ms(self) -> tuple[float, float, float]:
@@ -71,26 +74,25 @@ class Comparison:
         low, _, high = self.quartiles_ms
         return (high - low) / 2 / self.median_ms
 
-    def verdict(self) -> str:
-        """Whether the prediction lies within the measured steps' spread (from the fastest
-        to the upper quartile), and by how much it misses if not."""
-        _, _, high = self.quartiles_ms
-        fastest, predicted = self.fastest_ms, self.predicted_ms
-        if fastest <= predicted <= high:
-            return (
-                f"The prediction lies within the measured spread ({fastest:.2f}-{high:.2f} ms, "
-                "fastest to upper quartile): its error is no larger than the noise."
-            )
-        if predicted < fastest:
-            return (
-                f"The prediction is {1 - predicted / fastest:.0%} faster than the fastest "
-                "measured step: more than the noise; the model misses some of this machine's "
-                "costs (see the phases below)."
-            )
-        return (
-            f"The prediction is {predicted / high - 1:.0%} slower than the upper quartile of "
-            "the measured steps: more than the noise; the model overestimates some costs."
-        )
+    def verdict(self) -> Verdict:
+        """The measured steps against the prediction, each step one round
+        (:mod:`dpkit.verdict`): the steps' times over the predicted time, judged on their
+        middle half. Above 1 throughout: the prediction is faster than three steps in four
+        (the model leaves out some of this machine's costs, or other programs slowed the
+        steps: ``load`` says how busy they kept the cores)."""
+        busy = f" ({self.load})" if self.load is not None else ""
+        wording = {
+            Outcome.FASTER: "the prediction is faster than three measured steps in four: "
+            f"the model leaves out some of this machine's costs, or other programs slowed "
+            f"the steps{busy}",
+            Outcome.SLOWER: "the prediction is slower than three measured steps in four: "
+            "the model overestimates some costs",
+            Outcome.WITHIN_NOISE: "the prediction lies within the measured steps' spread",
+            Outcome.TOO_NOISY: f"the steps vary more than that at this load{busy}: they "
+            "cannot judge the model; rerun on a quieter machine",
+        }
+        predicted = self.predicted_ms
+        return conclude(Rounds.of(self.measured_ms, [predicted] * len(self.measured_ms)), wording)
 
     def phase_errors(self) -> Any:
         """Each phase's time in the median measured step and predicted, and the error."""
@@ -128,7 +130,7 @@ def measure_against_prediction(
     batch_data = (sample_input(batch), torch.randint(0, 10, (batch,)))
     images, labels = dpkit.to_device(batch_data, lanes[0])
     runs = []
-    with intra_op_threads(1):
+    with intra_op_threads(1), machine_load() as load:
         for _ in range(steps + 1):  # the first warms up
             module.zero_grad(set_to_none=True)
             with dpkit.trace() as recorded:
@@ -140,7 +142,7 @@ def measure_against_prediction(
     # the cost model profiles its own copy of the model, on the host
     predicted = cost.predict(course_model(model_name), sample_input(), batch, devices, hardware)
     walls = [wall * 1e3 for wall, _ in runs]
-    return Comparison(model_name, devices, batch, median_trace, predicted, walls)
+    return Comparison(model_name, devices, batch, median_trace, predicted, walls, load)
 
 
 def comparison_figure(comparison: Comparison) -> Figure:
