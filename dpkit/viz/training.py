@@ -297,7 +297,8 @@ def speedup_figure(rows: list[SpeedupRow]) -> Figure:
     figure = Figure(figsize=(FIGURE_WIDTH, 3.0), dpi=FIGURE_DPI, layout="constrained")
     times, ratio = figure.subplots(1, 2)
     batches = [r.batch for r in rows]
-    times.plot(batches, [r.single_ms for r in rows], "o-", color=OTHER_COLOR, label="1 device")
+    # a marker and a dash of its own: the two lines differ by more than their colours
+    times.plot(batches, [r.single_ms for r in rows], "s--", color=OTHER_COLOR, label="1 device")
     times.plot(
         batches,
         [r.parallel_ms for r in rows],
