@@ -76,7 +76,7 @@ notebooks: venv
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: venv
-	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
+	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=. notebooks/00_start_here.ipynb
 
 # Mutation testing of the core (benchmarks/mutation.py): results in benchmarks/results/mutation.*,
 # caches in build/mutation/ (a rerun tests only what changed). FILES="dpkit/comm.py ..." runs
