@@ -61,6 +61,12 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_command(args: argparse.Namespace) -> int:
+    from dpkit.environment import check_environment
+
+    return 0 if check_environment().ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpkit", description="Data parallelism in PyTorch, on real or virtual devices."
@@ -89,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=at_least_one, default=3, help="training steps to trace")
     demo.add_argument("--out", default=".", help="folder for the figures and trace.json")
     demo.set_defaults(run=_demo_command)
+    check = commands.add_parser(
+        "check",
+        help="is this environment ready for the course? a line per item (exit 1 if not)",
+        description="Check Python, torch, the devices dpkit will use and the widget stack "
+        "(JupyterLab, the classic Notebook or Colab): the same check notebook 00 runs first.",
+    )
+    check.set_defaults(run=_check_command)
     add_grade_command(commands)
     add_ddp_command(commands)
     add_predict_command(commands)

@@ -8,6 +8,7 @@ fine), and a torch too old for dpkit.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -57,8 +58,18 @@ def _widget_extension_installed() -> bool:
     return (share / "jupyterlab-manager").exists()
 
 
+def front_end() -> str:
+    """Where the notebooks are shown: ``"colab"`` (Google Colab draws widgets with its own
+    manager) or ``"jupyter"`` (JupyterLab or the classic Notebook, from this environment)."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
+        return "colab"
+    return "jupyter"
+
+
 def check_environment(verbose: bool = True) -> EnvironmentReport:
-    """Check torch, the devices dpkit will use, and the widget stack; print and return it."""
+    """Check torch, the devices dpkit will use, and the widget stack; print and return it.
+    The widget front end may be JupyterLab (jupyterlab_widgets 3), the classic Notebook
+    (widgetsnbextension 4) or Colab (its own, nothing to install)."""
     report = EnvironmentReport()
     report.add(sys.version_info >= (3, 10), f"python {platform.python_version()} (needs >= 3.10)")
     report.add(_torch_ok(), f"torch {torch.__version__} (needs >= 2.4)")
@@ -68,17 +79,22 @@ def check_environment(verbose: bool = True) -> EnvironmentReport:
     report.add(True, describe_choice(4))
     ipywidgets, lab_widgets = _version("ipywidgets"), _version("jupyterlab_widgets")
     report.add(ipywidgets is not None, f"ipywidgets {ipywidgets or 'missing: pip install it'}")
-    matching = _major(ipywidgets) == 8 and _major(lab_widgets) == 3
-    report.add(
-        matching,
-        f"jupyterlab_widgets {lab_widgets or 'missing'} "
-        "(ipywidgets 8 needs jupyterlab_widgets 3, else 'Error displaying widget')",
-    )
-    report.add(
-        _widget_extension_installed(),
-        "widget extension for JupyterLab in this environment",
-        required=False,
-    )
+    if front_end() == "colab":
+        report.add(True, "front end: Colab, which draws the widgets itself")
+    else:
+        classic = _version("widgetsnbextension")
+        matching = _major(ipywidgets) == 8 and (_major(lab_widgets) == 3 or _major(classic) == 4)
+        report.add(
+            matching,
+            f"jupyterlab_widgets {lab_widgets or 'missing'}, widgetsnbextension "
+            f"{classic or 'missing'} (ipywidgets 8 needs jupyterlab_widgets 3 for JupyterLab "
+            "or widgetsnbextension 4 for the classic Notebook, else 'Error displaying widget')",
+        )
+        report.add(
+            _widget_extension_installed(),
+            "widget extension for JupyterLab in this environment",
+            required=False,
+        )
     report.add(_version("matplotlib") is not None, f"matplotlib {_version('matplotlib')}")
     if verbose:
         print(report)

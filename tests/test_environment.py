@@ -30,3 +30,31 @@ def test_the_check_and_its_module_have_different_names():
     assert dpkit.environment is module  # not shadowed by a function, as dpkit.check was
     assert module.check_environment is dpkit.check_environment
     assert "check_environment" in dpkit.__all__ and not hasattr(dpkit, "check")
+
+
+def test_dpkit_check_prints_the_report_and_exits_0_when_ready(capsys):
+    from dpkit.cli import main
+
+    status = main(["check"])
+    printed = capsys.readouterr().out
+    assert printed.strip().endswith("ready for the course") and status == 0
+
+
+def test_on_colab_the_widgets_need_no_jupyterlab_extension(monkeypatch, capsys):
+    from dpkit import environment
+
+    versions = {"ipywidgets": "8.1.9", "matplotlib": "3.11.2"}  # no jupyterlab_widgets
+    monkeypatch.setattr(environment, "_version", versions.get)
+    assert not environment.check_environment(verbose=False).ok  # in JupyterLab: FAIL
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261201-060000_RC00")
+    report = environment.check_environment(verbose=False)
+    assert report.ok and any("Colab" in line for line in report.lines)
+
+
+def test_the_classic_notebook_s_widget_extension_is_enough(monkeypatch):
+    from dpkit import environment
+
+    versions = {"ipywidgets": "8.1.9", "widgetsnbextension": "4.0.14", "matplotlib": "3.11.2"}
+    monkeypatch.setattr(environment, "_version", versions.get)
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    assert environment.check_environment(verbose=False).ok
