@@ -26,7 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dpkit
 from dpkit import pitfalls
+from dpkit.pitfalls import timing as step_timing
 from dpkit.pitfalls.timing import StepComparison, Timing
+from dpkit.verdict import Outcome
 from tests.lanes import lanes as cpu_lanes
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "08_pitfalls.ipynb"
@@ -97,22 +99,41 @@ def timing(*rounds_ms: float) -> Timing:
     return Timing(tuple(rounds_ms))
 
 
-def test_a_verdict_needs_the_middle_halves_of_the_rounds_apart():
+def test_the_conclusion_is_dpkit_verdict_s_on_the_paired_rounds():
     apart = StepComparison(16, 4, timing(1, 1.1, 1.2, 1.3, 1.4), timing(20, 21, 22, 23, 24))
-    assert apart.clear and apart.ratio == pytest.approx(22 / 1.2)
-    assert apart.verdict() == "batch 16: DataParallel was 18.3x slower than one device"
-    overlapping = StepComparison(16, 4, timing(1, 2, 3, 4, 5), timing(2, 3, 4, 5, 6))
-    assert not overlapping.clear
-    assert "no difference beyond the run-to-run noise" in overlapping.verdict()
+    assert apart.conclusion().outcome is Outcome.SLOWER
+    assert str(apart.conclusion()).startswith("0.05x (middle half of the rounds: 0.05-0.06x)")
+    assert "DataParallel was slower than one device" in str(apart.conclusion())
+    # round by round: the step times rise together (another program), the ratio stays near 1
+    together = StepComparison(16, 4, timing(1, 2, 3, 4, 5), timing(1.02, 2, 3.03, 3.9, 5.1))
+    assert together.conclusion().outcome is Outcome.WITHIN_NOISE
+    mixed = StepComparison(16, 4, timing(1, 2, 3, 4, 5), timing(2, 1, 4, 3, 6))
+    assert mixed.conclusion().outcome is Outcome.TOO_NOISY
 
 
-def test_compare_step_times_measures_both_and_names_a_bad_round_count(lanes):
+def test_compare_step_times_measures_both_in_the_same_rounds_and_names_a_bad_count(lanes):
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
-    measured = pitfalls.compare_step_times(model, lanes, batch=8, rounds=3)
-    assert len(measured.single.rounds_ms) == len(measured.parallel.rounds_ms) == 3
+    measured = pitfalls.compare_step_times(model, lanes, batch=8, rounds=4)
+    assert len(measured.single.rounds_ms) == len(measured.parallel.rounds_ms) == 4
     assert min(measured.single.rounds_ms + measured.parallel.rounds_ms) > 0
-    with pytest.raises(ValueError, match="rounds=2"):
-        pitfalls.compare_step_times(model, lanes, batch=8, rounds=2)
+    assert measured.conclusion().rounds == 4
+    with pytest.raises(ValueError, match="rounds=3"):
+        pitfalls.compare_step_times(model, lanes, batch=8, rounds=3)
+
+
+def test_every_round_runs_one_step_of_each_back_to_back(lanes, monkeypatch):
+    # notebook 05 interleaves its rounds; timed in blocks instead, one program starting
+    # midway lands in one side's block only, and 05 and 08 disagreed in one sitting
+    order = []
+
+    def step(net, model, inputs):
+        order.append("parallel" if isinstance(net, dpkit.DataParallel) else "single")
+        return 1.0
+
+    monkeypatch.setattr(step_timing, "_step_ms", step)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    pitfalls.compare_step_times(model, lanes, batch=8, rounds=5)
+    assert order == ["single", "parallel"] * 6  # a warm-up round, then 5
 
 
 def test_the_model_moves_more_bytes_per_step_than_a_small_batch(lanes):

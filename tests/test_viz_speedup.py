@@ -11,6 +11,7 @@ from torch import nn
 import dpkit
 import dpkit.cost as cost
 from dpkit import viz
+from dpkit.verdict import Outcome
 from dpkit.viz import speedup
 from dpkit.viz.common import demo_model
 from tests.lanes import lanes
@@ -22,11 +23,18 @@ def _series(single: list[float], parallel: list[float]) -> speedup.SpeedupSeries
     return speedup.SpeedupSeries(4, "test", (64,), {64: single}, {64: parallel})
 
 
-def test_a_verdict_needs_the_whole_interquartile_range_on_one_side_of_1():
-    assert _series([10.0] * 5, [5.0, 6.0, 4.0, 5.0, 5.5]).verdict(64) == "faster"
-    assert _series([10.0] * 5, [20.0, 19.0, 25.0, 30.0, 21.0]).verdict(64) == "slower"
-    # a median above 1, but a quarter of the rounds below it: no conclusion
-    assert _series([10.0] * 5, [8.0, 9.0, 9.5, 12.0, 13.0]).verdict(64) == "within the noise"
+def test_a_batch_s_conclusion_is_dpkit_verdict_s_on_its_rounds():
+    def outcome(parallel: list[float]) -> Outcome:
+        return _series([10.0] * 5, parallel).conclusion(64).outcome
+
+    assert outcome([5.0, 6.0, 4.0, 5.0, 5.5]) is Outcome.FASTER
+    assert outcome([20.0, 19.0, 25.0, 30.0, 21.0]) is Outcome.SLOWER
+    # a median above 1, but a quarter of the rounds well below it: no conclusion
+    assert outcome([8.0, 9.0, 9.5, 12.0, 13.0]) is Outcome.TOO_NOISY
+    assert outcome([9.8, 10.0, 10.2, 9.9, 10.1]) is Outcome.WITHIN_NOISE
+    sentence = str(_series([10.0] * 5, [20.0, 19.0, 25.0, 30.0, 21.0]).conclusion(64))
+    assert sentence.startswith("0.48x (middle half of the rounds: 0.40-0.50x) → slower: ")
+    assert "DataParallel was slower than one device" in sentence
     assert _series([10.0, 20.0], [5.0, 40.0]).speedups(64) == [2.0, 0.5]
 
 
@@ -36,8 +44,9 @@ def test_measured_rounds_pair_each_one_device_step_with_a_dataparallel_step():
     for batch in series.batches:
         assert len(series.single_ms[batch]) == len(series.parallel_ms[batch]) == 4
         assert all(ms > 0 for ms in series.single_ms[batch] + series.parallel_ms[batch])
-        assert series.verdict(batch) in ("faster", "slower", "within the noise")
+        assert series.conclusion(batch).ratio == pytest.approx(series.quartiles(batch)[1])
     assert "virtual devices on the CPU" in series.hardware
+    assert series.load is not None and series.load.cores >= 1  # said with the verdicts
     with pytest.raises(ValueError, match="rounds"):
         speedup.measure_speedups(rounds=3)
 

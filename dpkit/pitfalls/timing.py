@@ -2,9 +2,10 @@
 
 The surprise first: DataParallel pays a fixed price every step (copy the model to every
 other device, start one thread per replica, gather, reduce the gradients), whatever the
-batch. A small batch is all price; a large one hides it. A verdict here is only given when
-the middle halves of the two sets of rounds do not overlap; otherwise the difference is
-within the noise of this machine.
+batch. A small batch is all price; a large one hides it. The two run in interleaved rounds
+(in every round one step of each, back to back, as notebook 05 does), and the conclusion is
+:mod:`dpkit.verdict`'s: faster or slower only where the middle half of the rounds' speed-ups
+lies on one side of 1, otherwise within the noise or too noisy to tell at this load.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit import verdict
 from dpkit.threads import intra_op_threads
 
 
@@ -42,54 +44,49 @@ class Timing:
 
 @dataclass(frozen=True)
 class StepComparison:
-    """One training step of the plain model vs the same step through DataParallel."""
+    """One training step of the plain model vs the same step through DataParallel, measured
+    in the same rounds: ``single.rounds_ms[i]`` and ``parallel.rounds_ms[i]`` ran back to back."""
 
     batch: int
     devices: int
     single: Timing
     parallel: Timing
 
-    @property
-    def ratio(self) -> float:
-        """How many times one device's step time DataParallel took."""
-        return self.parallel.median / self.single.median
-
-    @property
-    def clear(self) -> bool:
-        """Whether the two differ beyond the spread of their rounds (no quartile overlap)."""
-        single_low, single_high = self.single.quartiles
-        parallel_low, parallel_high = self.parallel.quartiles
-        return single_high < parallel_low or parallel_high < single_low
-
-    def verdict(self) -> str:
-        if not self.clear:
-            return f"batch {self.batch}: no difference beyond the run-to-run noise"
-        slower = "slower" if self.ratio > 1 else "faster"
-        times = self.ratio if self.ratio > 1 else 1 / self.ratio
-        return f"batch {self.batch}: DataParallel was {times:.1f}x {slower} than one device"
+    def conclusion(self) -> verdict.Verdict:
+        """What the rounds allow one to say about DataParallel against one device."""
+        rounds = verdict.Rounds.of(self.single.rounds_ms, self.parallel.rounds_ms)
+        return verdict.conclude(rounds, WORDING)
 
 
-def _step_ms(net: nn.Module, model: nn.Module, inputs: torch.Tensor, rounds: int) -> Timing:
-    measured = []
-    for _ in range(rounds + 1):  # the first round warms up
-        start = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        net(inputs).square().mean().backward()
-        measured.append((time.perf_counter() - start) * 1e3)
-    return Timing(tuple(measured[1:]))
+WORDING = {
+    verdict.Outcome.FASTER: "DataParallel was faster than one device in three rounds of four",
+    verdict.Outcome.SLOWER: "DataParallel was slower than one device in three rounds of four",
+}
+
+
+def _step_ms(net: nn.Module, model: nn.Module, inputs: torch.Tensor) -> float:
+    start = time.perf_counter()
+    model.zero_grad(set_to_none=True)
+    net(inputs).square().mean().backward()
+    return (time.perf_counter() - start) * 1e3
 
 
 def compare_step_times(
     model: nn.Module, lanes: list[dpkit.Device], batch: int, rounds: int = 7
 ) -> StepComparison:
     """Time ``rounds`` training steps of ``model`` alone and through DataParallel on
-    ``lanes``, with one intra-op thread (so that "one device" is the same compute in both)."""
-    if rounds < 3:
-        raise ValueError(f"rounds={rounds}: quartiles need at least 3 rounds; pass rounds>=3")
+    ``lanes`` in interleaved rounds (one step of each per round, after one warm-up step of
+    each), with one intra-op thread (so that "one device" is the same compute in both)."""
+    if rounds < 4:
+        raise ValueError(f"rounds={rounds}: the quartiles of the noise need at least 4 rounds")
     in_features = next(module for module in model.modules() if isinstance(module, nn.Linear))
     inputs = dpkit.to_device(torch.randn(batch, in_features.in_features), lanes[0])
     parallel = dpkit.DataParallel(model, device_ids=lanes)
+    single_ms, parallel_ms = [], []
     with intra_op_threads(1):
-        single = _step_ms(model, model, inputs, rounds)
-        through_parallel = _step_ms(parallel, model, inputs, rounds)
-    return StepComparison(batch, len(lanes), single, through_parallel)
+        _step_ms(model, model, inputs)
+        _step_ms(parallel, model, inputs)
+        for _ in range(rounds):
+            single_ms.append(_step_ms(model, model, inputs))
+            parallel_ms.append(_step_ms(parallel, model, inputs))
+    return StepComparison(batch, len(lanes), Timing(tuple(single_ms)), Timing(tuple(parallel_ms)))

@@ -5,16 +5,15 @@ run says DataParallel pays off from batch 256, the next that it never does, beca
 program took a core during some of the steps. So the steps are measured in *rounds*: in
 every round each batch size runs one step on one device and then one with DataParallel,
 back to back, so that both see the same moment of the machine, and each round gives one
-speed-up per batch. The rounds' spread is the noise, and a batch is called faster or slower
-only where the whole interquartile range of its speed-ups lies on one side of 1
-(:meth:`SpeedupSeries.verdict`). Next to that, the cost model's prediction from a
-calibration of this machine (:func:`predicted_speedups`).
+speed-up per batch. The rounds' spread is the noise, and each batch's conclusion comes from
+:mod:`dpkit.verdict` (faster or slower only where the whole middle half of its speed-ups
+lies on one side of 1; :meth:`SpeedupSeries.conclusion`). Next to that, the cost model's
+prediction from a calibration of this machine (:func:`predicted_speedups`).
 """
 
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit import cost
+from dpkit import cost, verdict
 from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, demo_model, hardware_of, intra_op_threads
 from dpkit.viz.figures import HIGHLIGHT_COLOR, MEASURED_COLOR
 
@@ -41,6 +40,7 @@ class SpeedupSeries:
     batches: tuple[int, ...]
     single_ms: dict[int, list[float]]
     parallel_ms: dict[int, list[float]]
+    load: verdict.Load | None = None  # what other programs used while the rounds ran
 
     def speedups(self, batch: int) -> list[float]:
         """One speed-up per round: that round's one-device step over its DataParallel step."""
@@ -48,17 +48,21 @@ class SpeedupSeries:
 
     def quartiles(self, batch: int) -> tuple[float, float, float]:
         """Lower quartile, median and upper quartile of the rounds' speed-ups."""
-        low, middle, high = statistics.quantiles(self.speedups(batch), n=4)
-        return low, middle, high
+        return self.rounds(batch).quartiles()
 
-    def verdict(self, batch: int) -> str:
-        """ "faster", "slower", or "within the noise" (the quartiles straddle 1)."""
-        low, _, high = self.quartiles(batch)
-        if low > 1:
-            return "faster"
-        if high < 1:
-            return "slower"
-        return "within the noise"
+    def rounds(self, batch: int) -> verdict.Rounds:
+        """The batch's rounds: one device (A) against DataParallel (B), round by round."""
+        return verdict.Rounds.of(self.single_ms[batch], self.parallel_ms[batch])
+
+    def conclusion(self, batch: int) -> verdict.Verdict:
+        """What the rounds allow one to say about DataParallel against one device."""
+        return verdict.conclude(self.rounds(batch), SPEEDUP_WORDING)
+
+
+SPEEDUP_WORDING = {
+    verdict.Outcome.FASTER: "DataParallel was faster than one device in three rounds of four",
+    verdict.Outcome.SLOWER: "DataParallel was slower than one device in three rounds of four",
+}
 
 
 def _step(net: nn.Module, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> float:
@@ -93,7 +97,7 @@ def measure_speedups(
     together: dict[int, list[float]] = {batch: [] for batch in batches}
     order = list(batches)
     shuffle = random.Random(seed).shuffle
-    with intra_op_threads(threads):
+    with intra_op_threads(threads), verdict.machine_load() as load:
         for batch in batches:  # warm up both paths once
             _step(model, model, *data[batch])
             _step(parallel, model, *data[batch])
@@ -102,7 +106,7 @@ def measure_speedups(
             for batch in order:
                 single[batch].append(_step(model, model, *data[batch]))
                 together[batch].append(_step(parallel, model, *data[batch]))
-    return SpeedupSeries(len(lanes), hardware_of(lanes), tuple(batches), single, together)
+    return SpeedupSeries(len(lanes), hardware_of(lanes), tuple(batches), single, together, load)
 
 
 def predicted_speedups(
