@@ -125,3 +125,16 @@ def test_two_nodes_of_two_ranks_on_localhost_through_torchrun(tmp_path):
     assert "node 0 (torchrun --node_rank=0): exit status 0" in result.stdout
     assert "node 1 (torchrun --node_rank=1): exit status 0" in result.stdout
     assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("gpus", "ranks_on_the_node", "cuda"),
+    [(0, 1, False), (1, 1, True), (1, 2, False), (8, 8, True)],
+)
+def test_every_rank_of_a_node_picks_the_same_backend(monkeypatch, gpus, ranks_on_the_node, cuda):
+    from dpkit.ddp import train
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    # one answer for the node, whichever local rank asks: 2 ranks on 1 GPU both take gloo
+    assert train.every_rank_has_a_gpu(ranks_on_the_node) is cuda

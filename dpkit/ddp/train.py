@@ -72,9 +72,19 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _world_from_environment() -> None:
     """Run as a world of one when started by plain ``python`` (torchrun sets these)."""
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", GROUP_RANK="0")
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0"
+        )
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(checks.free_port()))
+
+
+def every_rank_has_a_gpu(local_world_size: int) -> bool:
+    """Whether this node's ranks train on CUDA with NCCL: only when each of its
+    ``local_world_size`` ranks has a GPU of its own. Every rank of the node decides alike;
+    deciding by its own local rank would put rank 0 on NCCL and rank 1 on gloo on a 1-GPU
+    box under ``--nproc_per_node=2``, and the first collective would hang until the timeout."""
+    return torch.cuda.is_available() and local_world_size <= torch.cuda.device_count()
 
 
 def _clock_offset(rank_zero_host: str) -> float:
@@ -116,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _world_from_environment()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    cuda = every_rank_has_a_gpu(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)  # before init: NCCL binds this rank to its GPU
