@@ -198,14 +198,14 @@ H100_PCIE_URL = (
 def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
     """Two TITAN RTX joined by an NVLink bridge (NV2), as in Hugging Face's DP/DDP runs.
 
-    From the 8xV100-NVLink preset (a GPU box: its host overheads, its achieved fractions:
-    FP32 0.94 and FP16 tensor cores 0.69 [dle-rnx101], memory 0.8), with the TITAN RTX's
-    spec sheet: FP32 16.3 TFLOP/s, tensor 130 TFLOP/s, GDDR6 672 GB/s, 24 GB [Tom's
-    Hardware, NVIDIA's launch specs]; NVLink: two x8 links of 25 GB/s per direction, "up to 100 GB/s in total" both ways [NVIDIA forum answer;
-    TechPowerUp], so 50 GB/s one way, times the V100 preset's assumed 0.8 = 40 GB/s;
-    PCIe 3.0 x16 (TU102's Quadro RTX 8000 sheet; the T4 preset's PCIe 3 link, 0.8 of
-    15.75 GB/s, assumed). ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL goes through
-    host memory, which the model prices as PCIe down and up (half the PCIe link)."""
+    From the 8xV100-NVLink preset (a GPU box: its host overheads, its achieved fractions: FP32 0.94
+    and FP16 tensor cores 0.69 [dle-rnx101], memory 0.8), with the TITAN RTX's spec sheet: FP32 16.3
+    TFLOP/s, tensor 130 TFLOP/s, GDDR6 672 GB/s, 24 GB [Tom's Hardware, NVIDIA's launch specs];
+    NVLink: two x8 links of 25 GB/s per direction, "up to 100 GB/s in total" both ways [NVIDIA forum
+    answer; TechPowerUp], so 50 GB/s one way, times the V100 preset's assumed 0.8 = 40 GB/s; PCIe
+    3.0 x16 (TU102's Quadro RTX 8000 sheet; the T4 preset's PCIe 3 link, 0.8 of 15.75 GB/s,
+    assumed). ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL goes through host memory, which the
+    model prices as PCIe down and up (half the PCIe link)."""
     v100 = cost.preset("8xV100-NVLink")
     return replace(
         v100,
