@@ -21,6 +21,8 @@ Every conclusion prints in one form, the numbers first (:meth:`Verdict.__str__`)
     0.98x (middle half of the rounds: 0.71-1.40x) → too noisy to tell at this load (±10%): ...
 
 so that a reader (and ``tests/verdict_checker.py``) can check the outcome against them.
+A comparison of sizes rather than times (an idle share, a byte count) prints *smaller* and
+*larger* for faster and slower (``labels=SIZE_LABELS``): same rule, words that fit.
 :func:`machine_load` measures how much of the machine other programs used meanwhile, for
 the sentence that says why a lesson varies.
 """
@@ -55,6 +57,10 @@ DEFAULT_WORDING: Mapping[Outcome, str] = {
     Outcome.WITHIN_NOISE: "no difference beyond the run-to-run noise",
     Outcome.TOO_NOISY: "the rounds disagree by more than that; rerun on a quieter machine",
 }
+
+
+# How the outcome prints when A and B are sizes, not times: B/A below 1 reads "smaller".
+SIZE_LABELS: Mapping[Outcome, str] = {Outcome.FASTER: "smaller", Outcome.SLOWER: "larger"}
 
 
 @dataclass(frozen=True)
@@ -123,10 +129,11 @@ class Verdict:
     phrase: str  # the caller's words for this outcome
     tolerance: float = TOLERANCE
     rounds: int | None = field(default=None, compare=False)
+    labels: Mapping[Outcome, str] | None = field(default=None, compare=False)  # SIZE_LABELS
 
     def __str__(self) -> str:
         numbers = f"{self.ratio:.2f}x (middle half of the rounds: {self.low:.2f}-{self.high:.2f}x)"
-        outcome = self.outcome.value
+        outcome = (self.labels or {}).get(self.outcome, self.outcome.value)
         if self.outcome in (Outcome.WITHIN_NOISE, Outcome.TOO_NOISY):
             outcome += f" (±{self.tolerance:.0%})"
         return f"{numbers} {ARROW} {outcome}" + (f": {self.phrase}" if self.phrase else "")
@@ -144,21 +151,24 @@ def _verdict(
     wording: Mapping[Outcome, str] | None,
     tolerance: float,
     rounds: int | None,
+    labels: Mapping[Outcome, str] | None = None,
 ) -> Verdict:
     outcome = judge(low, high, tolerance)
-    words = {**DEFAULT_WORDING, **(wording or {})}
-    return Verdict(outcome, ratio, low, high, words[outcome], tolerance, rounds)
+    sized = {o: f"{label} in three rounds of four" for o, label in (labels or {}).items()}
+    words = {**DEFAULT_WORDING, **sized, **(wording or {})}
+    return Verdict(outcome, ratio, low, high, words[outcome], tolerance, rounds, labels)
 
 
 def conclude(
     rounds: Rounds,
     wording: Mapping[Outcome, str] | None = None,
     tolerance: float = TOLERANCE,
+    labels: Mapping[Outcome, str] | None = None,
 ) -> Verdict:
     """The conclusion ``rounds`` allow, in ``wording`` (a phrase per outcome; missing ones
-    from :data:`DEFAULT_WORDING`)."""
+    from :data:`DEFAULT_WORDING`); ``labels``: :data:`SIZE_LABELS` where A and B are sizes."""
     low, middle, high = rounds.quartiles()
-    return _verdict(middle, low, high, wording, tolerance, len(rounds.ratios))
+    return _verdict(middle, low, high, wording, tolerance, len(rounds.ratios), labels)
 
 
 def conclude_from_quartiles(

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dpkit.verdict import (
+    SIZE_LABELS,
     Outcome,
     Rounds,
     conclude,
@@ -119,3 +120,16 @@ def test_the_checker_flags_a_verdict_its_numbers_contradict_and_an_unformed_clai
     ]
     old_03 = "Same threads, same devices: the model's forward decides, by a factor of 0.4."
     assert unchecked_claims(old_03) == [old_03]  # printed whatever was measured
+
+
+def test_sizes_print_smaller_and_larger_and_the_checker_reads_them_as_faster_and_slower():
+    shares = conclude(
+        Rounds.of([0.5, 0.55, 0.6, 0.52], [0.3, 0.31, 0.28, 0.33]), labels=SIZE_LABELS
+    )
+    assert str(shares) == (
+        "1.72x (middle half of the rounds: 1.64-1.87x) → smaller: smaller in three rounds of four"
+    )
+    assert check_text(f"idle share: {shares}") == []
+    (problem,) = check_text("0.60x (middle half of the rounds: 0.50-0.70x) → smaller")
+    assert "means slower" in problem
+    assert unchecked_claims("the bubble shrank from m=1 to m=8") != []  # 07's old sentence

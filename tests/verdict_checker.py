@@ -4,6 +4,7 @@ A verdict prints in one form (dpkit.verdict)::
 
     1.23x (middle half of the rounds: 1.01-1.56x) → faster: ...
     0.98x (middle half of the rounds: 0.71-1.40x) → too noisy to tell at this load (±10%): ...
+    1.80x (middle half of the rounds: 1.52-2.04x) → smaller: ... (sizes: smaller = faster)
 
 The rule is restated here from the words of the course, not imported, so that a change to the
 helper's rule that the notebooks' text no longer matches shows up: faster when the whole
@@ -29,15 +30,17 @@ from pathlib import Path
 import nbformat
 
 OUTCOMES = ("faster", "slower", "within the noise", "too noisy to tell at this load")
+# A comparison of sizes (an idle share) says smaller and larger for faster and slower.
+SIZE_WORDS = {"smaller": "faster", "larger": "slower"}
 DEFAULT_TOLERANCE = 0.10
 _NUMBER = r"(\d+(?:\.\d+)?)"
 VERDICT = re.compile(
     rf"{_NUMBER}x \(middle half of the rounds: {_NUMBER}-{_NUMBER}x\) → "
-    rf"({'|'.join(OUTCOMES)})(?: \(±(\d+)%\))?"
+    rf"({'|'.join((*OUTCOMES, *SIZE_WORDS))})(?: \(±(\d+)%\))?"
 )
 # Words that state a measured outcome; a line holding one and no verdict cannot be checked.
 CLAIM = re.compile(
-    r"\b(faster|slower|overlapp?ed|the noise|noisy|speed-?up was|shrinks|grows|"
+    r"\b(faster|slower|overlapp?ed|the noise|noisy|speed-?up was|shrinks|shrank|shrinking|grows|"
     r"more than the noise|no difference|pays off|did not get faster|decides|by a factor of)\b",
     re.IGNORECASE,
 )
@@ -91,6 +94,7 @@ def find_verdicts(text: str) -> list[FoundVerdict]:
     for line in text.splitlines():
         for match in VERDICT.finditer(line):
             ratio, low, high, outcome, percent = match.groups()
+            outcome = SIZE_WORDS.get(outcome, outcome)
             tolerance = int(percent) / 100 if percent else DEFAULT_TOLERANCE
             found.append(FoundVerdict(line.strip(), ratio, low, high, outcome, tolerance))
     return found
