@@ -255,6 +255,13 @@ def _resolve_int(index: int, like: Device | None) -> Device:
     if index < 0:
         return HOST_DEVICE  # torch's convention: -1 means the CPU
     if like is not None and like.is_virtual:
+        if like.kind == VIRTUAL_GPU and index >= MAX_GPU_LANES:
+            raise ValueError(
+                f"lane {index} on one GPU: at most {MAX_GPU_LANES} lanes (0-"
+                f"{MAX_GPU_LANES - 1}), since torch's pool has {MAX_GPU_LANES} CUDA streams "
+                "per device and lanes sharing a stream would run one after another; use "
+                f"fewer device_ids, or dpkit.virtual_devices(n, on='cpu') for more lanes"
+            )
         return Device(index, like.kind, like.torch_device)
     if index < accelerator_count():
         return real_devices(index + 1)[index]

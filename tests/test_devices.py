@@ -196,3 +196,14 @@ def test_lane_streams_that_would_repeat_are_refused_with_a_clear_error():
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES, others_take_every=3)
     with pytest.raises(RuntimeError, match="distinct CUDA streams"):
         devices_module._new_lane_streams(pool, torch.device("cuda", 0))
+
+
+def test_more_device_ids_than_a_gpu_has_lane_streams_is_a_clear_error():
+    from dpkit.devices import MAX_GPU_LANES, VIRTUAL_GPU, as_device
+
+    gpu_lane = Device(0, VIRTUAL_GPU, torch.device("cuda", 0))  # as device_ids=[0..] on 1 GPU
+    assert as_device(MAX_GPU_LANES - 1, like=gpu_lane).index == MAX_GPU_LANES - 1
+    with pytest.raises(ValueError, match=rf"lane 39 on one GPU: at most {MAX_GPU_LANES} lanes"):
+        as_device(39, like=gpu_lane)  # was a bare IndexError in stream_of later
+    cpu_lane = dpkit.virtual_devices(1, on="cpu")[0]
+    assert as_device(39, like=cpu_lane).index == 39  # CPU lanes have no stream pool
