@@ -91,6 +91,16 @@ def test_a_target_left_on_the_host_fails_as_on_a_gpu_and_cpu_scalars_mix(checked
     assert dpkit.device_of(scaled) == checked_lanes[0]
 
 
+@pytest.mark.parametrize("join", [torch.cat, torch.stack])
+def test_tensors_inside_a_list_argument_are_checked_and_followed(checked_lanes, join):
+    home = checked_lanes[0].torch_device
+    on_lane, left_on_host = torch.ones(3, 2, device=home), torch.ones(3, 2)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        join([on_lane, left_on_host])  # a forgotten .to(): fails as on a GPU
+    joined = join([on_lane, torch.zeros(3, 2, device=home)])
+    assert dpkit.device_of(joined) == checked_lanes[0]  # not mistaken for host data
+
+
 def test_cpu_brings_data_back_and_numpy_of_lane_data_says_how(checked_lanes):
     on_lane = torch.ones(3, device=checked_lanes[0].torch_device)
     with pytest.raises(TypeError, match=r"Use Tensor\.cpu\(\)"):
