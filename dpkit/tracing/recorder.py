@@ -435,6 +435,8 @@ class Trace:
 
     def __enter__(self) -> Trace:
         with _state_lock:
+            if not _recorders:  # the outermost trace: fresh GPU clock origins
+                clock.refresh_origins()
             scope = self._scope = context.open_scope()  # an outermost trace: steps from 1
             scope.recorders.append(self)
             _recorders.append(self)
