@@ -17,7 +17,9 @@ from dpkit import viz
 from dpkit.ddp import Comparison, DDPResult
 from dpkit.devices import RANK, VIRTUAL_CPU
 from dpkit.tracing import Event, Trace
+from dpkit.verdict import Outcome
 from dpkit.viz import beyond
+from tests.verdict_checker import check_text, unchecked_claims
 
 pytest.importorskip("ipywidgets")
 
@@ -141,6 +143,50 @@ def test_bubble_figure_plots_measured_formula_and_predicted():
     assert any("measured" in label for label in labels)
     assert any("formula" in label for label in labels)
     assert any("predicted, p=4" in label for label in labels)
+
+
+def test_the_bubble_figure_s_title_states_no_outcome():
+    # at m=8 the idle share was measured above m=4's (0.42 against 0.38) under a title that
+    # said the bubble shrinks: the figure names what it plots, the verdict says what happened
+    rows = [{"micro_batches": m, "formula": pp.bubble_formula(2, m), "measured idle": idle,
+             "q1": idle, "q3": idle} for m, idle in ((1, 0.5), (4, 0.38), (8, 0.42))]  # fmt: skip
+    title = beyond.bubble_figure(rows).axes[0].get_title()
+    assert unchecked_claims(title) == [] and "shrink" not in title
+
+
+def test_ddp_against_data_parallel_pairs_the_steps_of_each_block():
+    ddp_faster = comparison()
+    ddp_faster.data_parallel_step_times = [0.010, 0.011, 0.012, 0.010, 0.011, 0.013]
+    ddp_faster.ddp.step_times = [0.005, 0.006, 0.006, 0.005, 0.005, 0.007]
+    conclusion = beyond.ddp_against_data_parallel(ddp_faster)
+    assert conclusion.outcome is Outcome.FASTER and conclusion.rounds == 6
+    assert "DDP was faster than DataParallel" in str(conclusion)
+    assert check_text(str(conclusion)) == []
+    ddp_faster.ddp.step_times = ddp_faster.ddp.step_times[:4]
+    with pytest.raises(ValueError, match="6 DataParallel steps but 4 DDP steps"):
+        beyond.ddp_against_data_parallel(ddp_faster)
+
+
+def test_the_bubble_verdict_interleaves_its_rounds_and_speaks_of_sizes(monkeypatch):
+    made, ran = {}, []
+    idle = {1: 0.5, 8: 0.3}
+
+    def measure(pipe, inputs, targets, repeats):
+        ran.append(made[id(pipe)])
+        return None, [idle[made[id(pipe)]]] * repeats
+
+    def make(m):
+        pipe = object()
+        made[id(pipe)] = m
+        return pipe
+
+    monkeypatch.setattr(beyond, "measure_steps", measure)
+    conclusion = beyond.bubble_against_micro_batches(make, None, None, fewer=1, more=8, rounds=5)
+    assert ran == [1, 8] * 5  # one step of each per round, back to back
+    assert str(conclusion).startswith("1.67x (middle half of the rounds: 1.67-1.67x) → smaller: ")
+    assert "the bubble shrank" in str(conclusion)
+    idle[8] = 0.6
+    assert "→ larger: " in str(beyond.bubble_against_micro_batches(make, None, None, rounds=5))
 
 
 # -- the explorers -------------------------------------------------------------------------

@@ -8,6 +8,10 @@ seen yet, and then runs every bucket size at once with the same processes
 bucket sliders only redraws what was recorded. The
 pipeline explorer runs in the notebook's own process (a thread per stage) and measures
 live; with more stages than cores it shows a prediction instead, and says so.
+
+What a measurement concluded is stated by :mod:`dpkit.verdict`, never by a figure's title:
+:func:`ddp_against_data_parallel` (the step times, block by block) and
+:func:`bubble_against_micro_batches` (idle shares, in interleaved rounds).
 """
 
 from __future__ import annotations
@@ -16,18 +20,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from dpkit.pipeline.bubble import bubble_formula
+from dpkit import verdict
+from dpkit.pipeline.bubble import bubble_formula, measure_steps
+from dpkit.pipeline.schedule import Pipeline
 from dpkit.tracing import Trace
 from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, cores
 from dpkit.viz.figures import (
     CATEGORY_COLORS,
     MEASURED_COLOR,
     _legend_outside,
+    _phase_order,
     device_order,
     draw_timeline,
     hardware_title,
     human_bytes,
+    phase_color,
 )
 
 ENGINE_COLORS = {"DataParallel": "#0072b2", "DDP": "#e69f00"}  # Okabe-Ito blue and orange
@@ -56,12 +65,23 @@ def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None
     chosen = [(name, trace, *_step_events(trace, step)) for name, trace in traces]
     lengths = [(max(e.end for e in ev) - min(e.start for e in ev)) * 1e3 for *_, ev in chosen]
     rows = sum(len({e.device for e in ev}) for *_, ev in chosen)
-    figure, axes = _figure(1.2 + 0.42 * rows + 0.5 * len(chosen), len(chosen), 1)
+    phases = _phase_order(e.phase for *_, ev in chosen for e in ev)
+    # Room for every phase's legend entry too: one legend for all, beside the stack.
+    height = max(1.2 + 0.42 * rows + 0.7 * len(chosen), 0.8 + 0.19 * len(phases))
+    figure, axes = _figure(height, len(chosen), 1)
     for (name, trace, number, events), ax in zip(chosen, axes[:, 0]):
         took = draw_timeline(ax, events, span_ms=max(lengths))
+        ax.get_legend().remove()  # each timeline's own would run into the next one's title
         ax.set_title(
             hardware_title(trace, f"{name}, step {number}: {took:.1f} ms"), fontsize=9, pad=12
         )
+    figure.legend(
+        handles=[Patch(color=phase_color(p), label=p) for p in phases],
+        title="phase",
+        loc="outside right upper",
+        fontsize=8,
+        frameon=False,
+    )
     return figure
 
 
@@ -125,9 +145,59 @@ def bubble_figure(rows: Sequence[dict[str, Any]], predicted: dict[int, list[floa
     ax.set_ylim(0, 1)
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("share of device-time idle")
-    ax.set_title("The pipeline bubble shrinks as micro-batches grow", fontsize=9)
+    # neutral: whether the bubble shrank on this run is bubble_against_micro_batches' to say
+    ax.set_title("Idle share against micro-batches: measured, formula, predicted", fontsize=9)
     _legend_outside(ax, "idle share")
     return figure
+
+
+BUBBLE_WORDING = {
+    verdict.Outcome.FASTER: "the idle share was smaller with more micro-batches in three "
+    "rounds of four: the bubble shrank",
+    verdict.Outcome.SLOWER: "the idle share was larger with more micro-batches in three "
+    "rounds of four: per-micro-batch overheads outweighed the smaller bubble",
+    verdict.Outcome.WITHIN_NOISE: "no difference beyond the run-to-run noise",
+    verdict.Outcome.TOO_NOISY: "the rounds disagree; another program took cores during some",
+}
+
+
+def bubble_against_micro_batches(
+    make_pipeline: Callable[[int], Pipeline],
+    inputs: Any,
+    targets: Any,
+    fewer: int = 1,
+    more: int = 8,
+    rounds: int = 7,
+) -> verdict.Verdict:
+    """Whether the idle share at ``more`` micro-batches is smaller than at ``fewer``: in every
+    round one traced step of each (after a warm-up step), back to back; the ratio is the idle
+    share at ``fewer`` over the one at ``more`` (above 1: the bubble shrank)."""
+    few, many = make_pipeline(fewer), make_pipeline(more)
+    shares: dict[int, list[float]] = {fewer: [], more: []}
+    for _ in range(rounds):
+        for m, pipe in ((fewer, few), (more, many)):
+            shares[m] += measure_steps(pipe, inputs, targets, repeats=1)[1]
+    rounds_of = verdict.Rounds.of(shares[fewer], shares[more])
+    return verdict.conclude(rounds_of, BUBBLE_WORDING, labels=verdict.SIZE_LABELS)
+
+
+DDP_WORDING = {
+    verdict.Outcome.FASTER: "DDP was faster than DataParallel in three rounds of four",
+    verdict.Outcome.SLOWER: "DDP was slower than DataParallel in three rounds of four",
+}
+
+
+def ddp_against_data_parallel(comparison: Any) -> verdict.Verdict:
+    """DDP's speed-up over DataParallel, from a :class:`dpkit.ddp.Comparison`'s interleaved
+    blocks: the k-th DataParallel step and the k-th DDP step ran in the same block pair, so
+    each pair is a round (DataParallel's time over DDP's: above 1, DDP was faster)."""
+    data_parallel, ddp = comparison.data_parallel_step_times, comparison.ddp.step_times
+    if len(data_parallel) != len(ddp):
+        raise ValueError(
+            f"{len(data_parallel)} DataParallel steps but {len(ddp)} DDP steps: the blocks "
+            "do not pair"
+        )
+    return verdict.conclude(verdict.Rounds.of(data_parallel, ddp), DDP_WORDING)
 
 
 # -------------------------------------------------------------------------------------
