@@ -222,15 +222,16 @@ def test_backward_explorer_shows_the_reduce_onto_device_zero():
     assert "reduce" in legend
 
 
-def test_backward_explorer_shows_one_step_of_the_model_kept_per_device_count():
+def test_backward_explorer_draws_the_second_of_two_steps_with_the_new_batch():
     explorer = viz.backward_explorer(devices=4, batch=64)
     explorer.controls["devices"].value = 2
-    explorer.controls["devices"].value = 4  # back to a count whose model was warmed up
+    explorer.controls["devices"].value = 4
     explorer.controls["batch"].value = 128
     recorded = explorer.last_data
-    assert {e.step for e in recorded.events} == {1}  # one traced step, not the warm-up too
+    assert {e.step for e in recorded.events} == {1, 2}  # the warm-up, then the step drawn
+    assert "step 2" in explorer.last_figure.axes[0].get_title()
     assert _bytes_of(recorded, "reduce") == 3 * PARAMETER_BYTES
-    scattered = sum(e.nbytes for e in recorded.events if e.phase == "scatter")
+    scattered = sum(e.nbytes for e in recorded.events if e.phase == "scatter" and e.step == 2)
     assert scattered == 3 * (128 // 4) * 256 * 4  # the new batch's chunks for lanes 1..3
 
 

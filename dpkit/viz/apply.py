@@ -42,6 +42,8 @@ from dpkit.viz.common import (
     hardware_of,
     intra_op_threads,
     notebook_timeline,
+    one_device_marker,
+    traced_module,
 )
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import OTHER_COLOR
@@ -55,11 +57,12 @@ def apply_trace(
 ) -> dpkit.Trace:
     """Trace ``steps`` DataParallel forwards of :func:`demo_model` on ``dpkit.devices(devices)``.
 
-    The last step is the one to look at; the first warms up the worker threads.
+    The last step is the one to look at; the first warms up the worker threads. On one device
+    the module's own forward is recorded as its ``apply`` (see :class:`CalledByDataParallel`).
     """
     lanes = dpkit.devices(devices)
     model = dpkit.to_device(demo_model(), lanes[0])
-    parallel = dpkit.DataParallel(model, device_ids=lanes)
+    parallel = dpkit.DataParallel(traced_module(model, lanes), device_ids=lanes)
     inputs = dpkit.to_device(torch.randn(batch, 256), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
         for _ in range(steps):
@@ -94,6 +97,7 @@ def timeline_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) 
         [int_slider("devices", devices, 1, max_devices), int_slider("batch", batch, 8, 2048, 8)],
         compute=apply_trace,
         draw=apply_timeline,
+        marker=one_device_marker,
     )
 
 

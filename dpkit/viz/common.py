@@ -18,9 +18,12 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
+from dpkit import tracing
 from dpkit.devices import Device
+from dpkit.nested import tensor_nbytes
 from dpkit.threads import intra_op_threads  # noqa: F401 (the explorers import it from here)
 from dpkit.tracing import Trace
+from dpkit.viz.explorer import drawn_marker
 from dpkit.viz.figures import timeline
 
 FIGURE_WIDTH = 7.0  # inches; every notebook figure is this wide
@@ -39,10 +42,64 @@ def compact(figure: Figure, width: float = FIGURE_WIDTH, height: float | None = 
     return figure
 
 
+# What DataParallel does on one device, said wherever an explorer shows one (torch's
+# DataParallel.forward: ``if len(self.device_ids) == 1: return self.module(*inputs[0], ...)``).
+ONE_DEVICE = "1 device: DataParallel calls the module itself, no copies"
+
+
+class CalledByDataParallel(nn.Module):
+    """``module``, its forward recorded as the one device's ``apply`` while tracing.
+
+    On one device DataParallel scatters the input and calls the module itself, in the
+    caller's thread: no replicate, no parallel_apply, no gather, so a trace of it holds a
+    scatter and nothing else. Wrapped in this, the call is recorded as parallel_apply records
+    a replica's forward (an ``apply`` span, its outputs, activations and parameters, and its
+    backward's timing), so an explorer at one device draws the work the step did.
+    """
+
+    def __init__(self, module: nn.Module, device: Device) -> None:
+        super().__init__()
+        self.module, self.device = module, device
+
+    def forward(self, *inputs: object) -> object:
+        with tracing.span(tracing.Phase.APPLY, self.device, replica=0, thread="caller"):
+            output = self.module(*inputs)
+        if tracing.recording():
+            held = [*self.module.parameters(), *self.module.buffers()]
+            tracing.record_memory(self.device, "parameters", sum(map(tensor_nbytes, held)))
+            work = (0, self.module, inputs[0] if len(inputs) == 1 else inputs, {}, self.device)
+            tracing.after_apply([work], {0: output})
+        return output
+
+
+def traced_module(module: nn.Module, lanes: Sequence[Device]) -> nn.Module:
+    """What an explorer hands DataParallel: ``module`` itself on several devices (parallel_apply
+    records its replicas), :class:`CalledByDataParallel` on one."""
+    return CalledByDataParallel(module, lanes[0]) if len(lanes) == 1 else module
+
+
+def one_device_note(recorded: Trace | Sequence[object]) -> str | None:
+    """:data:`ONE_DEVICE` when the trace (or its events) shows one device, else None."""
+    events = recorded.events if hasattr(recorded, "events") else recorded
+    return ONE_DEVICE if len({e.device for e in events}) == 1 else None
+
+
 def notebook_timeline(recorded: Trace) -> Figure:
-    """The timeline of a trace's last step, notebook-sized: a row per device."""
+    """The timeline of a trace's last step, notebook-sized: a row per device; on one device
+    the title's second line says what DataParallel does there."""
     rows = len({e.device for e in recorded.events})
-    return compact(timeline(recorded), height=1.3 + 0.42 * rows)
+    figure = compact(timeline(recorded), height=1.3 + 0.42 * rows + 0.25 * (rows == 1))
+    note = one_device_note(recorded)
+    if note is not None:
+        axes = figure.axes[0]
+        axes.set_title(f"{axes.get_title()}\n{note}", pad=14)
+    return figure
+
+
+def one_device_marker(data: object, values: dict[str, object]) -> str:
+    """The explorers' marker line, with :data:`ONE_DEVICE` appended at one device."""
+    line = drawn_marker(data, values)
+    return f"{line} ({ONE_DEVICE})" if values.get("devices") == 1 else line
 
 
 def hardware_of(lanes: Sequence[Device]) -> str:

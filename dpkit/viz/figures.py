@@ -268,19 +268,6 @@ def draw_timeline(axes: Any, events: Sequence[Event], span_ms: float | None = No
             phase_color(event.phase),
             (width_ms / (span_ms * 1.01) * SMALLEST_PLOT_INCHES[0], 1.0),
         )
-    if shared:
-        middle = (min(e.start for e in shared) + max(e.end for e in shared)) / 2
-        rows_used = [row[e.device] for e in shared]
-        axes.text(
-            (middle - step_start) * 1e3,
-            (min(rows_used) + max(rows_used)) / 2,
-            f"one thread runs all {len(shared)}\nbackwards, interleaved\n(autograd on a CPU)",
-            ha="center",
-            va="center",
-            fontsize=7,
-            color="0.15",
-            bbox={"facecolor": "white", "edgecolor": "0.6", "alpha": 0.85, "pad": 2},
-        )
     backward = [e.start for e in events if e.phase in BACKWARD_PHASES]
     if backward:
         first_backward = (min(backward) - step_start) * 1e3
@@ -301,9 +288,15 @@ def draw_timeline(axes: Any, events: Sequence[Event], span_ms: float | None = No
         axes.tick_params(axis="y", which="minor", length=0, labelcolor="0.35")
     axes.set_ylim(len(devices) - 0.5, -0.5)  # device 0 on top
     axes.set_xlim(0, span_ms * 1.01)
+    # Said under the axis, not in a box on the plot, where it hid bars and met the legend.
+    hatched = (
+        f"\nhatched: one thread ran all {len(shared)} backwards, interleaved (autograd on a CPU)"
+        if shared
+        else ""
+    )
     axes.set_xlabel(
         f"time since the step began (ms); bars narrower than {min_width:.2g} ms "
-        "are drawn at that width"
+        f"are drawn at that width{hatched}"
     )
     axes.grid(axis="x", alpha=0.3)
     phases = _phase_order(e.phase for e in events)
@@ -347,7 +340,15 @@ def bytes_per_phase(trace: TraceLike) -> Figure:
     return figure
 
 
-def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
+# The thinnest stacked segment a memory chart shows, on the smallest plot: thinner ones are
+# left out of the legend (a legend entry whose bar cannot be seen sends the eye hunting) and
+# named under the axis instead.
+MIN_SEGMENT_INCHES = 1 / 72
+
+
+def memory_per_device(
+    trace: TraceLike, step: int | None = None, top: float | None = None
+) -> Figure:
     """Stacked bars: what each device holds in one step, by category (default: the last step).
 
     The output device holds the ``gathered`` output on top of its own replica's share, the
@@ -355,6 +356,9 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
     CUDA devices a solid mark across the bar is torch's ``allocated (torch)`` at the end of
     forward and a dashed one its ``peak (torch)`` over the step: the gap above the bar is
     what dpkit does not count (optimizer state, the caller's tensors, temporaries).
+    ``top``: the y axis's top in bytes (default: 15% above the tallest bar). A category whose
+    every segment would be thinner than :data:`MIN_SEGMENT_INCHES` is named under the axis
+    ("too thin to see") instead of in the legend.
     """
     step, records = _pick_step(_memory(trace), step)
     devices = device_order(r.device for r in records)
@@ -367,6 +371,15 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
 
     figure, axes = _new_axes(8, 4.2)
     labels = [f"{d}\noutput device" if held["gathered"][d] else d for d in devices]
+    stacked = [sum(held[c][d] for c in held) for d in devices]
+    allocator_top = max((n for per in totals.values() for n in per.values()), default=0)
+    axis_top = top if top is not None else max([*stacked, allocator_top, 0]) * 1.15 or 1
+    thin = [
+        category
+        for category, per_device in held.items()
+        if any(per_device.values())
+        and max(per_device.values()) / axis_top * SMALLEST_PLOT_INCHES[1] < MIN_SEGMENT_INCHES
+    ]
     bottom = [0] * len(devices)
     for category, per_device in held.items():
         heights = [per_device[d] for d in devices]
@@ -376,20 +389,19 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
             labels,
             heights,
             bottom=bottom,
-            label=category,
+            label=f"_{category}" if category in thin else category,  # "_": not in the legend
             color=CATEGORY_COLORS.get(category, OTHER_COLOR),
             edgecolor="white",
             linewidth=0.5,
         )
         bottom = [b + h for b, h in zip(bottom, heights)]
-    tallest = max([*bottom, *(n for per in totals.values() for n in per.values())], default=0)
     bar_inches = 0.8 * SMALLEST_PLOT_INCHES[0] / len(devices)
     base = [0] * len(devices)
     for category, per_device in held.items():  # a segment tall and wide enough is named
         colour = CATEGORY_COLORS.get(category, OTHER_COLOR)
         for x, device in enumerate(devices):
             size = per_device[device]
-            share = size / (tallest * 1.15) if tallest else 0.0
+            share = size / axis_top
             inches = (bar_inches, share * SMALLEST_PLOT_INCHES[1])
             label_if_it_fits(axes, x, base[x] + size / 2, category, colour, inches)
             base[x] += size
@@ -414,10 +426,11 @@ def memory_per_device(trace: TraceLike, step: int | None = None) -> Figure:
             **ALLOCATOR_STYLES.get(category, {"color": OTHER_COLOR}),
         )
     # An explicit top leaves room for the totals (autoscaling ignores the annotations).
-    axes.set_ylim(0, tallest * 1.15 or 1)
+    axes.set_ylim(0, axis_top)
     _bytes_axis(axes.yaxis)
     axes.set_ylabel("bytes held")
-    axes.set_xlabel("device")
+    sizes = [f"{c} ({human_bytes(max(held[c].values()))})" for c in thin]
+    axes.set_xlabel("device" + (f"\ntoo thin to see: {', '.join(sizes)}" if thin else ""))
     _legend_outside(axes, "category")
     axes.set_title(hardware_title(trace, f"Memory per device in step {step}"))
     return figure

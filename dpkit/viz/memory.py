@@ -25,7 +25,13 @@ from torch import nn
 
 import dpkit
 from dpkit.tracing import ALLOCATOR_CATEGORIES, MemoryRecord, replica_graph
-from dpkit.viz.common import compact, intra_op_threads
+from dpkit.viz.common import (
+    compact,
+    intra_op_threads,
+    one_device_marker,
+    one_device_note,
+    traced_module,
+)
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device
 
@@ -98,7 +104,8 @@ class MemoryRun:
 def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -> MemoryRun:
     """One traced forward and loss on ``dpkit.devices(devices)``, the loss ``outside`` or
     ``inside`` the module's forward. With the loss outside, the bytes the loss saves for
-    backward on the output device are measured too (see :class:`MemoryRun`).
+    backward on the output device are measured too (see :class:`MemoryRun`). On one device
+    the module's own call is recorded (:class:`~dpkit.viz.common.CalledByDataParallel`).
     """
     if loss not in (LOSS_OUTSIDE, LOSS_INSIDE):
         raise ValueError(f"loss must be {LOSS_OUTSIDE!r} or {LOSS_INSIDE!r}, got {loss!r}")
@@ -114,10 +121,10 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
     # on 8 lanes took 0.5 s instead of 30 ms here, once in a dozen). The bytes are the same.
     with intra_op_threads(1), dpkit.trace() as recorded:
         if loss == LOSS_INSIDE:
-            parallel = dpkit.DataParallel(WithLoss(model), device_ids=lanes)
+            parallel = dpkit.DataParallel(traced_module(WithLoss(model), lanes), device_ids=lanes)
             parallel(inputs, targets).sum() / batch
         else:
-            parallel = dpkit.DataParallel(model, device_ids=lanes)
+            parallel = dpkit.DataParallel(traced_module(model, lanes), device_ids=lanes)
             logits = parallel(inputs)
             loss_value = nn.functional.cross_entropy(logits, targets)
             given = [logits, targets, *model.parameters()]
@@ -140,9 +147,11 @@ def held_per_device(recorded: dpkit.Trace | MemoryRun, step: int | None = None) 
 def memory_figure(recorded: dpkit.Trace | MemoryRun, top: float | None = None) -> Figure:
     """:func:`~dpkit.viz.figures.memory_per_device`, notebook-sized, its y axis up to ``top``
     bytes (default: 15% above the tallest bar), so two figures can share a scale."""
-    figure = compact(memory_per_device(recorded), height=3.3)
-    if top is not None:
-        figure.axes[0].set_ylim(0, top)
+    figure = compact(memory_per_device(recorded, top=top), height=3.3)
+    note = one_device_note(recorded.events)
+    if note is not None:
+        axes = figure.axes[0]
+        axes.set_title(f"{axes.get_title()}\n{note}")
     return figure
 
 
@@ -165,4 +174,5 @@ def memory_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) ->
         ],
         compute=memory_trace,
         draw=memory_figure,
+        marker=one_device_marker,
     )

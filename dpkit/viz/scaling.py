@@ -329,21 +329,44 @@ def scaling_rows(
 
 def scaling_figure(rows: Sequence[ScalingRow]) -> Figure:
     """Predicted step time against the device count, a line per hardware and strategy; the
-    batch per device stays the same, so a flat line is perfect scaling."""
+    batch per device stays the same, so a flat line is perfect scaling.
+
+    Lines that coincide (DataParallel within one node, where the network between nodes is not
+    used) are drawn once, naming every machine, so the legend names no line hidden under
+    another. A point past the devices a preset names (DDP on more nodes than it has, which the
+    cost model predicts by assuming more such nodes) is drawn hollow, and said so.
+    """
     figure = Figure(figsize=(FIGURE_WIDTH, 3.2), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
+    curves: dict[tuple[str, tuple[tuple[int, float], ...]], list[str]] = {}
     for label in dict.fromkeys(r.label for r in rows):
         mine = [r for r in rows if r.label == label]
-        style = "o-" if mine[0].strategy == "dp" else "s--"
-        axes.plot(
-            [r.devices for r in mine], [r.step_ms for r in mine], style, label=label, markersize=4
-        )
+        points = tuple((r.devices, round(r.step_ms, 9)) for r in mine)
+        curves.setdefault((mine[0].strategy, points), []).append(mine[0].hardware)
+    beyond = False
+    for (strategy, points), machines in curves.items():
+        style = "o-" if strategy == "dp" else "s--"
+        counts, times = [n for n, _ in points], [ms for _, ms in points]
+        (line,) = axes.plot(
+            counts, times, style, markersize=4,
+            label=f"{STRATEGY_NAMES[strategy]}, "
+            + (machines[0] if len(machines) == 1 else f"the {len(machines)} machines alike"),
+        )  # fmt: skip
+        largest = min(_hardware(name).max_devices for name in machines)
+        past = [(n, ms) for n, ms in points if n > largest]
+        if past:
+            beyond = True
+            axes.plot(*zip(*past), style[0], markersize=5, markerfacecolor="white",
+                      color=line.get_color(), linestyle="none")  # fmt: skip
     counts = sorted({r.devices for r in rows})
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xticks(counts, [str(c) for c in counts])
     axes.minorticks_off()
-    axes.set_xlabel(f"devices ({rows[0].batch // rows[0].devices} rows per device)")
+    axes.set_xlabel(
+        f"devices ({rows[0].batch // rows[0].devices} rows per device)"
+        + ("\nhollow: more nodes than the machine has (predicted as if alike)" if beyond else "")
+    )
     axes.set_ylabel("step time (ms), predicted")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -494,10 +517,10 @@ def scaling_view_figure(view: ScalingView) -> Figure:
             f" (no DataParallel: one process uses one node's {machine.devices_per_node} devices)"
         )
     figure = phase_timeline(traces, labels)
-    figure.suptitle(
-        hardware_title(view.ddp, f"{view.model}, batch {view.batch}, {where}").replace(", ddp", ""),
-        fontsize=9,
-    )
+    title = hardware_title(view.ddp, f"{view.model}, batch {view.batch}, {where}")
+    if nodes > machine.nodes:  # the cost model predicts DDP there by assuming more nodes
+        title += f"\n(the machine has {machine.nodes} nodes; more alike are assumed)"
+    figure.suptitle(title.replace(", ddp", ""), fontsize=9)
     return figure
 
 

@@ -34,6 +34,8 @@ from dpkit.viz.common import (
     hardware_of,
     intra_op_threads,
     notebook_timeline,
+    one_device_marker,
+    traced_module,
 )
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import MEASURED_COLOR, OTHER_COLOR
@@ -45,10 +47,12 @@ from dpkit.viz.figures import MEASURED_COLOR, OTHER_COLOR
 def training_trace(
     devices: int = 4, batch: int = 256, steps: int = 2, threads: int | None = 1
 ) -> dpkit.Trace:
-    """Trace ``steps`` training steps (forward, cross-entropy, backward) of the demo MLP."""
+    """Trace ``steps`` training steps (forward, cross-entropy, backward) of the demo MLP; the
+    first warms up the threads. On one device the module's own forward and backward are
+    recorded (see :class:`~dpkit.viz.common.CalledByDataParallel`)."""
     lanes = dpkit.devices(devices)
     model = dpkit.to_device(demo_model(), lanes[0])
-    parallel = dpkit.DataParallel(model, device_ids=lanes)
+    parallel = dpkit.DataParallel(traced_module(model, lanes), device_ids=lanes)
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
     inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
@@ -70,31 +74,14 @@ def backward_timeline(recorded: dpkit.Trace) -> Figure:
 def backward_explorer(devices: int = 4, batch: int = 256, max_devices: int = 8) -> Explorer:
     """Sliders "devices" and "batch" over the timeline of one DataParallel training step.
 
-    Each device count's model is made and warmed up once (a first step, untraced) and kept:
-    a later move traces one step where :func:`training_trace` would make a model and run two.
+    Every redraw runs two traced steps and draws the second (:func:`training_trace`), as the
+    notebook says: the title's "step 2" is the trace's own number for it.
     """
-    warm: dict[int, tuple[nn.Module, dpkit.DataParallel]] = {}
-
-    def one_step(devices: int, batch: int) -> dpkit.Trace:
-        lanes = dpkit.devices(devices)
-        inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
-        inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
-        first = devices not in warm
-        if first:
-            model = dpkit.to_device(demo_model(), lanes[0])
-            warm[devices] = model, dpkit.DataParallel(model, device_ids=lanes)
-        model, parallel = warm[devices]
-        with intra_op_threads(1):
-            if first:
-                _training_step(model, parallel, inputs, targets)  # the warm-up, untraced
-            with dpkit.trace() as recorded:
-                _training_step(model, parallel, inputs, targets)
-        return recorded
-
     return Explorer(
         [int_slider("devices", devices, 1, max_devices), int_slider("batch", batch, 8, 2048, 8)],
-        compute=one_step,
+        compute=training_trace,
         draw=backward_timeline,
+        marker=one_device_marker,
     )
 
 
