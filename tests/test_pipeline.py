@@ -202,3 +202,18 @@ def test_the_contrast_table_counts_each_strategys_bytes():
     # one cut, in the middle: BATCH x WIDTH floats forward and as many gradients back
     assert rows["model"]["bytes/step"] == 2 * BATCH * WIDTH * 4
     assert rows["DataParallel"]["bytes/step"] > rows["DDP"]["bytes/step"]
+
+
+def test_stage_times_move_the_batch_and_targets_to_each_stages_device():
+    # As on GPUs (stage s on cuda:s): under the placement check, CPU lanes are apart from
+    # host memory, and the stages are timed in this (checked) thread.
+    from dpkit.pipeline import bubble
+    from dpkit.placement_check import checking_placement
+
+    with checking_placement():
+        lanes = dpkit.virtual_devices(2)
+        pipe = pp.pipeline(pp.mlp_blocks(WIDTH), lanes, micro_batches=2)
+        inputs, targets = torch.randn(8, WIDTH), torch.randint(0, WIDTH, (8,))  # on the host
+        times: list[tuple[float, float]] = []
+        bubble._time_stages(pipe, inputs, targets, 1, times)
+    assert len(times) == 2 and all(forward > 0 and backward > 0 for forward, backward in times)

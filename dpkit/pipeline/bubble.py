@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit.comm import copy_to
 from dpkit.devices import PREDICTED
 from dpkit.pipeline.schedule import Pipeline, intra_op_threads
 from dpkit.tracing import Event, Phase, Trace
@@ -90,16 +91,21 @@ def stage_times(
 
 def _time_stages(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, repeats: int,
                  times: list[tuple[float, float]]) -> None:  # fmt: skip
-    stage_input = inputs
+    stage_input, lanes = inputs, pipe.devices
     with intra_op_threads(pipe.threads):
         for s, stage in enumerate(pipe.stages):
+            # Where the stage runs, as Pipeline moves them: the batch onto stage 0's device,
+            # each output onto the next stage's, the targets to the last (cuda:0, cuda:1, ...)
+            stage_input = copy_to(stage_input, lanes[s], "send", source=lanes[s - 1] if s else None)
+            last = s == pipe.p - 1
+            stage_targets = copy_to(targets, lanes[s], "send") if last else None
             forward, backward = [], []
             for _ in range(repeats):
                 leaf = stage_input.detach().requires_grad_(s > 0)
                 start = time.perf_counter()
                 output = stage(leaf)
-                if s == pipe.p - 1:
-                    output = pipe.loss(output, targets)
+                if last:
+                    output = pipe.loss(output, stage_targets)
                 middle = time.perf_counter()
                 output.backward(None if output.dim() == 0 else torch.ones_like(output))
                 forward.append(middle - start)
