@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit import host_clock
 from dpkit.cost.hardware import Hardware, Link, OpSamples
 from dpkit.cost.models import COURSE_MODELS, course_model, sample_input
 from dpkit.cost.presets import this_machine_default
@@ -286,9 +287,9 @@ def _timed_call(name: str) -> Callable[..., Any]:
     base = getattr(dpkit.DataParallel, name)
 
     def call(self: _Timed, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = host_clock.now(self.device_ids)  # on GPU lanes: once their work is done
         result = base(self, *args, **kwargs)
-        self.took[name] = time.perf_counter() - start
+        self.took[name] = host_clock.now(self.device_ids) - start
         return result
 
     return call
@@ -331,13 +332,14 @@ def measure_steps(
             for attempt in range(measured + 1 if measured else 0):
                 parallel.took = {}
                 module.zero_grad(set_to_none=True)
-                start = time.perf_counter()
+                used = lanes[:n]
+                start = host_clock.now(used)
                 output = parallel(inputs)
-                forward = time.perf_counter()
+                forward = host_clock.now(used)
                 loss = nn.functional.cross_entropy(output, labels)
-                backward = time.perf_counter()
+                backward = host_clock.now(used)
                 loss.backward()
-                end = time.perf_counter()
+                end = host_clock.now(used)
                 if not attempt:
                     continue  # a step to warm up
                 times["step"].append(end - start)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit import host_clock
 from dpkit.comm import copy_to
 from dpkit.devices import PREDICTED
 from dpkit.pipeline.schedule import Pipeline, intra_op_threads
@@ -102,14 +102,14 @@ def _time_stages(pipe: Pipeline, inputs: torch.Tensor, targets: torch.Tensor, re
             forward, backward = [], []
             for _ in range(repeats):
                 leaf = stage_input.detach().requires_grad_(s > 0)
-                start = time.perf_counter()
+                start = host_clock.now(lanes)  # on GPUs: once the queued work is done
                 output = stage(leaf)
                 if last:
                     output = pipe.loss(output, stage_targets)
-                middle = time.perf_counter()
+                middle = host_clock.now(lanes)
                 output.backward(None if output.dim() == 0 else torch.ones_like(output))
                 forward.append(middle - start)
-                backward.append(time.perf_counter() - middle)
+                backward.append(host_clock.now(lanes) - middle)
             times.append((statistics.median(forward), statistics.median(backward)))
             stage_input = output.detach() if s < pipe.p - 1 else stage_input
     pipe.zero_grad()
