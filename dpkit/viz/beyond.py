@@ -20,20 +20,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from dpkit import verdict
 from dpkit.pipeline.bubble import bubble_formula, measure_steps
 from dpkit.pipeline.schedule import Pipeline
 from dpkit.tracing import Trace
-from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, cores
+from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, ONE_DEVICE, cores, one_device_note
 from dpkit.viz.figures import (
     CATEGORY_COLORS,
     MEASURED_COLOR,
     _legend_outside,
+    _phase_order,
     device_order,
     draw_timeline,
     hardware_title,
     human_bytes,
+    phase_color,
 )
 
 ENGINE_COLORS = {"DataParallel": "#0072b2", "DDP": "#e69f00"}  # Okabe-Ito blue and orange
@@ -62,12 +65,25 @@ def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None
     chosen = [(name, trace, *_step_events(trace, step)) for name, trace in traces]
     lengths = [(max(e.end for e in ev) - min(e.start for e in ev)) * 1e3 for *_, ev in chosen]
     rows = sum(len({e.device for e in ev}) for *_, ev in chosen)
-    figure, axes = _figure(1.2 + 0.42 * rows + 0.5 * len(chosen), len(chosen), 1)
+    phases = _phase_order(e.phase for *_, ev in chosen for e in ev)
+    # Room for every phase's legend entry too: one legend for all, beside the stack.
+    height = max(1.2 + 0.42 * rows + 0.7 * len(chosen), 0.8 + 0.19 * len(phases))
+    figure, axes = _figure(height, len(chosen), 1)
     for (name, trace, number, events), ax in zip(chosen, axes[:, 0]):
         took = draw_timeline(ax, events, span_ms=max(lengths))
-        ax.set_title(
-            hardware_title(trace, f"{name}, step {number}: {took:.1f} ms"), fontsize=9, pad=12
-        )
+        ax.get_legend().remove()  # each timeline's own would run into the next one's title
+        title = hardware_title(trace, f"{name}, step {number}: {took:.1f} ms")
+        if one_device_note(events) and any(e.phase == "scatter" for e in events):
+            # DataParallel on one device: the module's own call is none of its phases
+            title += f"\n{ONE_DEVICE}"
+        ax.set_title(title, fontsize=9, pad=12)
+    figure.legend(
+        handles=[Patch(color=phase_color(p), label=p) for p in phases],
+        title="phase",
+        loc="outside right upper",
+        fontsize=8,
+        frameon=False,
+    )
     return figure
 
 

@@ -33,7 +33,7 @@ from dpkit.devices import Device
 from dpkit.devices import devices as pick_devices
 from dpkit.replicate import replicate
 from dpkit.tracing import Phase
-from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
+from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, ONE_DEVICE, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import HIGHLIGHT_COLOR, hardware_title, human_bytes
 
@@ -96,10 +96,11 @@ class ReplicationCost:
         """One line naming what is shown; a browser test waits for it."""
         what = f"width={self.width}" if self.width is not None else f"model={self.label}"
         copies = self.num_devices - 1
-        return (
+        line = (
             f"{what} devices={self.num_devices} -> copied {copies} x "
             f"{human_bytes(self.replica_bytes)} = {human_bytes(self.copied_bytes)} per forward"
         )
+        return f"{line} ({ONE_DEVICE})" if self.num_devices == 1 else line
 
     def __str__(self) -> str:
         return self.marker
@@ -199,13 +200,16 @@ def replication_figure(cost: ReplicationCost) -> Figure:
     counts = list(range(1, MAX_DEVICES + 1))
     growth.plot(counts, [cost.replica_bytes * (n - 1) for n in counts], color=color, marker=".")
     growth.plot([cost.num_devices], [cost.copied_bytes], "o", color=HIGHLIGHT_COLOR, markersize=8)
+    low = cost.num_devices < 9  # low on the line: the label goes above it, inside the axes
     growth.annotate(
-        f"{cost.num_devices} devices:\n{human_bytes(cost.copied_bytes)}",
+        f"{cost.num_devices} device{'s' if cost.num_devices > 1 else ''}:\n"
+        f"{human_bytes(cost.copied_bytes)}",
         (cost.num_devices, cost.copied_bytes),
-        xytext=(8 if cost.num_devices < 9 else -8, 0),
+        xytext=(8, 4) if low else (-8, 0),
         textcoords="offset points",
-        ha="left" if cost.num_devices < 9 else "right",
-        va="top",
+        ha="left" if low else "right",
+        va="bottom" if low else "top",
+        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},  # over the line
         fontsize=8,
         color=HIGHLIGHT_COLOR,
     )
@@ -216,9 +220,14 @@ def replication_figure(cost: ReplicationCost) -> Figure:
     growth.grid(alpha=0.3)
 
     copies = cost.num_devices - 1
-    figure.suptitle(
+    what_replicate_does = (
         f"replicate copies {copies} x {human_bytes(cost.replica_bytes)} = "
-        f"{human_bytes(cost.copied_bytes)} on every forward\n"
+        f"{human_bytes(cost.copied_bytes)} on every forward"
+        if cost.num_devices > 1
+        else ONE_DEVICE  # DataParallel does not call replicate at all
+    )
+    figure.suptitle(
+        f"{what_replicate_does}\n"
         + hardware_title(
             cost.devices,
             f"{cost.label}: {human_bytes(cost.parameter_bytes)} parameters + "

@@ -40,7 +40,7 @@ from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.events import BACKWARD_PHASES, FORWARD_PHASES
 from dpkit.tracing.export import as_dataframe
-from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH
+from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, ONE_DEVICE
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import hardware_title, human_bytes, phase_color
 
@@ -512,6 +512,8 @@ def scaling_view_figure(view: ScalingView) -> Figure:
     if view.dp is not None:
         traces.insert(0, view.dp)
         labels.insert(0, f"DataParallel: {view.dp.step_time * 1e3:.3g} ms per step")
+        if view.devices == 1:
+            labels[0] += f" ({ONE_DEVICE})"
     else:
         labels[0] += (
             f" (no DataParallel: one process uses one node's {machine.devices_per_node} devices)"

@@ -36,7 +36,7 @@ from dpkit.devices import devices as pick_devices
 from dpkit.scatter import scatter, scatter_kwargs
 from dpkit.tracing import Phase
 from dpkit.tracing.export import as_dataframe
-from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, DeviceFactory
+from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, ONE_DEVICE, DeviceFactory
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import HIGHLIGHT_COLOR, hardware_title
 
@@ -103,10 +103,11 @@ class SplitPlan:
     @property
     def marker(self) -> str:
         """One line naming what is shown; a browser test waits for it."""
-        return (
+        line = (
             f"batch={self.batch} devices={self.num_devices} -> chunks {self.used_sizes}, "
             f"idle: {self.idle} (split={self.mode}, dim={self.dim})"
         )
+        return f"{line} ({ONE_DEVICE})" if self.num_devices == 1 else line
 
     def __str__(self) -> str:
         return self.marker
@@ -195,7 +196,9 @@ def split_figure(plan: SplitPlan) -> Figure:
     figure.legend(
         handles=[
             Patch(color=Phase.SCATTER.colour, label="gets a chunk: a replica runs"),
-            Patch(color=IDLE_COLOR, alpha=0.3, label="idle: no chunk, no replica"),
+            # only when a device is idle: a legend entry names something drawn
+            *[Patch(color=IDLE_COLOR, alpha=0.3, label="idle: no chunk, no replica")]
+            * (plan.idle > 0),
             Line2D(
                 [],
                 [],
@@ -218,7 +221,7 @@ def split_figure(plan: SplitPlan) -> Figure:
     )
     shape = "(" + ", ".join(map(str, plan.input_shape)) + ")"
     where = hardware_title(plan.devices, f"x of shape {shape} split along dim {plan.dim}")
-    axes.set_title(where, fontsize=9)
+    axes.set_title(where + (f"\n{ONE_DEVICE}" if plan.num_devices == 1 else ""), fontsize=9)
     return figure
 
 
