@@ -11,7 +11,8 @@ Under that load on 2 cores (December 2026, two runs): 03 8-11 s, 05 17-19 s, 07 
 sentences branch on the outcome (05 says no more than "no conclusion" where its largest batch
 turns too noisy under load, as it did in one of those runs), and 08, 05's measurement short.
 07 (DDP's processes, the pipeline: the slowest, and its sentences do not branch) runs with
-``DPKIT_VERDICTS_UNDER_LOAD=all``. Notebook 06 is not here yet.
+``DPKIT_VERDICTS_UNDER_LOAD=all``, as does 06 (one verdict, the calibrated prediction against
+its measured steps; the rest of 06 is predictions).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ EXPECTED = {
     "03_parallel_apply": (8, {}),
     # one per batch size
     "05_training": (5, {}),
+    # the calibrated prediction against the measured steps (its other numbers are predicted)
+    "06_communication_and_scaling": (
+        1,
+        {"c0afa55d": "DDP against DataParallel on the A100 preset: predicted, not measured"},
+    ),
     # DDP against DataParallel; the bubble from m=1 and from m=4 to m=8
     "07_beyond_dataparallel": (3, {}),
     # batch 16 and batch 256
