@@ -1,13 +1,19 @@
 """How long an explorer takes to redraw when a control moves, and what each fix saves.
 
-    .venv/bin/python -m benchmarks.widgets               # ~2 minutes on 2 quiet cores
+    .venv/bin/python -m benchmarks.widgets               # ~4 minutes on 2 quiet cores
     .venv/bin/python -m benchmarks.widgets --rounds 1    # quicker, looser
+    .venv/bin/python -m benchmarks.widgets --only ddp pipeline
 
-Every explorer of the course (split, replication, timeline, memory, backward) is driven from
-Python as the browser drives it: a control's value is set and the explorer recomputes, draws,
-paints the PNG and updates its marker. The time of that whole ``update`` is what a learner
-waits for after releasing a slider (the browser adds the transfer, about a millisecond).
-The goal (issue 16): a median of at most 200 ms and a worst of at most 400 ms on 2 cores.
+Every explorer of the course (split, replication, timeline, memory, backward in notebooks
+01-05; scaling in 06; ddp and pipeline in 07) is driven from Python as the browser drives it:
+a control's value is set and the explorer recomputes, draws, paints the PNG and updates its
+marker. The time of that whole ``update`` is what a learner waits for after releasing a
+slider (the browser adds the transfer, about a millisecond). Each explorer has a goal, with
+its reason (:class:`Case`): a median of at most 200 ms and a worst of at most 400 ms on 2
+cores (issue 16), except the pipeline explorer, which measures the split model live on
+every move (500 and 1000 ms). The moves include one device (one stage) for every explorer
+that offers it. The DDP explorer's process count is not moved: a new count starts new
+processes (seconds, once per count, as notebook 07 says), which is no redraw.
 
 Three ways to paint, each on its own explorer, timed one move at a time in interleaved order
 (every move is made on all three, in an order that rotates), so a busy moment of the machine
@@ -42,6 +48,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -52,13 +59,70 @@ from dpkit import viz
 from dpkit.viz import explorer as explorer_module
 
 RESULTS = Path(__file__).resolve().parent / "results" / "widgets.json"
-GOAL_MEDIAN_MS, GOAL_WORST_MS = 200.0, 400.0
 VARIANTS = ("savefig", "once", "shipped")
 
-# Per explorer: how to make it, and the moves a learner makes (control label, new value).
-# Every move changes its control's value; the list ends where the explorer starts.
-EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
-    "split": (
+
+@dataclass(frozen=True)
+class Case:
+    """One explorer: its public name, how to make it, the moves a learner makes (control label,
+    new value; every move changes its control's value, the list ends where the explorer
+    starts), and the redraw it should stay within (wall ms, median and worst), and why."""
+
+    factory: str  # the explorer's name in dpkit.viz or dpkit.viz.scaling
+    make: Callable[[], Any]
+    moves: list[tuple[str, Any]]
+    goal_median_ms: float = 200.0
+    goal_worst_ms: float = 400.0
+    why: str = (
+        "issue 16: a redraw within 200 ms feels like a response to the slider; no move worse "
+        "than twice that, on 2 cores"
+    )
+
+
+def _scaling_explorer() -> Any:
+    from dpkit.viz import scaling
+
+    return scaling.scaling_explorer(
+        hardware="2x8xA100-IB-HDR", model_name="wide-mlp", devices=16, batch=1024
+    )  # fmt: skip  (as notebook 06)
+
+
+def _ddp_explorer() -> Any:
+    """Notebook 07's: the comparison is made once (starting 2 ranks takes seconds, said in the
+    notebook); moving step or bucket redraws what was recorded, which is what is timed."""
+    from dpkit import ddp
+    from dpkit.viz import beyond
+
+    global _COMPARISON
+    if _COMPARISON is None:
+        _COMPARISON = ddp.compare_with_data_parallel(
+            "mlp", nproc=2, batch=64, steps=2, repeats=3, sweep_caps_mb=(0.1, 0.001)
+        )
+    return beyond.ddp_explorer(_COMPARISON)
+
+
+_COMPARISON: Any = None
+
+
+def _pipeline_explorer() -> Any:
+    """Notebook 07's: a 4-block MLP of width 512 split over up to 4 lanes, batch 256."""
+    import dpkit
+    from dpkit import pipeline as pp
+    from dpkit.viz import beyond
+
+    lanes = dpkit.virtual_devices(4)
+    torch.manual_seed(0)
+    model = pp.mlp_blocks(width=512, blocks=4)
+    x, y = torch.randn(256, 512), torch.randint(0, 512, (256,))
+    return beyond.pipeline_explorer(
+        lambda p, m: pp.pipeline(model, lanes[:p], micro_batches=m), x, y
+    )
+
+
+# The moves of each explorer; every explorer the course shows is here (a test checks it).
+EXPLORERS: dict[str, Case] = {
+    "split": Case(
+        "split_explorer",
         viz.split_explorer,
         [
             ("batch", 100),
@@ -69,20 +133,21 @@ EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
             ("split", "balanced"),
             ("batch", 512),
             ("dim", 1),
-            ("devices", 3),
+            ("devices", 1),
             ("batch", 10),
             ("split", "torch"),
             ("dim", 0),
             ("devices", 8),
         ],
     ),
-    "replication": (
+    "replication": Case(
+        "replication_explorer",
         viz.replication_explorer,
         [
             ("width", 512),
             ("devices", 8),
             ("width", 1024),
-            ("devices", 2),
+            ("devices", 1),
             ("width", 2048),
             ("devices", 16),
             ("width", 128),
@@ -90,7 +155,8 @@ EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
             ("width", 256),
         ],
     ),
-    "timeline": (
+    "timeline": Case(
+        "timeline_explorer",
         viz.timeline_explorer,
         [
             ("batch", 512),
@@ -98,11 +164,13 @@ EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
             ("batch", 1024),
             ("devices", 8),
             ("batch", 64),
-            ("devices", 4),
+            ("devices", 1),
             ("batch", 256),
+            ("devices", 4),
         ],
     ),
-    "memory": (
+    "memory": Case(
+        "memory_explorer",
         viz.memory_explorer,
         [
             ("batch", 512),
@@ -111,12 +179,14 @@ EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
             ("batch", 1024),
             ("devices", 8),
             ("loss", "outside"),
+            ("devices", 1),
             ("batch", 64),
             ("devices", 4),
             ("batch", 256),
         ],
     ),
-    "backward": (
+    "backward": Case(
+        "backward_explorer",
         viz.backward_explorer,
         [
             ("batch", 512),
@@ -124,9 +194,63 @@ EXPLORERS: dict[str, tuple[Callable[[], Any], list[tuple[str, Any]]]] = {
             ("batch", 1024),
             ("devices", 8),
             ("batch", 64),
-            ("devices", 4),
+            ("devices", 1),
             ("batch", 256),
+            ("devices", 4),
         ],
+    ),
+    "scaling": Case(
+        "scaling_explorer",
+        _scaling_explorer,
+        [
+            ("devices", 8),
+            ("batch", 4096),
+            ("devices", 64),
+            ("model", "cnn"),
+            ("devices", 1),
+            ("hardware", "8xA100-SXM-NVLink"),
+            ("batch", 256),
+            ("devices", 4),
+            ("hardware", "2x8xA100-IB-HDR"),
+            ("model", "wide-mlp"),
+            ("batch", 1024),
+            ("devices", 16),
+        ],
+    ),
+    "ddp": Case(
+        "ddp_explorer",
+        _ddp_explorer,
+        [
+            ("step", 1),
+            ("bucket MiB", 0.001),
+            ("step", 4),
+            ("bucket MiB", 0.1),
+            ("step", 2),
+            ("bucket MiB", 25.0),
+            ("step", 8),
+        ],
+    ),
+    "pipeline": Case(
+        "pipeline_explorer",
+        _pipeline_explorer,
+        [
+            ("micro-batches", 4),
+            ("stages", 1),
+            ("micro-batches", 16),
+            ("stages", 4),
+            ("micro-batches", 8),
+            ("stages", 2),
+            ("micro-batches", 1),
+        ],
+        goal_median_ms=500.0,
+        goal_worst_ms=1000.0,
+        why=(
+            "every move measures the split model live (a warm-up and 3 steps of up to 16 "
+            "micro-batches, the median drawn): that is the explorer's point, and it alone "
+            "took 113 ms of CPU time (median) and 217 ms at 16 micro-batches here; 0.5 s "
+            "keeps the answer within the moment of the move, 1 s is where attention drifts "
+            "(Nielsen's response-time limits)"
+        ),
     ),
 }
 
@@ -236,17 +360,19 @@ def _load() -> list[float] | None:
         return None
 
 
-def run(rounds: int) -> dict[str, Any]:
+def run(rounds: int, names: list[str] | None = None) -> dict[str, Any]:
     started = time.time()
     load_start = _load()
+    cases = {name: EXPLORERS[name] for name in names or EXPLORERS}
     timed = {
-        name: {variant: Timed(make, variant) for variant in VARIANTS}
-        for name, (make, _) in EXPLORERS.items()
+        name: {variant: Timed(case.make, variant) for variant in VARIANTS}
+        for name, case in cases.items()
     }
     order = list(VARIANTS)
     for round_index in range(rounds):
-        for step in range(max(len(moves) for _, moves in EXPLORERS.values())):
-            for name, (_, moves) in EXPLORERS.items():
+        for step in range(max(len(case.moves) for case in cases.values())):
+            for name, case in cases.items():
+                moves = case.moves
                 if step >= len(moves):
                     continue
                 order = order[1:] + order[:1]  # rotate which variant moves first
@@ -274,15 +400,30 @@ def run(rounds: int) -> dict[str, Any]:
                 ),
             }
     shipped = {name: result["shipped"]["wall_ms"] for name, result in results.items()}
+    cpu = {name: result["shipped"]["cpu_ms"] for name, result in results.items()}
     return {
         "what": "explorer redraw after a control moves (Explorer.update), ms",
-        "goal": {"median_ms": GOAL_MEDIAN_MS, "worst_ms": GOAL_WORST_MS},
+        "goal": {
+            name: {
+                "median_ms": case.goal_median_ms,
+                "worst_ms": case.goal_worst_ms,
+                "why": case.why,
+            }
+            for name, case in cases.items()
+        },
         "shipped_wall_ms": {
             name: {"median": ms["median"], "max": ms["max"]} for name, ms in shipped.items()
         },
         "goal_met": {
-            name: ms["median"] <= GOAL_MEDIAN_MS and ms["max"] <= GOAL_WORST_MS
+            name: ms["median"] <= cases[name].goal_median_ms
+            and ms["max"] <= cases[name].goal_worst_ms
             for name, ms in shipped.items()
+        },
+        # In CPU time of the process: what the wall time approaches on a quiet machine.
+        "goal_met_in_cpu_time": {
+            name: ms["median"] <= cases[name].goal_median_ms
+            and ms["max"] <= cases[name].goal_worst_ms
+            for name, ms in cpu.items()
         },
         "explorers": results,
         "rounds": rounds,
@@ -304,11 +445,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3, help="passes over every move list")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--only", nargs="+", choices=list(EXPLORERS), help="these explorers only")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     os.environ.setdefault("MPLBACKEND", "Agg")
-    result = run(args.rounds)
+    result = run(args.rounds, args.only)
     print(
         f"{'explorer':12s}" + "".join(f"{v:>22s}" for v in VARIANTS) + "   (wall ms: median / max)"
     )
@@ -318,7 +460,8 @@ def main() -> None:
             for v in VARIANTS
         )
         print(f"{name:12s}{cells}")
-    print("goal met (median <= 200 ms, worst <= 400 ms):", result["goal_met"])
+    print("goal met (wall):", result["goal_met"])
+    print("goal met (CPU time):", result["goal_met_in_cpu_time"])
     print(
         "load average at start and end:",
         result["machine"]["load_average_at_start"],
