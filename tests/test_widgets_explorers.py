@@ -220,6 +220,31 @@ def test_no_text_of_the_ddp_explorers_figure_sits_on_other_text_or_on_bars(step,
     assert _overlapping(texts, bars) == []
 
 
+@pytest.mark.parametrize("stages", [1, 2])
+def test_no_text_of_the_pipeline_explorers_figure_sits_on_other_text_or_on_bars(
+    stages, monkeypatch
+):
+    from dpkit import pipeline as pp
+
+    def measured(pipe, inputs, targets, repeats):  # backward from a third of the step on
+        events = []
+        for stage in range(stages):
+            name = f"virtual:{stage} (cpu)"
+            events += [
+                Event("apply", name, 0.001 * stage, 0.001 * (stage + 1), 0, 1, VIRTUAL_CPU),
+                Event("backward", name, 0.004 - 0.001 * stage, 0.006, 0, 1, VIRTUAL_CPU),
+            ]
+        return _filled(events), [0.3] * repeats
+
+    monkeypatch.setattr(pp, "measure_steps", measured)
+    explorer = beyond.pipeline_explorer(lambda p, m: None, None, None, repeats=1)
+    explorer.controls["stages"].value = stages
+    texts, bars = _boxes(explorer.last_figure, monkeypatch)
+    assert any(t.startswith("backward") for t, _ in texts)
+    assert _overlapping(texts) == []
+    assert _overlapping(texts, bars) == []
+
+
 # -- a legend names only what can be seen ------------------------------------------------
 
 

@@ -316,6 +316,7 @@ def pipeline_explorer(
             f"{hardware_title(trace, 'Model split')}\nidle {idle:.0%} {what}, formula "
             f"{formula:.0%}",
             fontsize=9,
+            pad=14,  # above the "backward →" mark, as the timeline's own title
         )
         return figure
 
