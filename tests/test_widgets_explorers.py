@@ -245,6 +245,33 @@ def test_no_text_of_the_pipeline_explorers_figure_sits_on_other_text_or_on_bars(
     assert _overlapping(texts, bars) == []
 
 
+SETTINGS = {
+    "timeline": (viz.timeline_explorer, [("devices", 1), ("devices", 2), ("devices", 8),
+                                         ("batch", 8), ("batch", 2048)]),
+    "backward": (viz.backward_explorer, [("devices", 1), ("devices", 2), ("devices", 8),
+                                         ("batch", 8), ("batch", 2048)]),
+    "memory": (viz.memory_explorer, [("devices", 1), ("devices", 2), ("devices", 8),
+                                     ("loss", "inside"), ("batch", 8), ("batch", 1024)]),
+    "split": (viz.split_explorer, [("devices", 1), ("devices", 2), ("devices", 16),
+                                   ("batch", 512), ("batch", 1)]),
+    "replication": (viz.replication_explorer, [("devices", 1), ("devices", 2), ("devices", 9),
+                                               ("devices", 16), ("width", 2048)]),
+    "scaling": (scaling.scaling_explorer, [("devices", 1), ("devices", 2), ("devices", 16),
+                                           ("devices", 64), ("batch", 16), ("batch", 8192)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_no_text_sits_on_other_text_or_on_bars_at_the_sliders_ends(name, monkeypatch):
+    make, moves = SETTINGS[name]
+    explorer = make()
+    for label, value in moves:
+        explorer.controls[label].value = value
+        texts, bars = _boxes(explorer.last_figure, monkeypatch)
+        assert (explorer.values, _overlapping(texts)) == (explorer.values, [])
+        assert (explorer.values, _overlapping(texts, bars)) == (explorer.values, [])
+
+
 # -- a legend names only what can be seen ------------------------------------------------
 
 

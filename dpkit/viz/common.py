@@ -88,10 +88,15 @@ def notebook_timeline(recorded: Trace) -> Figure:
     """The timeline of a trace's last step, notebook-sized: a row per device; on one device
     the title's second line says what DataParallel does there."""
     rows = len({e.device for e in recorded.events})
-    figure = compact(timeline(recorded), height=1.3 + 0.42 * rows + 0.25 * (rows == 1))
+    figure = timeline(recorded)
+    axes = figure.axes[0]
+    text_lines = axes.get_xlabel().count("\n") + (rows == 1)  # beyond one line each
+    # Tall enough for the legend beside it (a phase 0.2 inch), which must not reach the label
+    legend_entries = len(axes.get_legend().get_texts()) if axes.get_legend() else 0
+    height = max(1.3 + 0.42 * rows, 1.2 + 0.2 * legend_entries) + 0.22 * text_lines
+    compact(figure, height=height)
     note = one_device_note(recorded)
     if note is not None:
-        axes = figure.axes[0]
         axes.set_title(f"{axes.get_title()}\n{note}", pad=14)
     return figure
 

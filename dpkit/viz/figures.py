@@ -186,6 +186,12 @@ def device_order(names: Iterable[str]) -> list[str]:
     return sorted(first_seen, key=key)
 
 
+def _index_of(device: str) -> str:
+    """``"virtual:5 (cpu)"`` -> ``"5"``; a name without an index stays as it is."""
+    index = re.search(r":(\d+)", device)
+    return index.group(1) if index else device
+
+
 def _phase_order(phases: Iterable[str]) -> list[str]:
     known = FORWARD_PHASES + BACKWARD_PHASES
     present = list(dict.fromkeys(phases))
@@ -370,7 +376,13 @@ def memory_per_device(
         into[record.category][record.device] += record.nbytes
 
     figure, axes = _new_axes(8, 4.2)
-    labels = [f"{d}\noutput device" if held["gathered"][d] else d for d in devices]
+    # Beyond 4 devices the full names ("virtual:5 (cpu)") overlap: the index says it (the
+    # title names the hardware)
+    names = [_index_of(d) for d in devices] if len(devices) > 4 else devices
+    output = "output\ndevice" if len(devices) > 4 else "output device"
+    labels = [
+        f"{name}\n{output}" if held["gathered"][d] else name for name, d in zip(names, devices)
+    ]
     stacked = [sum(held[c][d] for c in held) for d in devices]
     allocator_top = max((n for per in totals.values() for n in per.values()), default=0)
     axis_top = top if top is not None else max([*stacked, allocator_top, 0]) * 1.15 or 1
@@ -430,7 +442,8 @@ def memory_per_device(
     _bytes_axis(axes.yaxis)
     axes.set_ylabel("bytes held")
     sizes = [f"{c} ({human_bytes(max(held[c].values()))})" for c in thin]
-    axes.set_xlabel("device" + (f"\ntoo thin to see: {', '.join(sizes)}" if thin else ""))
+    device_word = "device index" if len(devices) > 4 else "device"
+    axes.set_xlabel(device_word + (f"\ntoo thin to see: {', '.join(sizes)}" if thin else ""))
     _legend_outside(axes, "category")
     axes.set_title(hardware_title(trace, f"Memory per device in step {step}"))
     return figure

@@ -180,7 +180,9 @@ def replication_figure(cost: ReplicationCost) -> Figure:
             fontsize=fontsize,
             rotation=90 if cost.num_devices > 8 else 0,
         )
-    held.set_ylim(0, cost.replica_bytes * 1.4)
+    # Headroom for the labels above the bars under the legend (one column of three entries
+    # up to 2 devices, one row of three beyond)
+    held.set_ylim(0, cost.replica_bytes * (1.4 if cost.num_devices > 2 else 1.8))
     held.set_xticks(list(positions), [str(d.index) for d in cost.devices], fontsize=fontsize)
     held.set_xlabel("device index (above each bar: bytes copied there)")
     held.yaxis.set_major_formatter(bytes_axis)
