@@ -345,5 +345,9 @@ def test_start_suspects_measures_each_suspect_and_tabulates_every_run():
     assert suspects.thread_start_ms > 0 and suspects.python_ms > 0 and suspects.cores >= 1
     assert suspects.load_average is None or suspects.load_average >= 0
     rows = suspects.table().splitlines()
-    assert len(rows) == 1 + len(suspects.runs)
     assert rows[1].split()[0] == "8" and "1 per lane" in rows[1] and "(default)" in rows[3]
+    # a row per run, then only notes on runs faster than the cores allow (a busy machine's)
+    notes = rows[1 + len(suspects.runs) :]
+    assert all(note.startswith("Batch ") and "is not overlap" in note for note in notes)
+    beyond = [run for run in suspects.runs if run.speedup > min(run.devices, suspects.cores)]
+    assert len(notes) == len(beyond)
