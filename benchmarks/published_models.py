@@ -17,6 +17,8 @@ timing, not for training to accuracy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn.utils import skip_init
@@ -47,21 +49,28 @@ class Bottleneck(nn.Module):
         return self.relu(self.bn3(self.conv3(out)) + identity)
 
 
-def resnet50(num_classes: int = 1000) -> nn.Module:
-    """ResNet-50 v1.5 (torchvision's ``resnet50()``): 25,557,032 parameters at 1000 classes."""
+def _resnet(stages: tuple, block: Callable[[int, int, int], nn.Module], classes: int) -> nn.Module:
+    """torchvision's ResNet layout: the stem (7x7 convolution, BatchNorm, ReLU, max-pool),
+    ``stages`` of ``(planes, blocks, stride)`` built by ``block(cin, planes, stride)`` (the
+    stride on each stage's first block), global pooling and a ``classes``-way head."""
     layers: list[nn.Module] = [
         _conv(3, 64, 7, 2), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
         nn.MaxPool2d(3, stride=2, padding=1),
     ]  # fmt: skip
     cin = 64
-    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+    for planes, blocks, stride in stages:
         for i in range(blocks):
-            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
-            cin = width * 4
+            layers.append(block(cin, planes, stride if i == 0 else 1))
+            cin = planes * 4
     layers += [
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), skip_init(nn.Linear, cin, num_classes),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), skip_init(nn.Linear, cin, classes),
     ]  # fmt: skip
     return nn.Sequential(*layers)
+
+
+def resnet50(num_classes: int = 1000) -> nn.Module:
+    """ResNet-50 v1.5 (torchvision's ``resnet50()``): 25,557,032 parameters at 1000 classes."""
+    return _resnet(((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)), Bottleneck, num_classes)
 
 
 class GroupedBottleneck(nn.Module):
@@ -88,19 +97,11 @@ def resnext101_32x4d(num_classes: int = 1000) -> nn.Module:
     """ResNeXt-101 32x4d as NVIDIA's DeepLearningExamples build it (``--arch
     resnext101-32x4d``: blocks [3, 4, 23, 3], cardinality 32, width 4 per group at the first
     stage): 44,177,704 parameters at 1000 classes (checked by running it)."""
-    layers: list[nn.Module] = [
-        _conv(3, 64, 7, 2), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2, padding=1),
-    ]  # fmt: skip
-    cin = 64
-    for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 23, 2), (512, 3, 2)):
-        for i in range(blocks):
-            layers.append(GroupedBottleneck(cin, planes, stride if i == 0 else 1, 32, 4))
-            cin = planes * 4
-    layers += [
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), skip_init(nn.Linear, cin, num_classes),
-    ]  # fmt: skip
-    return nn.Sequential(*layers)
+
+    def block(cin: int, planes: int, stride: int) -> nn.Module:
+        return GroupedBottleneck(cin, planes, stride, groups=32, per_group=4)
+
+    return _resnet(((64, 3, 1), (128, 4, 2), (256, 23, 2), (512, 3, 2)), block, num_classes)
 
 
 class GPT2Small(nn.Module):
