@@ -4,6 +4,9 @@
   [3, 4, 6, 3], the stride on the 3x3 convolution, BatchNorm, a 1000-way head): the model of
   NVIDIA's DeepLearningExamples tables and of PyTorch's DDP benchmark. 25,557,032 parameters
   (checked by running it: ``sum(p.numel() for p in resnet50().parameters())``).
+- :func:`resnext101_32x4d`: ResNeXt-101 32x4d (grouped 3x3 convolutions, cardinality 32), the
+  model whose published steps set the presets' tensor-core fractions
+  (``benchmarks/tensor_core_efficiency.py``); 44,177,704 parameters.
 - :func:`gpt2_small`: GPT-2 small (12 layers, hidden 768, 12 heads, ffn 3072, 1024
   positions, vocabulary 50257, head tied to the token embedding), the model of the Hugging
   Face DP/DDP/NVLink measurement. Built from ``nn.TransformerEncoderLayer`` (pre-norm, GELU,
