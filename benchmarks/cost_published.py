@@ -198,14 +198,14 @@ H100_PCIE_URL = (
 def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
     """Two TITAN RTX joined by an NVLink bridge (NV2), as in Hugging Face's DP/DDP runs.
 
-    From the 8xV100-NVLink preset (a GPU box: its host overheads, its achieved fractions: FP32 0.94
-    and FP16 tensor cores 0.69 [dle-rnx101], memory 0.8), with the TITAN RTX's spec sheet: FP32 16.3
-    TFLOP/s, tensor 130 TFLOP/s, GDDR6 672 GB/s, 24 GB [Tom's Hardware, NVIDIA's launch specs];
-    NVLink: two x8 links of 25 GB/s per direction, "up to 100 GB/s in total" both ways [NVIDIA forum
-    answer; TechPowerUp], so 50 GB/s one way, times the V100 preset's assumed 0.8 = 40 GB/s; PCIe
-    3.0 x16 (TU102's Quadro RTX 8000 sheet; the T4 preset's PCIe 3 link, 0.8 of 15.75 GB/s,
-    assumed). ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL goes through host memory, which the
-    model prices as PCIe down and up (half the PCIe link)."""
+    From the 8xV100-NVLink preset (a GPU box: its host overheads, its memory's 0.8; its units at the
+    assumed 0.7, not V100's measured fractions), with the TITAN RTX's spec sheet: FP32 16.3 TFLOP/s,
+    tensor 130 TFLOP/s, GDDR6 672 GB/s, 24 GB [Tom's Hardware, NVIDIA's launch specs]; NVLink: two
+    x8 links of 25 GB/s per direction, "up to 100 GB/s in total" both ways [NVIDIA forum answer;
+    TechPowerUp], so 50 GB/s one way, times the V100 preset's assumed 0.8 = 40 GB/s; PCIe 3.0 x16
+    (TU102's Quadro RTX 8000 sheet; the T4 preset's PCIe 3 link, 0.8 of 15.75 GB/s, assumed).
+    ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL goes through host memory, which the model
+    prices as PCIe down and up (half the PCIe link)."""
     v100 = cost.preset("8xV100-NVLink")
     return replace(
         v100,
@@ -214,6 +214,10 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
         device_name="TITAN RTX",
         source=f"{TITAN_SPEC_URL}; {TITAN_NVLINK_URL}; {TURING_NVLINK_URL}",
         peak_flops={"float32": 16.3 * TFLOPS, "float16": 130 * TFLOPS},
+        # No published TITAN RTX step to read its units' fractions from: the presets'
+        # assumed 0.7, not V100's fractions (read from another GPU's convolutions)
+        matmul_efficiency=0.7,
+        tensor_core_efficiency={},
         memory_bandwidth=672 * GB,
         memory_capacity=24 * GIB,
         host_to_device=cost.preset("T4-PCIe3").host_to_device,
@@ -925,8 +929,7 @@ def gpt2_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     single = cost.predict(models.gpt2, models.tokens, 4, 1, nvlink, "ddp").step_time + extra
     numbers = (
         "two TITAN RTX built from 8xV100-NVLink (titan_rtx_pair): FP32 16.3 TFLOP/s, 672 "
-        "GB/s (spec sheet) x V100's 0.94 FP32 [dle-rnx101] and 0.8; NVLink 2 x 25 GB/s one "
-        "way x 0.8 (assumed); "
+        "GB/s (spec sheet) x assumed 0.7/0.8; NVLink 2 x 25 GB/s one way x 0.8 (assumed); "
         "no P2P: PCIe 3 x16 x 0.8 / 2 through host memory; GPT-2 profiled at 64/128/256 "
         "tokens, stretched to 1024; + AdamW, clipping and zero_grad estimated"
     )
