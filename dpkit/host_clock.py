@@ -27,8 +27,15 @@ def gpus_of(devices: Iterable[Device]) -> list[torch.device]:
     return list(found)
 
 
-def now(devices: Iterable[Device] = ()) -> float:
-    """``time.perf_counter()`` once the work queued on ``devices``' GPUs is done."""
+def now(devices: Iterable[Device] | None = None) -> float:
+    """``time.perf_counter()`` once the work queued on ``devices``' GPUs is done; without
+    ``devices``, on every GPU this process has started (for a step whose devices the caller
+    does not track: a model alone, or DataParallel around it)."""
+    if devices is None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for index in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(index)
+        return time.perf_counter()
     for gpu in gpus_of(devices):
         torch.get_device_module(gpu.type).synchronize(gpu)
     return time.perf_counter()

@@ -12,7 +12,6 @@ conclusion of the course is (:mod:`dpkit.verdict`, :meth:`Comparison.verdict`).
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import dpkit
-from dpkit import cost
+from dpkit import cost, host_clock
 from dpkit.cost.models import course_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.export import as_dataframe
@@ -134,9 +133,9 @@ def measure_against_prediction(
         for _ in range(steps + 1):  # the first warms up
             module.zero_grad(set_to_none=True)
             with dpkit.trace() as recorded:
-                start = time.perf_counter()
+                start = host_clock.now(lanes)
                 nn.functional.cross_entropy(parallel(images), labels).backward()
-                runs.append((time.perf_counter() - start, recorded))
+                runs.append((host_clock.now(lanes) - start, recorded))
     runs = runs[1:]
     median_trace = sorted(runs, key=lambda run: run[0])[len(runs) // 2][1]
     # the cost model profiles its own copy of the model, on the host
