@@ -863,45 +863,27 @@ def ddp_bench_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
               "16 GPUs ddp": sixteen, "16 GPUs ddp, 1 MB buckets": small_buckets}  # fmt: skip
     bench = BY_KEY
     rows = []
-    row = row_from(
-        bench["ddp_bench_resnet50_1gpu_ddp"],
-        "DDP overhead, one GPU",
-        ratio(one, no_ddp),
-        numbers + "; + SGD(momentum, wd) step estimated",
-        "",
-        what="ResNet-50 per-GPU img/s, 1 GPU under DDP over 1 GPU without (V100, batch 32)",
-        published=319 / 329,
-        unit="x",
-        detail=detail,
-    )
-    row.key = "ddp_bench_resnet50_1gpu_ddp_over_no_ddp"
-    rows.append(row)
-    row = row_from(
-        bench["ddp_bench_resnet50_8gpu_ddp"],
-        "scaling, one node",
-        ratio(eight, one),
-        numbers + "; + SGD step estimated",
-        "",
-        what="ResNet-50 per-GPU img/s, 8 GPUs over 1 (DDP, V100 DGX-1, batch 32 per GPU)",
-        published=307 / 319,
-        unit="x",
-        detail=detail,
-    )
-    row.key = "ddp_bench_resnet50_8gpu_over_1gpu"
-    rows.append(row)
-    row = row_from(
-        bench["ddp_bench_resnet50_16gpu_ddp"],
-        "scaling, several nodes",
-        ratio(sixteen, eight),
-        numbers + "; + SGD step estimated",
-        "",
-        what="ResNet-50 per-GPU img/s, 2 DGX-1 (16 GPUs) over 1 (8 GPUs), DDP, batch 32",
-        published=306 / 307,
-        unit="x",
-        detail=detail,
-    )
-    row.key = "ddp_bench_resnet50_16gpu_over_8gpu"
-    rows.append(row)
+    measured = {  # img/s per GPU as the benchmark printed it
+        name: bench[f"ddp_bench_resnet50_{name}"].value
+        for name in ("1gpu_no_ddp", "1gpu_ddp", "8gpu_ddp", "16gpu_ddp")
+    }
+    for key, group, over, under, predicted, what, optimizer in (
+        ("1gpu_ddp_over_no_ddp", "DDP overhead, one GPU", "1gpu_ddp", "1gpu_no_ddp",
+         ratio(one, no_ddp), "1 GPU under DDP over 1 GPU without (V100, batch 32)",
+         "SGD(momentum, wd)"),
+        ("8gpu_over_1gpu", "scaling, one node", "8gpu_ddp", "1gpu_ddp", ratio(eight, one),
+         "8 GPUs over 1 (DDP, V100 DGX-1, batch 32 per GPU)", "SGD"),
+        ("16gpu_over_8gpu", "scaling, several nodes", "16gpu_ddp", "8gpu_ddp",
+         ratio(sixteen, eight), "2 DGX-1 (16 GPUs) over 1 (8 GPUs), DDP, batch 32", "SGD"),
+    ):  # fmt: skip
+        row = row_from(
+            bench[f"ddp_bench_resnet50_{over}"], group, predicted,
+            f"{numbers}; + {optimizer} step estimated", "",
+            what=f"ResNet-50 per-GPU img/s, {what}", published=measured[over] / measured[under],
+            unit="x", detail=detail,
+        )  # fmt: skip
+        row.key = f"ddp_bench_resnet50_{key}"
+        rows.append(row)
     m = bench["ddp_bench_resnet50_16gpu_bucket1mb_over_25mb"]
     rows.append(row_from(
         m, "scaling, several nodes", ratio(small_buckets, sixteen),
@@ -910,7 +892,8 @@ def ddp_bench_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     ))  # fmt: skip
     groups = [
         ranking(
-            {"no DDP, 1 GPU": 329.0, "DDP, 1 GPU": 319.0, "DDP, 8 GPUs": 307.0},
+            {"no DDP, 1 GPU": measured["1gpu_no_ddp"], "DDP, 1 GPU": measured["1gpu_ddp"],
+             "DDP, 8 GPUs": measured["8gpu_ddp"]},  # fmt: skip
             {"no DDP, 1 GPU": no_ddp, "DDP, 1 GPU": one, "DDP, 8 GPUs": eight},
         ) | {"group": "ResNet-50 per-GPU img/s on V100 (PyTorch DDP benchmark)"},
     ]  # fmt: skip
