@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -40,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from cost_published import optimizer_seconds  # noqa: E402
+from cost_published import optimizer_seconds, prepared  # noqa: E402
 from published_measurements import MEASUREMENTS  # noqa: E402
 from published_models import resnext101_32x4d  # noqa: E402
 
@@ -73,26 +72,14 @@ def profiles(cache: Path | None) -> dict[str, Profile]:
     return found
 
 
+_STAND_IN = torch.nn.Identity()  # what cost.predict is given; prepared() swaps in the profile
+
+
 def throughput(model: Profile, hardware: Hardware, batch: int) -> float:
     """Predicted img/s of one GPU: forward + backward, plus the optimizer's step estimate."""
-    with cost_published_profile(model):
-        seconds = cost.predict(torch.nn.Identity(), torch.zeros(1), batch, 1, hardware).step_time
+    with prepared({(id(_STAND_IN), None): model}):
+        seconds = cost.predict(_STAND_IN, torch.zeros(1), batch, 1, hardware).step_time
     return batch / (seconds + optimizer_seconds(hardware, model, "sgd_momentum"))
-
-
-class cost_published_profile:  # noqa: N801 (a context manager, named as it reads)
-    """``cost.predict`` given this profile instead of profiling its module."""
-
-    def __init__(self, model: Profile) -> None:
-        self.model = model
-        self.module = sys.modules["dpkit.cost.predict"]
-
-    def __enter__(self) -> None:
-        self.original = self.module.profile
-        self.module.profile = lambda *args, **kwargs: self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        self.module.profile = self.original
 
 
 def with_efficiency(hardware: Hardware, unit: str, fraction: float) -> Hardware:
