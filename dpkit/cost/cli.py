@@ -289,8 +289,9 @@ def _number(value: object) -> bool:
 
 def _pairs(value: object) -> bool:
     """Whether ``value`` is a non-empty list of [number, number] (op_seconds' samples)."""
-    pair = lambda p: isinstance(p, list) and len(p) == 2 and all(map(_number, p))  # noqa: E731
-    return isinstance(value, list) and bool(value) and all(map(pair, value))
+    if not isinstance(value, list) or not value:
+        return False
+    return all(isinstance(p, list) and len(p) == 2 and all(map(_number, p)) for p in value)
 
 
 def _named(where: str, name: str, error: Exception) -> ValueError:
