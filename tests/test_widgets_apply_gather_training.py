@@ -250,18 +250,6 @@ def test_a_short_training_run_learns():
     assert "virtual" in viz.loss_curve(run).axes[0].get_title()
 
 
-def test_measure_speedup_times_both_per_batch_and_says_where():
-    rows = viz.measure_speedup(batches=(8, 32), devices=2, repeats=1)
-    assert [r.batch for r in rows] == [8, 32]
-    for row in rows:
-        assert row.single_ms > 0 and row.parallel_ms > 0
-        assert row.speedup == pytest.approx(row.single_ms / row.parallel_ms)
-        assert row.extra_ms == pytest.approx(row.parallel_ms - row.single_ms)
-    figure = viz.speedup_figure(rows)
-    assert "virtual" in figure.get_suptitle()
-    assert len(figure.axes) == 2
-
-
 # --------------------------------------------------------------------------------------
 # dpkit.viz exports
 
@@ -281,7 +269,7 @@ def test_importing_dpkit_viz_loads_no_widgets():
         "split_explorer",
         "replication_explorer",
         "Question",
-        "measure_speedup",
+        "measure_speedups",
     ],
 )
 def test_every_explorer_is_exported(name):

@@ -84,13 +84,10 @@ _LAZY_EXPORTS = {
         "traffic_and_memory",
     ),
     "training": (
-        "SpeedupRow",
         "backward_explorer",
         "backward_timeline",
         "compare_with_single_device",
         "loss_curve",
-        "measure_speedup",
-        "speedup_figure",
         "train",
         "training_trace",
     ),

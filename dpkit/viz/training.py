@@ -1,4 +1,4 @@
-"""Training with DataParallel: the backward path, equivalence, a short run, and speed-up.
+"""Training with DataParallel: the backward path, equivalence, and a short run.
 
 The surprise first: DataParallel's backward is the forward run in reverse. gather's
 backward *scatters* the output gradient to the devices (``grad_scatter``), each replica
@@ -6,27 +6,23 @@ runs its own backward, and replicate's backward *reduce-adds* every replica's pa
 gradients onto device 0 (``reduce``), where the optimizer steps. So the model is copied to
 every device and the gradients copied back on every step, whatever the batch: a small
 batch pays those fixed costs for little work, and DataParallel is then slower than one
-device. :func:`measure_speedup` measures where that stops on the machine at hand.
+device. :mod:`dpkit.viz.speedup` measures where that stops on the machine at hand.
 
-Layers: data (:func:`training_trace`, :func:`compare_with_single_device`, :func:`train`,
-:func:`measure_speedup`), figures (:func:`backward_timeline`, :func:`loss_curve`,
-:func:`speedup_figure`) and a widget (:func:`backward_explorer`).
+Layers: data (:func:`training_trace`, :func:`compare_with_single_device`, :func:`train`),
+figures (:func:`backward_timeline`, :func:`loss_curve`) and a widget
+(:func:`backward_explorer`).
 """
 
 from __future__ import annotations
 
 import copy
-import statistics
 from dataclasses import dataclass, field
 
 import torch
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 import dpkit
-from dpkit import host_clock
-from dpkit.tracing import Phase
 from dpkit.viz.common import (
     FIGURE_DPI,
     FIGURE_WIDTH,
@@ -38,7 +34,7 @@ from dpkit.viz.common import (
     traced_module,
 )
 from dpkit.viz.explorer import Explorer, int_slider
-from dpkit.viz.figures import MEASURED_COLOR, OTHER_COLOR
+from dpkit.viz.figures import MEASURED_COLOR
 
 # --------------------------------------------------------------------------------------
 # The backward path as a timeline
@@ -200,115 +196,4 @@ def loss_curve(run: TrainingRun) -> Figure:
         f"DataParallel training on {len(run.devices)} devices, batch {run.batch} — {run.hardware}",
         fontsize=10,
     )
-    return figure
-
-
-# --------------------------------------------------------------------------------------
-# Speed-up vs batch size, measured
-
-
-@dataclass
-class SpeedupRow:
-    batch: int
-    single_ms: float  # one training step of the plain model on one device (median)
-    parallel_ms: float  # the same step with DataParallel on `devices` devices (median)
-    devices: int
-    hardware: str
-    single_forward_ms: float = 0.0  # the forward (and loss) part of single_ms (median)
-
-    @property
-    def speedup(self) -> float:
-        return self.single_ms / self.parallel_ms
-
-    def ceiling(self, cores: int) -> float:
-        """The most DataParallel could gain over one device on ``cores`` CPU cores, from what
-        was measured: replicas' forwards overlap (up to one per core), but on the CPU autograd
-        runs every replica's backward in the one thread that called ``backward()``, so the
-        backward part of the step stays serial (on GPUs each device has a backward thread)."""
-        forward = self.single_forward_ms
-        backward = self.single_ms - forward
-        return self.single_ms / (forward / max(1, min(self.devices, cores)) + backward)
-
-    @property
-    def extra_ms(self) -> float:
-        """What DataParallel added (or, when negative, saved) per step."""
-        return self.parallel_ms - self.single_ms
-
-
-def _median_step_ms(
-    net: nn.Module, model: nn.Module, batch: int, repeats: int, home: dpkit.Device
-) -> tuple[float, float]:
-    """Median step time and median forward-and-loss time, in ms."""
-    inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
-    inputs, targets = dpkit.to_device((inputs, targets), home)
-    steps, forwards = [], []
-    for _ in range(repeats + 1):  # the first step warms up
-        start = host_clock.now()  # on a GPU: once its queued work is done, not at launch
-        model.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(net(inputs), targets)
-        forwards.append(host_clock.now() - start)
-        loss.backward()
-        steps.append(host_clock.now() - start)
-    return statistics.median(steps[1:]) * 1e3, statistics.median(forwards[1:]) * 1e3
-
-
-def measure_speedup(
-    batches: tuple[int, ...] = (16, 64, 256, 1024, 4096),
-    devices: int = 4,
-    repeats: int = 5,
-    threads: int | None = 1,
-) -> list[SpeedupRow]:
-    """Median training-step time of the demo MLP on one device vs DataParallel, per batch.
-
-    ``threads`` intra-op threads (default 1) for both, so that "a device" means the same
-    compute in both runs; None leaves torch's setting.
-    """
-    lanes = dpkit.devices(devices)
-    model = dpkit.to_device(demo_model(), lanes[0])
-    parallel = dpkit.DataParallel(model, device_ids=lanes)
-    rows = []
-    with intra_op_threads(threads):
-        for batch in batches:
-            single_ms, forward_ms = _median_step_ms(model, model, batch, repeats, lanes[0])
-            parallel_ms, _ = _median_step_ms(parallel, model, batch, repeats, lanes[0])
-            rows.append(
-                SpeedupRow(
-                    batch, single_ms, parallel_ms, len(lanes), hardware_of(lanes), forward_ms
-                )
-            )
-    return rows
-
-
-def speedup_figure(rows: list[SpeedupRow]) -> Figure:
-    """Left: step time vs batch, one device and DataParallel. Right: the speed-up."""
-    figure = Figure(figsize=(FIGURE_WIDTH, 3.0), dpi=FIGURE_DPI, layout="constrained")
-    times, ratio = figure.subplots(1, 2)
-    batches = [r.batch for r in rows]
-    # a marker and a dash of its own: the two lines differ by more than their colours
-    times.plot(batches, [r.single_ms for r in rows], "s--", color=OTHER_COLOR, label="1 device")
-    times.plot(
-        batches,
-        [r.parallel_ms for r in rows],
-        "o-",
-        color=Phase.APPLY.colour,
-        label=f"DataParallel, {rows[0].devices} devices",
-    )
-    times.set_ylabel("training step (ms, median)")
-    times.legend(fontsize=8, frameon=False)
-    ratio.plot(batches, [r.speedup for r in rows], "o-", color=MEASURED_COLOR)
-    ratio.axhline(1, color="0.4", linestyle=":", linewidth=1)
-    ratio.annotate(
-        "no gain", (batches[0], 1), xytext=(0, 3), textcoords="offset points", fontsize=8
-    )
-    ratio.set_ylim(0, 1.2 * max(1.0, *(r.speedup for r in rows)))
-    ratio.set_ylabel("speed-up over 1 device")
-    times.set_yscale("log")
-    times.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    for axes in (times, ratio):
-        axes.set_xscale("log", base=2)
-        axes.set_xticks(batches, [str(b) for b in batches])
-        axes.minorticks_off()
-        axes.set_xlabel("batch size")
-        axes.grid(alpha=0.3)
-    figure.suptitle(f"Measured on this machine — {rows[0].hardware}", fontsize=10)
     return figure
