@@ -40,6 +40,7 @@ from dpkit.devices import (
     resides_on,
 )
 from dpkit.gather import gather
+from dpkit.nested import tensor_nbytes
 from dpkit.parallel_apply import check_timeout, parallel_apply
 from dpkit.replicate import check_not_compiled, replicate
 from dpkit.scatter import ChunkSizes, check_dim, scatter_kwargs
@@ -103,6 +104,23 @@ def _resolve(
     return resolved, output
 
 
+def _call_itself(
+    module: nn.Module, inputs: Any, kwargs: dict[str, Any], device: Device, tracing_on: bool
+) -> Any:
+    """On one device DataParallel calls the module itself, in the caller's thread, as torch's
+    does. While tracing, that call is recorded as a replica's forward on its device (an
+    ``apply`` span, the module's parameters, its outputs and activations, its backward), so
+    a trace of one device shows the step's work and not a scatter alone."""
+    if not tracing_on:
+        return module(*inputs, **kwargs)
+    with tracing.span(tracing.Phase.APPLY, device, replica=0, thread="caller"):
+        output = module(*inputs, **kwargs)
+    held = [*module.parameters(), *module.buffers()]
+    tracing.record_memory(device, "parameters", sum(map(tensor_nbytes, held)))
+    tracing.after_apply([(0, module, inputs, kwargs, device)], {0: output})
+    return output
+
+
 def _parallel_forward(
     module: nn.Module,
     inputs: tuple[Any, ...],
@@ -130,7 +148,7 @@ def _parallel_forward(
     if not inputs and not kwargs:
         inputs, kwargs = ((),), ({},)
     if len(device_ids) == 1 and timeout is None:
-        result = module(*inputs[0], **kwargs[0])
+        result = _call_itself(module, inputs[0], kwargs[0], device_ids[0], tracing_on)
     elif len(device_ids) == 1:  # a worker thread, so that the timeout holds
         result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
     else:

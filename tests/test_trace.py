@@ -115,6 +115,24 @@ def test_every_used_device_has_each_phase_once_per_step(batch):
     assert all(e.kind == "virtual-cpu" for e in events)
 
 
+def test_one_device_records_the_module_s_own_call_as_its_apply_and_backward():
+    """On one device DataParallel calls the module itself (torch's forward does too); the
+    trace still shows that call's work, what it holds and its backward, not a lone scatter."""
+    (dev,) = lanes(1)
+    model = mlp()
+    with dpkit.trace() as tr:
+        step_of_training(model, [dev], 6)
+    phases = Counter(e.phase for e in tr.events)
+    assert phases["apply"] == 1 and phases["backward"] == 1, phases
+    assert {"replicate", "gather", "reduce"}.isdisjoint(phases)  # no copies on one device
+    (apply,) = [e for e in tr.events if e.phase == "apply"]
+    assert apply.device == dev.name and apply.details["thread"] == "caller"
+    held = {r.category: r.nbytes for r in tr.memory if r.device == dev.name}
+    assert held["parameters"] == param_bytes(model)
+    assert held["outputs"] == 6 * OUT * esize(torch.float32)
+    assert held["activations"] > 0
+
+
 # --------------------------------------------------------------------------------------
 # bytes
 

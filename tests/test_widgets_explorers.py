@@ -92,11 +92,20 @@ def test_every_device_slider_at_one_says_what_dataparallel_does_there(make):
     assert ONE_DEVICE in _all_text(explorer.last_figure)
 
 
-def test_the_ddp_explorers_dataparallel_timeline_at_one_device_says_why_it_is_empty():
-    lane = "virtual:0 (cpu)"
-    data_parallel = _filled([Event("scatter", lane, 0.0, 1e-5, 0, 1, VIRTUAL_CPU)])
-    figure = beyond.timelines_on_one_clock([("DataParallel", data_parallel)])
+def test_the_ddp_explorer_at_one_process_draws_both_sides_and_says_what_each_does():
+    lane = "virtual:0 (cpu)"  # what DataParallel records on one device (test_trace.py)
+    one_device = [Event("scatter", lane, 10.0, 10.1, 100, 1, VIRTUAL_CPU),
+                  Event("apply", lane, 10.1, 11, 0, 1, VIRTUAL_CPU),
+                  Event("backward", lane, 11, 13, 0, 1, VIRTUAL_CPU)]  # fmt: skip
+    comparisons = {n: _ddp_comparison(n) for n in (1, 2)}
+    comparisons[1].data_parallel = _filled(one_device)
+    explorer = beyond.ddp_explorer(comparisons[2], run=comparisons.__getitem__)
+    assert beyond.ONE_PROCESS not in explorer.marker.value
+    explorer.controls["processes"].value = 1
+    figure = explorer.last_figure
+    assert beyond.ONE_PROCESS in explorer.marker.value
     assert ONE_DEVICE in figure.axes[0].get_title()
+    assert {"apply", "backward"} <= _drawn_phases(figure)
 
 
 # -- one step numbering ------------------------------------------------------------------

@@ -43,7 +43,6 @@ from dpkit.viz.common import (
     intra_op_threads,
     notebook_timeline,
     one_device_marker,
-    traced_module,
 )
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import OTHER_COLOR
@@ -58,11 +57,11 @@ def apply_trace(
     """Trace ``steps`` DataParallel forwards of :func:`demo_model` on ``dpkit.devices(devices)``.
 
     The last step is the one to look at; the first warms up the worker threads. On one device
-    the module's own forward is recorded as its ``apply`` (see :class:`CalledByDataParallel`).
+    the module's own forward is recorded as its ``apply`` (DataParallel records it so).
     """
     lanes = dpkit.devices(devices)
     model = dpkit.to_device(demo_model(), lanes[0])
-    parallel = dpkit.DataParallel(traced_module(model, lanes), device_ids=lanes)
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
     inputs = dpkit.to_device(torch.randn(batch, 256), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
         for _ in range(steps):

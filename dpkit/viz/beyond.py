@@ -206,6 +206,14 @@ def ddp_against_data_parallel(comparison: Any) -> verdict.Verdict:
 # Explorers
 
 
+# What one process shows (torch: DataParallel.forward calls the module itself on one device;
+# DDP's reducer still launches its all-reduces, which a group of one returns unchanged).
+ONE_PROCESS = (
+    "1 process: DataParallel calls the module itself; DDP still all-reduces each bucket, "
+    "with no other rank to add"
+)
+
+
 def ddp_explorer(comparison: Any, run: Callable[[int], Any] | None = None) -> Any:
     """Sliders for the step, the process count (1-4) and the bucket size over DataParallel's
     and DDP's timelines of that step on one clock. ``comparison``: a
@@ -242,11 +250,12 @@ def ddp_explorer(comparison: Any, run: Callable[[int], Any] | None = None) -> An
         allreduces = [
             e for e in ddp.events if e.phase == "allreduce" and e.device.startswith("rank:0 ")
         ]
-        return (
+        line = (
             f"drawn: step={values['step']} processes={values['processes']} "
             f"bucket={values['bucket MiB']:g} MiB; rank 0 ran {len(allreduces)} all-reduce(s) "
             f"of {sum(e.nbytes for e in allreduces):,d} bytes in this step"
         )
+        return f"{line} ({ONE_PROCESS})" if values["processes"] == 1 else line
 
     bucket = SelectionSlider(options=[(f"{c:g}", c) for c in caps], value=caps[0],
                              description="bucket MiB", continuous_update=False)  # fmt: skip

@@ -18,9 +18,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from dpkit import tracing
 from dpkit.devices import Device
-from dpkit.nested import tensor_nbytes
 from dpkit.threads import intra_op_threads  # noqa: F401 (the explorers import it from here)
 from dpkit.tracing import Trace
 from dpkit.viz.explorer import drawn_marker
@@ -45,37 +43,6 @@ def compact(figure: Figure, width: float = FIGURE_WIDTH, height: float | None = 
 # What DataParallel does on one device, said wherever an explorer shows one (torch's
 # DataParallel.forward: ``if len(self.device_ids) == 1: return self.module(*inputs[0], ...)``).
 ONE_DEVICE = "1 device: DataParallel calls the module itself, no copies"
-
-
-class CalledByDataParallel(nn.Module):
-    """``module``, its forward recorded as the one device's ``apply`` while tracing.
-
-    On one device DataParallel scatters the input and calls the module itself, in the
-    caller's thread: no replicate, no parallel_apply, no gather, so a trace of it holds a
-    scatter and nothing else. Wrapped in this, the call is recorded as parallel_apply records
-    a replica's forward (an ``apply`` span, its outputs, activations and parameters, and its
-    backward's timing), so an explorer at one device draws the work the step did.
-    """
-
-    def __init__(self, module: nn.Module, device: Device) -> None:
-        super().__init__()
-        self.module, self.device = module, device
-
-    def forward(self, *inputs: object) -> object:
-        with tracing.span(tracing.Phase.APPLY, self.device, replica=0, thread="caller"):
-            output = self.module(*inputs)
-        if tracing.recording():
-            held = [*self.module.parameters(), *self.module.buffers()]
-            tracing.record_memory(self.device, "parameters", sum(map(tensor_nbytes, held)))
-            work = (0, self.module, inputs[0] if len(inputs) == 1 else inputs, {}, self.device)
-            tracing.after_apply([work], {0: output})
-        return output
-
-
-def traced_module(module: nn.Module, lanes: Sequence[Device]) -> nn.Module:
-    """What an explorer hands DataParallel: ``module`` itself on several devices (parallel_apply
-    records its replicas), :class:`CalledByDataParallel` on one."""
-    return CalledByDataParallel(module, lanes[0]) if len(lanes) == 1 else module
 
 
 def one_device_note(recorded: Trace | Sequence[object]) -> str | None:

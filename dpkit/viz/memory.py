@@ -30,7 +30,6 @@ from dpkit.viz.common import (
     intra_op_threads,
     one_device_marker,
     one_device_note,
-    traced_module,
 )
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import memory_per_device
@@ -105,7 +104,7 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
     """One traced forward and loss on ``dpkit.devices(devices)``, the loss ``outside`` or
     ``inside`` the module's forward. With the loss outside, the bytes the loss saves for
     backward on the output device are measured too (see :class:`MemoryRun`). On one device
-    the module's own call is recorded (:class:`~dpkit.viz.common.CalledByDataParallel`).
+    the module's own call is recorded (DataParallel records it so).
     """
     if loss not in (LOSS_OUTSIDE, LOSS_INSIDE):
         raise ValueError(f"loss must be {LOSS_OUTSIDE!r} or {LOSS_INSIDE!r}, got {loss!r}")
@@ -121,10 +120,10 @@ def memory_trace(devices: int = 4, batch: int = 256, loss: str = LOSS_OUTSIDE) -
     # on 8 lanes took 0.5 s instead of 30 ms here, once in a dozen). The bytes are the same.
     with intra_op_threads(1), dpkit.trace() as recorded:
         if loss == LOSS_INSIDE:
-            parallel = dpkit.DataParallel(traced_module(WithLoss(model), lanes), device_ids=lanes)
+            parallel = dpkit.DataParallel(WithLoss(model), device_ids=lanes)
             parallel(inputs, targets).sum() / batch
         else:
-            parallel = dpkit.DataParallel(traced_module(model, lanes), device_ids=lanes)
+            parallel = dpkit.DataParallel(model, device_ids=lanes)
             logits = parallel(inputs)
             loss_value = nn.functional.cross_entropy(logits, targets)
             given = [logits, targets, *model.parameters()]

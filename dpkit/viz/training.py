@@ -31,7 +31,6 @@ from dpkit.viz.common import (
     intra_op_threads,
     notebook_timeline,
     one_device_marker,
-    traced_module,
 )
 from dpkit.viz.explorer import Explorer, int_slider
 from dpkit.viz.figures import MEASURED_COLOR
@@ -45,10 +44,10 @@ def training_trace(
 ) -> dpkit.Trace:
     """Trace ``steps`` training steps (forward, cross-entropy, backward) of the demo MLP; the
     first warms up the threads. On one device the module's own forward and backward are
-    recorded (see :class:`~dpkit.viz.common.CalledByDataParallel`)."""
+    recorded (DataParallel records them so)."""
     lanes = dpkit.devices(devices)
     model = dpkit.to_device(demo_model(), lanes[0])
-    parallel = dpkit.DataParallel(traced_module(model, lanes), device_ids=lanes)
+    parallel = dpkit.DataParallel(model, device_ids=lanes)
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
     inputs, targets = dpkit.to_device((inputs, targets), lanes[0])
     with intra_op_threads(threads), dpkit.trace() as recorded:
