@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import itertools
 import json
 import math
 import tempfile
@@ -44,6 +45,7 @@ from dpkit.cost.presets import preset, presets
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
 AMP_CHOICES = ("bf16", "fp16")
 LINKS = ("host_to_device", "device_to_device", "node_to_node")
+TABLES = ("peak_flops", "tensor_core_efficiency", *LINKS, "op_seconds")
 TEXT_FIELDS = ("name", "description", "device_name", "source")
 NO_ALLREDUCE = "none"  # allreduce_bandwidth = "none": the ring's (TOML has no null)
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
@@ -56,7 +58,7 @@ FIELD_UNITS: dict[str, tuple[str, str]] = {
     "description": ("text", "one line about it"),
     "device_name": ("text", "what a device is called, e.g. A100"),
     "source": ("text", "where the numbers come from"),
-    "peak_flops": ("FLOP/s", "spec-sheet peak by the dtype an op computes in"),
+    "peak_flops": ("FLOP/s", "spec-sheet peak by the dtype an op computes in; float32 needed"),
     "matmul_efficiency": ("fraction", "of peak_flops that matmuls and convolutions reach"),
     "memory_bandwidth": ("bytes/s", "spec-sheet bandwidth of a device's memory"),
     "memory_efficiency": ("fraction", "of memory_bandwidth that elementwise ops reach"),
@@ -163,23 +165,19 @@ def hardware_toml(hardware: Hardware, command: str = "") -> str:
         unit, about = FIELD_UNITS[key]
         if key == "allreduce_bandwidth" and value is None:
             lines.append(f'{key} = "{NO_ALLREDUCE}"  # {unit}: {about}')
-        elif key not in ("peak_flops", *LINKS, "op_seconds", "tensor_core_efficiency"):
+        elif key not in TABLES:
             lines.append(_line(key, value, unit, about))
-    lines += ["", f"[peak_flops]  # FLOP/s, {FIELD_UNITS['peak_flops'][1]}; float32 is needed"]
-    lines += [_line(dtype, rate, "FLOP/s") for dtype, rate in values["peak_flops"].items()]
-    if values["tensor_core_efficiency"]:
-        lines += ["", f"[tensor_core_efficiency]  # {FIELD_UNITS['tensor_core_efficiency'][1]}"]
-        lines += [_line(dtype, fraction, "fraction")
-                  for dtype, fraction in values["tensor_core_efficiency"].items()]  # fmt: skip
-    for key in LINKS:
-        link: Link = values[key]
-        lines += ["", f"[{key}]  # {FIELD_UNITS[key][1]}"]
-        lines += [_line(name, getattr(link, name), unit, about)
-                  for name, (unit, about) in _LINK_UNITS.items()]  # fmt: skip
-    if values["op_seconds"]:
-        lines += ["", f"[op_seconds]  # {FIELD_UNITS['op_seconds'][1]}: [work, seconds] pairs"]
-        lines += [f"{_toml_key(op)} = {_toml([list(s) for s in samples])}"
-                  for op, samples in values["op_seconds"].items()]  # fmt: skip
+    for key in TABLES:
+        unit, about = FIELD_UNITS[key]
+        if not values[key]:
+            continue  # no tensor_core_efficiency or op_seconds: the defaults
+        lines += ["", f"[{key}]  # {unit}: {about}"]
+        if key in LINKS:
+            link = values[key]
+            lines += [_line(name, getattr(link, name), *_LINK_UNITS[name]) for name in _LINK_UNITS]
+        else:  # an op's pairs are written without a comment, as text is
+            entry = "text" if key == "op_seconds" else unit
+            lines += [_line(name, item, entry) for name, item in values[key].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -208,8 +206,9 @@ def _refuse_unknown(where: str, what: str, keys: Any, known: Any) -> None:
 
 
 def _check(where: str, name: str, value: object, unit: str) -> Any:
-    """``value`` if it is the kind of value ``unit`` is written as, else a ValueError naming
-    the field, its unit and an example. Ranges are :class:`Hardware`'s and :class:`Link`'s."""
+    """``value`` if it is written the way ``unit`` is (a whole number written 8.0 made an
+    int), else a ValueError naming the field, its unit and an example. Ranges are checked
+    by :class:`Hardware` and :class:`Link`."""
     if unit == "text":
         ok, want = isinstance(value, str), "text, in quotes"
     elif unit == "true/false":
@@ -220,29 +219,49 @@ def _check(where: str, name: str, value: object, unit: str) -> Any:
         want = f"a plain number of {unit} (SI units, no suffixes{example})"
     if not ok:
         raise ValueError(f"{where}: {name} = {value!r} must be {want}")
-    return value
+    whole = unit == "whole number" and isinstance(value, float) and value.is_integer()
+    return int(value) if whole else value
 
 
-def _table(where: str, name: str, value: object, keys: Any = None) -> dict[str, Any]:
+def _entry(where: str, name: str, key: str, value: Any) -> Any:
+    """One entry of a table field: a link's number or source, a dtype's number, an op's
+    [work, seconds] pairs."""
+    if name in LINKS:
+        _refuse_unknown(where, f"key of {name}", [key], _LINK_UNITS)
+        return _check(where, f"{name}.{key}", value, _LINK_UNITS[key][0])
+    if name == "op_seconds":  # Hardware checks the numbers
+        if not isinstance(value, list) or not all(isinstance(pair, list) for pair in value):
+            raise ValueError(f"{where}: op_seconds.{key} = {value!r} must be a list of "
+                             "[work, seconds] pairs")  # fmt: skip
+        return tuple(map(tuple, value))
+    if key != "tfloat32" and not isinstance(getattr(torch, key, None), torch.dtype):
+        raise ValueError(
+            f"{where}: {name}.{key} is not a dtype: use torch's names, float32 (needed in "
+            "peak_flops), tfloat32, bfloat16, float16"
+        )
+    return _check(where, f"{name}.{key}", value, FIELD_UNITS[name][0])
+
+
+def _field(where: str, name: str, value: Any, base: Hardware | None, origin: str) -> Any:
+    """One field of a hardware file as :class:`Hardware` takes it; a table over a ``base``
+    changes only the keys it names."""
+    if name == "allreduce_bandwidth" and value in (None, NO_ALLREDUCE):
+        return None
+    if name not in TABLES:
+        return _check(where, name, value, FIELD_UNITS[name][0])
     if not isinstance(value, Mapping):
         raise ValueError(
             f"{where}: {name} = {value!r} must be a table (TOML: a [{name}] section; JSON: "
             "an object)"
         )
-    if keys is not None:
-        _refuse_unknown(where, f"key of {name}", value, keys)
-    return dict(value)
-
-
-def _link(where: str, name: str, value: object, base: Link | None, origin: str) -> Link:
-    given = _table(where, name, value, _LINK_UNITS)
-    for key, unit in _LINK_UNITS.items():
-        if key in given:
-            _check(where, f"{name}.{key}", given[key], unit[0])
-    if base is not None:
+    given = {key: _entry(where, name, key, item) for key, item in value.items()}
+    old = getattr(base, name, None)
+    if name not in LINKS:
+        return {**(old or {}), **given}
+    if old is not None:
         if given and "source" not in given:  # the base's citation is not for these numbers
-            given["source"] = f"{origin} (changed from: {base.source})"
-        given = {"bandwidth": base.bandwidth, "latency": base.latency, **given}
+            given["source"] = f"{origin} (changed from: {old.source})"
+        given = {"bandwidth": old.bandwidth, "latency": old.latency, **given}
     missing = [key for key in ("bandwidth", "latency") if key not in given]
     if missing:
         raise ValueError(
@@ -250,48 +269,6 @@ def _link(where: str, name: str, value: object, base: Link | None, origin: str) 
             "(bytes/s) and latency (seconds), and may say its source"
         )
     return Link(**given)
-
-
-def _field(where: str, name: str, value: Any, base: Hardware | None, origin: str) -> Any:
-    """One field of a hardware file as :class:`Hardware` takes it; tables over a ``base``
-    change only the keys they name."""
-    if name in LINKS:
-        return _link(where, name, value, getattr(base, name, None), origin)
-    if name in ("peak_flops", "tensor_core_efficiency"):
-        table, unit = _table(where, name, value), FIELD_UNITS[name][0]
-        for dtype, number in table.items():
-            if dtype != "tfloat32" and not isinstance(getattr(torch, dtype, None), torch.dtype):
-                raise ValueError(
-                    f"{where}: {name}.{dtype} is not a dtype: use torch's names, float32 "
-                    "(needed in peak_flops), tfloat32, bfloat16, float16"
-                )
-            _check(where, f"{name}.{dtype}", number, unit)
-        return {**(getattr(base, name) if base else {}), **table}
-    if name == "op_seconds":
-        table = _table(where, name, value)
-        for op, pairs in table.items():
-            if not _pairs(pairs):
-                raise ValueError(f"{where}: op_seconds.{op} = {pairs!r} must be a list of "
-                                 "[work, seconds] pairs")  # fmt: skip
-            table[op] = tuple(tuple(p) for p in pairs)
-        return {**(base.op_seconds if base else {}), **table}
-    if name == "allreduce_bandwidth" and value in (None, NO_ALLREDUCE):
-        return None
-    unit = FIELD_UNITS[name][0]
-    _check(where, name, value, unit)
-    whole = unit == "whole number" and isinstance(value, float) and value.is_integer()
-    return int(value) if whole else value
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _pairs(value: object) -> bool:
-    """Whether ``value`` is a non-empty list of [number, number] (op_seconds' samples)."""
-    if not isinstance(value, list) or not value:
-        return False
-    return all(isinstance(p, list) and len(p) == 2 and all(map(_number, p)) for p in value)
 
 
 def _named(where: str, name: str, error: Exception) -> ValueError:
@@ -381,49 +358,38 @@ def load_hardware_file(path: str | Path) -> Hardware:
 # -- the report ---------------------------------------------------------------------------
 
 
+def _unit(nbytes: float) -> tuple[str, int, int]:
+    """The unit ``nbytes`` reads best in (GiB, MiB or KiB), its size and the digits shown."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB)):
+        if nbytes >= size:
+            return unit, size, 2 if unit == "GiB" else 1
+    return "KiB", KIB, 1
+
+
 def readable_bytes(nbytes: float) -> str:
     """``nbytes`` in B, KiB, MiB or GiB, whichever reads best."""
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if nbytes >= size:
-            return f"{nbytes / size:,.{2 if unit == 'GiB' else 1}f} {unit}"
-    return f"{int(nbytes)} B"
-
-
-def _device_groups(trace: PredictedTrace) -> list[tuple[str, dict[str, int]]]:
-    """Consecutive devices holding the same bytes, as one row: ("1-7", bytes by category)."""
-    groups: list[tuple[list[int], dict[str, int]]] = []
-    for index, held in enumerate(trace.held):
-        if groups and groups[-1][1] == held:
-            groups[-1][0].append(index)
-        else:
-            groups.append(([index], held))
-    return [(f"{i[0]}" if len(i) == 1 else f"{i[0]}-{i[-1]}", held) for i, held in groups]
+    unit, size, digits = _unit(nbytes)
+    return f"{nbytes / size:,.{digits}f} {unit}" if nbytes >= KIB else f"{int(nbytes)} B"
 
 
 def memory_table(trace: PredictedTrace) -> str:
     """Each device's predicted bytes by category (from ``trace.held``), its total and its
-    ``memory_capacity``, one unit for the table; devices holding the same share a row."""
-    totals = trace.memory_per_device
-    capacity = trace.machine.memory_capacity
-    unit, size = next(
-        ((u, s) for u, s in (("GiB", GIB), ("MiB", MIB)) if max(totals) >= s), ("KiB", KIB)
-    )
-    digits = 2 if unit == "GiB" else 1
+    ``memory_capacity``, in one unit; consecutive devices holding the same share a row."""
+    unit, size, digits = _unit(max(trace.memory_per_device))
     categories = list(dict.fromkeys(c for held in trace.held for c in held))
-    columns = [*categories, "total", "capacity"]
-    rows = [
-        (label, [held.get(c, 0) for c in categories] + [sum(held.values()), capacity])
-        for label, held in _device_groups(trace)
-    ]
-    cells = [[f"{value / size:,.{digits}f}" for value in values] for _, values in rows]
-    widths = [max(len(c), *(len(r[k]) for r in cells)) + 2 for k, c in enumerate(columns)]
-    width = max(len("device"), *(len(label) for label, _ in rows)) + 1
-    header = f"{'device':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths))
-    lines = [header, "-" * len(header)]
-    for (label, _), row in zip(rows, cells):
-        lines.append(f"{label:<{width}}" + "".join(f"{v:>{w}}" for v, w in zip(row, widths)))
-    lines.insert(0, f"memory per device at the step's peak, predicted, in {unit}:")
-    return "\n".join(lines)
+    table = [["device", *categories, "total", "capacity"]]
+    for _, group in itertools.groupby(enumerate(trace.held), key=lambda item: item[1]):
+        indices = [index for index, _ in group]
+        held = trace.held[indices[0]]
+        label = f"{indices[0]}" + (f"-{indices[-1]}" if len(indices) > 1 else "")
+        values = [*(held.get(c, 0) for c in categories), sum(held.values()),
+                  trace.machine.memory_capacity]  # fmt: skip
+        table.append([label, *(f"{value / size:,.{digits}f}" for value in values)])
+    widths = [max(len(row[k]) for row in table) + (2 if k else 1) for k in range(len(table[0]))]
+    lines = [row[0].ljust(widths[0]) + "".join(cell.rjust(width)
+             for cell, width in zip(row[1:], widths[1:])) for row in table]  # fmt: skip
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join([f"memory per device at the step's peak, predicted, in {unit}:", *lines])
 
 
 def fit_verdict(trace: PredictedTrace) -> str:
