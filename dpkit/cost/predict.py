@@ -439,16 +439,8 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
     backward's work, not by the parameters' bytes: VGG's fully connected layers hold 89 %
     of its bytes and take under 1 % of its work); an unused one at the end."""
     ends = ready_times(model.backward, rows, hardware)
-    total = ends[-1] if ends else 0.0
-    sizes = model.gradient_sizes
-    produced_by = model.gradient_ops
-    if len(produced_by) == len(sizes):
-        return [ends[i] if 0 <= i < len(ends) else total for i in produced_by]
-    done, ready = 0, [0.0] * len(sizes)  # not profiled: the share of bytes, last layer first
-    for index in reversed(range(len(sizes))):
-        done += sizes[index]
-        ready[index] = total * done / (sum(sizes) or 1)
-    return ready
+    last = ends[-1] if ends else 0.0
+    return [ends[i] if 0 <= i < len(ends) else last for i in model.gradient_ops]
 
 
 def _bucket_copies(model: Profile, hardware: Hardware) -> PassTime:
@@ -533,16 +525,10 @@ def _record_memory(trace: PredictedTrace, names: list[str], step: int, model: Pr
 
 
 def _count(devices: int | Sequence[Device]) -> int:
-    if isinstance(devices, bool):
-        raise TypeError(f"devices must be a count or a list of devices, got {devices!r}")
-    if isinstance(devices, int):
-        count = devices
-    elif isinstance(devices, Sequence) and not isinstance(devices, str):
-        count = len(devices)
-    else:
-        raise TypeError(
-            f"devices must be a count (e.g. 8) or a list of devices, got {type(devices).__name__}"
-        )
+    is_list = isinstance(devices, Sequence) and not isinstance(devices, str)
+    if isinstance(devices, bool) or not (isinstance(devices, int) or is_list):
+        raise TypeError(f"devices must be a count (e.g. 8) or a list of devices, got {devices!r}")
+    count = len(devices) if is_list else devices
     if count < 1:
         raise ValueError(f"devices must be at least 1, got {count}")
     return count
@@ -559,16 +545,17 @@ def _check_one_node(hardware: Hardware, count: int) -> None:
         )
 
 
+_AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+        "float16": torch.float16}  # fmt: skip
+
+
 def _amp_dtype(amp: torch.dtype | str | None) -> torch.dtype | None:
-    if amp is None or isinstance(amp, torch.dtype):
-        if amp not in (None, torch.bfloat16, torch.float16):
-            raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 or torch.float16")
+    if amp is None or amp in _AMP.values():
         return amp
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-             "float16": torch.float16}  # fmt: skip
-    if amp.lower() not in names:
-        raise ValueError(f"amp={amp!r}: use 'bf16' or 'fp16' (autocast's dtype), or None")
-    return names[amp.lower()]
+    if isinstance(amp, str) and amp.lower() in _AMP:
+        return _AMP[amp.lower()]
+    raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 ('bf16') or torch.float16 "
+                     "('fp16'); None for no autocast")  # fmt: skip
 
 
 def predict(
@@ -609,23 +596,16 @@ def predict(
         )
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not known; use 'dp' or 'ddp'")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    for name, value in (("batch_size", batch_size), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     if not (isinstance(bucket_cap_mb, (int, float)) and 0 < bucket_cap_mb < float("inf")):
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
     optimizer_copies(optimizer)
     count = _count(devices)
     if strategy == "dp":
         _check_one_node(hardware, count)
-    amp_dtype = _amp_dtype(amp)
-    options: dict[str, Any] = {}
-    if sample_kwargs is not None:
-        options["sample_kwargs"] = sample_kwargs
-    if amp_dtype is not None:
-        options["amp"] = amp_dtype
-    cost = profile(model, sample_input, **options)
+    cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=_amp_dtype(amp))
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     names = device_names(hardware, count)
     sizes = torch_chunk_sizes(batch_size, count)

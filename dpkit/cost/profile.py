@@ -91,19 +91,6 @@ class OpCost:
     def bytes_at(self, rows: int) -> float:
         return _evaluate(self.nbytes, rows)
 
-    @property
-    def shape_key(self) -> str:
-        """The op and its shape, apart from rows: ``"aten.addmm@401408"`` (FLOPs per row, or
-        ``@b`` and bytes per row for an op without FLOPs; ``+`` the FLOPs per row squared
-        where there are some). Calibration times each layer's op under this key as well as
-        under its name: two convolutions of different channels reach different FLOP/s, and
-        their samples are kept apart."""
-        per_row, per_row_squared = (tuple(self.flops) + (0.0, 0.0, 0.0))[1:3]
-        if per_row > 0 or per_row_squared > 0:
-            squared = f"+{round(per_row_squared)}" if per_row_squared > 0 else ""
-            return f"{self.name}@{round(per_row)}{squared}"
-        return f"{self.name}@b{round(self.nbytes[1])}"
-
 
 @dataclass(frozen=True)
 class PassCost:
@@ -236,6 +223,8 @@ def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> s
 
 # --- estimates for ops FlopCounterMode counts 0 FLOPs for ---------------------------------
 
+Estimate = Callable[[tuple, dict], float]  # the op's args and kwargs -> FLOPs
+
 
 def _tokens(tensor: torch.Tensor) -> int:
     """Rows of features: every dim but the last."""
@@ -289,20 +278,17 @@ def _mkldnn_rnn_layer(args: tuple, kwargs: dict) -> float:
     return 2.0 * _tokens(args[0]) * (args[1].numel() + args[2].numel())
 
 
-def _mkldnn_rnn_layer_backward(args: tuple, kwargs: dict) -> float:
-    """Twice the forward: the gradients of the inputs and of the weights, each a matmul of
-    the forward's size (oneDNN computes the input's even where nothing needs it)."""
-    return 2.0 * _mkldnn_rnn_layer(args, kwargs)
-
-
 def _cudnn_rnn(args: tuple, kwargs: dict) -> float:
     """A whole ``nn.LSTM``/``GRU``/``RNN`` on a GPU: each layer and direction's matrices
     over every token (``args[1]`` lists them all, biases too, which are left out)."""
     return 2.0 * _tokens(args[0]) * sum(w.numel() for w in args[1] if w.dim() == 2)
 
 
-def _cudnn_rnn_backward(args: tuple, kwargs: dict) -> float:
-    return 2.0 * _cudnn_rnn(args, kwargs)
+def _twice(forward: Estimate) -> Estimate:
+    """A recurrent layer's backward: twice its forward, the gradients of the inputs and of
+    the weights each a matmul of the forward's size (oneDNN computes the input's even where
+    nothing needs it)."""
+    return lambda args, kwargs: 2.0 * forward(args, kwargs)
 
 
 def _matrix_vector(args: tuple, kwargs: dict) -> float:
@@ -314,14 +300,10 @@ def _dot(args: tuple, kwargs: dict) -> float:
     return 2.0 * args[0].numel()
 
 
-def _addbmm(args: tuple, kwargs: dict) -> float:
-    first, second = args[1], args[2]  # (B, n, m) @ (B, m, p)
-    return 2.0 * first.numel() * second.shape[-1]
-
-
-def _addmm_activation(args: tuple, kwargs: dict) -> float:
-    first, second = args[1], args[2]  # (n, m) @ (m, p)
-    return 2.0 * first.numel() * second.shape[-1]
+def _batched_or_fused_mm(args: tuple, kwargs: dict) -> float:
+    """``addbmm(self, (B, n, m), (B, m, p))`` and ``_addmm_activation(self, (n, m), (m, p))``:
+    2 FLOPs per element of the first times the second's last dim."""
+    return 2.0 * args[1].numel() * args[2].shape[-1]
 
 
 def _trilinear(args: tuple, kwargs: dict) -> float:
@@ -337,8 +319,6 @@ def _trilinear(args: tuple, kwargs: dict) -> float:
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
-Estimate = Callable[[tuple, dict], float]
-
 ESTIMATES: dict[str, Estimate] = {
     "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa,
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_backward,
@@ -347,17 +327,17 @@ ESTIMATES: dict[str, Estimate] = {
     "aten._native_multi_head_attention": _native_mha,
     "aten._transformer_encoder_layer_fwd": _encoder_layer,
     "aten.mkldnn_rnn_layer": _mkldnn_rnn_layer,
-    "aten.mkldnn_rnn_layer_backward": _mkldnn_rnn_layer_backward,
+    "aten.mkldnn_rnn_layer_backward": _twice(_mkldnn_rnn_layer),
     "aten._cudnn_rnn": _cudnn_rnn,
-    "aten._cudnn_rnn_backward": _cudnn_rnn_backward,
+    "aten._cudnn_rnn_backward": _twice(_cudnn_rnn),
     "aten.miopen_rnn": _cudnn_rnn,
-    "aten.miopen_rnn_backward": _cudnn_rnn_backward,
+    "aten.miopen_rnn_backward": _twice(_cudnn_rnn),
     "aten.addmv": _matrix_vector,
     "aten.mv": _matrix_vector,
     "aten.dot": _dot,
     "aten.vdot": _dot,
-    "aten.addbmm": _addbmm,
-    "aten._addmm_activation": _addmm_activation,
+    "aten.addbmm": _batched_or_fused_mm,
+    "aten._addmm_activation": _batched_or_fused_mm,
     "aten._trilinear": _trilinear,
 }
 """FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name: each
@@ -606,27 +586,23 @@ def fit_rows(values: Sequence[float]) -> Coefficients:
     return (values[0] - slope * low, slope, 0.0)
 
 
+def _scaled_by_rows(values: Sequence[float]) -> Coefficients:
+    return (0.0, values[-1] / CHECK_ROWS, 0.0)
+
+
 def _fit(runs: Sequence[list[tuple]]) -> PassCost:
     """Each op's FLOPs and bytes fitted to rows (:func:`fit_rows`) from ``runs`` of one pass
     at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS`; if the runs ran different ops, the
     largest run's costs scaled by rows."""
     largest = runs[-1]
-    if any([op[0] for op in run] != [op[0] for op in largest] for run in runs):
-        return PassCost(
-            tuple(
-                OpCost(
-                    name, (0.0, f / CHECK_ROWS, 0.0), (0.0, b / CHECK_ROWS, 0.0), kind, dtype, est
-                )
-                for name, f, b, _, kind, dtype, est in largest
-            )
-        )
-    ops = []
-    for same_op in zip(*runs):
-        name, _, _, _, kind, dtype, estimated = same_op[-1]
-        flops = fit_rows([op[1] for op in same_op])
-        nbytes = fit_rows([op[2] for op in same_op])
-        ops.append(OpCost(name, flops, nbytes, kind, dtype, estimated))
-    return PassCost(tuple(ops))
+    if all([op[0] for op in run] == [op[0] for op in largest] for run in runs):
+        fit, columns = fit_rows, list(zip(*runs))
+    else:  # the largest run's counts, as if they grew with rows from nothing
+        fit, columns = _scaled_by_rows, [[op] for op in largest]
+    return PassCost(tuple(
+        OpCost(ops[-1][0], fit([op[1] for op in ops]), fit([op[2] for op in ops]), *ops[-1][4:])
+        for ops in columns
+    ))  # fmt: skip
 
 
 def _warn_uncounted(cost: PassCost, which: str) -> None:
