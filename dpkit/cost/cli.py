@@ -148,8 +148,8 @@ def _line(key: str, value: object, unit: str, about: str = "") -> str:
 
 def hardware_toml(hardware: Hardware, command: str = "") -> str:
     """``hardware`` as a TOML file that ``--hardware-file`` reads back equal to it: every
-    field (from :meth:`Hardware.describe`), a comment with its unit and meaning."""
-    values = dict(hardware.describe())
+    field, a comment with its unit and meaning."""
+    values = {spec.name: getattr(hardware, spec.name) for spec in fields(Hardware)}
     calibrated = bool(hardware.op_seconds)  # measured: not the preset of its name
     base = hardware.name if hardware.name in presets() and not calibrated else DEFAULT_HARDWARE
     lines = [

@@ -22,20 +22,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
 
-def _positive(owner: str, name: str, value: object, whole: bool = False) -> None:
-    """Refuse anything but a finite number above 0 (a whole one where ``whole``)."""
-    kind = "a whole number" if whole else "a number"
+def _check(owner: str, name: str, value: object, kind: str = "positive") -> None:
+    """Refuse what ``kind`` is not: ``"positive"`` a finite number above 0, ``"count"`` a
+    whole one, ``"fraction"`` one in (0, 1], ``"flag"`` True or False."""
+    if kind == "flag":
+        if not isinstance(value, bool):
+            raise TypeError(f"{owner}: {name}={value!r} must be True or False")
+        return
+    want = "a whole number" if kind == "count" else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{owner}: {name}={value!r} must be {kind}, not {type(value).__name__}")
-    if whole and value != int(value):
+        raise TypeError(f"{owner}: {name}={value!r} must be {want}, not {type(value).__name__}")
+    if kind == "count" and value != int(value):
         raise ValueError(f"{owner}: {name}={value!r} must be a whole number (a count)")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{owner}: {name}={value!r} must be finite and above 0")
+    if kind == "fraction" and value > 1:
+        raise ValueError(f"{owner}: {name}={value!r} must be a fraction in (0, 1] of a peak")
+
+
+def _sample(value: object) -> bool:
+    """Whether ``value`` is work or seconds of a measured op: a finite number, 0 or more."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -49,8 +61,8 @@ class Link:
     source: str = ""
 
     def __post_init__(self) -> None:
-        _positive("Link", "bandwidth (bytes/s)", self.bandwidth)
-        _positive("Link", "latency (s)", self.latency)
+        _check("Link", "bandwidth (bytes/s)", self.bandwidth)
+        _check("Link", "latency (s)", self.latency)
 
     def time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` over this link, one message."""
@@ -61,13 +73,16 @@ class Link:
 # pairs, work being the op's FLOPs where it has any, else the bytes it reads and writes.
 OpSamples = tuple[tuple[float, float], ...]
 
-_FRACTIONS = ("matmul_efficiency", "memory_efficiency")
-_COUNTS = ("devices_per_node", "nodes", "nics_per_node")
-_FLAGS = ("peer_to_peer", "virtual_lanes")
 _HOST = (
     "op_overhead", "backward_op_overhead", "gil_handoff", "thread_start", "module_overhead",
     "copy_overhead", "step_overhead",
 )  # fmt: skip
+_KINDS = {  # what __post_init__ checks each plain field is
+    **dict.fromkeys(("memory_bandwidth", "memory_capacity", "compute_units", *_HOST), "positive"),
+    **dict.fromkeys(("matmul_efficiency", "memory_efficiency"), "fraction"),
+    **dict.fromkeys(("devices_per_node", "nodes", "nics_per_node"), "count"),
+    **dict.fromkeys(("peer_to_peer", "virtual_lanes"), "flag"),
+}
 
 
 @dataclass(frozen=True)
@@ -152,39 +167,25 @@ class Hardware:
 
     def __post_init__(self) -> None:
         owner = f"Hardware {self.name!r}"
-        for name in ("memory_bandwidth", "memory_capacity", "compute_units", *_HOST):
-            _positive(owner, name, getattr(self, name))
-        for name in _FRACTIONS:
-            _positive(owner, name, getattr(self, name))
-            if getattr(self, name) > 1:
-                raise ValueError(
-                    f"{owner}: {name}={getattr(self, name)!r} is a fraction of the peak: "
-                    "it must be in (0, 1]"
-                )
-        for name in _COUNTS:
-            _positive(owner, name, getattr(self, name), whole=True)
-        for name in _FLAGS:
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{owner}: {name}={getattr(self, name)!r} must be True or False")
+        for name, kind in _KINDS.items():
+            _check(owner, name, getattr(self, name), kind)
         for name in ("host_to_device", "device_to_device", "node_to_node"):
             if not isinstance(getattr(self, name), Link):
                 raise TypeError(f"{owner}: {name} must be a dpkit.cost.Link")
         if not isinstance(self.peak_flops, Mapping) or "float32" not in self.peak_flops:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
-            _positive(owner, f"peak_flops[{dtype!r}]", rate)
+            _check(owner, f"peak_flops[{dtype!r}]", rate)
         for dtype, fraction in self.tensor_core_efficiency.items():
-            _positive(owner, f"tensor_core_efficiency[{dtype!r}]", fraction)
-            if dtype not in self.peak_flops or fraction > 1:
-                raise ValueError(
-                    f"{owner}: tensor_core_efficiency[{dtype!r}]={fraction!r} must be a "
-                    "fraction in (0, 1] of a dtype that peak_flops names"
-                )
+            _check(owner, f"tensor_core_efficiency[{dtype!r}]", fraction, "fraction")
+            if dtype not in self.peak_flops:
+                raise ValueError(f"{owner}: tensor_core_efficiency[{dtype!r}] must be of a "
+                                 "dtype that peak_flops names")  # fmt: skip
         if self.allreduce_bandwidth is not None:
-            _positive(owner, "allreduce_bandwidth", self.allreduce_bandwidth)
+            _check(owner, "allreduce_bandwidth", self.allreduce_bandwidth)
         for op, samples in self.op_seconds.items():
             if not samples or not all(
-                len(s) == 2 and all(math.isfinite(v) and v >= 0 for v in s) for s in samples
+                len(pair) == 2 and all(map(_sample, pair)) for pair in samples
             ):
                 raise ValueError(f"{owner}: op_seconds[{op!r}] must be (work, seconds) pairs")
 
@@ -225,7 +226,3 @@ class Hardware:
     def summary(self) -> str:
         """One line: the name, then what it is (``dpkit predict --list`` prints these)."""
         return f"{self.name}: {self.description}"
-
-    def describe(self) -> list[tuple[str, object]]:
-        """Every field and its value, for tables and ``--hardware-file`` templates."""
-        return [(spec.name, getattr(self, spec.name)) for spec in fields(self)]
