@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,31 @@ ENV = {
 
 
 def run(*command: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``command``'s result, in a session of its own: :func:`left_in_session` then finds
+    whatever it left running (ranks, the fork server, what a rank started)."""
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV
-    )
+        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=ENV,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def left_in_session(session: int, wait_s: float = 5.0) -> list[int]:
+    """Processes still in ``session`` after up to ``wait_s`` seconds (Python's helpers end
+    a moment after the process that started them), from ``/proc``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) == session and fields[0] != "Z":  # fields[3]: session id
+                left.append(int(entry))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -50,11 +73,17 @@ def tracks(trace_json: Path) -> set[str]:
 
 
 def test_dpkit_ddp_trains_and_writes_the_trace_and_figures(tmp_path):
-    result = run(
-        sys.executable, "-m", "dpkit", "ddp", "--nproc", "2", "--batch", "16", "--steps", "2",
-        "--bucket-mb", "0.001", "--out", str(tmp_path),
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpkit", "ddp", "--nproc", "2", "--batch", "16", "--steps", "2",
+         "--bucket-mb", "0.001", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+        start_new_session=True,
     )  # fmt: skip
+    stdout, stderr = process.communicate(timeout=180)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert result.returncode == 0, result.stderr
+    # nothing it started outlives it: not a rank, not the fork server (its session is empty)
+    assert left_in_session(process.pid) == []
     assert tracks(tmp_path / "trace.json") == {"rank:0 (cpu)", "rank:1 (cpu)"}
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     allreduces = [e for e in events if e["name"] == "allreduce" and e["args"]["step"] == 2]
@@ -78,6 +107,9 @@ def test_dpkit_ddp_trains_and_writes_the_trace_and_figures(tmp_path):
         (["--model", "resnet"], ["--model", "invalid choice"]),
         (["--nproc", "100000"], ["dpkit: error: ValueError: nproc=100000"]),
         (["--nproc", "3", "--batch", "64"], ["batch=64 does not split evenly", "batch=66"]),
+        (["--bucket-mb", "inf"], ["argument --bucket-mb", "bucket_cap_mb=inf"]),
+        (["--bucket-mb", "1e13"], ["argument --bucket-mb", "bucket_cap_mb=1e+13", "64-bit"]),
+        (["--timeout", "inf"], ["argument --timeout", "timeout=inf", "at most"]),
     ],
 )
 def test_dpkit_ddp_refuses_bad_options_by_name(options, words, tmp_path, capsys, monkeypatch):
@@ -93,6 +125,17 @@ def test_dpkit_ddp_refuses_bad_options_by_name(options, words, tmp_path, capsys,
     for word in words:
         assert word in stderr
     assert not (tmp_path / "trace.json").exists()
+
+
+def test_an_unwritable_out_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DPKIT_DEBUG", raising=False)
+    (tmp_path / "a_file").write_text("")  # a folder cannot be made inside a file
+    out = tmp_path / "a_file" / "runs"
+    started = time.monotonic()
+    assert cli.main(["ddp", "--out", str(out)]) == 2
+    assert time.monotonic() - started < 2  # no rank started: that takes seconds
+    stderr = capsys.readouterr().err
+    assert f"--out {out}: cannot write there (Not a directory)" in stderr
 
 
 def test_the_training_script_runs_alone_as_a_world_of_one(tmp_path):

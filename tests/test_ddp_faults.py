@@ -140,6 +140,10 @@ def _alive(pid: int) -> bool:
         ({"backend": "mpi"}, ValueError, ["backend='mpi'", "'gloo'"]),
         ({"batch": 10, "nproc": 4}, ValueError, ["batch=10", "nproc=4", "batch=12"]),
         ({"bucket_cap_mb": 0}, ValueError, ["bucket_cap_mb"]),
+        # inf failed inside a rank (OverflowError), 1e13 in DDP's C++ constructor
+        ({"bucket_cap_mb": float("inf")}, ValueError, ["bucket_cap_mb=inf", "64-bit"]),
+        ({"bucket_cap_mb": 1e13}, ValueError, ["bucket_cap_mb=1e+13", "less than"]),
+        ({"timeout": float("inf")}, ValueError, ["timeout=inf", "at most 1e+09 s"]),
         ({"steps": 0}, ValueError, ["steps"]),
         ({"timeout": 0}, ValueError, ["timeout"]),
         ({"workload": "resnet"}, ValueError, ["model='resnet'", "transformer"]),

@@ -1,4 +1,4 @@
-"""Checks made before any rank starts: the world size, the backend, the port.
+"""Checks made before any rank starts: the world size, the backend, the numbers, the port.
 
 Each bad value is a ``ValueError`` (or ``TypeError``, ``RuntimeError`` for a torch without
 what is needed) naming the argument and the fix, raised in the caller's process before a
@@ -8,6 +8,7 @@ single rank is spawned: a mistake costs milliseconds, not a spawn and a timeout.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 from typing import Any
@@ -109,7 +110,47 @@ def check_port(port: Any, address: str = "127.0.0.1") -> int:
     return port
 
 
-def address_in_use(error: BaseException) -> bool:
-    """Whether ``error`` (from a rank) says rank 0 could not listen on its port."""
-    text = str(error)
-    return "EADDRINUSE" in text or "ddress already in use" in text
+# torch turns bucket_cap_mb into int(bucket_cap_mb * 2**20) bytes, which its C++ reducer
+# takes as a signed 64-bit integer: 8.8e12 MiB and more fail inside DDP's constructor with a
+# pybind11 message that lists every argument (measured on torch 2.13: 8.7e12 runs, 8.8e12 fails).
+BUCKET_CAP_LIMIT_MB = 2**43  # 2**63 bytes: the first cap that does not fit
+# gloo counts a collective's timeout in 64-bit nanoseconds (about 9.2e9 s; 1e10 s fails with
+# "Invalid timeout"), and dpkit gives torch's collectives 30 s more than the parent's own
+# deadline: 1e9 s (31 years) is far beyond any run and safely inside that.
+MAX_TIMEOUT_S = 1e9
+
+
+def check_bucket_cap(cap: Any) -> float:
+    """``bucket_cap_mb`` as a float: a finite number of MiB above 0 that torch can hold."""
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
+    if not cap < BUCKET_CAP_LIMIT_MB:  # inf too (int(inf) is an OverflowError inside DDP)
+        raise ValueError(
+            f"bucket_cap_mb={cap:g} is more than torch can hold: DDP turns it into bytes in a "
+            f"64-bit integer, less than {BUCKET_CAP_LIMIT_MB:,d} MiB. For a single bucket holding "
+            "every gradient, any cap above the model's size will do (e.g. 1e6)"
+        )
+    return float(cap)
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as a float: a finite number of seconds above 0 that torch can hold."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not math.isfinite(timeout) or timeout > MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout={timeout:g} is not a number of seconds torch can wait: its collectives "
+            f"count it in 64-bit nanoseconds; use at most {MAX_TIMEOUT_S:g} s. There is no "
+            "'wait forever': a stuck rank would then hang the run for good"
+        )
+    return float(timeout)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback network interface (``lo`` on Linux, ``lo0`` on
+    macOS), or None when it has neither (Windows)."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (AttributeError, OSError):  # no if_nameindex on Windows before Python 3.8
+        return None
+    return next((name for name in ("lo", "lo0") if name in names), None)

@@ -10,10 +10,12 @@ It prints the ranks' per-phase summary and memory, and writes the merged ``trace
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from dpkit.cli_types import at_least_one
+from dpkit.ddp import checks
 from dpkit.ddp.workload import MODELS
 
 
@@ -72,9 +74,27 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
     return "\n".join(lines)
 
 
+def writable_folder(out: str) -> Path:
+    """``out`` resolved, made if missing, and proven writable by writing a file there: a
+    folder ``dpkit ddp`` cannot write is refused before the ranks start, not after they
+    trained."""
+    folder = Path(out).resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpkit-write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"--out {out}: cannot write there ({error.strerror or error}); pick a folder you "
+            "can write, e.g. --out runs/ddp"
+        ) from None
+    return folder
+
+
 def _ddp_command(args: argparse.Namespace) -> int:
     from dpkit.ddp.run import run_ddp
 
+    out = writable_folder(args.out)
     result = run_ddp(
         args.model,
         nproc=args.nproc,
@@ -84,21 +104,32 @@ def _ddp_command(args: argparse.Namespace) -> int:
         backend=args.backend,
         timeout=args.timeout,
     )
-    out = Path(args.out).resolve()
     trace_path = result.trace.to_chrome_trace(out / "trace.json")
     print(report(result, args.model, (trace_path, *write_figures(result.trace, out))))
     return 0
 
 
-def _positive_number(text: str) -> float:
-    """An argparse type: a number > 0 (argparse names the option in its error)."""
+def _bucket_cap(text: str) -> float:
+    """An argparse type: a bucket cap in MiB that torch can hold (argparse names the option)."""
+    return _number(text, checks.check_bucket_cap)
+
+
+def _timeout(text: str) -> float:
+    """An argparse type: a finite number of seconds torch can wait."""
+    return _number(text, checks.check_timeout)
+
+
+def _number(text: str, check: Any) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
+    try:
+        return check(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_ddp_command(commands: Any) -> None:
@@ -122,7 +153,7 @@ def add_ddp_command(commands: Any) -> None:
     )
     parser.add_argument("--model", choices=MODELS, default="mlp", help="model on 1x28x28")
     parser.add_argument(
-        "--bucket-mb", type=_positive_number, default=25.0, help="DDP's bucket_cap_mb (MiB)"
+        "--bucket-mb", type=_bucket_cap, default=25.0, help="DDP's bucket_cap_mb (MiB)"
     )
     parser.add_argument("--steps", type=at_least_one, default=3, help="training steps")
     parser.add_argument("--out", default=".", help="folder for the figures and trace.json")
@@ -131,7 +162,7 @@ def add_ddp_command(commands: Any) -> None:
         "per rank, else gloo"
     )  # fmt: skip
     parser.add_argument(
-        "--timeout", type=_positive_number, default=120.0,
+        "--timeout", type=_timeout, default=120.0,
         help="seconds with no rank moving on before all are stopped",
     )  # fmt: skip
     parser.set_defaults(run=_ddp_command)

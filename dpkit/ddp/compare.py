@@ -29,7 +29,7 @@ import torch
 import dpkit
 from dpkit.ddp.launch import Ranks
 from dpkit.ddp.rank import run_rank
-from dpkit.ddp.run import DDPResult, launch_plan, make_plan, result_of
+from dpkit.ddp.run import DDPResult, launch_plan, make_plan, rendezvous, result_of
 from dpkit.ddp.workload import Workload, as_workload
 from dpkit.devices import RANK
 from dpkit.nested import tensor_nbytes
@@ -202,7 +202,11 @@ def compare_with_data_parallel(
     torch.set_num_threads(threads)
     dp_times: list[float] = []
     try:
-        with Ranks(run_rank, (plan,), nproc, timeout) as running, dpkit.trace() as recorded:
+        with (
+            rendezvous(plan) as met,
+            Ranks(run_rank, (met,), nproc, timeout) as running,
+            dpkit.trace() as recorded,
+        ):
             for block in range(plan.blocks):
                 running.wait_for("waiting", block)  # the ranks are idle: DataParallel's turn
                 for _ in range(steps):
@@ -270,7 +274,7 @@ def bucket_sweep(
     plan = make_plan(
         workload, nproc, batch, steps, list(bucket_caps_mb), None, timeout, None, threads
     )
-    per_rank, pids = launch_plan(plan, timeout, port_given=False)
+    per_rank, pids = launch_plan(plan, timeout)
     return bucket_rows(
         [result_of([runs[index] for runs in per_rank], plan, pids)
          for index in range(len(plan.bucket_caps))]

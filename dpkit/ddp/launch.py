@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import queue
 import signal
 import time
@@ -168,15 +169,19 @@ class Ranks:
                 self._pending.append(self.messages.get_nowait())
 
     def _check(self) -> None:
-        """Raise if a rank reported an error, died, or no rank moved on for too long."""
+        """Raise if a rank reported an error, ended before its work was done (whatever its
+        exit status), or no rank moved on for too long."""
         if any(m[0] == "error" for m in self._pending):
             self._fail()
         for rank, process in enumerate(self.processes):
-            if process.exitcode not in (None, 0):
-                self._read(timeout=ERROR_WINDOW_S)  # its message may still be in the pipe
-                if any(m[0] == "error" for m in self._pending):
-                    self._fail()
-                self._died(rank, process.exitcode)
+            if process.exitcode is None or self._finished(rank):
+                continue
+            self._read(timeout=ERROR_WINDOW_S)  # its last message may still be in the pipe
+            if self._finished(rank):
+                continue
+            if any(m[0] == "error" for m in self._pending):
+                self._fail()
+            self._died(rank, process.exitcode)
         seen, now = tuple(self.progress), time.monotonic()
         if seen != self._seen:
             self._seen, self._moved = seen, now
@@ -184,6 +189,10 @@ class Ranks:
         allowed = max(self.timeout, STARTUP_S) if starting else self.timeout
         if now - self._moved > allowed:
             self._time_out(allowed)
+
+    def _finished(self, rank: int) -> bool:
+        """Whether ``rank`` said its target returned (see :func:`dpkit.ddp.process.rank_main`)."""
+        return any(m[0] == "finished" and m[1] == rank for m in self._pending)
 
     def where(self, rank: int) -> str:
         """Where ``rank`` is, in words: "in step 2, backward", "while connecting"."""
@@ -202,7 +211,7 @@ class Ranks:
         silent = [
             (r, p.exitcode)
             for r, p in enumerate(self.processes)
-            if p.exitcode not in (None, 0) and r not in reported
+            if p.exitcode is not None and r not in reported and not self._finished(r)
         ]
         if not own and silent:
             self._died(*silent[0])
@@ -228,6 +237,13 @@ class Ranks:
             how = f"was killed by {name}"
             why = " (SIGKILL from the system often means it ran out of memory)"
             why = why if name == "SIGKILL" else ""
+        elif exitcode == 0:
+            how = "exited with status 0"
+            why = (
+                " before its work was done: a clean exit in the middle of the run (os._exit(0) "
+                "or exit(0) in code it ran?), which left the other ranks waiting for it in "
+                "their next collective"
+            )
         else:
             how, why = f"exited with code {exitcode}", ""
         if self.progress[2 * rank + 1] == STARTING:
@@ -268,17 +284,39 @@ class Ranks:
         )
 
     def stop(self) -> None:
-        """Stop every rank still running (SIGTERM, then SIGKILL after GRACE_S) and join all."""
+        """Stop every rank still running and whatever each started (SIGTERM to its process
+        group, then SIGKILL after GRACE_S) and join all."""
         for process in self.processes:
-            if process.pid is not None and process.exitcode is None:
-                process.terminate()
+            if process.pid is not None:
+                _signal_group(process, signal.SIGTERM)
         ends = time.monotonic() + GRACE_S
         for process in self.processes:
             if process.pid is None:
                 continue
             process.join(max(0.0, ends - time.monotonic()))
-            if process.exitcode is None:
-                process.kill()
-                process.join()
+            # SIGKILL to the group also ends a rank's children that outlived it (a rank that
+            # finished and returned, or that ignored SIGTERM).
+            _signal_group(process, signal.SIGKILL)
+            process.join()
         # The parent never puts: nothing of its own to flush, and it must not wait for it.
         self.messages.cancel_join_thread()
+
+
+def _signal_group(process: Any, signum: int) -> None:
+    """Send ``signum`` to the process group ``process`` leads (it and what it started: see
+    :func:`dpkit.ddp.process._lead_own_group`); to the process alone if it has no group yet.
+
+    The group's id is the rank's pid. Once the rank has ended and every member of its group
+    too, ``killpg`` finds no such group (ProcessLookupError), and the pid is not handed to
+    a new process while any member of the group lives, so no other program is signalled.
+    """
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(process.pid, signum)
+            return
+        except ProcessLookupError:  # no such group: the rank has not made it yet, or all ended
+            pass
+        except PermissionError:  # a process group that is not ours: never signal it
+            return
+    if process.exitcode is None:
+        (process.kill if signum == signal.SIGKILL else process.terminate)()

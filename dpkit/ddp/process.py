@@ -94,6 +94,17 @@ def _release_fork_server() -> None:
         server._forkserver_alive_fd = None
 
 
+def _lead_own_group() -> None:
+    """Make this rank the leader of a new process group, which every process it starts
+    joins (unless it leaves on purpose): the parent then stops the rank *and* what it
+    started (a data loader's workers, a ``subprocess``) with one ``killpg``; the rank's
+    children would otherwise outlive the run (a ``sleep 300`` started by a rank did).
+    Also keeps a terminal's Ctrl-C to the parent, which then stops every rank itself."""
+    if hasattr(os, "setpgid"):  # not on Windows
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+
+
 def _communication_error(error: BaseException) -> bool:
     """Whether a rank's error is a peer's failure seen through a collective (a symptom)."""
     import torch.distributed as dist
@@ -109,12 +120,16 @@ def _communication_error(error: BaseException) -> bool:
 def rank_main(
     rank: int, target: Callable[..., Any], progress: Any, messages: Any, args: Sequence[Any]
 ) -> None:
-    """What each process runs: ``target(rank, Progress, messages, *args)``, its error reported."""
+    """What each process runs: ``target(rank, Progress, messages, *args)``, its error
+    reported, and ``("finished", rank, None)`` sent when it returns: a rank that ends without
+    either (even with status 0) left in the middle, and the parent says so."""
     _release_fork_server()
     _die_with_parent(multiprocessing.parent_process())
+    _lead_own_group()
     where = Progress(progress, rank)
     try:
         target(rank, where, messages, *args)
+        messages.put(("finished", rank, None))
     except BaseException as error:  # KeyboardInterrupt and SystemExit too: the parent must hear
         messages.put(
             (

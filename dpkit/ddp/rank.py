@@ -5,6 +5,13 @@ The body of every rank that :func:`dpkit.ddp.run_ddp` (and the comparisons) spaw
 takes its rows of the batch, and for each bucket size in the :class:`Plan` wraps a fresh
 model in DDP and trains it, recorded by :class:`dpkit.ddp.record.RankRecorder`; in blocks
 of steps that wait for the parent's go when the parent times something in between.
+
+Nothing listens on the network: the ranks meet through a file (torch's ``FileStore``, in a
+folder the parent made and removes), not a ``TCPStore``, which in torch 2.13 listens on
+every network interface of the machine whatever address it is given (torch has no bind
+address for it), without authentication. gloo's own connections between the ranks listen
+on the loopback interface only (``GLOO_SOCKET_IFNAME``, NCCL's ``NCCL_SOCKET_IFNAME``).
+A ``port`` given by the caller asks for the TCP store instead (``tcp://127.0.0.1:port``).
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ import contextlib
 import datetime
 import gc
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dpkit.ddp import process
+from dpkit.ddp import checks, process
 from dpkit.ddp.record import RankRecorder, RankRun
 from dpkit.ddp.workload import Workload, shard
 
@@ -33,13 +41,14 @@ class Plan:
     batch: int
     steps: int  # per block
     backend: str
-    port: int
+    port: int | None  # None: the ranks meet through the file ``store``
     timeout: float  # for torch's collectives; the parent's own deadline ends a run first
     bucket_caps: tuple[float, ...] = (25.0,)  # one DDP run after another, a model each
     blocks: int = 1  # >1: each block of steps waits for the parent's go (interleaved timing)
     threads: int = 1  # torch intra-op threads per rank
     keep_gradients: bool = False  # send step 1's gradients back
     address: str = "127.0.0.1"
+    store: str = ""  # the FileStore's path, set by dpkit.ddp.run.rendezvous
 
 
 def import_what_ddp_imports() -> None:
@@ -96,6 +105,29 @@ def train_run(
     return recorder.result(bucket_cap_mb)
 
 
+def join_group(plan: Plan, rank: int) -> None:
+    """``init_process_group`` for this rank: through the plan's file store, or its TCP port;
+    the backend's own connections on the loopback interface."""
+    loopback = checks.loopback_interface()
+    if loopback is not None:  # the user's own choice, if any, wins
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+    timeout = datetime.timedelta(seconds=plan.timeout)
+    if plan.port is None:
+        store = dist.FileStore(plan.store, plan.nproc)
+        dist.init_process_group(
+            plan.backend, store=store, rank=rank, world_size=plan.nproc, timeout=timeout
+        )
+        return
+    dist.init_process_group(
+        plan.backend,
+        init_method=f"tcp://{plan.address}:{plan.port}",
+        rank=rank,
+        world_size=plan.nproc,
+        timeout=timeout,
+    )
+
+
 def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan) -> None:
     """The body of every rank process (started by :class:`dpkit.ddp.launch.Ranks`).
 
@@ -106,13 +138,7 @@ def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: P
     torch.set_num_threads(plan.threads)  # ranks share the cores: one thread each by default
     import_what_ddp_imports()
     where.at(process.CONNECTING)
-    dist.init_process_group(
-        plan.backend,
-        init_method=f"tcp://{plan.address}:{plan.port}",
-        rank=rank,
-        world_size=plan.nproc,
-        timeout=datetime.timedelta(seconds=plan.timeout),
-    )
+    join_group(plan, rank)
     cuda = plan.backend == "nccl"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:

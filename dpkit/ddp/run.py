@@ -10,8 +10,13 @@ work on it as on a DataParallel trace, and say "processes (DistributedDataParall
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+import shutil
 import statistics
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,13 +142,10 @@ def make_plan(
             "gradients, which equals the full batch's gradient only when every rank has as "
             f"many rows; use a multiple of {nproc}, e.g. batch={even}"
         )
-    for cap in bucket_caps:
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-            raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    bucket_caps = [checks.check_bucket_cap(cap) for cap in bucket_caps]
+    timeout = checks.check_timeout(timeout)
     backend = checks.choose_backend(backend, nproc)
-    port = checks.free_port() if port is None else checks.check_port(port)
+    port = None if port is None else checks.check_port(port)
     return Plan(
         workload=workload,
         nproc=nproc,
@@ -161,18 +163,24 @@ def make_plan(
     )
 
 
-def launch_plan(plan: Plan, timeout: float, port_given: bool) -> tuple[list[list[RankRun]], list]:
-    """Run ``plan`` on its ranks: every rank's runs, and their process ids. An automatically
-    chosen port that another program took first is retried once with a new one."""
-    for attempt in (1, 2):
-        try:
-            with launch.Ranks(run_rank, (plan,), plan.nproc, timeout) as running:
-                return running.wait_for("done"), running.pids
-        except launch.RankFailed as error:
-            if port_given or attempt == 2 or not checks.address_in_use(error):
-                raise
-            plan = Plan(**{**plan.__dict__, "port": checks.free_port()})
-    raise AssertionError("unreachable")
+@contextlib.contextmanager
+def rendezvous(plan: Plan) -> Iterator[Plan]:
+    """``plan`` with the path of a fresh file store for its ranks to meet through (in a new
+    private folder, removed afterwards); a plan with a TCP ``port`` unchanged."""
+    if plan.port is not None:
+        yield plan
+        return
+    folder = tempfile.mkdtemp(prefix="dpkit-ddp-")  # readable by this user only
+    try:
+        yield dataclasses.replace(plan, store=os.path.join(folder, "store"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch_plan(plan: Plan, timeout: float) -> tuple[list[list[RankRun]], list]:
+    """Run ``plan`` on its ranks: every rank's runs, and their process ids."""
+    with rendezvous(plan) as met, launch.Ranks(run_rank, (met,), met.nproc, timeout) as running:
+        return running.wait_for("done"), running.pids
 
 
 def run_ddp(
@@ -194,7 +202,10 @@ def run_ddp(
     ``batch`` is the global batch: each rank trains on ``batch // nproc`` rows of it.
     ``backend``: None picks NCCL with a GPU per rank, else gloo (CPU). ``timeout``: seconds
     for the whole run, after which every rank is stopped and the error says where each one
-    was. ``port``: None picks a free one. ``threads``: torch intra-op threads per rank.
+    was. ``port``: None (the default) lets the ranks meet through a file, so that nothing
+    listens on the network; a port number makes rank 0 host torch's TCP store there
+    (it listens on every interface of the machine: torch has no bind address for it).
+    ``threads``: torch intra-op threads per rank.
     ``keep_gradients``: send step 1's all-reduced gradients back (``result.gradients``).
 
     Returns a :class:`DDPResult` whose ``trace`` holds every rank's events.
@@ -203,5 +214,5 @@ def run_ddp(
         workload, nproc, batch, steps, [bucket_cap_mb], backend, timeout, port, threads,
         keep_gradients,
     )  # fmt: skip
-    per_rank, pids = launch_plan(plan, timeout, port_given=port is not None)
+    per_rank, pids = launch_plan(plan, timeout)
     return result_of([runs[0] for runs in per_rank], plan, pids)
