@@ -141,6 +141,22 @@ class _Step:
         self.device[index] = start + device
         return start, start + device
 
+    def run(self, phase: Phase, index: int, seconds: float, **details: Any) -> None:
+        """Work on device ``index`` that the host waits for, once both are free."""
+        start = max(self.host, self.device[index])
+        self.host = self.device[index] = start + seconds
+        self.event(phase, index, start, self.host, **details)
+
+    def collective(self, hardware: Hardware, phase: Phase, calls: int, took: float,
+                   nbytes: int, **details: Any) -> None:  # fmt: skip
+        """``calls`` NCCL calls on every GPU at once, once all are free, ``took`` seconds in
+        all, ``nbytes`` into each device but device 0."""
+        self.host += hardware.copy_overhead + calls * hardware.op_overhead
+        start = max(self.host, *self.device)
+        for index in range(len(self.device)):
+            self.event(phase, index, start, start + took, nbytes if index else 0, **details)
+        self.device = [start + took] * len(self.device)
+
     def busy(self, host: float) -> tuple[float, float]:
         """The host does ``host`` seconds of work itself (virtual lanes)."""
         start = self.host
@@ -283,7 +299,10 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
     step.host += hardware.step_overhead / 4  # DataParallel's entry: checks, a new step
     _copies(step, hardware, Phase.SCATTER, [model.input_bytes(r) for r in sizes])
     if n == 1:  # DataParallel calls the module itself: no replicas, no threads
-        _one_device(step, model, hardware, sizes[0], forward[sizes[0]], backward[sizes[0]])
+        note = "one device: the module itself"
+        step.run(Phase.APPLY, 0, _lasts(forward[batch], hardware), replica=0, note=note)
+        _loss(step, hardware, model.output_bytes(batch))
+        step.run(Phase.BACKWARD, 0, _lasts(backward[batch], hardware))
         return
     _replicate(step, model, hardware, n)
     _apply(step, model, hardware, sizes, forward)
@@ -306,20 +325,6 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
     _reduce(step, model, hardware, n)
 
 
-def _one_device(step: _Step, model: Profile, hardware: Hardware, rows: int,
-                forward: PassTime, backward: PassTime) -> None:  # fmt: skip
-    """DataParallel on one device: the module's forward, the loss and its backward."""
-    start = max(step.host, step.device[0])
-    end = start + _lasts(forward, hardware)
-    step.event(Phase.APPLY, 0, start, end, replica=0, note="one device: the module itself")
-    step.host = step.device[0] = end
-    _loss(step, hardware, model.output_bytes(rows))
-    start = max(step.host, step.device[0])
-    end = start + _lasts(backward, hardware)
-    step.event(Phase.BACKWARD, 0, start, end)
-    step.host = step.device[0] = end
-
-
 def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     """The parameters, then the buffers, from device 0 to every device; then the replica
     modules, built by the host. GPUs: one NCCL broadcast per 10 MiB of tensors; virtual
@@ -333,12 +338,7 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
             continue
         calls = messages(sizes)
         took = broadcast(sum(sizes), n, hardware.device_link(), calls)
-        step.host += hardware.copy_overhead + calls * hardware.op_overhead
-        start = max(step.host, *step.device)
-        for index in range(n):
-            moved = sum(sizes) if index else 0
-            step.event(Phase.REPLICATE, index, start, start + took, moved, tensors=len(sizes))
-        step.device = [start + took] * n
+        step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), tensors=len(sizes))
     start, end = step.busy(hardware.module_overhead * model.modules * n)
     step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
 
@@ -382,12 +382,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     calls = messages(sizes)
     flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
     took = 2 * flatten + reduce(total, n, hardware.device_link(), calls)
-    step.host += hardware.copy_overhead + calls * hardware.op_overhead
-    start = max(step.host, *step.device)
-    for index in range(n):
-        step.event(Phase.REDUCE, index, start, start + took, total if index else 0,
-                   tensors=len(sizes))  # fmt: skip
-    step.device = [start + took] * n
+    step.collective(hardware, Phase.REDUCE, calls, took, total, tensors=len(sizes))
 
 
 def ddp_buckets(
@@ -474,17 +469,16 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
     # each rank's loss on its own output (and autograd's start)
     loss = [LOSS_OPS * (hardware.op_overhead + elementwise_time(model.output_bytes(rows), hardware))
             + hardware.step_overhead / 2 for rows in sizes]  # fmt: skip
-    if hardware.virtual_lanes:  # a process per rank, sharing the cores
-        units = hardware.compute_units
-        idle = [0.0] * n
-        forward_ends = _threads([start] * n, 1, idle, [t.host + t.device for t in forward], units)
-        backward_starts = [end + own for end, own in zip(forward_ends, loss)]
-        work = [t.host + t.device for t in backward]
-        backward_ends = _threads(backward_starts, 1, idle, work, units)
-    else:
-        forward_ends = [start + _lasts(t, hardware) for t in forward]
-        backward_starts = [end + own for end, own in zip(forward_ends, loss)]
-        backward_ends = [s + _lasts(t, hardware) for s, t in zip(backward_starts, backward)]
+
+    def ends(starts: list[float], times: list[PassTime]) -> list[float]:
+        if hardware.virtual_lanes:  # a process per rank, sharing the cores
+            work = [t.host + t.device for t in times]
+            return _threads(starts, 1, [0.0] * n, work, hardware.compute_units)
+        return [begin + _lasts(t, hardware) for begin, t in zip(starts, times)]
+
+    forward_ends = ends([start] * n, forward)
+    backward_starts = [end + own for end, own in zip(forward_ends, loss)]
+    backward_ends = ends(backward_starts, backward)
     for index in range(n):
         step.event(Phase.APPLY, index, start, forward_ends[index], replica=index)
         step.event(Phase.BACKWARD, index, backward_starts[index], backward_ends[index])
@@ -532,17 +526,6 @@ def _count(devices: int | Sequence[Device]) -> int:
     if count < 1:
         raise ValueError(f"devices must be at least 1, got {count}")
     return count
-
-
-def _check_one_node(hardware: Hardware, count: int) -> None:
-    """DataParallel is one process on one machine: refuse more devices than a node has."""
-    if count > hardware.devices_per_node:
-        raise ValueError(
-            f"strategy='dp' on {count} devices: nn.DataParallel is one process with a thread "
-            f"per device, so it uses the devices of one machine ({hardware.devices_per_node} "
-            f"on {hardware.name!r}). Across machines, train with strategy='ddp' "
-            "(DistributedDataParallel: a process per device, started by torchrun on each node)"
-        )
 
 
 _AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -603,8 +586,13 @@ def predict(
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
     optimizer_copies(optimizer)
     count = _count(devices)
-    if strategy == "dp":
-        _check_one_node(hardware, count)
+    if strategy == "dp" and count > hardware.devices_per_node:  # one process, one machine
+        raise ValueError(
+            f"strategy='dp' on {count} devices: nn.DataParallel is one process with a thread "
+            f"per device, so it uses the devices of one machine ({hardware.devices_per_node} "
+            f"on {hardware.name!r}). Across machines, train with strategy='ddp' "
+            "(DistributedDataParallel: a process per device, started by torchrun on each node)"
+        )
     cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=_amp_dtype(amp))
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     names = device_names(hardware, count)
