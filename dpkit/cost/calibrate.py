@@ -317,22 +317,22 @@ def measure_steps(
     of the model has it, and a learner's loop has no trace), and its phases time the copies
     and forwards themselves, not the Python around them that a step pays too (the scatter
     call of 32 rows of the MLP on 2 lanes took 64 us, its traced copies 25 us)."""
-    configs = []  # (module, sample, n, parallel, inputs, labels, times)
+    configs = []  # (module, sample, parallel, inputs, labels, times)
     for module, sample in modules:
         for n in counts:
             parallel = _Timed(module, device_ids=list(lanes[:n]))
             for rows in rows_per_lane:
-                inputs = rows_like(sample, rows * n)
                 labels = torch.zeros(rows * n, dtype=torch.long, device=lanes[0].torch_device)
-                configs.append((module, sample, n, parallel, inputs, labels, defaultdict(list)))
+                inputs = rows_like(sample, rows * n)
+                configs.append((module, sample, parallel, inputs, labels, defaultdict(list)))
     # two rounds through all steps: another tenant's burst of work lasts seconds, and a
     # step's fastest should come from more than one moment
     for measured in (repeats - repeats // 2, repeats // 2):
-        for module, _, n, parallel, inputs, labels, times in configs:
-            for attempt in range(measured + 1 if measured else 0):
+        for module, _, parallel, inputs, labels, times in configs:
+            used = parallel.device_ids
+            for attempt in range(measured + 1 if measured else 0):  # the first warms up
                 parallel.took = {}
                 module.zero_grad(set_to_none=True)
-                used = lanes[:n]
                 start = host_clock.now(used)
                 output = parallel(inputs)
                 forward = host_clock.now(used)
@@ -340,20 +340,24 @@ def measure_steps(
                 backward = host_clock.now(used)
                 loss.backward()
                 end = host_clock.now(used)
-                if not attempt:
-                    continue  # a step to warm up
-                times["step"].append(end - start)
-                times["backward_call"].append(end - backward)
-                if n == 1:
-                    times["forward_call"].append(forward - start)
-                else:
-                    for name, seconds in parallel.took.items():
-                        times["apply" if name == "parallel_apply" else name].append(seconds)
-    found: list[Measured] = [
-        (module, sample, len(labels), n, {k: min(v) for k, v in times.items()})
-        for module, sample, n, _, _, labels, times in configs
+                if attempt:
+                    times["step"].append(end - start)
+                    times["backward_call"].append(end - backward)
+                    if len(used) == 1:
+                        times["forward_call"].append(forward - start)
+                    else:
+                        for name, seconds in parallel.took.items():
+                            times["apply" if name == "parallel_apply" else name].append(seconds)
+    return [
+        (
+            module,
+            sample,
+            len(labels),
+            len(parallel.device_ids),
+            {k: min(v) for k, v in times.items()},
+        )
+        for module, sample, parallel, _, labels, times in configs
     ]
-    return found
 
 
 def predicted_segments(predicted: Any) -> dict[str, float]:
@@ -410,14 +414,6 @@ def fit_host_terms(
 # --- calibrate -----------------------------------------------------------------------------
 
 
-def _lanes(devices: int | Sequence[Device] | None) -> list[Device]:
-    lanes = dpkit.virtual_devices(devices or 4, on="cpu") if not isinstance(devices, Sequence) \
-        else list(devices)  # fmt: skip
-    if len(lanes) < 2:
-        raise ValueError("calibrate needs at least 2 devices to time copies between them")
-    return lanes
-
-
 def calibrate(
     devices: int | Sequence[Device] | None = None,
     *,
@@ -435,48 +431,45 @@ def calibrate(
     torch threads the measurement will use (``OMP_NUM_THREADS=1`` set before torch starts,
     for one thread per lane): the numbers hold for this machine as it is loaded now.
     """
-    lanes = _lanes(devices)
-    repeats = 3 if quick else 5
+    lanes = (
+        devices if isinstance(devices, Sequence) else dpkit.virtual_devices(devices or 4, on="cpu")
+    )
+    if len(lanes) < 2:
+        raise ValueError("calibrate needs at least 2 devices to time copies between them")
+    on = lanes[0].torch_device
+    repeats, cores = (3, 2) if quick else (5, len(lanes))
     given = sample if sample is not None else sample_input()
     chosen = [(course_model(m), sample_input()) if isinstance(m, str) else (m, given)
               for m in models]  # fmt: skip
-    chosen = [
-        (module.to(lanes[0].torch_device), s.to(lanes[0].torch_device)) for module, s in chosen
-    ]
-    timed = probes(quick) + chosen
-    default = this_machine_default()
+    chosen = [(module.to(on), inputs.to(on)) for module, inputs in chosen]
     with _progress(progress) as advance:
         sizes = (1 << 12, 1 << 24) if quick else (1 << 12, 1 << 18, 1 << 22, 1 << 24)
         link = measure_link(lanes, 2 * repeats, sizes)
         advance("copies")
-        cores = min(len(lanes), 2 if quick else len(lanes))
-        units = measure_cores(cores, 4 * repeats)
+        units = [measure_cores(cores, 4 * repeats)]  # the most of three moments, see below
         advance("cores")
-        ops = measure_ops(timed, (2, 32, 256) if quick else (1, 8, 64, 256, 1024), repeats)
+        rows = (2, 32, 256) if quick else (1, 8, 64, 256, 1024)
+        ops = measure_ops(probes(quick) + chosen, rows, repeats)
         flops, bandwidth = measure_rates(repeats)
         advance("ops")
+        units.append(measure_cores(cores, 4 * repeats))
+        thread_start = measure_thread_start(lanes, 4 * repeats)
+        module_overhead = measure_module_overhead(lanes, repeats)
+        advance("primitives")
+        units.append(measure_cores(cores, 4 * repeats))
+        default = this_machine_default()
         hardware = dataclasses.replace(
             default, peak_flops={"float32": flops}, matmul_efficiency=1.0,
-            memory_bandwidth=bandwidth, memory_efficiency=1.0, compute_units=units,
+            memory_bandwidth=bandwidth, memory_efficiency=1.0, compute_units=max(units),
             host_to_device=link, device_to_device=link, node_to_node=link,
             devices_per_node=max(default.devices_per_node, len(lanes)), op_seconds=ops,
+            thread_start=thread_start, module_overhead=module_overhead,
+            description=f"virtual CPU lanes of this machine ({platform.node() or 'here'}), "
+            f"calibrated, {torch.get_num_threads()} torch thread(s)",
+            source=f"calibrate() on {platform.platform()}, torch {torch.__version__}, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}" + (" (quick)" if quick else ""),
         )  # fmt: skip
-        units = max(units, measure_cores(cores, 4 * repeats))  # the quietest of three moments
-        hardware = dataclasses.replace(
-            hardware, thread_start=measure_thread_start(lanes, 4 * repeats),
-            module_overhead=measure_module_overhead(lanes, repeats),
-        )  # fmt: skip
-        advance("primitives")
-        counts = sorted({1, 2, len(lanes)})
-        units = max(units, measure_cores(cores, 4 * repeats))
-        hardware = dataclasses.replace(hardware, compute_units=units)
-        steps = measure_steps(chosen, lanes, counts, (1, 16), 2 * repeats)
+        steps = measure_steps(chosen, lanes, sorted({1, 2, len(lanes)}), (1, 16), 2 * repeats)
         hardware = fit_host_terms(hardware, steps)
         advance("steps")
-    return dataclasses.replace(
-        hardware,
-        description=f"virtual CPU lanes of this machine ({platform.node() or 'here'}), "
-        f"calibrated, {torch.get_num_threads()} torch thread(s)",
-        source=f"calibrate() on {platform.platform()}, torch {torch.__version__}, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}" + (" (quick)" if quick else ""),
-    )
+    return hardware
