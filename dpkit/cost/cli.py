@@ -79,15 +79,9 @@ FIELD_UNITS: dict[str, tuple[str, str]] = {
     "module_overhead": ("seconds", "replicate building one module object"),
     "copy_overhead": ("seconds", "host time of one copy or collective call"),
     "step_overhead": ("seconds", "one step outside its phases"),
-    "allreduce_bandwidth": (
-        "bytes/s",
-        "NCCL's NVLS all-reduce in a node; \"none\": the ring's",
-    ),
+    "allreduce_bandwidth": ("bytes/s", "NCCL's NVLS all-reduce in a node; \"none\": the ring's"),
     "op_seconds": ("[work, seconds] pairs", "measured per aten op by --calibrate"),
-    "tensor_core_efficiency": (
-        "fraction",
-        "of peak_flops[dtype] tensor cores reach; a dtype not named: matmul_efficiency",
-    ),
+    "tensor_core_efficiency": ("fraction", "of peak_flops[dtype] on tensor cores (else matmul's)"),
 }
 _EXAMPLES = {
     "bytes": "80e9 for 80 GB, 85899345920 for 80 GiB",
@@ -413,12 +407,6 @@ def fit_verdict(trace: PredictedTrace) -> str:
     return f"does not fit: {says}; try {fix}"
 
 
-def _precision(args: argparse.Namespace) -> str:
-    if args.amp:
-        return f"autocast {args.amp}"
-    return "float32 (as torch runs it: convolutions in TF32 where the GPU has it)"
-
-
 def report(
     trace: PredictedTrace, model: str, files: dict[str, Path | None], settings: str = ""
 ) -> str:
@@ -520,19 +508,14 @@ def run(args: argparse.Namespace) -> int:
         print(list_presets())
         return 0
     if args.print_hardware is not None:
-        if args.print_hardware:
-            if args.hardware or args.hardware_file or args.calibrate:
-                raise ValueError(
-                    "--print-hardware NAME prints that preset; to print the machine that "
-                    "--hardware, --hardware-file or --calibrate names, give --print-hardware "
-                    "without a name"
-                )
-            hardware = preset(args.print_hardware)
-            command = f"dpkit predict --print-hardware {hardware.name}"
-        else:
-            hardware = choose_hardware(args)
-            command = "dpkit predict --print-hardware"
-        print(hardware_toml(hardware, command), end="")
+        if args.print_hardware:  # a preset's name: as --hardware NAME
+            if args.hardware not in (None, args.print_hardware):
+                raise ValueError("--print-hardware NAME and --hardware name two machines: "
+                                 "give one")  # fmt: skip
+            args.hardware = args.print_hardware
+        hardware = choose_hardware(args)
+        named = f" {hardware.name}" if args.print_hardware else ""
+        print(hardware_toml(hardware, f"dpkit predict --print-hardware{named}"), end="")
         return 0
     hardware = choose_hardware(args)
     out = _out_folder(args.out)
@@ -541,7 +524,8 @@ def run(args: argparse.Namespace) -> int:
         strategy=args.strategy, amp=args.amp, optimizer=args.optimizer,
         gradient_as_bucket_view=args.gradient_as_bucket_view, bucket_cap_mb=args.bucket_cap_mb,
     )  # fmt: skip
-    settings = [_precision(args), f"optimizer {args.optimizer}"]
+    precision = "float32 (as torch runs it: convolutions in TF32 where the GPU has it)"
+    settings = [f"autocast {args.amp}" if args.amp else precision, f"optimizer {args.optimizer}"]
     if args.strategy == "ddp":
         settings.append(f"bucket_cap_mb={args.bucket_cap_mb:g}")
         if args.gradient_as_bucket_view:
