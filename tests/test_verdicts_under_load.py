@@ -1,134 +1,75 @@
-"""The measuring notebooks run on a loaded machine: every verdict agrees with its own numbers.
+"""The measuring notebooks' verdicts agree with their own numbers, quiet and under load.
 
 A lesson measured on a laptop must not state an outcome its numbers do not support, and the
-laptop is rarely quiet. So a notebook runs here in a fresh kernel while two other processes
-keep two cores busy (started and killed by the test), and tests/verdict_checker.py reads what
-each cell printed: every verdict in dpkit.verdict's form must agree with the quartiles printed
-with it, and no line may state a measured outcome outside that form.
+laptop is rarely quiet. Two runs are checked:
 
-Under that load on 2 cores (December 2026, two runs): 03 8-11 s, 05 17-19 s, 07 17-29 s,
-08 5-10 s; 50-66 s together. ``make test`` runs 03, 05 and 08 (30-40 s): the lessons whose
-sentences branch on the outcome (05 says no more than "no conclusion" where its largest batch
-turns too noisy under load, as it did in one of those runs), and 08, 05's measurement short.
-07 (DDP's processes, the pipeline: the slowest, and its sentences do not branch) runs with
-``DPKIT_VERDICTS_UNDER_LOAD=all``, as does 06 (one verdict, the calibrated prediction against
-its measured steps; the rest of 06 is predictions).
+- **under load**, in CI: ``make test`` runs nbval with ``DPKIT_NOTEBOOKS_UNDER_LOAD=1``, so each
+  measuring notebook (03, 05, 06, 07, 08) runs while two processes keep two cores busy, and
+  notebooks/conftest.py reads every cell's fresh output with tests/verdict_checker.py. The first
+  test here shows that gate failing on a contradicting verdict and an unchecked claim.
+- **quiet**: the stored outputs, from ``make notebooks`` on a quiet machine, pass the same
+  checker (the second test).
+
+Under load on 2 cores (December 2026): 03 8-11 s, 05 17-19 s, 07 17-29 s, 08 5-10 s.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import pytest
 
-from tests.verdict_checker import check_text, find_verdicts, printed_text, unchecked_claims
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+from tests.verdict_checker import MEASURING, cell_problems, find_verdicts, printed_text
 
 pytestmark = pytest.mark.notebooks
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SPIN = "while True: pass"
-EVERY = os.environ.get("DPKIT_VERDICTS_UNDER_LOAD") == "all"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
 
-# Per notebook: the fewest verdicts it prints, and cells whose words are not measurements.
-EXPECTED = {
-    # the speed-ups of section 2b, the default threads, the GIL's two models and their ratio
-    "03_parallel_apply": (8, {}),
-    # one per batch size
-    "05_training": (5, {}),
-    # the calibrated prediction against the measured steps (its other numbers are predicted)
-    "06_communication_and_scaling": (
-        1,
-        {"c0afa55d": "DDP against DataParallel on the A100 preset: predicted, not measured"},
-    ),
-    # DDP against DataParallel; the bubble from m=1 and from m=4 to m=8
-    "07_beyond_dataparallel": (3, {}),
-    # batch 16 and batch 256
-    "08_pitfalls": (
-        2,
-        {
-            "5919d855": "the pitfalls' names (pitfalls.contents): symptoms users report",
-            "a3081180": "the reading list's headings: the same names, with the issues",
-        },
-    ),
-}
-IN_CI = ("03_parallel_apply", "05_training", "08_pitfalls")
+# A cell printing a verdict its own quartiles contradict (their middle half holds 1).
+CONTRADICTION = 'print("1.50x (middle half of the rounds: 0.90-1.60x) → faster: 4 lanes")'
+UNCHECKED = 'print("4 lanes were faster")'
 
 
-@pytest.fixture
-def two_busy_processes() -> Iterator[list[subprocess.Popen]]:
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(2)]
-    try:
-        yield spinners
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
+def _nbval(folder: Path, under_load: bool) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+    env["DPKIT_NOTEBOOKS_UNDER_LOAD"] = "1" if under_load else "0"
+    for name in ("IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
+        env[name] = str(folder / "state" / name.lower())
+    command = [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
+               "-p", "no:cacheprovider", "-q", "--rootdir", str(folder), str(folder)]  # fmt: skip
+    return subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True)
 
 
-@pytest.fixture
-def jupyter_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep Jupyter, IPython and matplotlib state out of the user's home."""
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    for name, folder in [
-        ("MPLCONFIGDIR", "matplotlib"),
-        ("IPYTHONDIR", "ipython"),
-        ("JUPYTER_CONFIG_DIR", "jupyter/config"),
-        ("JUPYTER_DATA_DIR", "jupyter/data"),
-        ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-    ]:
-        monkeypatch.setenv(name, str(tmp_path / folder))
+@pytest.mark.parametrize("source", [CONTRADICTION, UNCHECKED], ids=["contradicted", "unchecked"])
+def test_nbval_fails_a_cell_whose_verdict_its_numbers_contradict(tmp_path, source):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(source)]
+    for cell in notebook.cells:
+        cell.metadata["tags"] = ["nbval-ignore-output"]  # the checker, not the comparison
+    nbformat.write(notebook, tmp_path / "08_pitfalls.ipynb")  # a measuring notebook's name
+    shutil.copy(NOTEBOOKS / "conftest.py", tmp_path / "conftest.py")
+    result = _nbval(tmp_path, under_load=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED 08_pitfalls.ipynb::Cell 1" in result.stdout
+    assert "contradicting its own numbers" in result.stdout
+    assert "fewer than its 2" in result.stdout  # and it printed too few verdicts
 
 
-def problems_in(
-    notebook: nbformat.NotebookNode, not_measurements: dict[str, str]
-) -> tuple[int, list[str]]:
-    """How many verdicts the notebook printed, and every contradicted or unchecked one."""
+@pytest.mark.parametrize("name", list(MEASURING))
+def test_the_stored_quiet_run_s_verdicts_agree_with_their_numbers(name):
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    fewest, not_measurements = MEASURING[name]
     verdicts, problems = 0, []
     for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
-            continue
-        text = printed_text(cell)
-        verdicts += len(find_verdicts(text))
-        problems += [f"c{index}: {problem}" for problem in check_text(text)]
-        if cell.get("id") not in not_measurements:
-            problems += [
-                f"c{index} states an unchecked outcome: {line}" for line in unchecked_claims(text)
-            ]
-    return verdicts, problems
-
-
-@pytest.mark.parametrize("name", list(EXPECTED))
-def test_every_verdict_agrees_with_its_numbers_on_a_loaded_machine(
-    name, two_busy_processes, jupyter_state
-):
-    if not EVERY and name not in IN_CI:
-        pytest.skip(f"{name} under load takes 17-29 s; DPKIT_VERDICTS_UNDER_LOAD=all runs it")
-    path = NOTEBOOKS / f"{name}.ipynb"
-    notebook = nbformat.read(path, as_version=4)
-    start = time.perf_counter()
-    client = nbclient.NotebookClient(
-        notebook,
-        timeout=300,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    client.execute()
-    wall = time.perf_counter() - start
-    assert all(spinner.poll() is None for spinner in two_busy_processes), "the load ended early"
-
-    fewest, not_measurements = EXPECTED[name]
-    verdicts, problems = problems_in(notebook, not_measurements)
-    assert verdicts >= fewest, f"only {verdicts} verdicts printed"
+        if cell.cell_type == "code":
+            text = printed_text(cell)
+            verdicts += len(find_verdicts(text))
+            problems += [f"c{index}: {p}" for p in cell_problems(text, cell.id, not_measurements)]
     assert problems == [], "\n".join(problems)
-    print(f"notebook {name} under two busy processes: {wall:.1f} s, {verdicts} verdicts checked")
-    for cell in notebook.cells:  # what the load made of them, for whoever runs with -s
-        for found in find_verdicts(printed_text(cell)) if cell.cell_type == "code" else []:
-            print(f"  {found.text[:110]}")
+    assert verdicts >= fewest, f"only {verdicts} verdicts stored"

@@ -46,6 +46,32 @@ CLAIM = re.compile(
 )
 
 
+# The notebooks that measure, with the fewest verdicts each prints and the cells whose words
+# are not measurements (cell id: why). nbval checks every cell of theirs as it runs
+# (notebooks/conftest.py), and tests/test_verdicts_under_load.py their stored outputs.
+MEASURING: dict[str, tuple[int, dict[str, str]]] = {
+    # the speed-ups of section 2b, the default threads, the GIL's two models and their ratio
+    "03_parallel_apply": (8, {}),
+    # one per batch size
+    "05_training": (5, {}),
+    # the calibrated prediction against the measured steps (its other numbers are predicted)
+    "06_communication_and_scaling": (
+        1,
+        {"c0afa55d": "DDP against DataParallel on the A100 preset: predicted, not measured"},
+    ),
+    # DDP against DataParallel; the bubble from m=1 and from m=4 to m=8
+    "07_beyond_dataparallel": (3, {}),
+    # batch 16 and batch 256
+    "08_pitfalls": (
+        2,
+        {
+            "5919d855": "the pitfalls' names (pitfalls.contents): symptoms users report",
+            "a3081180": "the reading list's headings: the same names, with the issues",
+        },
+    ),
+}
+
+
 def _expected(low: float, high: float, tolerance: float) -> str:
     if low > 1:
         return "faster"
@@ -114,7 +140,7 @@ def unchecked_claims(text: str) -> list[str]:
     ]
 
 
-def printed_text(cell: nbformat.NotebookNode) -> str:
+def printed_text(cell: nbformat.NotebookNode | dict) -> str:
     """What a code cell printed: its streams and the plain text of its results."""
     parts = []
     for output in cell.get("outputs", []):
@@ -150,6 +176,15 @@ def check_notebook(path: str | Path) -> list[CellReport]:
                 )
             )
     return reports
+
+
+def cell_problems(text: str, cell_id: str | None, not_measurements: dict[str, str]) -> list[str]:
+    """What a cell printed that a learner could not trust: verdicts its numbers contradict,
+    and (unless the cell is one of ``not_measurements``) outcomes stated outside the form."""
+    problems = check_text(text)
+    if cell_id not in not_measurements:
+        problems += [f"states an unchecked outcome: {line}" for line in unchecked_claims(text)]
+    return problems
 
 
 def main(paths: list[str]) -> int:
