@@ -9,33 +9,20 @@ So calibration times raw kernels for the machine's op rates, and dpkit's own pri
 per model. About 4 s with ``quick=True``, about 10 s without; every timing is the fastest
 of its repeats (see :func:`_fastest`).
 
-What is measured, in order:
+What is measured, in order (each function says how):
 
-1. copies: traced scatters of 4 KB to 16 MB over the lanes: the link's bandwidth (the slope
-   of a copy's time in its bytes) and latency (a clone of 16 floats);
-2. cores: one thread of matmuls against one per lane at once: ``compute_units`` (the most
-   of three moments in the calibration: another tenant's burst reads as fewer cores);
-3. ops: every aten op of a few generic probe modules (linear layers of several widths,
-   convolutions of several channel counts, pooling, layer norms, GELU, softmax, attention)
-   and of ``models``, timed alone (:class:`~dpkit.cost.profile.OpRecorder`) at several
-   chunk sizes, forward and backward, less the recorder's own cost per op: ``op_seconds``
-   per aten op name, a monotone curve of seconds against work (FLOPs, or bytes for an op
-   without any; never keyed by shape); also a float32 matmul's FLOP/s and an add's bytes/s
-   for ops never timed (the roofline);
-4. primitives: a traced ``parallel_apply`` of modules that do nothing (``thread_start``, the
-   stagger between threads' starts) and a traced ``replicate`` (``module_overhead``, one
-   module object of one replica);
-5. steps: untraced DataParallel training steps of ``models`` on 1, 2 and all lanes, at 1
-   and 16 rows per lane (small chunks: the host's terms dominate them), as a learner's loop
-   runs them: each step's wall time and each of DataParallel's calls' (scatter, replicate,
-   parallel_apply, gather) and ``loss.backward()``'s (:func:`measure_steps`). The rest of
-   the host, ``op_overhead``, ``backward_op_overhead``, ``gil_handoff``, ``copy_overhead``
-   and ``step_overhead``, is fitted so that :func:`~dpkit.cost.predict` meets them (least
-   squares of the relative errors, Gauss-Newton through ``predict`` itself:
-   :func:`fit_host_terms`). One-lane steps pin the per-op terms (no threads, no copies but
-   the batch's), the calls of steps on more lanes the others. No step is traced: a trace's
-   own walk of the replicas' graphs is in no term, and its phases leave out the Python
-   around each copy that a step pays.
+1. copies: the link's bandwidth and latency (:func:`measure_link`);
+2. cores: ``compute_units``, the most of three moments (:func:`measure_cores`);
+3. ops: ``op_seconds``, seconds against work per aten op of generic probes and of
+   ``models`` (:func:`measure_ops`), and the roofline for ops never timed
+   (:func:`measure_rates`);
+4. primitives: ``thread_start`` and ``module_overhead`` from traced ``parallel_apply`` and
+   ``replicate`` calls;
+5. steps: untraced DataParallel training steps of ``models`` on 1, 2 and all lanes
+   (:func:`measure_steps`), which the rest of the host terms (:data:`FITTED`) are fitted to
+   through :func:`~dpkit.cost.predict` itself (:func:`fit_host_terms`). One-lane steps pin
+   the per-op terms (no threads, no copies but the batch's), the calls of steps on more
+   lanes the others.
 """
 
 from __future__ import annotations

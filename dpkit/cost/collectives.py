@@ -18,7 +18,6 @@ which is the ``B`` below: a link measured by nccl-tests goes straight in.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from dpkit.cost.hardware import Hardware, Link
@@ -107,8 +106,3 @@ def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:
     """nccl-tests' bus bandwidth of an all-reduce of ``nbytes`` that took ``seconds`` on ``n``
     devices: ``S / t * 2 (n - 1) / n``, comparable across ``n`` and with link speeds."""
     return nbytes / seconds * 2 * (n - 1) / n
-
-
-def nodes_spanned(n: int, hardware: Hardware) -> int:
-    """Nodes ``n`` devices fill, node after node."""
-    return math.ceil(n / hardware.devices_per_node)
