@@ -133,14 +133,6 @@ class _Step:
             details,
         ))  # fmt: skip
 
-    def queue(self, index: int, host: float, device: float) -> tuple[float, float]:
-        """The host spends ``host`` issuing work that takes ``device`` on device ``index``'s
-        queue (once the host has issued it): returns when it starts and ends there."""
-        self.host += host
-        start = max(self.device[index], self.host)
-        self.device[index] = start + device
-        return start, start + device
-
     def run(self, phase: Phase, index: int, seconds: float, **details: Any) -> None:
         """Work on device ``index`` that the host waits for, once both are free."""
         start = max(self.host, self.device[index])
@@ -251,8 +243,9 @@ def _loss(step: _Step, hardware: Hardware, output_bytes: int) -> None:
     host = LOSS_OPS * hardware.op_overhead + hardware.step_overhead / 2
     if hardware.virtual_lanes:
         step.busy(host + device)
-    else:
-        step.queue(0, host, device)
+    else:  # the host issues its ops; device 0 runs them once free and issued
+        step.host += host
+        step.device[0] = max(step.device[0], step.host) + device
 
 
 def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
