@@ -420,17 +420,29 @@ _lane_streams: dict[torch.device, list[Any]] = {}  # the lanes' streams, by GPU,
 _lane_streams_lock = threading.Lock()
 
 
+def _lane_priority(module: Any) -> int:
+    """The priority the lanes' streams take: torch's highest (its range's second number, -3
+    where the GPU allows it), whose pool the code around dpkit rarely draws from."""
+    priority_range = getattr(module.Stream, "priority_range", None)
+    return priority_range()[1] if priority_range is not None else -1
+
+
 def _new_lane_streams(module: Any, gpu: torch.device) -> list[Any]:
-    """One stream per possible lane of ``gpu``, all taken from torch's pool in one go: the pool
-    hands its streams out round-robin, so streams taken one at a time, with other code taking
-    some in between, could come back to a lane that already has them."""
+    """One stream per possible lane of ``gpu``, all taken in one go from torch's pool of 32 of
+    the highest priority, not the default one: the pool hands its streams out round-robin, so
+    streams of the default priority taken after the lanes' (``torch.cuda.Stream()``, a
+    library's side stream) would be the lanes' own, and their work would wait for a lane's
+    instead of overlapping it. Taken one at a time, with other code taking some in between,
+    they could also come back to a lane that already has one."""
+    priority = _lane_priority(module)
     for _ in range(3):
-        streams = [module.Stream(gpu) for _ in range(MAX_GPU_LANES)]
+        streams = [module.Stream(gpu, priority=priority) for _ in range(MAX_GPU_LANES)]
         if len({stream.stream_id for stream in streams}) == MAX_GPU_LANES:
             return streams
     raise RuntimeError(
-        f"could not get {MAX_GPU_LANES} distinct CUDA streams on {gpu} from torch's pool "
-        "(another thread takes streams at the same time); create dpkit's lanes first"
+        f"could not get {MAX_GPU_LANES} distinct CUDA streams of priority {priority} on {gpu} "
+        "from torch's pool (another thread takes streams at the same time); create dpkit's "
+        "lanes first"
     )
 
 

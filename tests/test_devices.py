@@ -170,25 +170,49 @@ def test_current_device_is_none_outside_parallel_apply():
 
 
 class _RoundRobinPool:
-    """Stands in for torch.cuda's stream pool: ``size`` streams handed out in turn."""
+    """Stands in for torch.cuda's stream pools (c10/cuda/CUDAStream.h): per priority, ``size``
+    streams handed out in turn; priorities beyond the supported range clamp to its end."""
 
     def __init__(self, size: int, others_take_every: int | None = None) -> None:
-        self.size, self.taken, self.others_take_every = size, 0, others_take_every
+        self.size, self.others_take_every = size, others_take_every
+        self.taken: dict[int, int] = {}
+        pools = self
 
-    def Stream(self, device):  # noqa: N802 - the name torch.cuda gives it
-        if self.others_take_every and self.taken % self.others_take_every == 1:
-            self.taken += 1  # another thread took one in between
-        stream = type("FakeStream", (), {"stream_id": self.taken % self.size})()
-        self.taken += 1
-        return stream
+        class Stream:
+            @staticmethod
+            def priority_range() -> tuple[int, int]:
+                return 0, -3  # least, greatest: what a recent GPU gives torch
+
+            def __new__(cls, device, priority: int = 0):  # noqa: ARG004 - torch's signature
+                return pools.take(max(priority, -3))
+
+        self.Stream = Stream
+
+    def take(self, priority: int):
+        taken = self.taken.get(priority, 0)
+        if self.others_take_every and taken % self.others_take_every == 1:
+            taken += 1  # another thread took one in between
+        self.taken[priority] = taken + 1
+        return type("FakeStream", (), {"stream_id": (priority, taken % self.size)})()
 
 
 def test_the_lanes_of_one_gpu_get_distinct_streams_taken_in_one_go():
     devices_module = sys.modules["dpkit.devices"]
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
-    pool.taken = 7  # other code took some streams before dpkit's first lane
+    for _ in range(7):  # other code took some streams before dpkit's first lane
+        pool.Stream(torch.device("cuda", 0), priority=-3)
     streams = devices_module._new_lane_streams(pool, torch.device("cuda", 0))
     assert len({s.stream_id for s in streams}) == devices_module.MAX_GPU_LANES
+
+
+def test_streams_made_after_the_lanes_are_not_a_lanes_own():
+    """torch.cuda.Stream() after the lanes exist (a side stream, a library's) must not be a
+    lane's stream: its work would wait for that lane's instead of overlapping it."""
+    devices_module = sys.modules["dpkit.devices"]
+    pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
+    lanes = {s.stream_id for s in devices_module._new_lane_streams(pool, torch.device("cuda", 0))}
+    later = [pool.Stream(torch.device("cuda", 0)).stream_id for _ in range(40)]
+    assert lanes.isdisjoint(later)
 
 
 def test_lane_streams_that_would_repeat_are_refused_with_a_clear_error():

@@ -89,6 +89,10 @@ def test_gpu_lanes_use_one_stream_each():
     dpkit.DataParallel(Probe().cuda(), device_ids=lanes)(torch.randn(8, 8, device="cuda"))
     assert len(set(seen.values())) == 4
     assert torch.cuda.default_stream().cuda_stream not in seen.values()
+    # streams made afterwards, as a user's side stream is, are none of the lanes' (issue 30.7)
+    later = {torch.cuda.Stream().cuda_stream for _ in range(40)}
+    lanes_all = {stream_of(lane).cuda_stream for lane in dpkit.virtual_devices(32, on="cuda")}
+    assert later.isdisjoint(lanes_all)
 
 
 def test_gpu_lane_copies_are_real_and_counted():
