@@ -137,6 +137,32 @@ def test_allreduce_overlaps_backward(result):
     assert statistics.median(left) > 0.5, left
 
 
+def test_backward_is_the_gradients_computation_and_the_waiting_is_told_apart(result):
+    # The backward bar ends at the last gradient: the last bucket's all-reduce starts only
+    # then, so no all-reduce starts after the bar ends (1 ms for the hooks in between). A
+    # bar that ran on while the rank waited for its all-reduces would end after them.
+    waits = []
+    for (device, step), (backward,) in by_rank_and_step(result, "backward").items():
+        allreduces = by_rank_and_step(result, "allreduce")[device, step]
+        assert backward.end <= max(e.start for e in allreduces) + 1e-3, (device, step)
+        waiting = backward.details["waiting_s"]
+        assert waiting == pytest.approx(max(0, max(e.end for e in allreduces) - backward.end))
+        waits.append(waiting)
+    assert statistics.median(waits) > 0  # the last bucket's all-reduce outlasts the computation
+
+
+def test_step_rows_tell_step_1_apart(result):
+    first, *later = ddp.step_rows(result, rank=1)
+    assert [row["step"] for row in (first, *later)] == list(range(1, STEPS + 1))
+    # step 1: the constructor's broadcast, and one bucket, all-reduced after the last gradient
+    assert first["constructor_ms"] > 0 and first["allreduces"] == 1
+    assert first["first_starts_ms"] >= first["backward_ms"] - 1
+    for row in later:  # rebuilt buckets, several at this cap; no constructor
+        assert row["constructor_ms"] == 0 and row["allreduces"] > 1
+        assert 0 <= row["overlap_%"] <= 100 and row["waiting_ms"] >= 0
+    assert statistics.median(row["overlap_%"] for row in later) > first["overlap_%"]
+
+
 def test_every_rank_times_on_the_parents_clock(run):
     # perf_counter is CLOCK_MONOTONIC on Linux, one clock for every process: the ranks'
     # events fall inside the parent's readings around the run.

@@ -41,30 +41,36 @@ From the shell::
 from dpkit.ddp.checks import free_port
 from dpkit.ddp.compare import (
     Comparison,
+    assign_buckets,
     bucket_sweep,
     compare_with_data_parallel,
     single_process_gradients,
+    step_rows,
     traffic_per_device,
 )
 from dpkit.ddp.launch import RankFailed, RanksTimedOut
 from dpkit.ddp.process import child_processes
 from dpkit.ddp.run import DDPResult, merged_trace, run_ddp
 from dpkit.ddp.workload import (
+    DDP_MODELS,
     MODELS,
     Workload,
     named_workload,
     random_images,
     sgd,
     training_step,
+    wide_mlp,
 )
 
 __all__ = [
+    "DDP_MODELS",
     "MODELS",
     "Comparison",
     "DDPResult",
     "RankFailed",
     "RanksTimedOut",
     "Workload",
+    "assign_buckets",
     "bucket_sweep",
     "child_processes",
     "compare_with_data_parallel",
@@ -75,6 +81,8 @@ __all__ = [
     "run_ddp",
     "sgd",
     "single_process_gradients",
+    "step_rows",
     "training_step",
     "traffic_per_device",
+    "wide_mlp",
 ]

@@ -120,8 +120,12 @@ BUCKET_CAP_LIMIT_MB = 2**43  # 2**63 bytes: the first cap that does not fit
 MAX_TIMEOUT_S = 1e9
 
 
-def check_bucket_cap(cap: Any) -> float:
-    """``bucket_cap_mb`` as a float: a finite number of MiB above 0 that torch can hold."""
+def check_bucket_cap(cap: Any) -> float | None:
+    """``bucket_cap_mb`` as a float: a finite number of MiB above 0 that torch can hold;
+    or None, torch's default (25 MiB, and 1 MiB for the first bucket: only when the cap is
+    not given, ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
+    if cap is None:
+        return None
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
     if not cap < BUCKET_CAP_LIMIT_MB:  # inf too (int(inf) is an OverflowError inside DDP)

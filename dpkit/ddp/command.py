@@ -16,7 +16,7 @@ from typing import Any
 
 from dpkit.cli_types import at_least_one
 from dpkit.ddp import checks
-from dpkit.ddp.workload import MODELS
+from dpkit.ddp.workload import DDP_MODELS
 
 
 def write_figures(trace: Any, out: Path) -> tuple[Path | None, Path | None]:
@@ -151,7 +151,7 @@ def add_ddp_command(commands: Any) -> None:
     parser.add_argument(
         "--batch", type=at_least_one, default=64, help="global batch, split over the ranks"
     )
-    parser.add_argument("--model", choices=MODELS, default="mlp", help="model on 1x28x28")
+    parser.add_argument("--model", choices=DDP_MODELS, default="mlp", help="model on 1x28x28")
     parser.add_argument(
         "--bucket-mb", type=_bucket_cap, default=25.0, help="DDP's bucket_cap_mb (MiB)"
     )

@@ -279,3 +279,56 @@ def bucket_sweep(
         [result_of([runs[index] for runs in per_rank], plan, pids)
          for index in range(len(plan.bucket_caps))]
     )  # fmt: skip
+
+
+def assign_buckets(sizes: Sequence[int], cap_bytes: float, rule: str = "torch") -> list[int]:
+    """Bucket sizes in bytes for gradients of ``sizes`` (bytes, in the order they become
+    ready) under a cap of ``cap_bytes``, by one of two rules:
+
+    - ``"torch"``: add the gradient, then close the bucket once it has reached the cap
+      (torch's reducer, ``compute_bucket_assignment_by_size``: a bucket can end larger
+      than the cap, by up to one gradient);
+    - ``"before overflow"``: close the bucket when the next gradient would overflow it
+      (a plausible rule torch does not follow: a notebook sets both beside a measurement).
+    """
+    if rule not in ("torch", "before overflow"):
+        raise ValueError(f"rule must be 'torch' or 'before overflow', got {rule!r}")
+    buckets, current = [], 0
+    for size in sizes:
+        if rule == "before overflow" and current and current + size > cap_bytes:
+            buckets.append(current)
+            current = 0
+        current += size
+        if rule == "torch" and current >= cap_bytes:
+            buckets.append(current)
+            current = 0
+    return buckets + ([current] if current else [])
+
+
+def step_rows(result: DDPResult, rank: int = 0) -> Table:
+    """One row per step of ``rank``: DDP's constructor (step 1 only), the backward's own
+    computation, the all-reduces (how many, when the first started after backward began),
+    the share of all-reduce time that ran while backward still computed (overlap), and
+    how long the rank then waited for the last all-reduce (ms)."""
+    mine = [e for e in result.trace.events if e.device.startswith(f"rank:{rank} ")]
+    rows = Table()
+    for step in sorted({e.step for e in mine}):
+        events = [e for e in mine if e.step == step]
+        (backward,) = [e for e in events if e.phase == "backward"]
+        allreduces = [e for e in events if e.phase == "allreduce"]
+        busy = sum(e.duration for e in allreduces)
+        during = sum(
+            max(0.0, min(e.end, backward.end) - max(e.start, backward.start)) for e in allreduces
+        )
+        rows.append(
+            {
+                "step": step,
+                "constructor_ms": 1e3 * sum(e.duration for e in events if e.phase == "replicate"),
+                "backward_ms": 1e3 * backward.duration,
+                "allreduces": len(allreduces),
+                "first_starts_ms": 1e3 * (min(e.start for e in allreduces) - backward.start),
+                "overlap_%": 100 * during / busy if busy else 0.0,
+                "waiting_ms": 1e3 * backward.details.get("waiting_s", 0.0),
+            }
+        )
+    return rows

@@ -43,7 +43,8 @@ class Plan:
     backend: str
     port: int | None  # None: the ranks meet through the file ``store``
     timeout: float  # for torch's collectives; the parent's own deadline ends a run first
-    bucket_caps: tuple[float, ...] = (25.0,)  # one DDP run after another, a model each
+    bucket_caps: tuple[float | None, ...] = (25.0,)  # one DDP run after another, a model each
+    ddp_options: tuple[tuple[str, Any], ...] = ()  # more DistributedDataParallel arguments
     blocks: int = 1  # >1: each block of steps waits for the parent's go (interleaved timing)
     threads: int = 1  # torch intra-op threads per rank
     keep_gradients: bool = False  # send step 1's gradients back
@@ -81,8 +82,8 @@ def free_reducers() -> None:
 
 
 def train_run(
-    rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan, bucket_cap_mb: float,
-    batch: tuple[Any, torch.Tensor], device: torch.device,
+    rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan,
+    bucket_cap_mb: float | None, batch: tuple[Any, torch.Tensor], device: torch.device,
 ) -> RankRun:  # fmt: skip
     """One DDP model trained for ``plan.blocks`` x ``plan.steps`` steps, recorded."""
     workload, cuda = plan.workload, device.type == "cuda"
@@ -90,7 +91,12 @@ def train_run(
     torch.manual_seed(workload.seed)  # every rank, every run: the same first weights
     model = workload.model().to(device)
     recorder = RankRecorder(rank, plan.nproc, device, where)
-    ddp = recorder.wrap(model, device_ids=[device] if cuda else None, bucket_cap_mb=bucket_cap_mb)
+    ddp = recorder.wrap(
+        model,
+        device_ids=[device] if cuda else None,
+        bucket_cap_mb=bucket_cap_mb,
+        **dict(plan.ddp_options),
+    )
     optimizer = workload.optimizer(ddp.parameters())
     recorder.watch(optimizer, plan.keep_gradients)
     for block in range(plan.blocks):

@@ -10,9 +10,13 @@ it offers, so what runs is DDP itself, not a copy of it. Per step, on every rank
 ``apply``      the forward of this rank's replica, as DataParallel's ``apply``
                (module hooks on the DDP wrapper; DDP's own pre-forward work is
                inside: rebuilding its buckets at the start of step 2)
-``backward``   from the output's gradient arriving (a hook on its autograd node)
-               to the last gradient computed (a callback queued on autograd's
-               engine, which runs before DDP waits for its all-reduces)
+``backward``   the gradients' computation: from the output's gradient arriving (a
+               hook on its autograd node) to the last parameter's gradient
+               accumulated (post-accumulate-grad hooks). Not the waiting after it:
+               ``details["waiting_s"]`` is how long the step's last all-reduce ran
+               on after that, which the rank waits for before backward() returns;
+               a timeline shows it as a gap on the rank's track, the all-reduces
+               still running above it
 ``allreduce``  one per gradient bucket (:mod:`dpkit.ddp.hook`), overlapping backward
 ``optimizer``  the optimizer's step (its step pre- and post-hooks)
 =============  ==================================================================
@@ -56,7 +60,7 @@ class RankRun:
     rank: int
     device: str
     pid: int
-    bucket_cap_mb: float
+    bucket_cap_mb: float | None  # None: torch's default
     parameter_bytes: int
     events: list[tuple[str, float, float, int, int, dict[str, Any]]] = field(default_factory=list)
     memory: list[tuple[str, int, int]] = field(default_factory=list)  # category, bytes, step
@@ -106,6 +110,7 @@ class RankRecorder:
         self._forward_start: Any = None
         self._forward_inputs: list[torch.Tensor] = []
         self._optimizer_start: Any = None
+        self._last_gradient: Any = None  # when the latest parameter gradient was accumulated
 
     # -- what the hooks call
 
@@ -134,6 +139,11 @@ class RankRecorder:
         what = "DDP's constructor: rank 0's parameters and buffers broadcast, once"
         self.add(Phase.REPLICATE.value, start, self.clock.mark(), received, 1, {"what": what})
         ddp.register_comm_hook(self, recorded_allreduce)
+        self._handles += [
+            p.register_post_accumulate_grad_hook(self._on_gradient)
+            for p in model.parameters()
+            if p.requires_grad
+        ]
         self._handles += [
             ddp.register_forward_pre_hook(self._on_forward, with_kwargs=True),
             ddp.register_forward_hook(self._on_forward_end),
@@ -194,16 +204,25 @@ class RankRecorder:
             def on_backward(grad_outputs: Any) -> None:
                 if not started:
                     started.append(self.clock.mark())
+                    self._last_gradient = None
                     self.where.at(process.BACKWARD)
                     _queue_callback(lambda: self._on_backward_end(started[0], step))
 
             for node in {t.grad_fn for t in outputs}:
                 node.register_prehook(on_backward)
 
+    def _on_gradient(self, parameter: torch.Tensor) -> None:
+        self._last_gradient = self.clock.mark()
+
     def _on_backward_end(self, start: Any, step: int) -> None:
-        # Queued at backward's start, so it runs before DDP's own callback, which waits
-        # for the buckets' all-reduces: the event is the gradients' computation alone.
-        self.add(Phase.BACKWARD.value, start, self.clock.mark(), 0, step, {})
+        # A callback queued on autograd's engine: it runs once the engine is done, but
+        # before or after DDP's own end-of-backward callback (which waits for the buckets'
+        # all-reduces) depending on the run: measured here, it ran up to 30 ms before the
+        # last all-reduce ended in one run and just after it in another. So the backward
+        # event ends at the last gradient, which is neither, and the waiting is computed
+        # from the all-reduces themselves (result()).
+        end = self.clock.mark() if self._last_gradient is None else self._last_gradient
+        self.add(Phase.BACKWARD.value, start, end, 0, step, {})
 
     def _on_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.where.at(process.OPTIMIZER)
@@ -220,7 +239,7 @@ class RankRecorder:
         self.add(Phase.OPTIMIZER.value, self._optimizer_start, end, 0, self.step, {})
         self.where.at(process.AFTER_OPTIMIZER)
 
-    def result(self, bucket_cap_mb: float) -> RankRun:
+    def result(self, bucket_cap_mb: float | None) -> RankRun:
         """Everything recorded, in seconds of the shared clock (waits for the GPU first)."""
         if self.clock.cuda:
             torch.cuda.synchronize(self.clock.device)
@@ -231,11 +250,29 @@ class RankRecorder:
             pid=os.getpid(),
             bucket_cap_mb=bucket_cap_mb,
             parameter_bytes=sum(map(tensor_nbytes, self.parameters)),
-            events=[
-                (phase, seconds(start), seconds(end), nbytes, step, details)
-                for phase, start, end, nbytes, step, details in self.events
-            ],
+            events=with_waiting(
+                [
+                    (phase, seconds(start), seconds(end), nbytes, step, details)
+                    for phase, start, end, nbytes, step, details in self.events
+                ]
+            ),
             memory=list(self.memory),
             step_times=[(seconds(start), seconds(end)) for start, end in self.step_marks],
             gradients=self.gradients,
         )
+
+
+def with_waiting(events: list[tuple]) -> list[tuple]:
+    """``events`` with each backward's ``details["waiting_s"]``: how long the step's last
+    all-reduce ended after the backward's last gradient (0 when it ended before)."""
+    last_end: dict[int, float] = {}
+    for phase, _, end, _, step, _ in events:
+        if phase == Phase.ALLREDUCE.value:
+            last_end[step] = max(end, last_end.get(step, end))
+    return [
+        (phase, start, end, nbytes, step,
+         {**details, "waiting_s": max(0.0, last_end.get(step, end) - end)})
+        if phase == Phase.BACKWARD.value
+        else (phase, start, end, nbytes, step, details)
+        for phase, start, end, nbytes, step, details in events
+    ]  # fmt: skip

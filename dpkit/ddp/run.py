@@ -68,7 +68,7 @@ class DDPResult:
     nproc: int
     backend: str
     batch: int
-    bucket_cap_mb: float
+    bucket_cap_mb: float | None  # None: torch's default
     parameter_bytes: int
     step_times: list[float]
     pids: list[int]
@@ -121,13 +121,14 @@ def make_plan(
     nproc: int,
     batch: int,
     steps: int,
-    bucket_caps: Sequence[float],
+    bucket_caps: Sequence[float | None],
     backend: str | None,
     timeout: float,
     port: int | None,
     threads: int,
     keep_gradients: bool = False,
     blocks: int = 1,
+    ddp_options: dict[str, Any] | None = None,
 ) -> Plan:
     """Every argument checked (a clear error naming it), into a :class:`Plan` for the ranks."""
     workload = as_workload(workload)
@@ -155,7 +156,8 @@ def make_plan(
         # torch's collectives give up later than the parent: the parent's message, which
         # names the rank that is behind, comes first.
         timeout=timeout + 30,
-        bucket_caps=tuple(float(cap) for cap in bucket_caps),
+        bucket_caps=tuple(bucket_caps),
+        ddp_options=tuple(sorted((ddp_options or {}).items())),
         blocks=blocks,
         threads=threads,
         keep_gradients=keep_gradients,
@@ -188,12 +190,13 @@ def run_ddp(
     nproc: int = 2,
     batch: int = 64,
     steps: int = 3,
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float | None = 25.0,
     backend: str | None = None,
     timeout: float = 120.0,
     port: int | None = None,
     threads: int = 1,
     keep_gradients: bool = False,
+    ddp_options: dict[str, Any] | None = None,
 ) -> DDPResult:
     """Train ``workload`` under DistributedDataParallel on ``nproc`` processes, traced.
 
@@ -207,12 +210,15 @@ def run_ddp(
     (it listens on every interface of the machine: torch has no bind address for it).
     ``threads``: torch intra-op threads per rank.
     ``keep_gradients``: send step 1's all-reduced gradients back (``result.gradients``).
+    ``bucket_cap_mb=None``: torch's own default (25 MiB, and 1 MiB for the first bucket,
+    which torch uses only when no cap is given). ``ddp_options``: more keyword arguments of
+    ``DistributedDataParallel`` (``gradient_as_bucket_view``, ``static_graph``, ...).
 
     Returns a :class:`DDPResult` whose ``trace`` holds every rank's events.
     """
     plan = make_plan(
         workload, nproc, batch, steps, [bucket_cap_mb], backend, timeout, port, threads,
-        keep_gradients,
+        keep_gradients, ddp_options=ddp_options,
     )  # fmt: skip
     per_rank, pids = launch_plan(plan, timeout)
     return result_of([runs[0] for runs in per_rank], plan, pids)

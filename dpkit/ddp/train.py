@@ -49,7 +49,7 @@ from dpkit.ddp import checks, process
 from dpkit.ddp.rank import free_reducers, import_what_ddp_imports
 from dpkit.ddp.record import RankRecorder, RankRun
 from dpkit.ddp.run import merged_trace
-from dpkit.ddp.workload import MODELS, named_workload, training_step
+from dpkit.ddp.workload import DDP_MODELS, named_workload, training_step
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -59,7 +59,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "rank (start it with torchrun); rank 0 writes trace.json, ranks.json and model.pt.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model", choices=MODELS, default="mlp")
+    parser.add_argument("--model", choices=DDP_MODELS, default="mlp")
     parser.add_argument("--samples", type=int, default=256, help="images in the dataset")
     parser.add_argument("--batch-per-rank", type=int, default=32, help="rows per rank and step")
     parser.add_argument("--epochs", type=int, default=1)

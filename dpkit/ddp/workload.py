@@ -28,6 +28,19 @@ from torch import nn
 from dpkit.demo import CLASSES, IMAGE_SHAPE, build_model
 
 MODELS = ("mlp", "cnn", "transformer")  # the names dpkit demo's build_model knows
+# and dpkit.ddp's own: an MLP large enough for torch's default buckets (see wide_mlp)
+DDP_MODELS = (*MODELS, "wide")
+
+
+def wide_mlp(width: int = 1024, hidden: int = 4) -> nn.Sequential:
+    """An MLP on 1x28x28 images with ``hidden`` square layers of ``width``: 20 MB of
+    parameters at the defaults, so that torch's default buckets (the first 1 MiB, then 25
+    MiB) cut it in two and the first bucket's all-reduce overlaps most of backward (the
+    demo's MLP, 0.9 MB, fits in one bucket, which can only start after backward)."""
+    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU()]
+    for _ in range(hidden):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, CLASSES))
 
 
 def random_images(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,9 +86,12 @@ class Workload:
 
 
 def named_workload(model: str) -> Workload:
-    """The demo's model ``"mlp"``, ``"cnn"`` or ``"transformer"`` on random images, SGD."""
-    if model not in MODELS:
-        raise ValueError(f"model={model!r} is not one of {', '.join(MODELS)}; pick one of them")
+    """The demo's model ``"mlp"``, ``"cnn"`` or ``"transformer"``, or ``"wide"``
+    (:func:`wide_mlp`), on random images, SGD."""
+    if model == "wide":
+        return Workload(model=wide_mlp, name=model)
+    if model not in DDP_MODELS:
+        raise ValueError(f"model={model!r} is not one of {', '.join(DDP_MODELS)}; pick one of them")
     return Workload(model=functools.partial(build_model, model), name=model)
 
 
@@ -84,7 +100,7 @@ def as_workload(workload: Workload | str) -> Workload:
         return named_workload(workload)
     if not isinstance(workload, Workload):
         raise TypeError(
-            f"workload must be a model name ({', '.join(MODELS)}) or a dpkit.ddp.Workload, got "
+            f"workload must be a model name ({', '.join(DDP_MODELS)}) or a dpkit.ddp.Workload, got "
             f"{type(workload).__name__}"
         )
     check_importable(workload)
