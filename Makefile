@@ -1,5 +1,6 @@
 # dpkit: `make lab` opens the course, `make test` runs every test. Both set up .venv first.
-# GNU make. The course environment is pinned in requirements/course.txt only.
+# GNU make. The course environment is pinned in requirements/course.txt only, the tools that
+# test it in requirements/test.txt.
 
 PYTHON ?= python3
 VENV := .venv
@@ -20,10 +21,11 @@ NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/saniti
               --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test notebooks lab lint format clean distclean mutation
+.PHONY: help venv test-tools test notebooks lab lint format clean distclean mutation
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
+	@echo "make test-tools install the test tools (requirements/test.txt) into $(VENV)"
 	@echo "make test       set up $(VENV), run ruff, every test, and nbval over notebooks/ (PYTEST_ARGS='-m \"not slow\"' to filter)"
 	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
@@ -35,11 +37,30 @@ help:
 venv: $(STAMP)
 
 # torch is pinned exactly in requirements/course.txt; installing it together with `-e .` keeps
-# pip from re-resolving torch>=2.4 into a multi-GB CUDA build.
+# pip from re-resolving torch>=2.4 into a multi-GB CUDA build. On Linux without an NVIDIA GPU
+# (no nvidia-smi), torch comes first from PyTorch's CPU wheel index: PyPI's Linux wheel is the
+# CUDA build, several GB of NVIDIA libraries a laptop cannot use. Where that index cannot be
+# reached, the pinned install below takes whatever torch wheel pip finds, as it did before.
+PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar off
+TORCH_PIN := $(shell grep -E '^torch==' requirements/course.txt)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): requirements/course.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off -r requirements/course.txt -e .
+	@if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "== no NVIDIA GPU: $(TORCH_PIN) from PyTorch's CPU wheel index ($(TORCH_CPU_INDEX))"; \
+	  $(PIP_INSTALL) --retries 1 --timeout 20 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
+	    || echo "== PyTorch's CPU index could not be reached: $(TORCH_PIN) as pip finds it"; \
+	fi
+	$(PIP_INSTALL) -r requirements/course.txt -e .
 	touch $@
+
+# The tools that test the course (requirements/test.txt), beside the course environment.
+TEST_STAMP := $(VENV)/.dpkit-test-tools-installed
+$(TEST_STAMP): requirements/test.txt $(STAMP)
+	$(PIP_INSTALL) -r requirements/test.txt -c requirements/course.txt
+	touch $@
+
+test-tools: $(TEST_STAMP)
 
 # Jupyter, IPython and matplotlib state goes to a temporary folder, never the user's home.
 JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHONDIR="$$state/ipython" \
@@ -54,7 +75,7 @@ JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHOND
 # is checked against its own numbers (notebooks/conftest.py); DPKIT_NOTEBOOKS_UNDER_LOAD=0 runs
 # them quiet.
 DPKIT_NOTEBOOKS_UNDER_LOAD ?= 1
-test: venv
+test: venv test-tools
 	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
 	echo "$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)"; \
@@ -68,7 +89,7 @@ test: venv
 
 # Re-execute every notebook top to bottom, each in a fresh kernel, and store the outputs in place;
 # then stamp each code cell with a hash of the source it ran (tests/test_notebooks.py checks it).
-notebooks: venv
+notebooks: venv test-tools
 	@if [ -z "$(NOTEBOOKS)" ]; then echo "no notebooks in notebooks/"; exit 0; fi; \
 	state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) && \
 	echo "$(BIN)/jupyter nbconvert --to notebook --execute --inplace $(NOTEBOOKS)" && \
@@ -89,19 +110,18 @@ MUTATION_STAMP := $(VENV)/.dpkit-mutation-installed
 FILES ?=
 MUTATION_ARGS ?=
 
-$(MUTATION_STAMP): requirements/mutation.txt $(STAMP)
-	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off \
-	    -r requirements/mutation.txt -c requirements/course.txt
+$(MUTATION_STAMP): requirements/mutation.txt $(TEST_STAMP)
+	$(PIP_INSTALL) -r requirements/mutation.txt -c requirements/course.txt -c requirements/test.txt
 	touch $@
 
 mutation: venv $(MUTATION_STAMP)
 	$(BIN)/python -m benchmarks.mutation $(if $(FILES),--files $(FILES)) $(MUTATION_ARGS)
 
-lint: venv
+lint: venv test-tools
 	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
-format: venv
+format: venv test-tools
 	$(BIN)/ruff format $(LINT_PATHS)
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 

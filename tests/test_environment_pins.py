@@ -1,4 +1,5 @@
-"""The course environment is pinned in requirements/course.txt and repeated in environment.yml.
+"""The course environment is pinned in requirements/course.txt and repeated in environment.yml;
+the tools that test it are pinned in requirements/test.txt, apart, so a learner installs none.
 
 These tests fail when one file is edited and the other is not, when torch drifts from the
 exact pin (a looser spec lets pip pick a multi-GB CUDA build), or when the package's own torch
@@ -14,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 COURSE_TXT = ROOT / "requirements" / "course.txt"
+TEST_TXT = ROOT / "requirements" / "test.txt"
 ENVIRONMENT_YML = ROOT / "environment.yml"
 PYPROJECT = ROOT / "pyproject.toml"
 
@@ -32,14 +34,14 @@ def parse_pin(line: str, source: str) -> tuple[str, str]:
     return canonical(match["name"]), match["version"]
 
 
-def pins_from_requirements(text: str) -> dict[str, str]:
+def pins_from_requirements(text: str, source: str = "requirements/course.txt") -> dict[str, str]:
     pins: dict[str, str] = {}
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        name, version = parse_pin(line, "requirements/course.txt")
-        assert name not in pins, f"requirements/course.txt pins {name} twice"
+        name, version = parse_pin(line, source)
+        assert name not in pins, f"{source} pins {name} twice"
         pins[name] = version
     return pins
 
@@ -102,23 +104,24 @@ def test_torch_is_pinned_exactly(course_pins):
     assert course_pins.get("torch") == "2.13.0"
 
 
-def test_course_pins_include_the_lab_and_test_tools(course_pins):
-    needed = {
-        "numpy",
-        "jupyterlab",
-        "ipywidgets",
-        "jupyterlab-widgets",
-        "ipykernel",
-        "matplotlib",
-        "pytest",
-        "hypothesis",
-        "nbval",
-        "nbformat",
-        "nbconvert",
-        "playwright",
-        "ruff",
-    }
+@pytest.fixture(scope="module")
+def test_pins() -> dict[str, str]:
+    return pins_from_requirements(TEST_TXT.read_text(), "requirements/test.txt")
+
+
+def test_course_pins_hold_what_a_learner_needs_and_no_test_tool(course_pins):
+    needed = {"numpy", "jupyterlab", "ipywidgets", "jupyterlab-widgets", "ipykernel", "matplotlib"}
     assert needed <= course_pins.keys(), f"missing pins: {sorted(needed - course_pins.keys())}"
+    tools = {"pytest", "pytest-xdist", "hypothesis", "nbval", "playwright", "ruff"}
+    assert not tools & course_pins.keys(), "test tools belong in requirements/test.txt"
+
+
+def test_test_pins_hold_the_test_tools_and_repeat_no_course_pin(course_pins, test_pins):
+    needed = {"pytest", "pytest-xdist", "hypothesis", "nbval", "nbformat", "nbconvert",
+              "playwright", "ruff"}  # fmt: skip
+    assert needed <= test_pins.keys(), f"missing pins: {sorted(needed - test_pins.keys())}"
+    both = sorted(course_pins.keys() & test_pins.keys())
+    assert not both, f"pinned in both requirement files (one place each): {both}"
 
 
 def test_environment_yml_repeats_every_course_pin(course_pins, environment_text):
