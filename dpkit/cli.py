@@ -9,6 +9,7 @@ dpkit ddp                the same under torch's DistributedDataParallel, a proce
 dpkit predict            the cost model: a step predicted on hardware you may not have
                          (see dpkit.cost)
 dpkit grade N            grade exercise N (see exercises/README.md)
+dpkit course DIR         write the notebooks and exercises into DIR (after a pip install)
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ def _check_command(args: argparse.Namespace) -> int:
     return 0 if check_environment().ok else 1
 
 
+def _course_command(args: argparse.Namespace) -> int:
+    from dpkit.course import write_course
+
+    written = write_course(args.folder, overwrite=args.overwrite)
+    notebooks = sum(path.suffix == ".ipynb" for path in written)
+    print(f"wrote {len(written)} files into {args.folder}: {notebooks} notebooks and the exercises")
+    print(f"next: cd {args.folder} && jupyter lab notebooks/00_start_here.ipynb")
+    print("      (dpkit grade 1 in that folder grades exercise 1)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpkit", description="Data parallelism in PyTorch, on real or virtual devices."
@@ -102,6 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(JupyterLab, the classic Notebook or Colab): the same check notebook 00 runs first.",
     )
     check.set_defaults(run=_check_command)
+    course = commands.add_parser(
+        "course",
+        help="write the course's notebooks and exercises into a folder (after pip install)",
+        description="Copy the notebooks and the exercises (stubs, graders; no solutions) "
+        "shipped with dpkit into FOLDER, so the course runs without git: then "
+        "`cd FOLDER && jupyter lab notebooks/00_start_here.ipynb`.",
+    )
+    course.add_argument("folder", metavar="FOLDER", help="where to write them (made if missing)")
+    course.add_argument(
+        "--overwrite", action="store_true", help="replace files already there (edits are lost)"
+    )
+    course.set_defaults(run=_course_command)
     add_grade_command(commands)
     add_ddp_command(commands)
     add_predict_command(commands)

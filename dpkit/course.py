@@ -1,0 +1,67 @@
+"""The course's files for a pip install: ``dpkit course DIR`` writes them where a learner works.
+
+A wheel of dpkit carries the notebooks and the exercises (stubs, graders, their README; never
+the solutions) as package data in ``dpkit/_course`` (``setup.py`` copies them there when the
+wheel is built), so ``pip install dpkit`` then ``dpkit course my-course`` and ``jupyter lab``
+in it give the whole course without git. From a checkout (an editable install) the files come
+from the checkout itself. ``dpkit grade N`` run inside the folder finds its ``exercises/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+# What a learner gets, by folder: the same patterns setup.py packs into the wheel.
+COURSE_FILES: dict[str, tuple[str, ...]] = {
+    "notebooks": ("*.ipynb", "README.md", "GLOSSARY.md"),
+    "exercises": ("README.md", "task*_*.py", "graders/*.py"),
+}
+PACKED = Path(__file__).resolve().parent / "_course"  # in a built wheel
+CHECKOUT = Path(__file__).resolve().parent.parent  # an editable install's repository
+
+
+def course_source() -> Path:
+    """Where the course's files are: the wheel's package data, else the checkout."""
+    for root in (PACKED, CHECKOUT):
+        if (root / "notebooks").is_dir() and (root / "exercises" / "graders").is_dir():
+            return root
+    raise FileNotFoundError(
+        f"this dpkit has no course files (looked in {PACKED} and {CHECKOUT}); install dpkit "
+        "from a wheel built by `pip wheel .` in a checkout, or clone the repository"
+    )
+
+
+def course_files(root: Path) -> list[Path]:
+    """The course's files under ``root``, relative to it, sorted."""
+    found = {
+        path.relative_to(root)
+        for folder, patterns in COURSE_FILES.items()
+        for pattern in patterns
+        for path in (root / folder).glob(pattern)
+        if path.is_file()
+    }
+    return sorted(found)
+
+
+def write_course(target: str | Path, overwrite: bool = False) -> list[Path]:
+    """Copy the notebooks and exercises into ``target`` (made if missing) and return what was
+    written. Files already there are left alone and reported unless ``overwrite``: a
+    learner's edited notebook or exercise must not be lost to a second run."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"target={str(target)!r} is a file; give a folder for the course")
+    source = course_source()
+    files = course_files(source)
+    clashes = [path for path in files if (target / path).exists()]
+    if clashes and not overwrite:
+        shown = ", ".join(str(path) for path in clashes[:3])
+        more = f" and {len(clashes) - 3} more" if len(clashes) > 3 else ""
+        raise ValueError(
+            f"{target} already holds {shown}{more}; choose an empty folder, or pass "
+            "--overwrite to replace them with the originals (your edits to them are lost)"
+        )
+    for path in files:
+        (target / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / path, target / path)
+    return files
