@@ -372,6 +372,12 @@ def test_hardware_and_hardware_file_together_are_refused(predict_here, tmp_path)
     one_line_error(err, "--hardware and --hardware-file", 'base = "T4-PCIe3"')
 
 
+def test_print_hardware_name_and_another_hardware_are_refused(predict_here):
+    status, out, err = predict_here("--print-hardware", "T4-PCIe3", "--hardware", "4xA100-PCIe4")
+    assert status == 2 and out == ""
+    one_line_error(err, "--print-hardware NAME and --hardware name two machines")
+
+
 def test_print_hardware_without_a_name_prints_the_machine_a_file_makes(predict_here, tmp_path):
     path = tmp_path / "fast_network.toml"
     path.write_text('base = "2x8xA100-100GbE"\nnics_per_node = 8\n')

@@ -249,6 +249,8 @@ def test_a_sample_row_is_what_the_bytes_scale_with():
         ({"tensor_core_efficiency": {"float32": 1.5}}, "tensor_core_efficiency.*fraction"),
         ({"tensor_core_efficiency": {"float16": 0.5}}, "a dtype that peak_flops names"),
         ({"tensor_core_efficiency": {"float32": 0.0}}, "tensor_core_efficiency"),
+        ({"op_seconds": {"aten.mm": ((1e6, "2 us"),)}}, r"op_seconds\['aten.mm'\].*pairs"),
+        ({"op_seconds": {"aten.mm": ((1e6,),)}}, r"op_seconds\['aten.mm'\].*pairs"),
     ],
 )
 def test_hardware_refuses_what_makes_no_sense(changes, words):
