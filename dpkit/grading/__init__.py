@@ -32,11 +32,19 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dpkit.grading.command import add_grade_command
-from dpkit.grading.layout import find_exercises, submission_file, task_files, task_numbers
+from dpkit.grading.layout import (
+    find_exercises,
+    find_students,
+    submission_file,
+    task_files,
+    task_numbers,
+)
 from dpkit.grading.results import (
     FAIL,
     PASS,
@@ -44,11 +52,23 @@ from dpkit.grading.results import (
     check_writable,
     clean_cell,
     clean_text,
+    read_weights,
     report,
     results_from_records,
+    summary_rows,
     write_csv,
+    write_feedback,
+    write_summary,
 )
-from dpkit.grading.sandbox import Trusted, read_trusted, run_graders, validate_timeout
+from dpkit.grading.sandbox import (
+    STOP,
+    Trusted,
+    read_submission,
+    read_trusted,
+    run_graders,
+    validate_timeout,
+)
+from dpkit.grading.similarity import similar_pairs
 
 _results = results_from_records  # the name older tests use
 
@@ -121,28 +141,96 @@ def grade_submissions(
     tasks: Sequence[int] | None = None,
     timeout: float = 60.0,
     exercises: str | os.PathLike[str] | None = None,
+    jobs: int | None = None,
+    on_student: Callable[[str, list[CheckResult]], None] | None = None,
 ) -> list[tuple[str, CheckResult]]:
-    """Grade ``folder/<student>/taskN_*.py`` for every student: ``(student, result)`` rows.
+    """Grade every student's submission in ``folder``: ``(student, result)`` rows, by student.
 
-    The graders and dpkit are read once, before the first student, so a submission that
-    edits them on disk cannot change anyone's grade; each student runs in a fresh process.
+    The layouts are in :func:`dpkit.grading.layout.find_students` (a folder per student,
+    nested as an LMS zip unpacks, or one flat folder of ``student_taskN...py`` files).
+    The graders, dpkit and every student's files are read once, before the first student
+    runs, so a submission that edits files on disk cannot change anyone's grade. ``jobs``
+    students are graded at a time (default: the machine's cores), each in fresh processes;
+    ``on_student(student, results)`` is called as each one finishes. A student whose
+    grading fails for any reason gets rows saying so; the class goes on.
     """
     validate_timeout(timeout)
     root = Path(folder)
     if not root.is_dir():
         raise ValueError(f"submissions folder {str(root)!r} does not exist")
-    students = sorted(
-        p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))
-    )
-    if not students:
-        raise ValueError(f"{str(root)!r} holds no student folders (one folder per student)")
-    trusted = read_trusted(find_exercises(exercises))
+    exercise_root = find_exercises(exercises)
+    names = task_files(exercise_root)
+    chosen = task_numbers(exercise_root) if tasks is None else list(tasks)
+    found = find_students(root, names)
+    if not found.students:
+        raise ValueError(
+            f"{str(root)!r} holds no submissions: give one folder per student, or one folder "
+            "of student_taskN_*.py files (see docs/instructors.md)"
+        )
+    for warning in found.warnings:
+        print(f"dpkit grade: warning: {clean_text(warning)}", file=sys.stderr)
+    trusted = read_trusted(exercise_root)
     _warn_modified(trusted)
-    return [
-        (student.name, result)
-        for student in students
-        for result in grade_folder(student, tasks, timeout, exercises, trusted)
-    ]
+    snapshot = {
+        student: {name: read_submission(path) for name, path in files.items()}
+        for student, files in found.students.items()
+    }
+    jobs = default_jobs() if jobs is None else max(1, int(jobs))
+    lock = threading.Lock()
+
+    def one(student: str) -> list[CheckResult]:
+        try:
+            results = run_graders(chosen, exercise_root, snapshot[student], timeout, trusted)
+        except Exception as error:  # noqa: BLE001 - one student's failure never stops the class
+            why = f"grading failed for this student: {type(error).__name__}: {error}"
+            results = [CheckResult(task, "the grader runs", False, why) for task in chosen]
+        if on_student is not None:
+            with lock:
+                on_student(student, results)
+        return results
+
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="dpkit-grade")
+    try:
+        graded = dict(zip(snapshot, pool.map(one, snapshot)))
+    except BaseException:  # Ctrl-C: stop the runs in flight, start no more
+        STOP.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        STOP.clear()
+        raise
+    pool.shutdown()
+    _warn_similar(snapshot, trusted, names, chosen)
+    return [(student, result) for student in snapshot for result in graded[student]]
+
+
+def _warn_similar(
+    snapshot: dict[str, dict[str, bytes | str | None]],
+    trusted: Trusted,
+    names: dict[int, str],
+    tasks: Sequence[int],
+) -> None:
+    sources = {
+        student: {
+            task: data.decode("utf-8", "replace")
+            for task in tasks
+            if isinstance(data := files.get(names.get(task, "")), bytes)
+        }
+        for student, files in snapshot.items()
+    }
+    stubs = {
+        task: trusted.files.get(f"exercises/{names[task]}", b"").decode("utf-8", "replace")
+        for task in tasks
+        if task in names
+    }
+    for pair in similar_pairs(sources, stubs):
+        print(f"dpkit grade: warning: {clean_text(pair.describe())}", file=sys.stderr)
+
+
+def default_jobs() -> int:
+    """Students graded at a time by default: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
 
 
 __all__ = [
@@ -153,7 +241,9 @@ __all__ = [
     "check_writable",
     "clean_cell",
     "clean_text",
+    "default_jobs",
     "find_exercises",
+    "find_students",
     "grade",
     "grade_and_report",
     "grade_folder",
@@ -161,5 +251,9 @@ __all__ = [
     "report",
     "task_files",
     "task_numbers",
+    "read_weights",
+    "summary_rows",
     "write_csv",
+    "write_feedback",
+    "write_summary",
 ]

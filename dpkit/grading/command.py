@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -46,15 +47,7 @@ def _grade(args: argparse.Namespace) -> int:
     if args.file is not None and args.task is None:
         args.grade_parser.error("--file grades one task: give its number, e.g. dpkit grade 1")
     if args.submissions is not None:
-        grading.check_writable(args.csv)  # before the class is graded, not after
-        rows = grading.grade_submissions(args.submissions, args.tasks, args.timeout)
-        grading.write_csv(rows, args.csv)
-        for student in dict.fromkeys(student for student, _ in rows):
-            mine = [r for s, r in rows if s == student]
-            name = grading.clean_text(student)
-            print(f"{name}: {sum(r.passed for r in mine)}/{len(mine)} checks passed")
-        print(f"wrote {len(rows)} rows to {args.csv}")
-        return 0
+        return _grade_class(args)
     if args.all:
         folder = args.dir if args.dir is not None else grading.find_exercises()
         results = grading.grade_folder(folder, args.tasks, args.timeout)
@@ -67,6 +60,65 @@ def _grade(args: argparse.Namespace) -> int:
         results = grading.grade(args.task, args.file, args.timeout)
     print(grading.report(results))
     return 0 if results and all(r.passed for r in results) else 1
+
+
+def _grade_class(args: argparse.Namespace) -> int:
+    """``--submissions``: a line per student as each finishes, the CSVs always written."""
+    import time
+
+    from dpkit import grading
+
+    summary = args.summary or str(Path(args.csv).with_name(Path(args.csv).stem + "-summary.csv"))
+    for path in (args.csv, summary):
+        grading.check_writable(path)  # before the class is graded, not after
+    weights = grading.read_weights(args.weights)
+    done: list[tuple[str, list[grading.CheckResult]]] = []
+    start = time.monotonic()
+
+    def finished(student: str, results: list[grading.CheckResult]) -> None:
+        done.append((student, results))
+        name = grading.clean_text(student)
+        stopped = sorted({r.task for r in results if r.hint.startswith(("crashed", "timed out"))})
+        note = f" (crashed or timed out in task {', '.join(map(str, stopped))})" if stopped else ""
+        print(
+            f"[{len(done)}] {name}: {sum(r.passed for r in results)}/{len(results)} checks "
+            f"passed{note} ({time.monotonic() - start:.0f} s)",
+            flush=True,
+        )
+
+    interrupted = False
+    exercises = grading.find_exercises()
+    paths = [args.submissions, args.csv, summary, args.feedback]
+    submissions, csv_path, summary, feedback = (
+        None if p is None else os.path.abspath(p) for p in paths
+    )
+    here = os.getcwd()
+    # A submission can read where its grader runs (/proc/<parent>/cwd): not in the class.
+    os.chdir("/")
+    try:
+        grading.grade_submissions(
+            submissions, args.tasks, args.timeout, exercises, args.jobs, on_student=finished
+        )
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:  # whatever happened, the students graded so far are written
+        os.chdir(here)
+        rows = [(student, r) for student, results in sorted(done) for r in results]
+        grading.write_csv(rows, csv_path)
+        grading.write_summary(rows, summary, weights)
+        if feedback:
+            grading.write_feedback(rows, feedback)
+    print(f"wrote {len(rows)} rows to {args.csv} and {len(done)} students to {summary}")
+    if interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def positive_jobs(text: str) -> int:
+    """An argparse type: a whole number of students graded at a time, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1, got {text!r}")
+    return int(text)
 
 
 def add_grade_command(commands: argparse._SubParsersAction) -> None:
@@ -86,11 +138,32 @@ def add_grade_command(commands: argparse._SubParsersAction) -> None:
     grade_parser.add_argument("--all", action="store_true", help="grade every task")
     grade_parser.add_argument("--dir", help="with --all: the folder of taskN_*.py files")
     grade_parser.add_argument(
-        "--submissions", metavar="DIR", help="grade DIR/<student>/taskN_*.py for every student"
+        "--submissions",
+        metavar="DIR",
+        help="grade every student in DIR (DIR/<student>/taskN_*.py, or DIR/<student>_taskN_*.py)",
     )
     grade_parser.add_argument("--csv", metavar="OUT.csv", help="with --submissions: the CSV")
     grade_parser.add_argument(
         "--tasks", type=int, nargs="+", metavar="N", help="with --all or --submissions: only these"
+    )
+    grade_parser.add_argument(
+        "--jobs",
+        type=positive_jobs,
+        metavar="N",
+        help="with --submissions: students graded at a time (default: the cores)",
+    )
+    grade_parser.add_argument(
+        "--summary",
+        metavar="OUT.csv",
+        help="with --submissions: the per-student summary (default: the CSV's name + -summary)",
+    )
+    grade_parser.add_argument(
+        "--weights",
+        metavar="FILE.toml",
+        help="with --submissions: each task's points ([weights] then 1 = 10; default 10 each)",
+    )
+    grade_parser.add_argument(
+        "--feedback", metavar="DIR", help="with --submissions: a report per student in DIR"
     )
     grade_parser.add_argument(
         "--timeout",

@@ -23,6 +23,8 @@ import threading
 import types
 from typing import Any
 
+from dpkit.grading import warden
+
 HINT_LIMIT = 1000  # characters: a record stays one atomic pipe write
 
 
@@ -157,6 +159,50 @@ class Snapshot:
         return None
 
 
+# Comparisons the graders call by module attribute (``torch.equal(...)``), answered by the
+# module's class: a data descriptor on a module's class wins over its ``__dict__``, so
+# ``torch.equal = always_true`` fails and a write to ``vars(torch)`` is never read.
+FROZEN_COMPARISONS = {
+    "torch": ("equal", "allclose", "isclose", "all", "any", "eq", "ne", "is_tensor"),
+    "torch.testing": ("assert_close",),
+    "math": ("isclose",),
+}
+
+
+def _fixed(module_name: str, name: str, value: Any) -> property:
+    def get(_self: Any, _value: Any = value) -> Any:
+        return _value
+
+    def refuse(_self: Any, _new: Any) -> None:
+        raise AttributeError(
+            f"{module_name}.{name} is the grader's while grading; it cannot be replaced"
+        )
+
+    return property(get, refuse)
+
+
+def freeze_comparisons() -> None:
+    """Fix the comparison functions graders call (:data:`FROZEN_COMPARISONS`) for this run."""
+    for module_name, names in FROZEN_COMPARISONS.items():
+        module = sys.modules.get(module_name)
+        if module is None or getattr(type(module), "__dpkit_frozen__", False):
+            continue
+        namespace: dict[str, Any] = {"__dpkit_frozen__": True}
+        for name in names:
+            if name in vars(module):
+                namespace[name] = _fixed(module_name, name, vars(module)[name])
+        module.__class__ = type("FrozenModule", (type(module),), namespace)
+
+
+def thread_tampered() -> str | None:
+    """What this thread carries that a check must not leave behind: a torch function mode
+    (thread-local: it answers every torch call of later code in the thread), a hook."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch._C._len_torch_function_stack() > 0:
+        return "a torch function mode (TorchFunctionMode) was left active"
+    return warden.hooks_set()
+
+
 # --------------------------------------------------------------------------------------
 # The pytest plugin: signed records, verdicts from this harness only.
 
@@ -179,6 +225,7 @@ class Harness:
         self._returned: set[str] = set()
         self._snapshot: Snapshot | None = None
         self._tampered: str | None = None
+        self._thread_tampered: dict[str, str] = {}
 
     def send(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -191,14 +238,30 @@ class Harness:
                 data = data[os.write(self._fd, data) :]
 
     def _watch(self, nodeid: str, function: Any) -> Any:
-        @functools.wraps(function)
-        def check(*args: Any, **kwargs: Any) -> Any:
-            result = function(*args, **kwargs)
-            with self._lock:  # a timed-out check that returns later does not count
-                if self._current == nodeid:
-                    self._returned.add(nodeid)
+        # The test, the harness and the check's id are default arguments, not closure
+        # cells: a tuple of defaults cannot be changed in place, and replacing it is an
+        # audited event the warden refuses.
+        def check(
+            _function: Any = function,
+            _harness: Harness = self,
+            _nodeid: str = nodeid,
+            /,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            result = _function(*args, **kwargs)
+            # In the check's own thread: a mode pushed or a hook set here is thread-local,
+            # invisible to a snapshot taken from the main thread.
+            tampered = thread_tampered()
+            with _harness._lock:  # a timed-out check that returns later does not count
+                if tampered is not None:
+                    _harness._thread_tampered.setdefault(_nodeid, tampered)
+                elif _harness._current == _nodeid:
+                    _harness._returned.add(_nodeid)
             return result
 
+        functools.update_wrapper(check, function)
+        del check.__wrapped__  # the test itself is not handed out
         return check
 
     def pytest_collection_finish(self, session: Any) -> None:
@@ -213,9 +276,27 @@ class Harness:
             )
             if hasattr(item, "obj"):
                 item.obj = self._watch(item.nodeid, item.obj)
-        self._snapshot = Snapshot()  # before any student file is imported: fixtures are lazy
+        freeze_comparisons()
+        # Before any student file is imported (fixtures are lazy): the one-way door
+        # (dpkit.grading.warden), then what the graders rely on.
+        warden.arm(frozenset({Harness._watch.__code__, thread_tampered.__code__}))
+        self._snapshot = Snapshot()
+
+    def _check_tampering(self) -> None:
+        """Around every check: replaced functions, and hooks set for new threads."""
+        if self._tampered is not None or self._snapshot is None:
+            return
+        changed = self._snapshot.changed()
+        hooks = warden.hooks_set() if changed is None else None
+        what = f"{changed} was replaced" if changed is not None else hooks and f"{hooks} was set"
+        if what:
+            self._tampered = (
+                f"the grader was tampered with: {what} while your code ran, so no check "
+                "counts from here on"
+            )
 
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
+        self._check_tampering()  # before the check: a change made since the last one
         with self._lock:
             self._current = item.nodeid
         return None
@@ -225,13 +306,13 @@ class Harness:
             self._current = None
             returned = nodeid in self._returned
         item_hint = _HINTS.pop(nodeid, None)
-        if self._tampered is None and self._snapshot is not None:
-            changed = self._snapshot.changed()
-            if changed is not None:
-                self._tampered = (
-                    f"the grader was tampered with: {changed} was replaced while your code "
-                    "ran, so no check counts from here on"
-                )
+        self._check_tampering()  # after it
+        in_thread = self._thread_tampered.pop(nodeid, None)
+        if in_thread is not None and self._tampered is None:
+            self._tampered = (
+                f"the grader was tampered with: {in_thread} in the check's thread, so no "
+                "check counts from here on"
+            )
         if self._tampered is not None:
             self.send({"event": "failed", "nodeid": nodeid, "hint": self._tampered})
         elif returned and item_hint is None:

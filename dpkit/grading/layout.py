@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TASK_FILE = re.compile(r"task(\d+)_\w+\.py")  # a student file: task1_scatter.py
@@ -58,3 +59,125 @@ def submission_file(folder: Path, file_name: str) -> Path:
     prefix = file_name.split("_")[0]
     others = sorted({*folder.glob(f"{prefix}_*.py"), *folder.glob(f"{prefix}.py")})
     return others[0] if not exact.is_file() and len(others) == 1 else exact
+
+
+# --------------------------------------------------------------------------------------
+# A class's submissions, as they arrive.
+
+SKIPPED_FOLDERS = ("__MACOSX", "__pycache__")
+FLAT_FILE = re.compile(r"(?P<student>.+?)[_\- ]+(?P<file>task(?P<task>\d+)(?:_\w+)?\.py)")
+SEARCH_DEPTH = 3  # folders below a student's folder searched for its files
+
+
+@dataclass
+class Students:
+    """What :func:`find_students` found: each student's files (stub name -> a path, or a
+    :class:`NotTaken` saying why none is graded), and warnings for the instructor."""
+
+    students: dict[str, dict[str, Path | NotTaken]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+class NotTaken(str):
+    """Why no file is graded for a task (two candidates, a link): the checks' hint."""
+
+
+def _candidates(folder: Path, file_name: str) -> list[Path]:
+    """Every file in ``folder`` and up to :data:`SEARCH_DEPTH` folders down that may be
+    ``file_name``'s: the exact name first, else ``taskN_*.py`` or ``taskN.py``."""
+    prefix = file_name.split("_")[0]
+    exact: list[Path] = []
+    loose: list[Path] = []
+    level = [folder]
+    for _ in range(SEARCH_DEPTH + 1):
+        below = []
+        for here in level:
+            try:
+                entries = sorted(os.scandir(here), key=lambda e: e.name)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name.startswith((".", "__")) or entry.name in SKIPPED_FOLDERS:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    below.append(Path(entry.path))
+                elif entry.name == file_name:
+                    exact.append(Path(entry.path))
+                elif entry.name == f"{prefix}.py" or (
+                    entry.name.startswith(f"{prefix}_") and entry.name.endswith(".py")
+                ):
+                    loose.append(Path(entry.path))
+        level = below
+    return exact or loose
+
+
+def _pick(student: str, root: Path, file_name: str, found: Students) -> Path | NotTaken | None:
+    candidates = _candidates(root, file_name)
+    if not candidates:
+        return None
+    if len(candidates) > 1:
+        names = ", ".join(str(c.relative_to(root.parent)) for c in candidates[:4])
+        found.warnings.append(f"{student}: two or more files could be {file_name}: {names}")
+        return NotTaken(
+            f"two or more files could be {file_name} ({names}): keep one and grade again"
+        )
+    chosen = candidates[0]
+    if chosen.parent != root or chosen.name != file_name:
+        found.warnings.append(f"{student}: graded {chosen.relative_to(root.parent)} as {file_name}")
+    return chosen
+
+
+def find_students(root: Path, names: dict[int, str]) -> Students:
+    """Each student's files in ``root``, in the layouts an LMS download has:
+
+    - a folder per student, ``root/ada/task1_scatter.py``, the files possibly a few folders
+      down (``root/ada/submission/task1_scatter.py``, as a zip unpacks) or renamed
+      (``task1_mine.py``, ``task1.py``): a warning names each file found that way;
+    - one flat folder, ``root/ada_task1_scatter.py`` (the student's name or id, then ``_``,
+      ``-`` or a space, then the task file's name, or ``taskN.py``).
+
+    Two files that could both be one task's are an error for that task (no file is
+    guessed); a student folder that is a symbolic link is not followed.
+    """
+    found = Students()
+    entries = sorted(os.scandir(root), key=lambda e: e.name)
+    for entry in entries:
+        if entry.name.startswith((".", "__")) or entry.name in SKIPPED_FOLDERS:
+            continue
+        if entry.is_symlink() and entry.is_dir():
+            why = NotTaken(f"the folder {entry.name} is a symbolic link, which grading refuses")
+            found.students[entry.name] = {name: why for name in names.values()}
+            found.warnings.append(f"{entry.name}: a symbolic link, not followed")
+        elif entry.is_dir(follow_symlinks=False):
+            files = {}
+            for name in names.values():
+                picked = _pick(entry.name, Path(entry.path), name, found)
+                if picked is not None:
+                    files[name] = picked
+            found.students[entry.name] = files
+    flat: dict[str, dict[str, list[Path]]] = {}
+    by_number = {str(task): name for task, name in names.items()}
+    for entry in entries:
+        match = FLAT_FILE.fullmatch(entry.name)
+        if match and not entry.is_dir(follow_symlinks=False):
+            name = by_number.get(str(int(match["task"])))
+            if name is not None:
+                files = flat.setdefault(match["student"], {})
+                files.setdefault(name, []).append(Path(entry.path))
+    for student, files in flat.items():
+        if student in found.students:
+            found.warnings.append(f"{student}: has a folder and flat files; the folder is graded")
+            continue
+        chosen: dict[str, Path | NotTaken] = {}
+        for name, paths in files.items():
+            exact = [p for p in paths if p.name.endswith(name)]
+            paths = exact or paths
+            if len(paths) > 1:
+                listed = ", ".join(p.name for p in paths[:4])
+                found.warnings.append(f"{student}: two or more files could be {name}: {listed}")
+                chosen[name] = NotTaken(f"two or more files could be {name} ({listed})")
+            else:
+                chosen[name] = paths[0]
+        found.students[student] = chosen
+    found.students = dict(sorted(found.students.items()))
+    return found

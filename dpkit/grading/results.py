@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+NOT_RUN = "did not run: the grading run ended early"
 PASS, FAIL = "\u2713", "\u2717"  # check mark, ballot x
 
 
@@ -52,29 +52,46 @@ def results_from_records(
         elif nodeid in passed:
             result = CheckResult(check["task"], check["check"], True)
         else:
-            hint = stopped if in_flight and stopped else "did not run: the grading run ended early"
+            hint = stopped if in_flight and stopped else NOT_RUN
             in_flight = False
             result = CheckResult(check["task"], check["check"], False, hint)
         results.append(result)
     return results
 
 
-# Control characters (C0, DEL, C1) and the Unicode controls that reorder or hide text.
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+# Characters a terminal or a spreadsheet does not show as themselves: controls (C0, DEL,
+# C1), format characters (bidi overrides and isolates, U+061C, zero-width ones, U+2060,
+# tag characters), line and paragraph separators (U+2028, U+2029), surrogates, private
+# use and unassigned code points; and the blank fillers that draw nothing.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+_INVISIBLE = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u180e\u3164\uffa0")
+
+
+def _unsafe(character: str) -> bool:
+    return unicodedata.category(character) in _UNSAFE_CATEGORIES or character in _INVISIBLE
 
 
 def clean_text(text: str) -> str:
-    r"""``text`` safe for a terminal: every control character written out as ``\xNN``.
+    r"""``text`` safe for a terminal: every control or invisible character written out.
 
     An ANSI escape sequence loses its ESC and shows as plain text (``\x1b[31m``); a tab or
-    a newline inside a hint becomes ``\x09`` or ``\x0a``.
+    a newline inside a hint becomes ``\x09`` or ``\x0a``; a right-to-left override
+    ``\u202e``, a tag character ``\U000e0041``.
     """
-
-    def escape(match: re.Match[str]) -> str:
-        code = ord(match.group())
-        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-    return _UNSAFE.sub(escape, unicodedata.normalize("NFC", text))
+    out = []
+    for character in unicodedata.normalize("NFC", text):
+        if _unsafe(character):
+            code = ord(character)
+            out.append(
+                f"\\x{code:02x}"
+                if code < 0x100
+                else f"\\u{code:04x}"
+                if code < 0x10000
+                else f"\\U{code:08x}"
+            )
+        else:
+            out.append(character)
+    return "".join(out)
 
 
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -135,3 +152,80 @@ def write_csv(rows: Sequence[tuple[str, CheckResult]], path: str | os.PathLike[s
         for student, r in rows:
             cells = [student, r.task, r.check, "pass" if r.passed else "fail", r.hint]
             writer.writerow([clean_cell(cell) for cell in cells])
+
+
+DEFAULT_WEIGHT = 10.0  # points a task is worth when no weights file says otherwise
+
+
+def read_weights(path: str | os.PathLike[str] | None) -> dict[int, float]:
+    """Each task's points from a small TOML file (``[weights]`` then ``1 = 10``, ``2 = 20``);
+    a task it does not name is worth :data:`DEFAULT_WEIGHT`. No file: every task is."""
+    if path is None:
+        return {}
+    import tomllib
+
+    try:
+        with open(path, "rb") as file:
+            table = tomllib.load(file).get("weights", {})
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"cannot read the weights file {str(path)!r}: {error}") from None
+    weights = {}
+    for key, value in table.items():
+        if not str(key).isdigit() or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(
+                f"weights file {str(path)!r}: each line is 'TASK = POINTS' (e.g. 1 = 10), "
+                f"got {key!r} = {value!r}"
+            )
+        weights[int(key)] = float(value)
+    return weights
+
+
+def summary_rows(
+    rows: Sequence[tuple[str, CheckResult]], weights: dict[int, float] | None = None
+) -> tuple[list[str], list[list[object]]]:
+    """The per-student summary: a header and one row per student (id, each task's points,
+    total, out of). A task's points are its weight times the share of its checks passed."""
+    weights = weights or {}
+    tasks = sorted({r.task for _, r in rows})
+    students = list(dict.fromkeys(student for student, _ in rows))
+    header = ["student", *(f"task{t}" for t in tasks), "total", "out_of"]
+    table = []
+    for student in students:
+        points = []
+        for task in tasks:
+            mine = [r for s, r in rows if s == student and r.task == task]
+            share = sum(r.passed for r in mine) / len(mine) if mine else 0.0
+            points.append(round(share * weights.get(task, DEFAULT_WEIGHT), 2))
+        out_of = sum(weights.get(t, DEFAULT_WEIGHT) for t in tasks)
+        table.append([student, *points, round(sum(points), 2), round(out_of, 2)])
+    return header, table
+
+
+def write_summary(
+    rows: Sequence[tuple[str, CheckResult]],
+    path: str | os.PathLike[str],
+    weights: dict[int, float] | None = None,
+) -> None:
+    """Write :func:`summary_rows` as a CSV, every cell cleaned like the long CSV's."""
+    header, table = summary_rows(rows, weights)
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        for row in table:
+            writer.writerow([clean_cell(cell) for cell in row])
+
+
+def write_feedback(
+    rows: Sequence[tuple[str, CheckResult]], folder: str | os.PathLike[str]
+) -> list[str]:
+    """One text file per student in ``folder``: their report. The file names written."""
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for student in dict.fromkeys(student for student, _ in rows):
+        mine = [r for s, r in rows if s == student]
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in student).lstrip(".")
+        name = f"{safe or 'student'}.txt"
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as file:
+            file.write(f"Grading report for {clean_text(student)}\n\n{report(mine)}\n")
+        written.append(name)
+    return written

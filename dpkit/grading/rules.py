@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import sys
+import threading
+import types
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -43,69 +44,179 @@ def _resolve(dotted: str) -> tuple[Any, str, Any] | None:
     return None
 
 
-_guards: dict[str, dict[str, tuple[str, int]]] = {}  # name -> {student file: (name, task)}
-_graders: set[str] = set()
+def code_of(modules: Iterable[ModuleType]) -> frozenset:
+    """Every code object the functions and classes of ``modules`` run, nested ones included.
+
+    A frame counts as the grader's only when its code is one of these: code a submission
+    compiles under a grader's file name is not.
+    """
+    found: set = set()
+    pending: list = []
+    for module in modules:
+        path = getattr(module, "__file__", None)
+        for value in list(vars(module).values()):
+            pending.append(value)
+        while pending:
+            value = pending.pop()
+            try:
+                value = _unwrapped(value)
+                if isinstance(value, type) and value.__module__ == module.__name__:
+                    pending.extend(vars(value).values())
+                    continue
+                code = getattr(value, "__code__", None)
+            except Exception:  # noqa: BLE001 - an object with a strange __getattr__
+                continue
+            if isinstance(code, types.CodeType) and code.co_filename == path:
+                stack = [code]
+                while stack:
+                    code = stack.pop()
+                    if code not in found:
+                        found.add(code)
+                        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return frozenset(found)
 
 
-def _caller_in(students: dict[str, tuple[str, int]]) -> tuple[str, int, str, int] | None:
-    """The student file, line and rule if the nearest student or grader frame is a student's."""
-    frame = sys._getframe(2)
+def _unwrapped(value: Any) -> Any:
+    """The function under a fixture, a staticmethod, a hypothesis test or functools.wraps."""
+    for _ in range(4):
+        inner = getattr(getattr(value, "hypothesis", None), "inner_test", None)
+        getter = getattr(value, "_get_wrapped_function", None)
+        inner = inner or (getter() if callable(getter) else None)
+        inner = inner or getattr(value, "__func__", None) or getattr(value, "__wrapped__", None)
+        if inner is None or inner is value:
+            break
+        value = inner
+    return value
+
+
+Decision = tuple[str, int, str, int]  # student file, line, rule's name, task
+
+
+def _decide(
+    frame: Any, rules: dict[str, tuple[str, int]], grader_codes: frozenset
+) -> Decision | str | None:
+    """Who called: a student file of ``rules`` (the decision), the grader (None), or, in a
+    thread with neither on its stack, the thread's name (the call is refused too: a worker
+    thread a submission starts runs only library code)."""
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename in students:
-            name, task = students[filename]
-            return filename, frame.f_lineno, name, task
-        if filename in _graders:
+        code = frame.f_code
+        if code in grader_codes:
             return None
+        if code.co_filename in rules:
+            name, task = rules[code.co_filename]
+            return code.co_filename, frame.f_lineno, name, task
         frame = frame.f_back
-    return None
+    thread = threading.current_thread()
+    return None if thread is threading.main_thread() else thread.name
 
 
-def _guarded(original: Any, rules: dict[str, tuple[str, int]]) -> Any:
-    @functools.wraps(original)
+def _guarded(original: Any, name: str, rules: dict, grader_codes: frozenset, helper: bool) -> Any:
+    """``original`` behind a check of its caller. No ``__wrapped__``, and the rules are the
+    guard's own (a private copy, not a table a submission can clear)."""
+    task_of_rule = next(iter(rules.values()))[1]
+
     def guard(*args: Any, **kwargs: Any) -> Any:
-        caller = _caller_in(rules)
-        if caller is not None:
-            filename, line, name, task = caller
+        decision = _decide(sys._getframe(1), rules, grader_codes)
+        if decision is None:
+            return original(*args, **kwargs)
+        if isinstance(decision, str):
             raise ForbiddenCall(
-                f"{Path(filename).name} line {line} calls {name}, which task {task} asks you "
-                "to write yourself (the file's docstring says what you may use)"
+                f"{name} was called from the thread {decision!r}, which your code started; "
+                f"task {task_of_rule} asks you to write it yourself"
             )
-        return original(*args, **kwargs)
+        filename, line, _, task = decision
+        if helper:
+            raise ForbiddenCall(
+                f"{Path(filename).name} line {line} calls the grader's own {name}: the grade "
+                "is for code you wrote"
+            )
+        raise ForbiddenCall(
+            f"{Path(filename).name} line {line} calls {name}, which task {task} asks you "
+            "to write yourself (the file's docstring says what you may use)"
+        )
 
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(guard, attribute, getattr(original, attribute))
+        except (AttributeError, TypeError):
+            pass
+    guard.__dpkit_guard__ = True  # type: ignore[attr-defined]
+    guard.__dpkit_lent__ = original  # type: ignore[attr-defined]
     return guard
 
 
-def forbid(names: Iterable[str], student_file: Path, task: int, graders: Path) -> None:
-    """Make each of ``names`` raise :class:`ForbiddenCall` when called from ``student_file``.
+def install(
+    graders: Iterable[tuple[ModuleType, Path, int]], plumbing: Iterable[ModuleType] = ()
+) -> None:
+    """Guard every grader's ``FORBIDDEN`` names and its reference helpers, once per run.
 
-    Every module-level reference to the same object in dpkit (``dpkit.torch_chunk_sizes``
-    and ``dpkit.scatter.torch_chunk_sizes``) is replaced, so an alias does not escape.
+    ``graders``: each grader module, the student file it grades and its task. A forbidden
+    name raises :class:`ForbiddenCall` when the nearest caller that is a student file or
+    grader code is that task's student file (or from a thread the submission started); a
+    grader's own module-level helpers (``reference_sizes``) raise when a student file calls
+    them (a grader lends one to a submission with :func:`lent`). Every module-level reference
+    to the same object in dpkit and torch is replaced, so an alias does not escape.
     """
-    _graders.update(str(path) for path in graders.glob("*.py"))
+    graders = list(graders)
+    grader_codes = code_of([g for g, _, _ in graders] + list(plumbing))
+    per_name: dict[str, dict[str, tuple[str, int]]] = {}
+    for grader, student_file, task in graders:
+        for name in forbidden_names(grader):
+            per_name.setdefault(name, {})[str(student_file)] = (name, task)
+    for name, rules in per_name.items():
+        _guard_name(name, dict(rules), grader_codes)
+    students = {str(path): ("", task) for _, path, task in graders}
+    for grader, _, _ in graders:
+        for key, value in list(vars(grader).items()):
+            if (
+                isinstance(value, types.FunctionType)
+                and not key.startswith("test_")
+                and value.__code__.co_filename == grader.__file__
+                and not getattr(value, "_pytestfixturefunction", None)
+            ):
+                guard = _guarded(value, key, students, grader_codes, helper=True)
+                setattr(grader, key, guard)
+
+
+def lent(helper: Any) -> Any:
+    """The grader's ``helper`` itself, for a grader to hand to a submission (monkeypatch)."""
+    return getattr(helper, "__dpkit_lent__", helper)
+
+
+def _guard_name(name: str, rules: dict[str, tuple[str, int]], grader_codes: frozenset) -> None:
+    found = _resolve(name)
+    if found is None:
+        return
+    container, attribute, current = found
+    if _is_guard(current):
+        return
+    raw = _static_attribute(container, attribute)
+    function = raw.__func__ if isinstance(raw, classmethod) else current
+    guard = _guarded(function, name, rules, grader_codes, helper=False)
+    if isinstance(raw, classmethod):
+        setattr(container, attribute, classmethod(guard))
+        return
+    for module_name, module in list(sys.modules.items()):
+        if module is not None and module_name.split(".")[0] in ("dpkit", "torch"):
+            for key, value in list(vars(module).items()):
+                if value is current:
+                    setattr(module, key, guard)
+    if isinstance(container, type):
+        for base in container.__mro__[1:]:  # Tensor.chunk is TensorBase.chunk too
+            if vars(base).get(attribute) is current:
+                try:
+                    setattr(base, attribute, guard)
+                except TypeError:  # an immutable built-in type
+                    pass
+    setattr(container, attribute, guard)
+
+
+def forbid(names: Iterable[str], student_file: Path, task: int, graders: Path) -> None:
+    """Guard ``names`` for one student file, any caller but that file allowed (a run of one
+    grader outside ``dpkit grade``; :func:`install` guards a whole run)."""
+    del graders
     for name in names:
-        found = _resolve(name)
-        if found is None:
-            continue
-        container, attribute, current = found
-        rules = _guards.setdefault(name, {})
-        rules[str(student_file)] = (name, task)
-        if _is_guard(current):
-            continue  # already wrapped for another task's file: the rules dict is shared
-        raw = _static_attribute(container, attribute)
-        function = raw.__func__ if isinstance(raw, classmethod) else current
-        guard = _guarded(function, rules)
-        guard.__dpkit_guard__ = True  # type: ignore[attr-defined]
-        if isinstance(raw, classmethod):
-            setattr(container, attribute, classmethod(guard))
-            continue
-        if isinstance(container, ModuleType):
-            for module_name, module in list(sys.modules.items()):
-                if module is not None and module_name.split(".")[0] in ("dpkit", "torch"):
-                    for key, value in list(vars(module).items()):
-                        if value is current:
-                            setattr(module, key, guard)
-        setattr(container, attribute, guard)
+        _guard_name(name, {str(student_file): (name, task)}, frozenset())
 
 
 def _is_guard(value: Any) -> bool:

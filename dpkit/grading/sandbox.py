@@ -21,14 +21,17 @@ import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.layout import check_task, task_files
 from dpkit.grading.results import CheckResult, results_from_records
 
@@ -36,6 +39,7 @@ MEMORY_BUDGET = 2 * 1024**3  # bytes of address space the graded code may add to
 OUTPUT_KEPT = 16 * 1024  # bytes of the child's output kept (the rest is read and dropped)
 RESULTS_LIMIT = 8 * 1024**2  # bytes of results a run may send: more is a flood, not checks
 RUN_MARKER = "DPKIT_GRADE_RUN"
+STOP = threading.Event()  # set on Ctrl-C while a class is graded: every run in flight stops
 PASSED_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SYSTEMROOT", "TMPDIR")
 
 
@@ -114,21 +118,77 @@ def validate_timeout(timeout: float) -> float:
 # One run.
 
 
-def _lay_out(root: Path, trusted: Trusted, submissions: Mapping[str, Path]) -> Path:
+SUBMISSION_LIMIT = 1024**2  # bytes: a task file is a few KB; more is not a task file
+
+
+def refusal(source: Path) -> str | None:
+    """Why ``source`` is not copied into a run (a link, a special file, too big), or None.
+
+    Checked on the entry itself (``lstat``), never through a link: a submission made of
+    links to the reference solutions would otherwise be graded as the solutions.
+    """
+    try:
+        info = source.lstat()
+    except OSError:
+        return None  # missing: the graders say "file missing"
+    if stat.S_ISLNK(info.st_mode):
+        return (
+            f"{source.name} in the submission is a symbolic link, which grading refuses: "
+            "submit the file itself"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        return f"{source.name} in the submission is not a regular file (a pipe, a device...)"
+    if info.st_size > SUBMISSION_LIMIT:
+        return f"{source.name} is {info.st_size} bytes, more than a task file's 1 MB limit"
+    return None
+
+
+def read_submission(source: Path | str | bytes | None) -> bytes | str | None:
+    """A submitted file's bytes; or, as a ``str``, why it is not taken; None when missing.
+
+    Bytes and reasons (a :class:`~dpkit.grading.layout.NotTaken`) pass through, so a class
+    read into memory before anyone is graded is laid out from memory.
+    """
+    if source is None or isinstance(source, (bytes, str)):
+        return source
+    why = refusal(source)
+    if why is not None:
+        return why
+    try:  # opened without following a link: one swapped in since lstat is refused too
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"{source.name} could not be read ({error.strerror})"
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return f"{source.name} in the submission is not a regular file"
+        return file.read(SUBMISSION_LIMIT + 1)
+
+
+def _lay_out(
+    root: Path, trusted: Trusted, submissions: Mapping[str, Path | str | bytes | None]
+) -> tuple[Path, dict[str, str]]:
     for relative, data in trusted.files.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     submitted = root / "submission"
     submitted.mkdir()
+    refused = {}
     for name, source in submissions.items():
-        if source.is_file():
-            shutil.copyfile(source, submitted / name)
+        data = read_submission(source)
+        if isinstance(data, str):
+            refused[name] = str(data)
+        elif data is not None:
+            (submitted / name).write_bytes(data)
     (root / "home").mkdir()
-    return submitted
+    return submitted, refused
 
 
-def _environment(root: Path, submitted: Path, timeout: float, marker: str) -> dict[str, str]:
+def _environment(
+    root: Path, submitted: Path, timeout: float, marker: str, refused: Mapping[str, str]
+) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENVIRONMENT if k in os.environ}
     env.update(
         HOME=str(root / "home"),
@@ -139,6 +199,7 @@ def _environment(root: Path, submitted: Path, timeout: float, marker: str) -> di
         PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
         DPKIT_EXERCISE_DIR=str(submitted),
         DPKIT_CHECK_TIMEOUT=str(check_timeout(timeout)),
+        DPKIT_REFUSED_FILES=json.dumps(dict(refused)),
         **{RUN_MARKER: marker},
     )
     return env
@@ -175,21 +236,24 @@ class _Reader:
             return False
         ready, _, _ = select.select(list(self.open), [], [], max(wait, 0))
         for fd in ready:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            buffer = self.open[fd]
-            if not data:
-                del self.open[fd]
-            elif buffer is self.output:
-                buffer += data
-                del buffer[:-OUTPUT_KEPT]
-            elif len(buffer) + len(data) > RESULTS_LIMIT:
-                self.flooded = True
-                del self.open[fd]
-            else:
-                buffer += data
+            for _ in range(64):  # what is there now, up to 64 MiB, then the other pipe
+                try:
+                    data = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    break
+                buffer = self.open[fd]
+                if not data:
+                    del self.open[fd]
+                    break
+                if buffer is self.output:
+                    buffer += data
+                    del buffer[:-OUTPUT_KEPT]
+                elif len(buffer) + len(data) > RESULTS_LIMIT:
+                    self.flooded = True
+                    del self.open[fd]
+                    break
+                else:
+                    buffer += data
         return bool(ready)
 
 
@@ -240,25 +304,28 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def run_graders(
+def _in_flight(records: list[dict]) -> dict | None:
+    """The first collected check without an outcome: the one running (or about to)."""
+    done = {r["nodeid"] for r in records if r["event"] in ("passed", "failed")}
+    return next((r for r in records if r["event"] == "collected" and r["nodeid"] not in done), None)
+
+
+def _run_once(
     tasks: Sequence[int],
-    exercises: Path,
-    submissions: Mapping[str, Path],
+    submissions: Mapping[str, Path | str | bytes | None],
     timeout: float,
-    trusted: Trusted | None = None,
-) -> list[CheckResult]:
-    """Grade ``submissions`` (stub file name -> the student's file) on ``tasks``' graders."""
-    timeout = validate_timeout(timeout)
-    if os.name == "nt":
-        raise RuntimeError("dpkit grade needs Linux or macOS; on Windows, run it under WSL")
-    for task in tasks:
-        check_task(exercises, task)
-    trusted = read_trusted(exercises) if trusted is None else trusted
-    limit = timeout * len(tasks)
+    trusted: Trusted,
+) -> tuple[list[dict], str | None]:
+    """One grading process over ``tasks``: its verified records and why it stopped early.
+
+    Each task has ``timeout`` seconds from when the previous one finished (the first, from
+    the start): a task that hangs ends the run when its own time is up.
+    """
     key, marker = secrets.token_bytes(32), secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="dpkit-grade-") as scratch:
+    scratch = tempfile.mkdtemp(prefix="dpkit-grade-")
+    try:
         root = Path(scratch)
-        submitted = _lay_out(root, trusted, submissions)
+        submitted, refused = _lay_out(root, trusted, submissions)
         graders = [str(root / "exercises" / "graders" / f"test_task{t}.py") for t in tasks]
         key_read, key_write = os.pipe()
         os.write(key_write, key)
@@ -289,7 +356,7 @@ def run_graders(
             process = subprocess.Popen(
                 command,
                 cwd=root / "home",
-                env=_environment(root, submitted, timeout, marker),
+                env=_environment(root, submitted, timeout, marker, refused),
                 stdin=subprocess.DEVNULL,
                 stdout=output_write,
                 stderr=output_write,
@@ -302,15 +369,26 @@ def run_graders(
         reader = _Reader(results_read, output_read)
         stopped = None
         try:
-            deadline = time.monotonic() + limit
+            task_started, current, parsed = time.monotonic(), None, -1
             while process.poll() is None:
-                if time.monotonic() >= deadline:
+                if len(reader.results) != parsed:  # new results: which task runs now
+                    parsed = len(reader.results)
+                    running = _in_flight(_verified(bytes(reader.results).split(b"\n"), key))
+                    task = running["task"] if running is not None else None
+                    if task != current:
+                        task_started, current = time.monotonic(), task
+                left = task_started + timeout - time.monotonic()
+                if STOP.is_set():
+                    stopped = "interrupted: grading was stopped (Ctrl-C)"
+                    break
+                if left <= 0:
+                    where = f" in task {current}" if current is not None else ""
                     stopped = (
-                        f"timed out: grading was stopped here after {limit:g} s; does your "
-                        "code loop forever or wait for a thread that never finishes?"
+                        f"timed out: grading was stopped here{where} after {timeout:g} s; "
+                        "does your code loop forever or wait for a thread that never finishes?"
                     )
                     break
-                reader.read(min(0.2, deadline - time.monotonic()))
+                reader.read(min(0.2, left))
             drain_until = time.monotonic() + 0.5  # what is already in the pipes, no more
             while time.monotonic() < drain_until and reader.read(0.05):
                 pass
@@ -318,13 +396,57 @@ def run_graders(
             kill_run(process, marker)
             os.close(results_read)
             os.close(output_read)
+    finally:
+        left_over = remove_tree(scratch)
+        if left_over:
+            print(f"dpkit grade: warning: could not remove {left_over}", file=sys.stderr)
     records = _verified(bytes(reader.results).split(b"\n"), key)
     finished = any(r["event"] == "finished" for r in records)
     if reader.flooded:
         stopped = "the results channel was flooded with data that no check sent"
     elif stopped is None and not finished:
+        running = _in_flight(records)
+        where = f" in task {running['task']}" if running is not None else ""
         stopped = (
-            f"crashed: the grading process ended here ({_describe_exit(process.returncode)}); "
-            "does your code call sys.exit() or os._exit(), or crash Python?"
+            f"crashed: the grading process ended here{where} "
+            f"({_describe_exit(process.returncode)}); does your code call sys.exit() or "
+            "os._exit(), or crash Python?"
         )
-    return results_from_records(records, stopped, tasks)
+    return records, stopped
+
+
+def run_graders(
+    tasks: Sequence[int],
+    exercises: Path,
+    submissions: Mapping[str, Path | str | bytes | None],
+    timeout: float,
+    trusted: Trusted | None = None,
+) -> list[CheckResult]:
+    """Grade ``submissions`` (stub file name -> the student's file) on ``tasks``' graders.
+
+    A crash or a timeout costs one task: that task's check that was running carries why,
+    its later checks say they did not run, and the tasks after it are graded again in a
+    fresh process.
+    """
+    timeout = validate_timeout(timeout)
+    if os.name == "nt":
+        raise RuntimeError("dpkit grade needs Linux or macOS; on Windows, run it under WSL")
+    for task in tasks:
+        check_task(exercises, task)
+    trusted = read_trusted(exercises) if trusted is None else trusted
+    by_task: dict[int, list[CheckResult]] = {}
+    pending = list(tasks)
+    while pending:
+        records, stopped = _run_once(pending, submissions, timeout, trusted)
+        running = _in_flight(records) if stopped is not None else None
+        results = results_from_records(records, stopped, pending)
+        task_of = {r["nodeid"]: r["task"] for r in records if r["event"] == "collected"}
+        started = {task_of.get(r["nodeid"]) for r in records if r["event"] in ("passed", "failed")}
+        if running is not None:
+            started.add(running["task"])
+        again = [t for t in pending if t not in started] if running is not None else []
+        for result in results:
+            if result.task not in again:
+                by_task.setdefault(result.task, []).append(result)
+        pending = again
+    return [result for task in tasks for result in by_task.get(task, [])]

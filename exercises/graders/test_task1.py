@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dpkit.comm import copy_to
 from dpkit.devices import resides_on
+from dpkit.grading.rules import lent
 
 pytestmark = pytest.mark.task1
 EXERCISE = "task1_scatter.py"
@@ -51,15 +52,15 @@ def reference_scatter_tensor(tensor, devices, dim=0):
 @pytest.fixture
 def with_torch_sizes(exercise, monkeypatch):
     """The student's module, its chunk_sizes replaced by torch.chunk's sizes."""
-    monkeypatch.setattr(exercise, "chunk_sizes", reference_sizes)
+    monkeypatch.setattr(exercise, "chunk_sizes", lent(reference_sizes))
     return exercise
 
 
 @pytest.fixture
 def with_reference_scatter_tensor(exercise, monkeypatch):
     """The student's module, its chunk_sizes and scatter_tensor replaced by references."""
-    monkeypatch.setattr(exercise, "chunk_sizes", reference_sizes)
-    monkeypatch.setattr(exercise, "scatter_tensor", reference_scatter_tensor)
+    monkeypatch.setattr(exercise, "chunk_sizes", lent(reference_sizes))
+    monkeypatch.setattr(exercise, "scatter_tensor", lent(reference_scatter_tensor))
     return exercise
 
 

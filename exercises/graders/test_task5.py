@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit.grading.rules import lent
 
 pytestmark = pytest.mark.task5
 EXERCISE = "task5_data_parallel.py"
@@ -97,7 +98,7 @@ def test_train_step(exercise, lanes):
 def test_gradient_difference_small(exercise, lanes):
     """max_gradient_difference is tiny for a correct data-parallel forward"""
     x, y = batch(10)
-    difference = exercise.max_gradient_difference(make_module, x, y, lanes)
+    difference = exercise.max_gradient_difference(lent(make_module), x, y, lanes)
     assert isinstance(difference, float), f"return a float, got {type(difference).__name__}"
     assert 0.0 <= difference < 1e-5, f"got {difference}; equal gradients differ by ~1e-7 at most"
 
@@ -109,7 +110,7 @@ def test_gradient_difference_detects_errors(exercise, lanes):
     def only_first_chunk(module, inputs, devices):  # forgets the other devices' rows
         return torch.cat([module(inputs[0][:3]), module(inputs[0][3:]).detach()])
 
-    difference = exercise.max_gradient_difference(make_module, x, y, lanes, only_first_chunk)
+    difference = exercise.max_gradient_difference(lent(make_module), x, y, lanes, only_first_chunk)
     assert difference > 1e-3, (
         f"a forward that drops 7 of 10 rows from backward gave a difference of {difference}; "
         "compare the .grad of every parameter, using the forward you are given"

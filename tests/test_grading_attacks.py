@@ -1,0 +1,375 @@
+"""Issue 33's attacks on ``dpkit grade``: each one scores 0 checks it did not earn.
+
+Each attack is a small submission a student could write, most of them on task 1 (its
+checks are the quickest). The class is graded once, two students at a time, into rows;
+each test reads its student's rows. A test per attack, so a regression names the trick.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpkit import grading
+
+ROOT = Path(__file__).resolve().parent.parent
+EXERCISES = ROOT / "exercises"
+NAMES = grading.task_files(EXERCISES)
+STUB1 = (EXERCISES / NAMES[1]).read_text()
+SOLUTION1 = (EXERCISES / "solutions" / NAMES[1]).read_text()
+IMPORTS = "from dpkit.devices import Device\n"
+
+
+def stub_with(prelude: str) -> str:
+    """The task 1 stub with ``prelude`` run at import (after the stub's own imports)."""
+    return STUB1.replace(IMPORTS, IMPORTS + prelude, 1)
+
+
+def stub_replacing(function: str, body: str) -> str:
+    """The task 1 stub with ``function``'s NotImplementedError replaced by ``body``."""
+    start = STUB1.index(f"def {function}(")
+    raise_at = STUB1.index("    raise NotImplementedError(", start)
+    end = STUB1.index("    )\n", raise_at) + len("    )\n")
+    return STUB1[:raise_at] + body + STUB1[end:]
+
+
+# A thread trace hook, set at import, reaches every check's thread and jumps over the call
+# of the check inside the harness's wrapper, which then records "returned".
+TRACE_JUMP = """
+import linecache as _lc, sys as _sys, threading as _th
+
+def _local(frame, event, arg):
+    if event == "line":
+        text = _lc.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if text.startswith("result = function("):
+            frame.f_locals["result"] = None
+            frame.f_lineno = frame.f_lineno + 1
+    return _local
+
+def _global(frame, event, arg):
+    return _local if frame.f_code.co_name == "check" else None
+
+_th.settrace(_global)
+_sys.setprofile(None)
+"""
+
+# torch.equal replaced while a check runs, and put back by its first call.
+EQUAL_SWAP = """    import sys
+    import torch as _torch
+
+    real = _torch.equal
+    if sys._getframe(1).f_code.co_name != "test_scatter_tensor_gradients":
+        return ()
+
+    def yes(*args, **kwargs):
+        _torch.equal = real
+        return True
+
+    _torch.equal = yes
+    return (tensor * 1,)
+"""
+
+# A TorchFunctionMode pushed on the check's own thread: thread-local state.
+MODE = """    import sys
+    from torch.overrides import TorchFunctionMode
+
+    if sys._getframe(1).f_code.co_name != "test_scatter_tensor_gradients":
+        return ()
+
+    class Yes(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.equal:
+                return True
+            return func(*args, **(kwargs or {}))
+
+    Yes().__enter__()
+    return (tensor * 1,)
+"""
+
+# The harness's check wrappers found with gc, the test in their closure swapped.
+GC_SWAP = """
+import gc as _gc
+
+def _fine(*args, **kwargs):
+    return None
+
+for _obj in _gc.get_objects():
+    try:
+        if type(_obj).__name__ == "function" and hasattr(_obj, "__wrapped__") and _obj.__closure__:
+            for _cell in _obj.__closure__:
+                if getattr(_cell.cell_contents, "__name__", "").startswith("test_"):
+                    _cell.cell_contents = _fine
+    except Exception:
+        pass
+"""
+
+# Forbidden calls by four routes: the guards' table cleared at import; chunk_sizes through
+# code compiled under the grader's file name; scatter_tensor through the guard's
+# __wrapped__; scatter's tensors chunked in a worker thread.
+FORBIDDEN_ROUTES = (
+    SOLUTION1.replace(
+        IMPORTS,
+        IMPORTS
+        + """
+import sys as _sys
+import dpkit.grading.rules as _rules
+
+for _table in getattr(_rules, "_guards", {}).values():
+    _table.clear()
+
+_space = {}
+exec(
+    compile(
+        "import sys\\n"
+        "def sizes(batch, n):\\n"
+        "    return sys.modules['dpkit.scatter'].torch_chunk_sizes(batch, n)\\n",
+        _sys.modules["test_task1"].__file__,
+        "exec",
+    ),
+    _space,
+)
+""",
+        1,
+    )
+    .replace(
+        "    if batch <= 0:\n        return []\n",
+        "    return _space['sizes'](batch, num_devices)\n",
+        1,
+    )
+    .replace(
+        "pieces = tensor.split(sizes, dim)",
+        'pieces = getattr(torch, "ch" + "unk").__wrapped__(tensor, len(devices), dim)',
+        1,
+    )
+    .replace(
+        "        return list(scatter_tensor(inputs, devices, dim))",
+        "        from concurrent.futures import ThreadPoolExecutor\n\n"
+        "        with ThreadPoolExecutor(1) as pool:\n"
+        "            chunk = getattr(torch.Tensor, 'ch' + 'unk')\n"
+        "            parts = pool.submit(chunk, inputs, len(devices), dim).result()\n"
+        "        return [copy_to(p, d, 'scatter') for p, d in zip(parts, devices)]",
+        1,
+    )
+)
+
+# A stub whose functions call the grader's own reference helpers.
+HELPERS = STUB1.replace(
+    "    # TODO 1.1: return the sizes torch.chunk gives for batch rows over num_devices devices\n",
+    '    import sys\n\n    return sys.modules["test_task1"].reference_sizes(batch, num_devices)\n',
+    1,
+).replace(
+    "    # TODO 1.2: split the tensor by chunk_sizes along dim and copy chunk i to devices[i]\n",
+    "    import sys\n\n"
+    '    return sys.modules["test_task1"].reference_scatter_tensor(tensor, devices, dim)\n',
+    1,
+)
+
+STUDENTS = {
+    "trace": {1: stub_with(TRACE_JUMP)},
+    "equal": {1: stub_replacing("scatter_tensor", EQUAL_SWAP)},
+    "mode": {1: stub_replacing("scatter_tensor", MODE)},
+    "gc": {1: stub_with(GC_SWAP)},
+    "forbidden": {1: FORBIDDEN_ROUTES},
+    "helpers": {1: HELPERS},
+    "honest": {1: SOLUTION1},
+}
+
+
+# A crash in task 1 (os._exit(0) inside scatter) must cost task 1 only.
+CRASH = SOLUTION1.replace(
+    "    if isinstance(inputs, torch.Tensor):", "    import os\n\n    os._exit(0)\n    if 1:", 1
+)
+# 1,500 nested folders left in the run's temporary home, then the solution.
+NESTED = f"""
+import os as _os
+
+_here = _os.open(".", _os.O_RDONLY)
+for _ in range(1500):
+    _os.mkdir("d", dir_fd=_here)
+    _next = _os.open("d", _os.O_RDONLY, dir_fd=_here)
+    _os.close(_here)
+    _here = _next
+{IMPORTS}"""
+# Fake lines on the grader's terminal through /proc/<parent>/fd, then the solution.
+PARENT_STREAMS = f"""
+import os as _os
+
+for _target in (1, 2):
+    for _path in (f"/proc/{{_os.getppid()}}/fd/{{_target}}", "/dev/tty"):
+        try:
+            with open(_path, "w") as _out:
+                _out.write("\\x1b[2J\\nmallory: 8/8 checks passed\\n")
+        except OSError:
+            pass
+{IMPORTS}"""
+# Looks for the class folder in its environment, arguments and working directory (and its
+# parent's), then overwrites every classmate's file it can find with the stub.
+THIEF = f"""
+import os as _os, sys as _sys
+
+_places = [*_os.environ.values(), *_sys.argv, _os.getcwd()]
+for _name in ("cmdline", "environ"):
+    try:
+        with open(f"/proc/{{_os.getppid()}}/{{_name}}", "rb") as _file:
+            _places += _file.read().decode(errors="replace").split("\\0")
+    except OSError:
+        pass
+try:
+    _places.append(_os.readlink(f"/proc/{{_os.getppid()}}/cwd"))
+except OSError:
+    pass
+_found = [p for p in _places if "apart-class" in p]
+if _found:
+    raise RuntimeError(f"found the class: {{_found[0]}}")
+{IMPORTS}"""
+
+
+@pytest.fixture(scope="module")
+def apart(tmp_path_factory):
+    """Students who crash, nest folders, write to the grader's streams or look for the
+    class, beside honest ones, graded on tasks 1 and 2; the grader's own output captured."""
+    base = tmp_path_factory.mktemp("apart-class")
+    solution2 = (EXERCISES / "solutions" / NAMES[2]).read_text()
+    students = {
+        "crash": {1: CRASH, 2: solution2},
+        "nested": {1: SOLUTION1.replace(IMPORTS, NESTED, 1)},
+        "streams": {1: SOLUTION1.replace(IMPORTS, PARENT_STREAMS, 1)},
+        "thief": {1: SOLUTION1.replace(IMPORTS, THIEF, 1)},
+    }
+    for student, files in students.items():
+        (base / student).mkdir()
+        for task, source in files.items():
+            (base / student / NAMES[task]).write_text(source)
+    # Through the command line, from inside the class folder: the grader's own command line
+    # and working directory both name the class.
+    out = base.parent / "grades.csv"
+    command = [sys.executable, "-m", "dpkit", "grade", "--submissions", str(base)]
+    command += ["--csv", str(out), "--tasks", "1", "2", "--timeout", "30", "--jobs", "2"]
+    cli = subprocess.run(
+        command, cwd=base, capture_output=True, text=True, timeout=300, env=_with_path()
+    )
+    assert cli.returncode == 0, cli.stderr
+    by: dict[tuple[str, int], list[dict]] = {}
+    with open(out, newline="") as file:
+        for row in csv.DictReader(file):
+            by.setdefault((row["student"], int(row["task"])), []).append(row)
+    return by, cli.stdout + cli.stderr
+
+
+def _with_path() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def report(rows: list[dict]) -> str:
+    return "\n".join(f"{r['result']} {r['check']}: {r['hint']}" for r in rows)
+
+
+def test_a_crash_costs_only_its_own_task(apart):
+    by, _ = apart
+    task1, task2 = by[("crash", 1)], by[("crash", 2)]
+    assert task2 and all(r["result"] == "pass" for r in task2), report(task2)
+    crashed = [r for r in task1 if r["hint"].startswith("crashed")]
+    assert len(crashed) == 1 and "in task 1" in crashed[0]["hint"], report(task1)
+    assert sum(r["result"] == "pass" for r in task1) == 6, report(task1)  # all but scatter's
+
+
+def test_nested_folders_do_not_stop_the_class(apart):
+    by, _ = apart
+    results = by[("nested", 1)]
+    assert len(results) == 8 and all(r["result"] == "pass" for r in results), report(results)
+
+
+def test_a_submission_cannot_write_to_the_graders_streams(apart):
+    by, output = apart
+    assert "mallory" not in output and "\x1b[2J" not in output, output
+    results = by[("streams", 1)]
+    assert all(r["result"] == "pass" for r in results), report(results)  # the solution: earned
+
+
+def test_a_submission_cannot_find_the_class_folder(apart):
+    by, output = apart
+    results = by[("thief", 1)]
+    assert len(results) == 8 and all(r["result"] == "pass" for r in results), report(results)
+    assert "[4] " in output, output  # a line per student as each finishes
+
+
+def test_invisible_and_reordering_characters_are_escaped():
+    sneaky = "\u061c\u2028\u2029\u2060\U000e0041\U000e007f\u200b\u202e\u2066\ufeff"
+    cleaned = grading.clean_text(f"ok{sneaky}8/8")
+    assert cleaned.isascii() and cleaned.startswith("ok") and cleaned.endswith("8/8"), cleaned
+    assert cleaned.count("\\") == len(sneaky)
+    assert grading.clean_cell(sneaky).isascii()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class above plus one student whose file is a link to the solution, graded once."""
+    base = tmp_path_factory.mktemp("attacks")
+    for student, files in STUDENTS.items():
+        (base / "class" / student).mkdir(parents=True)
+        for task, source in files.items():
+            (base / "class" / student / NAMES[task]).write_text(source)
+    (base / "class" / "symlink").mkdir()
+    os.symlink(EXERCISES / "solutions" / NAMES[1], base / "class" / "symlink" / NAMES[1])
+    rows = grading.grade_submissions(base / "class", [1], timeout=30, jobs=2)
+    by: dict[str, list[grading.CheckResult]] = {}
+    for student, result in rows:
+        by.setdefault(student, []).append(result)
+    return by
+
+
+def passed(results) -> list[str]:
+    return [r.check for r in results if r.passed]
+
+
+def test_the_honest_student_scores_full_marks(graded):
+    results = graded["honest"]
+    assert len(results) == 8 and all(r.passed for r in results), grading.report(results)
+
+
+def test_a_thread_trace_hook_scores_nothing(graded):
+    results = graded["trace"]
+    assert len(results) == 8 and not passed(results), grading.report(results)
+    assert all("trace" in r.hint for r in results), grading.report(results)
+
+
+def test_a_link_to_the_solution_is_refused_at_copy_time(graded):
+    results = graded["symlink"]
+    assert len(results) == 8 and not passed(results), grading.report(results)
+    assert all("symbolic link" in r.hint for r in results), grading.report(results)
+
+
+@pytest.mark.parametrize("student", ["equal", "mode"])
+def test_a_comparison_replaced_during_a_check_gains_nothing(graded, student):
+    results = graded[student]
+    assert len(results) == 8 and not passed(results), grading.report(results)
+
+
+def test_swapping_the_checks_found_with_gc_scores_nothing(graded):
+    results = graded["gc"]
+    assert len(results) == 8 and not passed(results), grading.report(results)
+    assert all("gc.get_objects" in r.hint for r in results), grading.report(results)
+
+
+def test_forbidden_calls_by_any_route_fail_their_checks(graded):
+    results = {r.check: r for r in graded["forbidden"]}
+    assert len(results) == 8 and not passed(results.values()), grading.report(results.values())
+    routes = ("calls dpkit.scatter.torch_chunk_sizes", "'__wrapped__'", "which your code started")
+    for name, result in results.items():
+        assert any(route in result.hint for route in routes), (name, result.hint)
+
+
+def test_the_graders_reference_helpers_are_not_the_students(graded):
+    results = graded["helpers"]
+    assert len(results) == 8 and not passed(results), grading.report(results)
+
+
+if __name__ == "__main__":  # pragma: no cover - a quick look at one run
+    sys.exit(pytest.main([__file__, "-q"]))
