@@ -35,6 +35,8 @@ From the shell::
 ``compare``        DataParallel vs DDP side by side; the bucket size sweep
 ``command``        ``dpkit ddp``
 ``train``          the script ``torchrun`` starts, one per rank
+``nodes``          several "nodes" on this machine: a ``torchrun`` per node, on 127.0.0.1
+``script``         a script's ``main`` on N ranks from the fork server, as torchrun runs it
 =================  ==================================================================
 """
 

@@ -121,6 +121,35 @@ def train(args: argparse.Namespace, device: torch.device) -> tuple[RankRun, torc
     return recorder.result(args.bucket_mb), ddp.module
 
 
+def recorder_for(rank: int, world: int, device: torch.device) -> RankRecorder:
+    """A recorder for a rank that a launcher such as torchrun started (no dpkit parent
+    watches its progress): ``recorder.wrap(model, ...)`` makes its DDP model."""
+    import_what_ddp_imports()  # before the constructor is timed
+    return RankRecorder(rank, world, device, process.Progress([0, 0], 0))
+
+
+def write_trace(record: RankRun, who: dict, out: Path) -> None:
+    """Every rank calls it at the end: rank 0 writes ``trace.json`` (a track per rank, named
+    with its node: ``rank:2 (cpu, node 1)``) and ``ranks.json`` (``who`` of every rank) into
+    ``out``. Times of ranks on another host than rank 0's are shifted onto rank 0's clock,
+    read at a barrier here (to within the barrier's skew)."""
+    world = dist.get_world_size()
+    dist.barrier()
+    reading: list[tuple[float, str] | None] = [None] * world
+    dist.all_gather_object(reading, (time.perf_counter(), socket.gethostname()))
+    zero_time, zero_host = reading[0]
+    mine = reading[dist.get_rank()][0]
+    offset = 0.0 if socket.gethostname() == zero_host else zero_time - mine
+    record.events = [(p, s + offset, e + offset, *rest) for p, s, e, *rest in record.events]
+    record.device = f"{record.device}, node {who.get('node', 0)}"
+    gathered: list[tuple[RankRun, dict] | None] = [None] * world
+    dist.all_gather_object(gathered, (record, who))
+    if dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        merged_trace([r for r, _ in gathered]).to_chrome_trace(out / "trace.json")
+        (out / "ranks.json").write_text(json.dumps([w for _, w in gathered], indent=1))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     _world_from_environment()

@@ -1,0 +1,116 @@
+"""Several "nodes" on this one machine: one ``torchrun`` per node, as on a real cluster.
+
+The surprise first: nothing here is simulated. Each node is its own ``torchrun`` (``python
+-m torch.distributed.run``) with ``--nnodes``, its own ``--node_rank`` and the same
+``--master_addr``/``--master_port``: the commands one types on each machine of a cluster,
+here all pointing at 127.0.0.1. ``torchrun`` on node 0 hosts the rendezvous; the ranks
+(``RANK = node_rank * nproc_per_node + LOCAL_RANK``) then train over gloo. What is not a
+cluster: the "network" between the nodes is this machine's loopback interface.
+
+Safety: torchrun's rendezvous store is torch's TCPStore, which listens on every network
+interface whatever ``--master_addr`` says (torch has no bind address for it); the ranks'
+own gloo connections are kept on the loopback interface (``GLOO_SOCKET_IFNAME``). Every
+launch runs in a session of its own and is stopped, with everything it started, after
+``limit_s`` seconds or when the caller is interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpkit.ddp import checks
+
+
+@dataclass
+class NodesRun:
+    """What :func:`launch_nodes` ran: the command of each node, its exit status, its log,
+    and the wall time of the whole launch (seconds)."""
+
+    commands: list[list[str]]
+    statuses: list[int]
+    logs: list[str]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(status == 0 for status in self.statuses)
+
+
+def node_command(
+    script: Sequence[str], node_rank: int, nnodes: int, nproc_per_node: int, port: int
+) -> list[str]:
+    """The ``torchrun`` command of node ``node_rank`` (``script``: a path and its options,
+    or ``["-m", "module", ...]``)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}", f"--node_rank={node_rank}",
+        "--master_addr=127.0.0.1", f"--master_port={port}", *script,
+    ]  # fmt: skip
+
+
+def launch_nodes(
+    script: Sequence[str],
+    nnodes: int = 2,
+    nproc_per_node: int = 2,
+    limit_s: float = 180.0,
+    cwd: str | Path | None = None,
+) -> NodesRun:
+    """Run ``script`` as ``nnodes`` nodes of ``nproc_per_node`` ranks each on 127.0.0.1, one
+    ``torchrun`` per node, and wait for all; every launch is stopped after ``limit_s``."""
+    for name, value in (("nnodes", nnodes), ("nproc_per_node", nproc_per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    checks.check_nproc(nnodes * nproc_per_node)
+    port = checks.free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the ranks share this machine's cores
+    loopback = checks.loopback_interface()
+    if loopback is not None:
+        env.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    commands = [node_command(script, n, nnodes, nproc_per_node, port) for n in range(nnodes)]
+    started = time.monotonic()
+    launches = [
+        subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        for command in commands
+    ]
+    logs: list[str] = []
+    try:
+        for launch in launches:
+            remaining = max(1.0, limit_s - (time.monotonic() - started))
+            try:
+                logs.append(launch.communicate(timeout=remaining)[0])
+            except subprocess.TimeoutExpired:
+                _stop(launch)
+                logs.append(launch.communicate()[0] + f"\n[stopped after {limit_s:g} s]")
+    finally:
+        for launch in launches:
+            _stop(launch)
+    return NodesRun(commands, [launch.returncode for launch in launches], logs,
+                    time.monotonic() - started)  # fmt: skip
+
+
+def _stop(launch: subprocess.Popen) -> None:
+    """End ``launch``'s session: torchrun, its ranks, and what they started."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(launch.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            launch.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
