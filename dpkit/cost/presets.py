@@ -96,13 +96,14 @@ _A100_SXM = dict(
     node_to_node=Link(25 * GB * 0.96, 5 * US, "[DGX] HDR 200 Gb/s x 0.96, measured [nccl-119]"),
     devices_per_node=8,
     nics_per_node=8,
-    peer_to_peer=True,
-    compute_units=8,
 )
 
 
 def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardware:
-    numbers = {**_GPU_EFFICIENCY, **numbers}  # a preset's own measured fraction first
+    """A GPU machine: one node, peer to peer, every GPU its own compute unit, unless the
+    preset says otherwise (its own measured fractions too)."""
+    numbers = {**_GPU_EFFICIENCY, "nodes": 1, "peer_to_peer": True,
+               "compute_units": numbers["devices_per_node"], **numbers}  # fmt: skip
     return Hardware(name=name, description=description, source=source, **_GPU_HOST,
                     **numbers)  # type: ignore[arg-type]  # fmt: skip
 
@@ -112,7 +113,6 @@ def _presets() -> list[Hardware]:
         "8xA100-SXM-NVLink",
         "one DGX/HGX A100 node: 8 A100 SXM4 80 GB on NVLink 3 through NVSwitch",
         "spec sheet [A100], nccl-tests bus bandwidth [nccl-175]",
-        nodes=1,
         **_A100_SXM,
     )
     return [
@@ -130,10 +130,8 @@ def _presets() -> list[Hardware]:
             device_to_device=_PCIE3,  # unused: peer_to_peer=False goes through the host
             node_to_node=Link(6.25 * GB * 0.5, 30 * US, "50 Gb/s port x 0.5, as [nccl-398]"),
             devices_per_node=4,
-            nodes=1,
             nics_per_node=1,
             peer_to_peer=False,
-            compute_units=4,
         ),
         _gpu(
             "4xA100-PCIe4",
@@ -149,10 +147,7 @@ def _presets() -> list[Hardware]:
             device_to_device=Link(17.5 * GB, 5 * US, "35 GB/s on PCIe 5 [nccl-1639] / 2, assumed"),
             node_to_node=Link(12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as [nccl-398]"),
             devices_per_node=4,
-            nodes=1,
             nics_per_node=1,
-            peer_to_peer=True,
-            compute_units=4,
         ),
         _gpu(
             "8xV100-NVLink",
@@ -172,10 +167,7 @@ def _presets() -> list[Hardware]:
             ),
             node_to_node=Link(12.5 * GB * 0.9, 5 * US, "[ddp-bench] EDR 100 Gb/s x 0.9, assumed"),
             devices_per_node=8,
-            nodes=1,
             nics_per_node=4,
-            peer_to_peer=True,
-            compute_units=8,
         ),
         a100,
         _gpu(
@@ -198,10 +190,7 @@ def _presets() -> list[Hardware]:
             allreduce_bandwidth=275 * GB,
             node_to_node=Link(50 * GB * 0.96, 5 * US, "[DGX] NDR 400 Gb/s x 0.96, as [nccl-119]"),
             devices_per_node=8,
-            nodes=1,
             nics_per_node=8,
-            peer_to_peer=True,
-            compute_units=8,
         ),
         replace(
             a100,
