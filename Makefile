@@ -21,12 +21,15 @@ NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/saniti
               --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test-tools test notebooks lab lint format clean distclean mutation
+.PHONY: help venv test-tools test check-notebooks grade handout notebooks lab lint format clean distclean mutation
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
 	@echo "make test-tools install the test tools (requirements/test.txt) into $(VENV)"
 	@echo "make test       set up $(VENV), run ruff, every test, and nbval over notebooks/ (PYTEST_ARGS='-m \"not slow\"' to filter)"
+	@echo "make check-notebooks  nbval over notebooks/ alone"
+	@echo "make grade      grade every exercise (dpkit grade --all)"
+	@echo "make handout OUT=DIR  a student's copy: no solutions, no instructor tests, no history"
 	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
 	@echo "make format     ruff format and autofix"
@@ -75,17 +78,36 @@ JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHOND
 # is checked against its own numbers (notebooks/conftest.py); DPKIT_NOTEBOOKS_UNDER_LOAD=0 runs
 # them quiet.
 DPKIT_NOTEBOOKS_UNDER_LOAD ?= 1
+NBVAL_PATHS ?= notebooks/
+NBVAL = DPKIT_CHECK_PLACEMENT=1 DPKIT_NOTEBOOKS_UNDER_LOAD=$(DPKIT_NOTEBOOKS_UNDER_LOAD) \
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(NBVAL_ARGS) $(NBVAL_PATHS)
 test: venv test-tools
 	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
 	echo "$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)"; \
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS); status=$$?; \
 	if [ -n "$(NOTEBOOKS)" ]; then \
-	  echo "DPKIT_CHECK_PLACEMENT=1 DPKIT_NOTEBOOKS_UNDER_LOAD=$(DPKIT_NOTEBOOKS_UNDER_LOAD) $(BIN)/python -m pytest $(PYTEST_PARALLEL) $(NBVAL_ARGS) notebooks/"; \
-	  DPKIT_CHECK_PLACEMENT=1 DPKIT_NOTEBOOKS_UNDER_LOAD=$(DPKIT_NOTEBOOKS_UNDER_LOAD) $(BIN)/python -m pytest $(PYTEST_PARALLEL) $(NBVAL_ARGS) notebooks/; nbval=$$?; \
+	  echo "$(NBVAL)"; $(NBVAL); nbval=$$?; \
 	  [ $$status -ne 0 ] || status=$$nbval; \
 	fi; \
 	exit $$status
+
+# nbval alone: what a student's hand-out runs in its CI (make handout), the course unchanged.
+check-notebooks: venv test-tools
+	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
+	echo "$(NBVAL)"; $(NBVAL)
+
+# Grade every exercise in exercises/ (a student's own check; exit 1 until every task passes);
+# TASKS="1 2" grades some.
+TASKS ?=
+grade: venv
+	$(BIN)/dpkit grade --all $(if $(TASKS),--tasks $(TASKS))
+
+# A student's copy of the course (docs/instructors.md, "Hand out and grade a class"): no
+# solutions, no instructor tests, no history; its own README, CI and Classroom autograding.
+handout: venv
+	@test -n "$(OUT)" || { echo "make handout OUT=DIR: the folder for the hand-out"; exit 2; }
+	$(BIN)/python scripts/handout.py "$(OUT)"
 
 # Re-execute every notebook top to bottom, each in a fresh kernel, and store the outputs in place;
 # then stamp each code cell with a hash of the source it ran (tests/test_notebooks.py checks it).

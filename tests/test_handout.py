@@ -1,0 +1,103 @@
+"""make handout OUT=DIR: a student's copy without solutions or history, whose own CI runs.
+
+The hand-out is built in a temporary folder; its CI workflow's steps then run there, on
+notebook 00 and task 1 (the whole of both, every notebook under nbval and every grader against
+its stub, is what ``make test`` already runs here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = sorted((ROOT / "exercises" / "solutions").glob("*.py"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import handout  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("handout") / "course"
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "handout.py"), str(folder)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return folder
+
+
+def _files(folder: Path) -> list[Path]:
+    return [
+        p for p in folder.rglob("*") if p.is_file() and ".git" not in p.relative_to(folder).parts
+    ]
+
+
+def test_no_solution_is_handed_out_in_any_file_or_in_the_history(out):
+    assert SOLUTIONS, "the course's solutions are where this test looks for them"
+    answers = {path.read_text() for path in SOLUTIONS}
+    template = ROOT / "docs" / "templates" / "exercise" / "solutions" / "taskN_topic.py"
+    answers.add(template.read_text())
+    files = _files(out)
+    assert not [p for p in files if "solution" in p.relative_to(out).as_posix()]
+    assert not [p for p in files if p.suffix == ".py" and p.read_text() in answers]
+    assert not (out / "tests").exists() and not (out / "benchmarks").exists()
+    log = subprocess.run(["git", "log", "--oneline", "--all"], cwd=out, capture_output=True,
+                         text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert len(log) == 1, log
+
+
+def test_every_task_is_handed_out_with_its_grader_and_its_classroom_points(out):
+    tasks = sorted(p.name for p in (ROOT / "exercises").glob("task*_*.py"))
+    assert sorted(p.name for p in (out / "exercises").glob("task*_*.py")) == tasks
+    for name in tasks:
+        number = name[4 : name.index("_")]
+        assert (out / "exercises" / "graders" / f"test_task{number}.py").is_file()
+    grading = json.loads((out / ".github" / "classroom" / "autograding.json").read_text())
+    assert [t["run"] for t in grading["tests"]] == [
+        f".venv/bin/dpkit grade {name[4 : name.index('_')]}" for name in tasks
+    ]
+
+
+def test_a_planted_solution_is_refused(tmp_path, monkeypatch):
+    planted = tmp_path / "out"
+    monkeypatch.setattr(handout, "LEFT_OUT", tuple(p for p in handout.LEFT_OUT
+                                                 if p != "exercises/solutions/*"))  # fmt: skip
+    with pytest.raises(SystemExit, match="give a solution away.*solutions/task1_scatter.py"):
+        handout.make_handout(planted)
+
+
+def test_the_handouts_workflows_pass_actionlint(out):
+    from test_instructor_kit import lint_workflow
+
+    for workflow in sorted((out / ".github" / "workflows").glob("*.yml")):
+        result = lint_workflow(workflow)
+        assert result.returncode == 0, f"{workflow.name}:\n{result.stdout}{result.stderr}"
+
+
+def test_the_students_ci_runs_there(out):
+    """The course workflow's steps, in the hand-out, with this environment's packages (the
+    hand-out's own dpkit first on the path): the notebooks pass nbval, grading runs and gives
+    the untouched stub 0 points (exit 1: not every check passes, as the workflow expects)."""
+    steps = (out / ".github" / "workflows" / "course.yml").read_text()
+    assert "run: make check-notebooks" in steps and "run: make grade" in steps
+    (out / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    # never reinstall into this environment (it would point dpkit at the hand-out)
+    make = ["make", "-o", ".venv/.dpkit-installed", "-o", ".venv/.dpkit-test-tools-installed"]
+    env = {**os.environ, "PYTHONPATH": str(out), "PYTEST_PARALLEL": ""}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    notebooks = subprocess.run(
+        [*make, "check-notebooks", "NBVAL_PATHS=notebooks/00_start_here.ipynb"],
+        cwd=out, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert notebooks.returncode == 0, notebooks.stdout[-3000:] + notebooks.stderr[-2000:]
+    assert "passed" in notebooks.stdout
+    graded = subprocess.run([*make, "grade", "TASKS=1"], cwd=out, env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert graded.returncode != 0, graded.stdout
+    assert re.search(r"\b0/\d+ checks passed", graded.stdout), graded.stdout
