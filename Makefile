@@ -21,7 +21,7 @@ NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/saniti
               --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test-tools test check-notebooks grade handout notebooks lab lint format clean distclean mutation
+.PHONY: help venv test-tools test check-notebooks grade image handout notebooks lab lint format clean distclean mutation
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
@@ -29,6 +29,7 @@ help:
 	@echo "make test       set up $(VENV), run ruff, every test, and nbval over notebooks/ (PYTEST_ARGS='-m \"not slow\"' to filter)"
 	@echo "make check-notebooks  nbval over notebooks/ alone"
 	@echo "make grade      grade every exercise (dpkit grade --all)"
+	@echo "make image      build the grading container image dpkit-course (podman or docker)"
 	@echo "make handout OUT=DIR  a student's copy: no solutions, no instructor tests, no history"
 	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
@@ -102,6 +103,13 @@ check-notebooks: venv test-tools
 TASKS ?=
 grade: venv
 	$(BIN)/dpkit grade --all $(if $(TASKS),--tasks $(TASKS))
+
+# The grading image (Containerfile): the pinned CPU course environment, tagged dpkit-course, the
+# name the guide's `podman run` line uses. podman where it is installed, else docker.
+CONTAINER ?= $(shell command -v podman 2>/dev/null || command -v docker 2>/dev/null)
+image:
+	@test -n "$(CONTAINER)" || { echo "make image needs podman or docker"; exit 2; }
+	$(CONTAINER) build -t dpkit-course -f Containerfile .
 
 # A student's copy of the course (docs/instructors.md, "Hand out and grade a class"): no
 # solutions, no instructor tests, no history; its own README, CI and Classroom autograding.
