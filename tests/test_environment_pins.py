@@ -8,6 +8,7 @@ dependency stops being a lower bound.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -167,3 +168,22 @@ def test_pyproject_torch_dependency_is_a_lower_bound():
     for extra, deps in project.get("optional-dependencies", {}).items():
         for dep in deps:
             assert "==" not in dep, f"extra {extra!r} pins {dep!r}; extras take lower bounds only"
+
+
+def test_binder_builds_the_learners_pins_on_environment_yml_s_python(environment_text):
+    """binder/ (repo2docker): the course's pins through -r, torch from the CPU index, the same
+    Python as environment.yml, and dpkit installed from the repository by postBuild."""
+    binder = ROOT / "binder"
+    lines = [
+        line.strip()
+        for line in (binder / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines == ["--extra-index-url https://download.pytorch.org/whl/cpu",
+                     "-r ../requirements/course.txt"]  # fmt: skip
+    assert (binder / lines[1].split()[1]).resolve() == COURSE_TXT
+    python = re.search(r"^\s*-\s*python=(\d+\.\d+)\s*$", environment_text, re.MULTILINE)[1]
+    assert (binder / "runtime.txt").read_text().strip() == f"python-{python}"
+    post_build = binder / "postBuild"
+    assert os.access(post_build, os.X_OK), "repo2docker runs postBuild only if it is executable"
+    assert "pip install --no-cache-dir --no-deps -e ." in post_build.read_text()
