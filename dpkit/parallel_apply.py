@@ -121,10 +121,18 @@ def check_timeout(timeout: float | None) -> float | None:
         raise TypeError(
             f"timeout must be a number of seconds or None, got {timeout!r}; pass e.g. timeout=60"
         )
-    if not (math.isfinite(timeout) and timeout > 0):
+    shown = repr(timeout) if len(repr(timeout)) <= 20 else f"a number of {len(str(timeout))} digits"
+    # An int past float's range (10**400) is infinite for this check, not an OverflowError.
+    if not (timeout > 0 and (isinstance(timeout, int) or math.isfinite(timeout))):
         raise ValueError(
-            f"timeout must be a positive, finite number of seconds, got {timeout!r}; pass e.g. "
+            f"timeout must be a positive, finite number of seconds, got {shown}; pass e.g. "
             "timeout=60, or timeout=None to wait as long as the replicas take"
+        )
+    if timeout > threading.TIMEOUT_MAX:  # threads cannot wait longer (OverflowError)
+        raise ValueError(
+            f"timeout must be at most {threading.TIMEOUT_MAX:.0f} seconds (about 292 years, "
+            f"the longest a thread can wait), got {shown}; pass timeout=None to wait as long "
+            "as the replicas take"
         )
     return timeout
 

@@ -3,6 +3,8 @@ the fix. Found missing by mutation testing (issue 20): a changed word survived e
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from lanes import lanes
@@ -37,6 +39,16 @@ def test_modules_without_an_order_are_refused():
         "modules must be a list or tuple, got a set; pass the replicas, e.g. "
         f"dpkit.replicate(model, devices) {GENERATOR_FIX}"
     )
+
+
+@pytest.mark.parametrize(
+    ("timeout", "shown"),
+    [(10**400, "a number of 401 digits"), (1e300, "1e+300"), (10**10, "10000000000")],
+)
+def test_a_timeout_longer_than_a_thread_can_wait_is_refused_up_front(timeout, shown):
+    """10**400 died in an OverflowError from math.isfinite, and 1e10 s in the thread's wait."""
+    with pytest.raises(ValueError, match=f"at most 9223372036 seconds .*, got {re.escape(shown)};"):
+        dpkit.parallel_apply([nn.Identity()], [torch.ones(1)], devices=lanes(1), timeout=timeout)
 
 
 @pytest.mark.parametrize("timeout", [0, float("inf")])
