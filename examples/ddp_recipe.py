@@ -144,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         ddp = DistributedDataParallel(model, device_ids=[device] if cuda else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=learning_rate(0, args))
+    if recorder is not None:
+        recorder.watch(optimizer, keep_gradients=False)
 
     step = 0
     with Join([ddp]) if args.uneven else contextlib.nullcontext():  # recipe: uneven inputs

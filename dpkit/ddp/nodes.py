@@ -16,6 +16,7 @@ launch runs in a session of its own and is stopped, with everything it started, 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpkit.ddp import checks
+from dpkit.tracing import Event, Trace
 
 
 @dataclass
@@ -114,3 +116,27 @@ def _stop(launch: subprocess.Popen) -> None:
             launch.wait(timeout=5)
         except subprocess.TimeoutExpired:
             continue
+
+
+def read_trace(path: str | Path) -> Trace:
+    """The :class:`dpkit.Trace` of a ``trace.json`` that dpkit wrote (a Chrome trace: one
+    track per rank, each event's step, bytes, kind and details in its ``args``), so that the
+    figures of :mod:`dpkit.viz` draw a run that other processes recorded (memory records are
+    not in the file)."""
+    data = json.loads(Path(path).read_text())["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in data if e.get("name") == "thread_name"}
+    events = []
+    for event in data:
+        if event.get("ph") != "X":
+            continue
+        args = dict(event["args"])
+        step, nbytes, kind = args.pop("step"), args.pop("nbytes"), args.pop("kind")
+        start = event["ts"] / 1e6
+        events.append(
+            Event(event["name"], tracks[event["tid"]], start, start + event["dur"] / 1e6,
+                  nbytes, step, kind, args)
+        )  # fmt: skip
+    trace = Trace()
+    trace._events = sorted(events, key=lambda e: e.start)  # as dpkit.ddp.run.merged_trace does
+    trace.origin = min((e.start for e in events), default=0.0)
+    return trace
