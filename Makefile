@@ -14,6 +14,8 @@ PYTEST_ARGS ?=
 # wait on subprocesses, kernels and a browser, so two workers take about 0.6x the time of
 # one on 2 cores (217 s against 348 s here). PYTEST_PARALLEL= runs them in one process.
 PYTEST_PARALLEL ?= -n 2 --dist loadfile
+# The 15 slowest tests, at the end of every run: CI time stays visible (issue 32).
+PYTEST_REPORT ?= --durations=15
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 # Strict nbval: every stored output must match a fresh run, except cells tagged
 # nbval-ignore-output (widgets, timings); notebooks/sanitize.cfg masks figure sizes and times.
@@ -85,8 +87,8 @@ NBVAL = DPKIT_CHECK_PLACEMENT=1 DPKIT_NOTEBOOKS_UNDER_LOAD=$(DPKIT_NOTEBOOKS_UND
 test: venv test-tools
 	$(BIN)/ruff check $(LINT_PATHS) notebooks
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
-	echo "$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)"; \
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS); status=$$?; \
+	echo "$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_REPORT) $(PYTEST_ARGS)"; \
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_REPORT) $(PYTEST_ARGS); status=$$?; \
 	if [ -n "$(NOTEBOOKS)" ]; then \
 	  echo "$(NBVAL)"; $(NBVAL); nbval=$$?; \
 	  [ $$status -ne 0 ] || status=$$nbval; \

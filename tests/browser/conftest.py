@@ -83,6 +83,9 @@ def lab(browser_available: None) -> Iterator[LabServer]:
     try:
         server.start()
         TIMINGS.append(("server ready", server.startup_seconds, f"port {server.port}"))
+        cmdline = Path(f"/proc/{server.process.pid}/cmdline")
+        if cmdline.exists():  # what every local user can read
+            assert server.token not in cmdline.read_text(), "the token is on the command line"
         for plugin, wanted in LAB_SETTINGS.items():
             settings = server.lab_settings(plugin)
             applied = {key: settings.get(key) for key in wanted}

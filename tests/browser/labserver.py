@@ -141,6 +141,10 @@ class LabServer:
             PYTHONUNBUFFERED="1",
             # Kernels run under dpkit's placement check, as on a GPU box (tests/conftest.py).
             DPKIT_CHECK_PLACEMENT="1",
+            # The token by environment, not on the command line: any local user can read a
+            # process's /proc/<pid>/cmdline, only its owner its environ (jupyter_server reads
+            # JUPYTER_TOKEN as ServerApp.token's default).
+            JUPYTER_TOKEN=self.token,
         )
         # Kernels should draw as a learner's do (inline), not with the Agg of the test run.
         env.pop("MPLBACKEND", None)
@@ -165,7 +169,6 @@ class LabServer:
             "--ip=127.0.0.1",
             f"--port={self.port}",
             "--port-retries=0",
-            f"--ServerApp.token={self.token}",
             "--ServerApp.password=",
             f"--ServerApp.root_dir={self.notebook_dir}",
             "--ServerApp.open_browser=False",
