@@ -53,9 +53,14 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): requirements/course.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then \
-	  echo "== no NVIDIA GPU: $(TORCH_PIN) from PyTorch's CPU wheel index ($(TORCH_CPU_INDEX))"; \
-	  $(PIP_INSTALL) --retries 1 --timeout 20 --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
-	    || echo "== PyTorch's CPU index could not be reached: $(TORCH_PIN) as pip finds it"; \
+	  if $(BIN)/python -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" \
+	       >/dev/null 2>&1; then \
+	    echo "== no NVIDIA GPU: $(TORCH_PIN) from PyTorch's CPU wheel index ($(TORCH_CPU_INDEX))"; \
+	    $(PIP_INSTALL) --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)" \
+	      || echo "== that failed: $(TORCH_PIN) as pip finds it"; \
+	  else \
+	    echo "== no NVIDIA GPU, but PyTorch's CPU index cannot be reached: $(TORCH_PIN) as pip finds it"; \
+	  fi; \
 	fi
 	$(PIP_INSTALL) -r requirements/course.txt -e .
 	touch $@
