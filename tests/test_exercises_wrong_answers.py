@@ -42,6 +42,21 @@ EVEN = (
     "base, extra = divmod(batch, num_devices)\n"
     "    return [base + (i < extra) for i in range(min(batch, num_devices))]"
 )
+SOLUTION7 = (EXERCISES / "solutions" / NAMES[7]).read_text()
+RING_OLD = SOLUTION7[
+    SOLUTION7.index("    flats = [tensor.view(-1) for tensor in tensors]") : SOLUTION7.index(
+        "\n\n\ndef allreduce_gradients_("
+    )
+]
+RING_WHOLE = """    flats = [tensor.view(-1) for tensor in tensors]
+    passing = [flat.clone() for flat in flats]
+    for _ in range(n - 1):  # each lane's whole tensor goes once around the ring
+        sent = [
+            copy_to(passing[i], devices[(i + 1) % n], "allreduce", devices[i]) for i in range(n)
+        ]
+        for i in range(n):
+            flats[(i + 1) % n].add_(sent[i])
+        passing = [sent[(i - 1) % n] for i in range(n)]"""
 WRONG = [
     Wrong(
         "one",
@@ -89,11 +104,25 @@ WRONG = [
     Wrong(
         "one",
         3,
-        "workers that ignore the caller's grad mode",
+        "workers given the caller's grad mode that do not apply it",
         "    torch.set_grad_enabled(grad_enabled)\n",
         "",
-        ("parallel_apply carries the caller's grad mode into the threads",),
-        "grad mode is thread-local",
+        (
+            "parallel_apply carries the caller's grad mode into the threads",
+            "apply_replica runs the module under the grad mode it is given",
+        ),
+        "each worker must apply the caller's mode with torch.set_grad_enabled(grad_enabled)",
+    ),
+    Wrong(
+        "three",
+        3,
+        "reraise without the RuntimeError fallback (a two-argument exception type)",
+        "    try:\n        error = type(failure.exception)(message)\n    except Exception:\n"
+        "        raise RuntimeError(message) from failure.exception\n"
+        "    raise error from failure.exception",
+        "    raise type(failure.exception)(message) from failure.exception",
+        ("reraise raises RuntimeError for a type that cannot be built from one message",),
+        "reraise raised TypeError",
     ),
     Wrong(
         "two",
@@ -149,6 +178,27 @@ WRONG = [
         "if any(speed < 0 for speed in speeds):",
         ("weighted_chunk_sizes returns one whole-row size per device, adding up to the batch",),
         "weighted_chunk_sizes(10, [1.0, 0.0]) returned without raising ValueError",
+    ),
+    Wrong(
+        "three",
+        6,
+        "torch's chunks not padded with 0 for idle devices",
+        "    equal += [0] * (len(speeds) - len(equal))\n",
+        "",
+        ("weighted chunks beat torch's equal chunks on unequal devices",),
+        "pad with 0 for the 3 idle devices",
+    ),
+    Wrong(
+        "three",
+        7,
+        "a ring that passes whole tensors (the right sum, twice the bytes at 4 lanes)",
+        RING_OLD,
+        RING_WHOLE,
+        (
+            "in the ring each lane sends 2(n-1)/n of a gradient, only to its neighbour",
+            "reduce-add loads lane 0 with (n-1)N bytes; the ring spreads 2(n-1)/n N over all",
+        ),
+        "lane 0 sent 12000 bytes",
     ),
     Wrong(
         "one",

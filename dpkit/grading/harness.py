@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hmac
 import json
+import operator
 import os
 import sys
 import threading
@@ -110,6 +111,7 @@ class Snapshot:
 
     def __init__(self) -> None:
         self.entries: list[tuple[dict, str, Any, str]] = []
+        self._groups: list[tuple[Any, list, list, list, Any]] | None = None
         self.code: list[tuple[types.FunctionType, Any, Any, str]] = []
         seen_classes: set[int] = set()
         for name, module in list(sys.modules.items()):
@@ -146,17 +148,49 @@ class Snapshot:
                 self._dict(value.__dict__, label, seen, module_name=None)
 
     def changed(self) -> str | None:
+        # Called before and after every check: compared a namespace at a time with map(),
+        # about 3 ms for the ~16,000 entries of a full run instead of 15 in a Python loop.
+        if self._groups is None:
+            self._group()
         missing = object()
-        for index, (namespace, key, value, label) in enumerate(self.entries):
-            now = namespace.get(key, missing)
-            if now is not value:
-                if not _torch_wrapper_of(now, value):
+        for namespace, keys, values, labels, fetch in self._groups:
+            try:
+                now = fetch(namespace)  # operator.itemgetter: one C loop over the keys
+            except KeyError:
+                now = [namespace.get(key, missing) for key in keys]
+            if any(map(operator.is_not, now, values)):
+                for index, (new, old) in enumerate(zip(now, values)):
+                    if new is not old:
+                        if not _torch_wrapper_of(new, old):
+                            return labels[index]
+                        values[index] = new
+        codes = list(map(_code_and_defaults, self._functions))
+        if codes != self._codes:
+            for function, (code, defaults), label in zip(
+                self._functions, self._codes, self._labels
+            ):
+                if function.__code__ is not code or function.__defaults__ is not defaults:
                     return label
-                self.entries[index] = (namespace, key, now, label)
-        for function, code, defaults, label in self.code:
-            if function.__code__ is not code or function.__defaults__ is not defaults:
-                return label
         return None
+
+    def _group(self) -> None:
+        groups: dict[int, tuple[Any, list, list, list]] = {}
+        for namespace, key, value, label in self.entries:
+            group = groups.setdefault(id(namespace), (namespace, [], [], []))
+            group[1].append(key)
+            group[2].append(value)
+            group[3].append(label)
+        self._groups = [
+            (namespace, keys, values, labels, operator.itemgetter(*keys, keys[0]))
+            for namespace, keys, values, labels in groups.values()
+        ]
+        self._functions = [function for function, _, _, _ in self.code]
+        self._codes = [(code, defaults) for _, code, defaults, _ in self.code]
+        self._labels = [label for _, _, _, label in self.code]
+
+
+def _code_and_defaults(function: types.FunctionType) -> tuple[Any, Any]:
+    return function.__code__, function.__defaults__
 
 
 # Comparisons the graders call by module attribute (``torch.equal(...)``), answered by the
@@ -283,7 +317,8 @@ class Harness:
         self._snapshot = Snapshot()
 
     def _check_tampering(self) -> None:
-        """Around every check: replaced functions, and hooks set for new threads."""
+        """After every check (setup, call and teardown): replaced functions, and hooks set
+        for new threads."""
         if self._tampered is not None or self._snapshot is None:
             return
         changed = self._snapshot.changed()
@@ -296,7 +331,8 @@ class Harness:
             )
 
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
-        self._check_tampering()  # before the check: a change made since the last one
+        # No snapshot here: nothing of the submission's runs between the last check's end,
+        # which was compared, and this check's setup (which imports the file), which is.
         with self._lock:
             self._current = item.nodeid
         return None

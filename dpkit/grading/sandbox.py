@@ -39,6 +39,7 @@ MEMORY_BUDGET = 2 * 1024**3  # bytes of address space the graded code may add to
 OUTPUT_KEPT = 16 * 1024  # bytes of the child's output kept (the rest is read and dropped)
 RESULTS_LIMIT = 8 * 1024**2  # bytes of results a run may send: more is a flood, not checks
 RUN_MARKER = "DPKIT_GRADE_RUN"
+STARTUP_SECONDS = 20.0  # to start Python, import torch and collect, beyond the first task's
 STOP = threading.Event()  # set on Ctrl-C while a class is graded: every run in flight stops
 PASSED_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SYSTEMROOT", "TMPDIR")
 
@@ -319,7 +320,8 @@ def _run_once(
     """One grading process over ``tasks``: its verified records and why it stopped early.
 
     Each task has ``timeout`` seconds from when the previous one finished (the first, from
-    the start): a task that hangs ends the run when its own time is up.
+    when the checks were collected; starting up has ``timeout`` plus
+    :data:`STARTUP_SECONDS`): a task that hangs ends the run when its own time is up.
     """
     key, marker = secrets.token_bytes(32), secrets.token_hex(16)
     scratch = tempfile.mkdtemp(prefix="dpkit-grade-")
@@ -377,7 +379,8 @@ def _run_once(
                     task = running["task"] if running is not None else None
                     if task != current:
                         task_started, current = time.monotonic(), task
-                left = task_started + timeout - time.monotonic()
+                allowed = timeout if current is not None else timeout + STARTUP_SECONDS
+                left = task_started + allowed - time.monotonic()
                 if STOP.is_set():
                     stopped = "interrupted: grading was stopped (Ctrl-C)"
                     break

@@ -92,6 +92,51 @@ def test_reraise_names_replica(exercise, lanes):
     assert "the worker's text" in message, "include the worker's traceback in the message"
 
 
+class NeedsTwo(Exception):
+    """An exception type that cannot be built from one message."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+
+
+def test_reraise_falls_back_to_runtime_error(exercise, lanes):
+    """reraise raises RuntimeError for a type that cannot be built from one message"""
+    original = NeedsTwo(7, "bad input")
+    failure = exercise.ReplicaFailure(2, lanes[2], original, "Traceback: the worker's text")
+    try:
+        exercise.reraise(failure)
+    except NotImplementedError:  # a RuntimeError too: the stub's TODO, not a fallback
+        raise
+    except RuntimeError as error:
+        assert f"in replica 2 on device {lanes[2]}" in str(error), (
+            f"the RuntimeError should say 'in replica 2 on device {lanes[2]}', got {error}"
+        )
+        assert error.__cause__ is original, (
+            "raise the RuntimeError from the original exception (raise ... from ...), so its "
+            "traceback is kept"
+        )
+        return
+    except Exception as error:  # noqa: BLE001 - what the student's reraise raised instead
+        pytest.fail(
+            f"reraise raised {type(error).__name__} ({error}) for an exception whose type "
+            "needs two arguments, losing the replica and the original error: when "
+            "type(exception)(message) fails, raise RuntimeError(message) from the original",
+            pytrace=False,
+        )
+    pytest.fail("reraise returned instead of raising", pytrace=False)
+
+
+def test_apply_replica_sets_grad_mode(exercise, lanes):
+    """apply_replica runs the module under the grad mode it is given"""
+    module, results = Recorder(1.0), {}
+    with torch.enable_grad():
+        exercise.apply_replica(0, module, torch.ones(1), lanes[0], False, results)
+    assert module.grad_enabled is False, (
+        "apply_replica(..., grad_enabled=False, ...) ran the module with grad enabled: call "
+        "torch.set_grad_enabled(grad_enabled) in the worker before running the module"
+    )
+
+
 def test_outputs_in_order(exercise, lanes):
     """parallel_apply returns each replica's output, in replica order"""
     modules = [Recorder(float(i + 1)) for i in range(4)]
@@ -126,10 +171,20 @@ def test_grad_mode_carried(exercise, lanes):
     modules = [Recorder(1.0) for _ in range(3)]
     with torch.no_grad():
         outputs = exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
-    assert not any(module.grad_enabled for module in modules), (
-        "replicas ran with grad enabled under torch.no_grad(): grad mode is thread-local, "
-        "pass torch.is_grad_enabled() to the workers"
-    )
+    if any(module.grad_enabled for module in modules):
+        probe, results = Recorder(1.0), {}
+        exercise.apply_replica(0, probe, torch.ones(1), lanes[0], False, results)
+        missing = (  # the value never reached the workers, or they did not apply it
+            "pass torch.is_grad_enabled() to the workers"
+            if probe.grad_enabled is False
+            else "each worker must apply the caller's mode with "
+            "torch.set_grad_enabled(grad_enabled) before running its replica"
+        )
+        pytest.fail(
+            "replicas ran with grad enabled under torch.no_grad(): grad mode is thread-local; "
+            + missing,
+            pytrace=False,
+        )
     assert not any(output.requires_grad for output in outputs)
     outputs = exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
     assert all(output.requires_grad for output in outputs), "with grad on, outputs need grad"

@@ -120,3 +120,13 @@ def test_straggler_report(exercise):
     )
     ratio = report["torch_seconds"] / report["weighted_seconds"]
     assert report["speedup"] == pytest.approx(ratio), "speedup is torch_seconds / weighted_seconds"
+    small = exercise.straggler_report(10, [1.0] * 8, 0.001)
+    assert list(small["torch_chunks"]) == [2, 2, 2, 2, 2, 0, 0, 0], (
+        f"straggler_report(10, 8 equal devices) gave torch_chunks {small['torch_chunks']}; "
+        "torch.chunk makes 5 chunks of 2 rows: pad with 0 for the 3 idle devices, one size "
+        "per device"
+    )
+    assert sorted(small["weighted_chunks"]) == [1, 1, 1, 1, 1, 1, 2, 2], (
+        f"straggler_report(10, 8 equal devices) gave weighted_chunks "
+        f"{small['weighted_chunks']}, not weighted_chunk_sizes(10, [1.0] * 8)"
+    )
