@@ -86,6 +86,9 @@ JUPYTER_STATE = export MPLBACKEND=Agg MPLCONFIGDIR="$$state/matplotlib" IPYTHOND
 # is checked against its own numbers (notebooks/conftest.py); DPKIT_NOTEBOOKS_UNDER_LOAD=0 runs
 # them quiet.
 DPKIT_NOTEBOOKS_UNDER_LOAD ?= 1
+# nbval's kernels read DPKIT_CHECK_PLACEMENT through an IPython config in the run's IPYTHONDIR
+# (import dpkit never turns the check on by itself).
+KERNEL_PLACEMENT_CHECK = $(BIN)/python -m dpkit.placement_check "$$IPYTHONDIR" >/dev/null
 NBVAL_PATHS ?= notebooks/
 NBVAL = DPKIT_CHECK_PLACEMENT=1 DPKIT_NOTEBOOKS_UNDER_LOAD=$(DPKIT_NOTEBOOKS_UNDER_LOAD) \
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(NBVAL_ARGS) $(NBVAL_PATHS)
@@ -95,7 +98,7 @@ test: venv test-tools
 	echo "$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_REPORT) $(PYTEST_ARGS)"; \
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_REPORT) $(PYTEST_ARGS); status=$$?; \
 	if [ -n "$(NOTEBOOKS)" ]; then \
-	  echo "$(NBVAL)"; $(NBVAL); nbval=$$?; \
+	  $(KERNEL_PLACEMENT_CHECK); echo "$(NBVAL)"; $(NBVAL); nbval=$$?; \
 	  [ $$status -ne 0 ] || status=$$nbval; \
 	fi; \
 	exit $$status
@@ -103,7 +106,7 @@ test: venv test-tools
 # nbval alone: what a student's hand-out runs in its CI (make handout), the course unchanged.
 check-notebooks: venv test-tools
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
-	echo "$(NBVAL)"; $(NBVAL)
+	$(KERNEL_PLACEMENT_CHECK); echo "$(NBVAL)"; $(NBVAL)
 
 # Grade every exercise in exercises/ (a student's own check; exit 1 until every task passes);
 # TASKS="1 2" grades some.

@@ -6,7 +6,6 @@ parallel_apply the replicas, gather the outputs. dpkit implements each of them w
 stream each) and on virtual lanes on the CPU (a thread and real copies each).
 """
 
-from dpkit import placement_check
 from dpkit.comm import Transfer, add_transfer_listener
 from dpkit.data_parallel import DataParallel, data_parallel
 from dpkit.devices import (
@@ -32,8 +31,6 @@ from dpkit.scatter import (
     weighted_chunk_sizes,
 )
 from dpkit.tracing import Event, Trace, register_phase_hook, trace
-
-placement_check.enable_from_environment()  # DPKIT_CHECK_PLACEMENT=1: the tests' placement check
 
 __version__ = "0.1.0"
 

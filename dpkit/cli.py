@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dpkit.placement_check import enable_from_environment
+
+    enable_from_environment()  # DPKIT_CHECK_PLACEMENT=1: the tests' placement check
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "run"):

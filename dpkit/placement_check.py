@@ -15,9 +15,11 @@ placement check on, CPU lanes behave like lanes on a GPU: they live on a pretend
   torch's "Expected all tensors to be on the same device" (a target left on the CPU), and
   ``.numpy()`` of lane data raises as it does for CUDA tensors.
 
-The check is for tests: ``make test`` runs the course notebooks, the demo and the explorers
-with it (``DPKIT_CHECK_PLACEMENT=1`` in the environment turns it on at ``import dpkit``;
-:func:`checking_placement` turns it on for a block). It works by a
+The check is for tests, and never turns on by itself (``import dpkit`` leaves it off). Ways
+to turn it on: :func:`checking_placement` for a block; ``%load_ext dpkit.placement_check`` in
+a notebook; ``DPKIT_CHECK_PLACEMENT=1`` in the environment of the ``dpkit`` command, or of a
+Jupyter kernel whose IPython directory has the config :func:`write_kernel_config` writes
+(``make test`` runs the course notebooks, the demo and the explorers so). It works by a
 :class:`~torch.overrides.TorchFunctionMode` in the thread that turned it on (where the
 learner's code runs; replicas in worker threads only see data dpkit placed), which follows
 lane tags through operations, and by wrapping ``nn.Parameter`` construction so that a
@@ -26,22 +28,25 @@ parameter made from lane data stays there. It slows every torch call in that thr
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from dpkit import devices
 from dpkit.devices import CHECKED_LANE_MEMORY, VIRTUAL_CPU, Device
 
 ENVIRONMENT_VARIABLE = "DPKIT_CHECK_PLACEMENT"
 HOME_LANE = Device(0, VIRTUAL_CPU, CHECKED_LANE_MEMORY)
+# The module, not the function dpkit.devices that hides it once dpkit is imported.
+devices = importlib.import_module("dpkit.devices")
 _TAG = devices._LANE_ATTRIBUTE
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper each time: compare with ==
 
@@ -256,6 +261,35 @@ def checking_placement() -> Iterator[None]:
 
 
 def enable_from_environment() -> None:
-    """``import dpkit`` calls this: ``DPKIT_CHECK_PLACEMENT=1`` turns the check on."""
+    """``DPKIT_CHECK_PLACEMENT=1`` turns the check on (the ``dpkit`` command and kernels with
+    :func:`write_kernel_config`'s config call this; ``import dpkit`` does not)."""
     if os.environ.get(ENVIRONMENT_VARIABLE, "").strip() not in ("", "0"):
         enable()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext dpkit.placement_check``: the check on in this kernel, from now on."""
+    enable()
+
+
+# A kernel's IPython config that reads the switch as the kernel starts.
+KERNEL_CONFIG = (
+    "# Written by dpkit.placement_check.write_kernel_config: DPKIT_CHECK_PLACEMENT=1 in a\n"
+    "# kernel's environment turns dpkit's placement check on as the kernel starts.\n"
+    "c.InteractiveShellApp.exec_lines = [\n"
+    '    "import dpkit.placement_check as _p; _p.enable_from_environment(); del _p"\n'
+    "]\n"
+)
+
+
+def write_kernel_config(ipython_dir: str | os.PathLike[str]) -> Path:
+    """Write the config that makes Jupyter kernels started with ``IPYTHONDIR=ipython_dir``
+    read ``DPKIT_CHECK_PLACEMENT`` (nbval's and the browser tests' kernels); return it."""
+    path = Path(ipython_dir) / "profile_default" / "ipython_kernel_config.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(KERNEL_CONFIG)
+    return path
+
+
+if __name__ == "__main__":  # python -m dpkit.placement_check IPYTHONDIR (the Makefile)
+    print(write_kernel_config(sys.argv[1]))

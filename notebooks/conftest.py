@@ -56,8 +56,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _spinners[name] = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(SPINNERS)]
 
 
+PLACEMENT_CHECK = os.environ.get("DPKIT_CHECK_PLACEMENT", "").strip() not in ("", "0")
+_kernels_checked: set[str] = set()
+
+
+def _placement_check_is_on(kernel: Any) -> bool:
+    """Ask nbval's kernel, by a silent request, whether dpkit's placement check is on."""
+    question = "__import__('dpkit.placement_check').placement_check.active()"
+    msg_id = kernel.kc.execute("", silent=True, user_expressions={"on": question})
+    while True:
+        reply = kernel.kc.get_shell_msg(timeout=120)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    kernel.await_idle(msg_id, 120)  # leaves nbval's iopub reading as it was
+    answer = reply["content"].get("user_expressions", {}).get("on", {})
+    return answer.get("data", {}).get("text/plain") == "True"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
+    notebook = str(item.fspath)
+    if PLACEMENT_CHECK and hasattr(item, "cell") and notebook not in _kernels_checked:
+        # DPKIT_CHECK_PLACEMENT=1 reaches a kernel only through the IPython config that
+        # dpkit.placement_check.write_kernel_config writes: a missing one would let every
+        # notebook run unchecked, silently.
+        _kernels_checked.add(notebook)
+        assert _placement_check_is_on(item.parent.kernel), (
+            "DPKIT_CHECK_PLACEMENT=1, but the placement check is off in the notebook's kernel: "
+            "write the kernel config first (python -m dpkit.placement_check $IPYTHONDIR)"
+        )
     result = yield
     name = _measuring(item)
     if name is None or not item.test_outputs:

@@ -31,6 +31,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dpkit.placement_check import write_kernel_config
+
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "instructors.md"
 TEMPLATES = ROOT / "docs" / "templates"
@@ -329,6 +331,7 @@ def quiet_environment(state: Path) -> dict[str, str]:
         JUPYTER_RUNTIME_DIR=str(state / "jupyter" / "runtime"),
         PYTHONDONTWRITEBYTECODE="1",
     )
+    write_kernel_config(state / "ipython")  # kernels read DPKIT_CHECK_PLACEMENT, as make's do
     return env
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import dpkit
-from dpkit.placement_check import checking_placement
+from dpkit.placement_check import checking_placement, write_kernel_config
 
 ROOT = Path(__file__).resolve().parents[1]
 devices_module = sys.modules["dpkit.devices"]  # dpkit.devices is also the function
@@ -151,14 +151,32 @@ def test_a_notebook_cell_without_to_home_fails_under_the_check():
                 exec(source, namespace)
 
 
-def test_the_environment_variable_turns_the_check_on_at_import():
-    env = {**os.environ, "DPKIT_CHECK_PLACEMENT": "1"}
-    code = "import dpkit; print(dpkit.devices(2)[0].torch_device)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert result.stdout.strip() == "cpu:0", result.stderr
-    assert dpkit.devices(2)[0].torch_device == torch.device("cpu")  # not in this process
+def test_import_dpkit_never_turns_the_check_on_the_cli_and_kernels_read_the_switch(
+    tmp_path, monkeypatch
+):
+    """Test tooling stays out of the runtime (issue 32): DPKIT_CHECK_PLACEMENT=1 does nothing
+    at ``import dpkit``; the dpkit command reads it, and so does a Jupyter kernel whose
+    IPython directory has write_kernel_config's config."""
+    env = {**os.environ, "DPKIT_CHECK_PLACEMENT": "1", "IPYTHONDIR": str(tmp_path / "ipython")}
+    lane = "import dpkit; print(dpkit.devices(2)[0].torch_device)"
+    imported = subprocess.run([sys.executable, "-c", lane], capture_output=True, text=True,
+                              env=env, timeout=60)  # fmt: skip
+    assert imported.stdout.strip() == "cpu", imported.stderr
+    from_cli = subprocess.run(
+        [sys.executable, "-c", "import sys, dpkit.cli, dpkit.placement_check as p; "
+         "dpkit.cli.main(['devices', '-n', '1']); print(p.active())"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert from_cli.stdout.strip().endswith("True"), from_cli.stderr
+
+    nbclient = pytest.importorskip("nbclient")
+    write_kernel_config(tmp_path / "ipython")
+    monkeypatch.setenv("IPYTHONDIR", env["IPYTHONDIR"])  # the kernel inherits this process's
+    for switch, expected in (("1", "cpu:0"), ("0", "cpu")):
+        monkeypatch.setenv("DPKIT_CHECK_PLACEMENT", switch)
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(lane)])
+        nbclient.NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+        assert notebook.cells[0].outputs[0].text.strip() == expected, switch
 
 
 def test_to_device_moves_nested_data_and_refuses_other_lanes():

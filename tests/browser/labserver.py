@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from dpkit.placement_check import write_kernel_config
+
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension:notification": {
         "fetchNews": "false",
@@ -130,6 +132,7 @@ class LabServer:
 
     def _environment(self) -> dict[str, str]:
         state = self.root / "state"
+        write_kernel_config(state / "ipython")  # kernels read DPKIT_CHECK_PLACEMENT below
         env = dict(os.environ)
         env.update(
             JUPYTER_CONFIG_DIR=str(state / "jupyter-config"),
