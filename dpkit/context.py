@@ -96,11 +96,6 @@ def begin_step() -> int:
     return scope.step
 
 
-def restart_steps() -> None:
-    """Count this thread's steps from 1 again."""
-    current_scope().step = 0
-
-
 def current_step() -> int:
     """The step of the backward this thread runs, else the step the last forward began."""
     step = _local.step
