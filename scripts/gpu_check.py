@@ -10,7 +10,8 @@ line it establishes; the numbers their expectations are held to are :data:`LIMIT
 (``--limit NAME=VALUE`` changes one: a planted impossible limit shows a FAIL). Each stage runs
 in a process of its own (this script with ``--stage NAME``) under a time limit, and is killed
 with everything it started if it runs over, so a stage that fails or hangs never stops the
-next; the whole run keeps to ``--budget`` (270 s), and a stage that no longer fits is a SKIP.
+next; the whole run keeps to ``--budget`` (270 s; 600 rehearsing), and a stage that no longer
+fits is a SKIP.
 
 Nothing is installed or fetched: dpkit runs from this tree, on the machine's own torch, numpy
 and matplotlib; the gpu-marked tests need its pytest (a SKIP without). The CPU suite is CI's.

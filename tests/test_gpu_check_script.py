@@ -113,9 +113,9 @@ CPU_SKIPS = {
 
 @pytest.mark.slow
 def test_the_rehearsal_passes_every_stage_on_cpu_lanes(tmp_path):
-    """Every stage on CPU lanes, standing in for GPU lanes: 3.5 to 4 minutes on 2 busy
-    cores, since each of the 13 stages starts torch in a process of its own and calibrate,
-    the explorers (notebook 07's starts 2 DDP ranks) and the DDP stage take seconds each."""
+    """Every stage on CPU lanes, standing in for GPU lanes: 2 to 4 minutes on 2 busy cores
+    (load 4 to 7), since each of the 13 stages starts torch in a process of its own, and
+    calibrate (26-55 s), the explorers (notebook 07's starts 2 DDP ranks) and DDP take long."""
     result = _run_check(tmp_path, "--rehearse", timeout=700)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report, files = _written(tmp_path)
