@@ -59,7 +59,15 @@ def recorded_allreduce(
         "ring_sent_bytes": ring_bytes_sent(nbytes, recorder.nproc),
     }
     step = recorder.step
-    recorder.bucket_bytes[step] = recorder.bucket_bytes.get(step, 0) + nbytes
+    # DDP's buckets are a second copy of the gradients, unless gradient_as_bucket_view made
+    # the gradients views into them: only the bytes no gradient shares count as buckets.
+    storage = tensor.untyped_storage().data_ptr()
+    shared = sum(
+        p.grad.numel() * p.grad.element_size()
+        for p in bucket.parameters()
+        if p.grad is not None and p.grad.untyped_storage().data_ptr() == storage
+    )
+    recorder.bucket_bytes[step] = recorder.bucket_bytes.get(step, 0) + nbytes - shared
     # Divide first, as torch's allreduce_hook does, so that large sums cannot overflow (fp16).
     tensor.div_(recorder.nproc)
     future = dist.all_reduce(tensor, async_op=True).get_future()

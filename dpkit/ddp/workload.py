@@ -149,3 +149,17 @@ def shard(batch: tuple[Any, torch.Tensor], rank: int, nproc: int) -> tuple[Any, 
     if isinstance(inputs, torch.Tensor):
         return rows_of(inputs), rows_of(targets)
     return type(inputs)(rows_of(t) for t in inputs), rows_of(targets)
+
+
+class WithUnusedLayer(nn.Module):
+    """The demo's MLP and a layer its forward never uses: DDP then waits forever for that
+    layer's gradient unless ``find_unused_parameters=True`` (torch raises at the next
+    step, naming the parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = build_model("mlp")
+        self.unused = nn.Linear(CLASSES, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.used(images)

@@ -1,0 +1,40 @@
+"""DDP's settings do what notebook 09 says, measured on two gloo ranks:
+``gradient_as_bucket_view=True`` removes the buckets' second copy of the gradients from
+the memory a rank holds, and a parameter the forward never uses fails the next step
+unless ``find_unused_parameters=True``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dpkit import ddp
+from dpkit.ddp.workload import WithUnusedLayer
+
+
+def held(result, category):
+    last = max(e.step for e in result.trace.events)
+    return {row["device"]: row[category] for row in result.trace.memory_summary(step=last)}
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_gradient_as_bucket_view_removes_the_second_copy(view):
+    result = ddp.run_ddp(
+        "mlp", batch=16, steps=2, ddp_options={"gradient_as_bucket_view": view}, timeout=60
+    )
+    gradients, buckets = held(result, "gradients"), held(result, "buckets")
+    for device, nbytes in gradients.items():
+        assert nbytes == result.parameter_bytes
+        assert buckets[device] == (0 if view else nbytes)
+
+
+def test_an_unused_parameter_needs_find_unused_parameters():
+    with_unused = dataclasses.replace(ddp.named_workload("mlp"), model=WithUnusedLayer)
+    with pytest.raises(ddp.RankFailed, match="find_unused_parameters=True") as caught:
+        ddp.run_ddp(with_unused, batch=16, steps=2, timeout=60)
+    assert "in step 2" in str(caught.value)  # torch notices at the next step's forward
+    result = ddp.run_ddp(
+        with_unused, batch=16, steps=2, ddp_options={"find_unused_parameters": True}, timeout=60
+    )
+    assert len(result.step_times) == 2
