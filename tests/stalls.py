@@ -1,5 +1,5 @@
-"""Modules that stall a CUDA stream, to widen races between streams (GPU tests and the
-GPU probe, ``scripts/gpu_probe.py``, share them)."""
+"""Modules that stall a CUDA stream, to widen races between streams (the GPU tests and
+``scripts/gpu_check.py``'s stages share them)."""
 
 import torch
 from torch import nn

@@ -112,6 +112,11 @@ CPU_SKIPS = {
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("DPKIT_GPU_REHEARSAL") != "1",
+    reason="2-4 minutes, too long for make test's budget: DPKIT_GPU_REHEARSAL=1 runs it, as "
+    "does `.venv/bin/python scripts/gpu_check.py --rehearse`",
+)
 def test_the_rehearsal_passes_every_stage_on_cpu_lanes(tmp_path):
     """Every stage on CPU lanes, standing in for GPU lanes: 2 to 4 minutes on 2 busy cores
     (load 4 to 7), since each of the 13 stages starts torch in a process of its own, and
