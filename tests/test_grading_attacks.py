@@ -233,6 +233,21 @@ if _found:
 {IMPORTS}"""
 
 
+# What a run can see of the machine: the folder its own folder is in, /proc, the network.
+SEES = """
+import os, socket
+
+here = os.path.dirname(os.path.dirname(os.getcwd()))
+runs = [name for name in os.listdir(here) if name.startswith("dpkit-grade-")]
+processes = len([name for name in os.listdir("/proc") if name.isdigit()])
+try:
+    socket.create_connection(("192.0.2.1", 9), timeout=0.5)
+    network = "yes"
+except OSError as error:
+    network = "unreachable" if error.errno == 101 else "yes"
+raise RuntimeError(f"runs={len(runs)} processes={processes} network={network}")
+"""
+
 # One check of task 6 hangs: with --timeout 12 each check has 6 s, so only that one fails.
 SOLUTION6 = (EXERCISES / "solutions" / NAMES[6]).read_text()
 HANG6 = SOLUTION6.replace(
@@ -251,7 +266,7 @@ def apart(tmp_path_factory):
     students = {
         "crash": {1: CRASH, 2: solution2},
         "nested": {1: SOLUTION1.replace(IMPORTS, NESTED, 1)},
-        "snoop": {1: SOLUTION1.replace(IMPORTS, PARENT_STREAMS + THIEF, 1)},
+        "snoop": {1: SOLUTION1.replace(IMPORTS, PARENT_STREAMS + THIEF, 1), 2: SEES},
         "hang": {6: HANG6},
     }
     for student, files in students.items():
@@ -319,6 +334,15 @@ def test_a_submission_cannot_find_the_class_folder(apart):
     results = by[("snoop", 1)]
     assert len(results) == 8 and all(r["result"] == "pass" for r in results), report(results)
     assert "[4] " in output, output  # a line per student as each finishes
+
+
+def test_a_run_sees_no_other_run_process_or_network(apart):
+    from dpkit.grading import apart as namespaces
+
+    if not namespaces.available():
+        pytest.skip(f"no namespaces here: {namespaces.WHY_NOT}")
+    hint = apart[0][("snoop", 2)][0]["hint"]
+    assert "runs=1 processes=1 network=unreachable" in hint, hint
 
 
 def test_invisible_and_reordering_characters_are_escaped():

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.command import add_grade_command
 from dpkit.grading.layout import (
     find_exercises,
@@ -175,12 +177,16 @@ def grade_submissions(
         student: {name: read_submission(path) for name, path in files.items()}
         for student, files in found.students.items()
     }
+    hidden = [root.resolve(), exercise_root / "solutions"]  # out of a run's sight
+    scratch = Path(tempfile.mkdtemp(prefix="dpkit-class-"))  # every run's folder, in here
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     lock = threading.Lock()
 
     def one(student: str) -> list[CheckResult]:
         try:
-            results = run_graders(chosen, exercise_root, snapshot[student], timeout, trusted)
+            results = run_graders(
+                chosen, exercise_root, snapshot[student], timeout, trusted, hidden, scratch
+            )
         except Exception as error:  # noqa: BLE001 - one student's failure never stops the class
             why = f"grading failed for this student: {type(error).__name__}: {error}"
             results = [CheckResult(task, "the grader runs", False, why) for task in chosen]
@@ -197,7 +203,9 @@ def grade_submissions(
         pool.shutdown(wait=True, cancel_futures=True)
         STOP.clear()
         raise
-    pool.shutdown()
+    finally:
+        pool.shutdown()
+        remove_tree(scratch)
     _warn_similar(snapshot, trusted, names, chosen)
     return [(student, result) for student in snapshot for result in graded[student]]
 

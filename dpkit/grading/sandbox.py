@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpkit.grading import apart
 from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.layout import check_task, task_files
 from dpkit.grading.results import CheckResult, results_from_records
@@ -316,19 +317,30 @@ def _run_once(
     submissions: Mapping[str, Path | str | bytes | None],
     timeout: float,
     trusted: Trusted,
+    hide: Sequence[Path] | None = None,
+    scratch_parent: Path | None = None,
 ) -> tuple[list[dict], str | None]:
     """One grading process over ``tasks``: its verified records and why it stopped early.
 
     Each task has ``timeout`` seconds from when the previous one finished (the first, from
     when the checks were collected; starting up has ``timeout`` plus
     :data:`STARTUP_SECONDS`): a task that hangs ends the run when its own time is up.
+    With ``hide`` (a class's grading), the run starts in namespaces where it can
+    (:mod:`dpkit.grading.apart`), ``hide``'s folders covered and its temporary folder
+    mounted over ``scratch_parent``, the folder every run of the class is made in.
     """
     key, marker = secrets.token_bytes(32), secrets.token_hex(16)
-    scratch = tempfile.mkdtemp(prefix="dpkit-grade-")
+    scratch = tempfile.mkdtemp(prefix="dpkit-grade-", dir=scratch_parent)
     try:
-        root = Path(scratch)
+        isolated = hide is not None and apart.available() and apart.usable_for(Path(scratch))
+        # Isolated, the run's files are one level down, in a folder of the same name: mounted
+        # over the parent, they are seen at the scratch folder's own path.
+        root = Path(scratch) / Path(scratch).name if isolated else Path(scratch)
+        if isolated:
+            root.mkdir()
+        seen = Path(scratch)  # where the run sees its folder
         submitted, refused = _lay_out(root, trusted, submissions)
-        graders = [str(root / "exercises" / "graders" / f"test_task{t}.py") for t in tasks]
+        graders = [str(seen / "exercises" / "graders" / f"test_task{t}.py") for t in tasks]
         key_read, key_write = os.pipe()
         os.write(key_write, key)
         os.close(key_write)
@@ -350,15 +362,17 @@ def _run_once(
             "-p",
             "_hypothesis_pytestplugin",
             "--rootdir",
-            str(root),
+            str(seen),
             "-c",
-            str(root / "pytest.ini"),
+            str(seen / "pytest.ini"),
         ]
+        if isolated:
+            command = apart.wrap(command, Path(scratch), hide or ())
         try:
             process = subprocess.Popen(
                 command,
-                cwd=root / "home",
-                env=_environment(root, submitted, timeout, marker, refused),
+                cwd="/" if isolated else seen / "home",
+                env=_environment(seen, seen / submitted.name, timeout, marker, refused),
                 stdin=subprocess.DEVNULL,
                 stdout=output_write,
                 stderr=output_write,
@@ -424,12 +438,14 @@ def run_graders(
     submissions: Mapping[str, Path | str | bytes | None],
     timeout: float,
     trusted: Trusted | None = None,
+    hide: Sequence[Path] | None = None,
+    scratch_parent: Path | None = None,
 ) -> list[CheckResult]:
     """Grade ``submissions`` (stub file name -> the student's file) on ``tasks``' graders.
 
     A crash or a timeout costs one task: that task's check that was running carries why,
     its later checks say they did not run, and the tasks after it are graded again in a
-    fresh process.
+    fresh process. ``hide`` and ``scratch_parent``: see :func:`_run_once`.
     """
     timeout = validate_timeout(timeout)
     if os.name == "nt":
@@ -440,7 +456,7 @@ def run_graders(
     by_task: dict[int, list[CheckResult]] = {}
     pending = list(tasks)
     while pending:
-        records, stopped = _run_once(pending, submissions, timeout, trusted)
+        records, stopped = _run_once(pending, submissions, timeout, trusted, hide, scratch_parent)
         running = _in_flight(records) if stopped is not None else None
         results = results_from_records(records, stopped, pending)
         task_of = {r["nodeid"]: r["task"] for r in records if r["event"] == "collected"}
