@@ -1,0 +1,178 @@
+"""Which engine for this model, batch and machine? A prediction for each, and the choice.
+
+    python -m dpkit.ddp.plan --model wide-mlp --hardware 8xA100-SXM-NVLink --batch 256
+    from dpkit.ddp.plan import plan
+    print(plan(model, sample, batch=256, devices=8, hardware="8xA100-SXM-NVLink"))
+
+Every number is **predicted**: DataParallel and DDP by :func:`dpkit.cost.predict` (the
+course's cost model: FLOPs, bytes, links, each device's memory by category); the others
+derived from DDP's prediction with the ZeRO paper's arithmetic (Rajbhandari et al. 2020),
+their assumptions stated in each row's ``how``:
+
+- **ZeRO-1** (``ZeroRedundancyOptimizer``): the optimizer state split over the ``n``
+  devices; the step DDP's plus an all-gather of the updated parameters (half a ring
+  all-reduce's time).
+- **FSDP** (``fully_shard``, ZeRO-3): parameters, gradients and state split over the ``n``
+  devices, plus the largest layer gathered whole while it runs; no buckets; the step DDP's
+  plus one more all-gather of the parameters (its traffic is 1.5 times DDP's), overlap
+  not modelled.
+- **pipeline** (GPipe, ``m = 4n`` micro-batches): each device a ``1/n`` slice of the
+  layers with its parameters, gradients and state, and ``1/n`` of the activations; the
+  step ``m + n - 1`` times one micro-batch's step on one device over ``n`` stages (the
+  bubble included); the sends between stages left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+import dpkit.cost as cost
+from dpkit.ddp.compare import Table
+
+STRATEGIES = ("DataParallel", "DDP", "ZeRO-1", "FSDP", "pipeline")
+PREFERENCE = ("DDP", "ZeRO-1", "FSDP", "pipeline", "DataParallel")  # simplest first
+SWITCH = 2.0  # how much faster a predicted step must be to leave the simplest engine
+SHARED = ("parameters", "gradients", "optimizer")  # what sharding divides
+
+
+def _largest_layer_bytes(model: nn.Module) -> int:
+    return max(
+        (sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+         for m in model.modules()),
+        default=0,
+    )  # fmt: skip
+
+
+def plan(
+    model: nn.Module,
+    sample: Any,
+    batch: int,
+    devices: int,
+    hardware: cost.Hardware | str,
+    optimizer: str = "adam",
+) -> Table:
+    """One row per strategy: predicted bytes on the fullest device, whether that fits the
+    hardware's memory, the predicted step time (ms), and how the numbers were made."""
+    machine = cost.preset(hardware) if isinstance(hardware, str) else hardware
+    n = devices
+    one_node = n <= machine.devices_per_node  # DataParallel: one process, one machine
+    if one_node:
+        dp = cost.predict(model, sample, batch, n, machine, strategy="dp", optimizer=optimizer)
+    ddp = cost.predict(model, sample, batch, n, machine, strategy="ddp", optimizer=optimizer)
+    one = cost.predict(model, sample, batch, 1, machine, strategy="ddp", optimizer=optimizer)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    gather = cost.allreduce(parameter_bytes, n, machine) / 2  # a ring all-gather: half
+    held = ddp.held[0]
+    zero1 = dict(held, optimizer=held.get("optimizer", 0) // n)
+    fsdp = {k: (v // n if k in SHARED else v) for k, v in held.items() if k != "buckets"}
+    fsdp["gathered layer"] = _largest_layer_bytes(model)
+    single = one.held[0]
+    stage = {k: (v // n if k in (*SHARED, "activations") else v) for k, v in single.items()}
+    stage.pop("buckets", None)
+    micro = max(1, min(4 * n, batch))
+    # a micro-batch's step on one device, over n stages, m + n - 1 times (GPipe's schedule):
+    # small micro-batches run matrix products less efficiently, which the cost model sees
+    one_micro = cost.predict(
+        model, sample, max(1, batch // micro), 1, machine, strategy="ddp", optimizer=optimizer
+    )
+    rows = [
+        ("DataParallel", max(dp.memory_per_device), dp.step_time, "dpkit.cost.predict, 'dp'")
+        if one_node
+        else ("DataParallel", 0, math.inf, f"one machine only ({machine.devices_per_node})"),
+        ("DDP", max(ddp.memory_per_device), ddp.step_time, "dpkit.cost.predict, 'ddp'"),
+        ("ZeRO-1", sum(zero1.values()), ddp.step_time + gather,
+         "DDP, state / n; + an all-gather"),
+        ("FSDP", sum(fsdp.values()), ddp.step_time + gather,
+         "DDP, all / n + a layer; + an all-gather"),
+        ("pipeline", sum(stage.values()), one_micro.step_time / n * (micro + n - 1),
+         f"a micro-batch's step / n x (m + n - 1), m={micro}; sends left out"),
+    ]  # fmt: skip
+    table = Table()
+    for strategy, nbytes, seconds, how in rows:
+        table.append(
+            {
+                "strategy": strategy,
+                "predicted bytes/device": int(nbytes),
+                "fits": nbytes <= machine.memory_capacity and math.isfinite(seconds),
+                "predicted step ms": seconds * 1e3,
+                "how": how,
+            }
+        )
+    return table
+
+
+def choose(rows: Table, memory_capacity: float) -> str:
+    """The choice among ``rows`` (from :func:`plan`) for devices of ``memory_capacity``
+    bytes, with its reasons: the simplest engine that fits (DDP, then ZeRO-1, FSDP, a
+    pipeline: each adds communication or a bubble), unless another that fits is predicted
+    at least :data:`SWITCH` times faster, enough to outweigh what the predictions leave out
+    (the pipeline's sends, FSDP's overlap)."""
+    fitting = [
+        r
+        for r in rows
+        if r["predicted bytes/device"] <= memory_capacity and math.isfinite(r["predicted step ms"])
+    ]
+    if not fitting:
+        smallest = min(rows, key=lambda r: r["predicted bytes/device"] or math.inf)
+        return (
+            f"nothing fits {memory_capacity / 2**30:.1f} GiB a device: the smallest is "
+            f"{smallest['strategy']} at {smallest['predicted bytes/device'] / 2**30:.1f} GiB; "
+            "add devices, shard further (FSDP with a pipeline), or shrink the batch "
+            "(activations) or the optimizer state"
+        )
+    simplest = min(fitting, key=lambda r: PREFERENCE.index(r["strategy"]))
+    fastest = min(fitting, key=lambda r: r["predicted step ms"])
+    gain = simplest["predicted step ms"] / fastest["predicted step ms"]
+    size = f"{simplest['predicted bytes/device'] / 2**30:.2f} of {memory_capacity / 2**30:.1f} GiB"
+    if fastest is not simplest and gain >= SWITCH:
+        reasons = (
+            f"{fastest['strategy']}: it fits and is predicted {gain:.1f}x faster than "
+            f"{simplest['strategy']}, the simplest engine that fits ({size} a device): more "
+            f"than the {SWITCH:g}x needed to outweigh what its prediction leaves out"
+        )
+    else:
+        reasons = f"{simplest['strategy']}: the simplest engine that fits ({size} a device)"
+        if fastest is not simplest:
+            reasons += (
+                f"; {fastest['strategy']} is predicted only {gain:.2f}x faster, less than "
+                f"the {SWITCH:g}x needed to outweigh what its prediction leaves out"
+            )
+    left_out = [r["strategy"] for r in rows if r not in fitting]
+    if left_out:
+        reasons += f"; {', '.join(left_out)}: would not fit, or cannot run here"
+    return reasons
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dpkit.ddp.plan",
+        description="Predict memory per device and step time of DataParallel, DDP, ZeRO-1, "
+        "FSDP and a pipeline split for a model, batch and machine, and pick one.",
+    )
+    parser.add_argument(
+        "--model", default="wide-mlp", help="mlp, cnn, transformer or wide-mlp (dpkit.cost)"
+    )
+    parser.add_argument("--hardware", default="8xA100-SXM-NVLink", help="a dpkit.cost preset")
+    parser.add_argument("--batch", type=int, default=256, help="global batch")
+    parser.add_argument("--devices", type=int, default=None, help="default: all of the preset's")
+    args = parser.parse_args(argv)
+    from dpkit.cost import models
+
+    model, sample = models.course_model(args.model), models.sample_input()
+    machine = cost.preset(args.hardware)
+    devices = args.devices or machine.devices_per_node * machine.nodes
+    rows = plan(model, sample, args.batch, devices, machine)
+    print(f"{args.model} on {devices} x {machine.device_name}, global batch {args.batch} "
+          "(every number predicted by dpkit.cost):")  # fmt: skip
+    print(rows)
+    print("choice: " + choose(rows, machine.memory_capacity))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""The plan (dpkit.ddp.plan): sharding predicts less memory per device than DDP, in the
+order ZeRO's arithmetic says, "fits" follows the machine's memory, and the choice is the
+fastest predicted strategy that fits, or says that none does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import dpkit.cost as cost
+from dpkit.cost import models
+from dpkit.ddp.plan import STRATEGIES, choose, plan
+
+MACHINE = cost.preset("8xA100-SXM-NVLink")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return plan(models.course_model("mlp"), models.sample_input(), 256, 8, MACHINE)
+
+
+def by_name(rows):
+    return {row["strategy"]: row for row in rows}
+
+
+def test_sharding_holds_less_than_ddp_in_zero_s_order(rows):
+    assert [row["strategy"] for row in rows] == list(STRATEGIES)
+    memory = {name: row["predicted bytes/device"] for name, row in by_name(rows).items()}
+    assert memory["FSDP"] < memory["ZeRO-1"] < memory["DDP"]
+    assert all(row["predicted step ms"] > 0 for row in rows)
+
+
+def test_fits_follows_the_memory_and_the_choice_is_the_fastest_that_fits(rows):
+    memory = {name: row["predicted bytes/device"] for name, row in by_name(rows).items()}
+    small = dataclasses.replace(MACHINE, memory_capacity=memory["ZeRO-1"])
+    tight = plan(models.course_model("mlp"), models.sample_input(), 256, 8, small)
+    fitting = {row["strategy"] for row in tight if row["fits"]}
+    assert fitting == {name for name, nbytes in memory.items() if nbytes <= memory["ZeRO-1"]}
+    assert "DDP" not in fitting and "ZeRO-1" in fitting
+    chosen = choose(tight, small.memory_capacity)
+    name = chosen.split(":")[0]
+    assert name in fitting  # ZeRO-1 is the simplest that fits; another only if 2x faster
+    steps = {r["strategy"]: r["predicted step ms"] for r in tight}
+    assert name == "ZeRO-1" or steps[name] * 2 <= steps["ZeRO-1"]
+    assert "DDP" in chosen.split("; ")[-1] and "would not fit" in chosen
+    assert choose(tight, 1).startswith("nothing fits")
