@@ -6,8 +6,10 @@ dpkit and the graders, the submission, an empty home; the reference solutions ar
 there), with a memory cap and a wall-clock limit, in a session of its own; when it ends,
 every process it started is killed. Its results count only when signed with a key the
 student's code never sees before it runs (:mod:`dpkit.grading.harness`), so results
-written to a file, an early ``os._exit(0)`` or a patched pytest score nothing. The threat
-model (students in a class, not an attacker with root) is in ``exercises/README.md``.
+written to a file, an early ``os._exit(0)`` or a patched pytest score nothing; an audit
+hook the student's code cannot remove refuses trace hooks, gc and ctypes
+(:mod:`dpkit.grading.warden`). The threat model (students in a class, not an attacker
+with root) is in ``docs/instructors.md``.
 
 Commands (offline, no GPU needed)::
 
@@ -15,6 +17,7 @@ Commands (offline, no GPU needed)::
     dpkit grade 1 --file my_task1.py            # another file
     dpkit grade --all                           # every task in exercises/
     dpkit grade --submissions class/ --csv grades.csv   # class/<student>/taskN_*.py
+    dpkit grade --submissions class/ --csv grades.csv --jobs 4 --feedback out/
 
 From a notebook cell: ``from dpkit.grading import grade_and_report; grade_and_report(1)``.
 
@@ -23,9 +26,12 @@ adding a task means adding its stub, its solution in ``solutions/``, its grader
 ``graders/test_taskN.py`` and its row in ``exercises/README.md`` (``tests/test_exercises.py``
 checks that all four are there), and nothing else.
 
-Files: ``layout`` (where the tasks are), ``sandbox`` (one run: copies, processes, the
-signed channel), ``harness`` (the grading process), ``rules`` (each task's forbidden calls),
-``checks`` (helpers for graders), ``results`` (report and CSV), ``command`` (the CLI).
+Files: ``layout`` (where the tasks and a class's files are), ``sandbox`` (one run: copies,
+processes, the signed channel, a fresh process after a crash), ``apart`` (a class's runs in
+namespaces), ``cleanup`` (removing a run's folder), ``harness`` (the grading process),
+``warden`` (its one-way audit hook), ``rules`` (each task's forbidden calls), ``checks``
+(helpers for graders), ``results`` (report, CSVs, feedback), ``similarity`` (copied code),
+``command`` (the CLI). The threat model is in ``docs/instructors.md``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,11 @@ pipe that is read and closed before any student code runs; the key lives on only
 HMAC object. A check passes when, and only when, this harness saw the check function return
 normally while it was the running check, and the code the graders rely on (pytest, pluggy,
 hypothesis, torch, dpkit, the graders, builtins) was unchanged when it finished. Results
-written anywhere else, an exit code, a patched pytest report: none of them count.
+written anywhere else, an exit code, a patched pytest report: none of them count. Before
+the first student file is imported, the comparison functions the graders call are fixed for
+the run (:func:`freeze_comparisons`) and the one-way audit hook is armed
+(:mod:`dpkit.grading.warden`); after every check, the snapshot is compared again, and in
+the check's own thread its torch function modes and hooks (:func:`thread_tampered`).
 
 Run as ``python -m dpkit.grading.harness KEY_FD RESULTS_FD MEMORY_BYTES -- PYTEST_ARGS``.
 """

@@ -224,7 +224,10 @@ def write_feedback(
     for student in dict.fromkeys(student for student, _ in rows):
         mine = [r for s, r in rows if s == student]
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in student).lstrip(".")
-        name = f"{safe or 'student'}.txt"
+        name, count = f"{safe or 'student'}.txt", 1
+        while name in written:  # two names that differ only in unsafe characters
+            count += 1
+            name = f"{safe or 'student'}-{count}.txt"
         with open(os.path.join(folder, name), "w", encoding="utf-8") as file:
             file.write(f"Grading report for {clean_text(student)}\n\n{report(mine)}\n")
         written.append(name)

@@ -1,0 +1,133 @@
+"""A class as it arrives and the reports an instructor uses (issue 33), without grading.
+
+Where each student's files are found (the LMS layouts), the summary CSV and its weights,
+feedback files, the similarity warning and the clean-up of deep folders: all of them plain
+functions, tested here in a second or two. Grading itself is in test_grading_attacks.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+
+from dpkit import grading
+from dpkit.grading.cleanup import remove_tree
+from dpkit.grading.layout import NotTaken
+from dpkit.grading.similarity import normalised, similar_pairs
+
+EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
+NAMES = grading.task_files(EXERCISES)
+
+
+def write(path: Path, text: str = "x = 1\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_files_are_found_in_every_layout_with_a_warning_when_unusual(tmp_path):
+    write(tmp_path / "ada" / NAMES[1])  # where it belongs
+    write(tmp_path / "bo" / "hw3" / "upload" / NAMES[1])  # a zip unpacked one level down
+    write(tmp_path / "cy" / "task1_mine.py")  # renamed
+    write(tmp_path / "dee_12_assignsubmission_file_task1_scatter.py")  # a flat download
+    write(tmp_path / "eve-task2.py")
+    found = grading.find_students(tmp_path, NAMES)
+    files = found.students
+    assert sorted(files) == ["ada", "bo", "cy", "dee_12_assignsubmission_file", "eve"]
+    assert files["ada"][NAMES[1]] == tmp_path / "ada" / NAMES[1]
+    assert files["bo"][NAMES[1]] == tmp_path / "bo" / "hw3" / "upload" / NAMES[1]
+    assert files["cy"][NAMES[1]].name == "task1_mine.py"
+    assert files["dee_12_assignsubmission_file"][NAMES[1]].name.endswith(NAMES[1])
+    assert list(files["eve"]) == [NAMES[2]]
+    warned = " ".join(found.warnings)
+    assert "bo: graded bo/hw3/upload/task1_scatter.py" in warned
+    assert "cy: graded cy/task1_mine.py" in warned
+    assert "ada" not in warned
+
+
+def test_two_candidates_are_an_error_and_links_are_not_followed(tmp_path):
+    write(tmp_path / "ada" / "a" / NAMES[1])
+    write(tmp_path / "ada" / "b" / NAMES[1])
+    write(tmp_path / "real" / NAMES[1])
+    os.symlink(tmp_path / "real", tmp_path / "linked")
+    found = grading.find_students(tmp_path, NAMES)
+    why = found.students["ada"][NAMES[1]]
+    assert isinstance(why, NotTaken) and "two or more files could be" in why
+    assert all(isinstance(v, NotTaken) for v in found.students["linked"].values())
+    assert "symbolic link" in found.students["linked"][NAMES[1]]
+
+
+def rows_of(*results: tuple[str, int, bool]) -> list[tuple[str, grading.CheckResult]]:
+    return [(s, grading.CheckResult(t, f"check {i}", p)) for i, (s, t, p) in enumerate(results)]
+
+
+def test_the_summary_weights_each_task_by_the_share_of_its_checks(tmp_path):
+    rows = rows_of(
+        ("ada", 1, True), ("ada", 1, False), ("ada", 2, True),
+        ("bo", 1, False), ("bo", 1, False), ("bo", 2, True),
+    )  # fmt: skip
+    weights_file = tmp_path / "weights.toml"
+    weights_file.write_text("[weights]\n1 = 20\n")
+    weights = grading.read_weights(weights_file)
+    out = tmp_path / "summary.csv"
+    grading.write_summary(rows, out, weights)
+    table = list(csv.reader(out.open()))
+    assert table == [
+        ["student", "task1", "task2", "total", "out_of"],
+        ["ada", "10.0", "10.0", "20.0", "30.0"],  # half of task 1's 20, all of task 2's 10
+        ["bo", "0.0", "10.0", "10.0", "30.0"],
+    ]
+    (tmp_path / "bad.toml").write_text("[weights]\none = 3\n")
+    with pytest.raises(ValueError, match="TASK = POINTS"):
+        grading.read_weights(tmp_path / "bad.toml")
+
+
+def test_feedback_is_one_report_per_student_with_a_safe_file_name(tmp_path):
+    rows = rows_of(("ada", 1, True), ("../../etc/x", 1, False), ("_../etc/x", 1, False))
+    written = grading.write_feedback(rows, tmp_path / "feedback")
+    assert sorted(written) == ["_.._etc_x-2.txt", "_.._etc_x.txt", "ada.txt"]
+    assert sorted(os.listdir(tmp_path / "feedback")) == sorted(written)
+    assert "1/1 checks passed" in (tmp_path / "feedback" / "ada.txt").read_text()
+
+
+def test_similar_code_is_found_through_renames_comments_and_layout():
+    stub = (EXERCISES / NAMES[1]).read_text()
+    solution = (EXERCISES / "solutions" / NAMES[1]).read_text()
+    renamed = solution.replace("pieces", "parts").replace("sizes", "plan")
+    renamed = renamed.replace("    return tuple(", "    # my own comment\n\n    return tuple(")
+    other = solution.replace("return []", "return list()")
+    files = {"ada": {1: solution}, "bo": {1: renamed}, "cy": {1: stub}, "dee": {1: other}}
+    pairs = {(p.first, p.second): p.ratio for p in similar_pairs(files, {1: stub})}
+    assert pairs[("ada", "bo")] == 1.0
+    assert 0.9 <= pairs[("ada", "dee")] < 1.0
+    assert not any("cy" in pair for pair in pairs), "an untouched stub is nobody's copy"
+    assert normalised("x = 1  # c\n") == normalised('"""doc"""\ny = 1\n')
+
+
+def test_a_folder_1500_levels_deep_is_removed(tmp_path):
+    here = os.open(tmp_path, os.O_RDONLY)
+    top = here
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=here)
+        below = os.open("d", os.O_RDONLY, dir_fd=here)
+        if here != top:
+            os.close(here)
+        here = below
+    os.symlink("/etc", "link", dir_fd=here)  # removed as a link, never followed
+    os.chmod(here, 0o500)  # a folder made read-only
+    os.close(here)
+    os.close(top)
+    assert remove_tree(tmp_path / "d") is None
+    assert not (tmp_path / "d").exists() and Path("/etc").is_dir()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_jobs_must_be_a_whole_number_from_1(value, capsys):
+    from dpkit.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["grade", "--submissions", ".", "--csv", "g.csv", "--jobs", value])
+    assert exit_.value.code == 2 and "--jobs" in capsys.readouterr().err
