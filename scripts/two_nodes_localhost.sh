@@ -28,6 +28,11 @@ port="${PORT:-$("$PYTHON" -c 'from dpkit.ddp import free_port; print(free_port()
 limit="${LIMIT_S:-180}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # dpkit from this checkout
+# The ranks' own gloo connections on the loopback interface only (torchrun's rendezvous
+# store, torch's TCPStore, listens on every interface: torch has no bind address for it).
+if [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
+  if [ -d /sys/class/net/lo ]; then export GLOO_SOCKET_IFNAME=lo; fi
+fi
 
 launch() {  # launch NODE_RANK: one node's torchrun, its output in OUT/nodeNODE_RANK.log
   timeout --kill-after=10 "$limit" "${torchrun[@]}" \

@@ -22,6 +22,12 @@ From the shell::
     dpkit ddp --nproc 2 --batch 64 --model mlp --bucket-mb 25 --out runs/ddp
     torchrun --nproc_per_node=2 -m dpkit.ddp.train --out runs/ddp     # as clusters launch
     bash scripts/two_nodes_localhost.sh runs/two_nodes                # two nodes, one machine
+    torchrun --nproc_per_node=4 examples/ddp_recipe.py    # the migration recipe (notebook 09)
+    python -m dpkit.ddp.plan --model wide-mlp --hardware 2x8xA100-10GbE --batch 512
+
+Safe by default: the ranks of ``run_ddp`` and the comparisons meet through a file, and
+their own connections stay on the loopback interface; nothing a run started outlives it
+(docs/ddp_clusters.md, also for torchrun's store, which listens on every interface).
 
 =================  ==================================================================
 ``workload``       what every rank trains: model, data, optimizer, step (importable)
@@ -37,6 +43,8 @@ From the shell::
 ``train``          the script ``torchrun`` starts, one per rank
 ``nodes``          several "nodes" on this machine: a ``torchrun`` per node, on 127.0.0.1
 ``script``         a script's ``main`` on N ranks from the fork server, as torchrun runs it
+``sharding``       ZeRO-1 and FSDP beside DDP: each rank's bytes measured and predicted
+``plan``           which engine for a model, batch and machine: predicted, and the choice
 =================  ==================================================================
 """
 
