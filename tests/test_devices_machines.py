@@ -44,7 +44,7 @@ class FakeDeviceModule:
     def device_count(self) -> int:
         return self.count
 
-    def Stream(self, device: torch.device) -> FakeStream:  # noqa: N802 (torch's name)
+    def Stream(self, device: torch.device, priority: int = 0) -> FakeStream:  # noqa: N802
         self.stream_devices.append(device)
         self.taken += 1
         return FakeStream(device, self.taken % self.pool_size)
@@ -387,12 +387,12 @@ def test_two_threads_asking_first_get_the_same_lane_stream(machine):
     inside, second_started = threading.Event(), threading.Event()
     make_stream = module.Stream
 
-    def slow_first_stream(device):
+    def slow_first_stream(device, priority=0):
         if not inside.is_set():
             inside.set()
             second_started.wait(5)
             time.sleep(0.2)  # the second thread is past its first look by now, at the lock
-        return make_stream(device)
+        return make_stream(device, priority)
 
     module.Stream = slow_first_stream
     lane = dpkit.virtual_devices(2)[1]

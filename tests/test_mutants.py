@@ -980,7 +980,7 @@ class _FakeCudaModule:
     def __init__(self, pool_size):
         self.pool_size, self.made = pool_size, []
 
-    def Stream(self, gpu):  # noqa: N802 - torch's name
+    def Stream(self, gpu, priority=0):  # noqa: N802 - torch's name (a pool per priority)
         stream = _FakeStream(len(self.made) % self.pool_size, gpu)
         self.made.append(stream)
         return stream
@@ -1011,8 +1011,8 @@ def test_lane_streams_that_the_pool_cannot_keep_apart_are_refused_after_three_tr
     assert len(fake.made) == 3 * devices_module.MAX_GPU_LANES
     assert all(s.gpu == torch.device("cuda", 0) for s in fake.made)
     assert str(error.value) == (
-        "could not get 32 distinct CUDA streams on cuda:0 from torch's pool (another thread "
-        "takes streams at the same time); create dpkit's lanes first"
+        "could not get 32 distinct CUDA streams of priority -1 on cuda:0 from torch's pool "
+        "(another thread takes streams at the same time); create dpkit's lanes first"
     )
 
 

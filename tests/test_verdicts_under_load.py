@@ -46,10 +46,13 @@ def _nbval(folder: Path, under_load: bool) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("source", [CONTRADICTION, UNCHECKED], ids=["contradicted", "unchecked"])
-def test_nbval_fails_a_cell_whose_verdict_its_numbers_contradict(tmp_path, source):
+def test_nbval_fails_a_cell_whose_verdict_its_numbers_contradict(tmp_path):
+    """One nbval run, under load, of a measuring notebook's name holding a contradicted
+    verdict (cell 1) and an outcome stated outside the form (cell 2): both cells fail, and
+    the notebook's last cell for printing fewer verdicts than it should."""
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(source)]
+    notebook.cells = [nbformat.v4.new_code_cell(source)
+                      for source in ("x = 1", CONTRADICTION, UNCHECKED)]  # fmt: skip
     for cell in notebook.cells:
         cell.metadata["tags"] = ["nbval-ignore-output"]  # the checker, not the comparison
     nbformat.write(notebook, tmp_path / "08_pitfalls.ipynb")  # a measuring notebook's name
@@ -57,8 +60,10 @@ def test_nbval_fails_a_cell_whose_verdict_its_numbers_contradict(tmp_path, sourc
     result = _nbval(tmp_path, under_load=True)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED 08_pitfalls.ipynb::Cell 1" in result.stdout
-    assert "contradicting its own numbers" in result.stdout
-    assert "fewer than its 2" in result.stdout  # and it printed too few verdicts
+    assert "FAILED 08_pitfalls.ipynb::Cell 2" in result.stdout
+    assert "says 'faster' but 0.90-1.60x means too noisy" in result.stdout
+    assert "states an unchecked outcome: 4 lanes were faster" in result.stdout
+    assert "fewer than its 2" in result.stdout  # it printed one verdict of the two
 
 
 @pytest.mark.parametrize("name", list(MEASURING))
