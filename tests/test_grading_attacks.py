@@ -333,7 +333,7 @@ def test_a_submission_cannot_find_the_class_folder(apart):
     by, output = apart
     results = by[("snoop", 1)]
     assert len(results) == 8 and all(r["result"] == "pass" for r in results), report(results)
-    assert "[4] " in output, output  # a line per student as each finishes
+    assert "[4/4] " in output, output  # a line per student as each finishes
 
 
 def test_a_run_sees_no_other_run_process_or_network(apart):

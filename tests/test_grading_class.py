@@ -131,3 +131,37 @@ def test_jobs_must_be_a_whole_number_from_1(value, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["grade", "--submissions", ".", "--csv", "g.csv", "--jobs", value])
     assert exit_.value.code == 2 and "--jobs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_class_at_once_and_writes_the_csv(tmp_path):
+    """Ctrl-C while students are graded in parallel: every run stops within seconds (not
+    when its time limit ends), the CSVs are written, the exit code is 130 (about 8 s)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for student in ("ada", "bo"):
+        write(tmp_path / "class" / student / NAMES[1], "import time\ntime.sleep(600)\n")
+    restore = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['dpkit', *sys.argv[1:]]; runpy.run_module('dpkit', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", restore, "grade", "--submissions", str(tmp_path / "class")]
+    command += ["--csv", str(tmp_path / "g.csv"), "--tasks", "1", "--jobs", "2"]
+    cli = subprocess.Popen(
+        command,
+        cwd=EXERCISES.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)  # both runs started (the import hangs for 10 s, the task for 60)
+    cli.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 130, (out, err)
+    assert time.monotonic() - sent < 5, "Ctrl-C waited for the runs in flight"
+    assert (tmp_path / "g.csv").exists() and (tmp_path / "g-summary.csv").exists()
+    assert "interrupted" in err

@@ -74,6 +74,8 @@ def _grade_class(args: argparse.Namespace) -> int:
     weights = grading.read_weights(args.weights)
     done: list[tuple[str, list[grading.CheckResult]]] = []
     start = time.monotonic()
+    names = grading.task_files(grading.find_exercises())
+    total = len(grading.find_students(Path(args.submissions), names).students)
 
     def finished(student: str, results: list[grading.CheckResult]) -> None:
         done.append((student, results))
@@ -81,7 +83,7 @@ def _grade_class(args: argparse.Namespace) -> int:
         stopped = sorted({r.task for r in results if r.hint.startswith(("crashed", "timed out"))})
         note = f" (crashed or timed out in task {', '.join(map(str, stopped))})" if stopped else ""
         print(
-            f"[{len(done)}] {name}: {sum(r.passed for r in results)}/{len(results)} checks "
+            f"[{len(done)}/{total}] {name}: {sum(r.passed for r in results)}/{len(results)} checks "
             f"passed{note} ({time.monotonic() - start:.0f} s)",
             flush=True,
         )
