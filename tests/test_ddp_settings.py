@@ -38,3 +38,26 @@ def test_an_unused_parameter_needs_find_unused_parameters():
         with_unused, batch=16, steps=2, ddp_options={"find_unused_parameters": True}, timeout=60
     )
     assert len(result.step_times) == 2
+
+
+@pytest.mark.parametrize("compression, tolerance", [("bf16", 2**-7), ("fp16", 2**-10)])
+def test_compressed_buckets_send_half_the_bytes_and_round(compression, tolerance):
+    # torch's bf16/fp16_compress_hook: the bucket travels in a 2-byte type. Relative to the
+    # largest gradient, the rounding stays within a few units of that type's last place, and
+    # is far above float32's (which the uncompressed all-reduce keeps: test_ddp.py)
+    result = ddp.run_ddp(
+        "mlp", batch=16, steps=1, keep_gradients=True, compression=compression, timeout=60
+    )
+    sent = result.allreduce_bytes_per_step()
+    assert set(sent.values()) == {result.parameter_bytes // 2}
+    expected = ddp.single_process_gradients("mlp", 16)
+    errors = [
+        abs(result.gradients[0][name] - gradient).max() / abs(gradient).max()
+        for name, gradient in expected.items()
+    ]
+    assert 1e-6 < max(errors) <= 4 * tolerance
+
+
+def test_an_unknown_compression_is_refused():
+    with pytest.raises(ValueError, match="compression must be None, 'bf16' or 'fp16'"):
+        ddp.run_ddp("mlp", compression="int8")

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from dpkit.ddp.record import RankRecorder
 
 ALLREDUCE = Phase.ALLREDUCE.value
+# Gradient compression: None, or the 2-byte type the bucket travels in (as torch's
+# default_hooks.bf16_compress_hook and fp16_compress_hook do).
+COMPRESSIONS = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def recorded_allreduce(
@@ -51,13 +54,20 @@ def recorded_allreduce(
     """DDP's own all-reduce of one bucket (the mean over ranks), timed into ``recorder``."""
     start = recorder.clock.mark()
     tensor = bucket.buffer()
-    nbytes = tensor.numel() * tensor.element_size()
+    bucket_bytes = tensor.numel() * tensor.element_size()
+    compression = COMPRESSIONS[recorder.compression]
+    # What travels: the bucket itself, or (torch's bf16/fp16_compress_hook) a copy cast to a
+    # 2-byte type, all-reduced, then cast back into the bucket: half the bytes, rounded.
+    sent = tensor if compression is None else tensor.to(compression)
+    nbytes = sent.numel() * sent.element_size()
     details = {
         "bucket": bucket.index(),
         "parameters": recorder.names_of(bucket.parameters()),
         "last_bucket": bucket.is_last(),
         "ring_sent_bytes": ring_bytes_sent(nbytes, recorder.nproc),
     }
+    if compression is not None:
+        details["compression"] = recorder.compression
     step = recorder.step
     # DDP's buckets are a second copy of the gradients, unless gradient_as_bucket_view made
     # the gradients views into them: only the bytes no gradient shares count as buckets.
@@ -67,15 +77,18 @@ def recorded_allreduce(
         for p in bucket.parameters()
         if p.grad is not None and p.grad.untyped_storage().data_ptr() == storage
     )
-    recorder.bucket_bytes[step] = recorder.bucket_bytes.get(step, 0) + nbytes - shared
+    recorder.bucket_bytes[step] = recorder.bucket_bytes.get(step, 0) + bucket_bytes - shared
     # Divide first, as torch's allreduce_hook does, so that large sums cannot overflow (fp16).
-    tensor.div_(recorder.nproc)
-    future = dist.all_reduce(tensor, async_op=True).get_future()
+    sent.div_(recorder.nproc)
+    future = dist.all_reduce(sent, async_op=True).get_future()
 
     def done(finished: torch.futures.Future) -> torch.Tensor:
         # Runs when the all-reduce has finished (on gloo, in its own thread; on CUDA with
         # the collective's stream current, so the clock's CUDA event marks its end).
+        result = finished.value()[0]
+        if compression is not None:
+            result = tensor.copy_(result)  # back into the bucket, in its own type
         recorder.add(ALLREDUCE, start, recorder.clock.mark(), nbytes, step, details)
-        return finished.value()[0]
+        return result
 
     return future.then(done)

@@ -96,8 +96,12 @@ class RankClock:
 class RankRecorder:
     """Records one rank's DDP training from DDP's and autograd's hooks (see the module doc)."""
 
-    def __init__(self, rank: int, nproc: int, device: torch.device, where: process.Progress):
+    def __init__(
+        self, rank: int, nproc: int, device: torch.device, where: process.Progress,
+        compression: str | None = None,
+    ):  # fmt: skip
         self.rank, self.nproc, self.where = rank, nproc, where
+        self.compression = compression  # None, "bf16" or "fp16" (dpkit.ddp.hook)
         self.clock = RankClock(device)
         self.step = 0
         self.events: list[tuple[str, Any, Any, int, int, dict[str, Any]]] = []

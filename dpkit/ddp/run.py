@@ -129,6 +129,7 @@ def make_plan(
     keep_gradients: bool = False,
     blocks: int = 1,
     ddp_options: dict[str, Any] | None = None,
+    compression: str | None = None,
 ) -> Plan:
     """Every argument checked (a clear error naming it), into a :class:`Plan` for the ranks."""
     workload = as_workload(workload)
@@ -145,6 +146,8 @@ def make_plan(
         )
     bucket_caps = [checks.check_bucket_cap(cap) for cap in bucket_caps]
     timeout = checks.check_timeout(timeout)
+    if compression not in (None, "bf16", "fp16"):
+        raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
     backend = checks.choose_backend(backend, nproc)
     port = None if port is None else checks.check_port(port)
     return Plan(
@@ -158,6 +161,7 @@ def make_plan(
         timeout=timeout + 30,
         bucket_caps=tuple(bucket_caps),
         ddp_options=tuple(sorted((ddp_options or {}).items())),
+        compression=compression,
         blocks=blocks,
         threads=threads,
         keep_gradients=keep_gradients,
@@ -197,6 +201,7 @@ def run_ddp(
     threads: int = 1,
     keep_gradients: bool = False,
     ddp_options: dict[str, Any] | None = None,
+    compression: str | None = None,
 ) -> DDPResult:
     """Train ``workload`` under DistributedDataParallel on ``nproc`` processes, traced.
 
@@ -213,12 +218,14 @@ def run_ddp(
     ``bucket_cap_mb=None``: torch's own default (25 MiB, and 1 MiB for the first bucket,
     which torch uses only when no cap is given). ``ddp_options``: more keyword arguments of
     ``DistributedDataParallel`` (``gradient_as_bucket_view``, ``static_graph``, ...).
+    ``compression``: ``"bf16"`` or ``"fp16"``: the buckets travel in that 2-byte type, as
+    under torch's ``bf16_compress_hook`` / ``fp16_compress_hook`` (half the bytes, rounded).
 
     Returns a :class:`DDPResult` whose ``trace`` holds every rank's events.
     """
     plan = make_plan(
         workload, nproc, batch, steps, [bucket_cap_mb], backend, timeout, port, threads,
-        keep_gradients, ddp_options=ddp_options,
+        keep_gradients, ddp_options=ddp_options, compression=compression,
     )  # fmt: skip
     per_rank, pids = launch_plan(plan, timeout)
     return result_of([runs[0] for runs in per_rank], plan, pids)
