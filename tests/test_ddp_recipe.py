@@ -65,3 +65,10 @@ def test_accumulation_under_no_sync_equals_the_large_batch(one_process, tmp_path
     allreduces = Counter(e["args"]["step"] for e in rank0 if e["name"] == "allreduce")
     assert set(forwards.values()) == {2}  # two micro-batches per step...
     assert set(allreduces.values()) == {1}  # ...and one all-reduce: the model is one bucket
+
+
+def test_run_main_refuses_a_main_the_ranks_cannot_import():
+    with pytest.raises(ValueError, match="main=.*lambda.*define it in a .py file"):
+        run_main(lambda argv: 0, [], nproc=2)
+    with pytest.raises(ValueError, match="nodes must divide nproc=3"):
+        run_main(ddp_recipe.main, [], nproc=3, nodes=2)

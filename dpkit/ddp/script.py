@@ -58,7 +58,10 @@ def run_main(
     timeout = checks.check_timeout(timeout)
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or nproc % nodes:
         raise ValueError(f"nodes must divide nproc={nproc} evenly, got {nodes!r}")
-    workload.check_importable(workload.Workload(model=main, data=main, optimizer=main, step=main))
+    try:  # the same rule as a workload's functions: the ranks import it by name
+        workload.check_importable(workload.Workload(model=main))
+    except ValueError as error:
+        raise ValueError(str(error).replace("workload.model", "main", 1)) from None
     folder = tempfile.mkdtemp(prefix="dpkit-script-")
     store = "file://" + os.path.join(folder, "store")
     argv = [store if item == "{store}" else item for item in argv]
