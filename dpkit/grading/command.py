@@ -75,7 +75,8 @@ def _grade_class(args: argparse.Namespace) -> int:
     done: list[tuple[str, list[grading.CheckResult]]] = []
     start = time.monotonic()
     names = grading.task_files(grading.find_exercises())
-    total = len(grading.find_students(Path(args.submissions), names).students)
+    folder = Path(args.submissions)
+    total = len(grading.find_students(folder, names).students) if folder.is_dir() else 0
 
     def finished(student: str, results: list[grading.CheckResult]) -> None:
         done.append((student, results))
