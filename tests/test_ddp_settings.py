@@ -61,3 +61,15 @@ def test_compressed_buckets_send_half_the_bytes_and_round(compression, tolerance
 def test_an_unknown_compression_is_refused():
     with pytest.raises(ValueError, match="compression must be None, 'bf16' or 'fp16'"):
         ddp.run_ddp("mlp", compression="int8")
+
+
+def test_an_emulated_link_holds_each_all_reduce_for_its_ring_s_bytes():
+    link = 62.5e6  # 0.5 Gb/s: the demo MLP's one bucket takes 15 ms, loopback far less
+    result = ddp.run_ddp("mlp", batch=16, steps=2, emulated_link=link, timeout=60)
+    allreduces = [e for e in result.trace.events if e.phase == "allreduce"]
+    assert allreduces
+    for event in allreduces:
+        assert event.details["emulated_link_bytes_per_s"] == link  # labelled as emulated
+        assert event.duration >= event.details["ring_sent_bytes"] / link - 1e-3
+    with pytest.raises(ValueError, match="emulated_link=0"):
+        ddp.run_ddp("mlp", emulated_link=0)

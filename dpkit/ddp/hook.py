@@ -31,6 +31,7 @@ No ``from __future__ import annotations`` here: DDP checks the hook's annotation
 annotations would fail that check.
 """
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -88,7 +89,24 @@ def recorded_allreduce(
         result = finished.value()[0]
         if compression is not None:
             result = tensor.copy_(result)  # back into the bucket, in its own type
+        if recorder.emulated_link is not None:
+            hold_for_the_emulated_link(recorder, start, details)
         recorder.add(ALLREDUCE, start, recorder.clock.mark(), nbytes, step, details)
         return result
 
     return future.then(done)
+
+
+def hold_for_the_emulated_link(recorder: "RankRecorder", start: float, details: dict) -> None:
+    """An emulation, labelled as such: the bucket's all-reduce ends no earlier than if the
+    ring's bytes (``2 (n - 1) / n`` of the bucket, sent by each rank) had crossed a link of
+    ``recorder.emulated_link`` bytes/s, one bucket after another (a link carries one
+    message at a time), instead of this machine's loopback. Holds the all-reduce's future
+    (gloo's thread sleeps), so DDP waits for it as for a slow network. CPU ranks only."""
+    wire = details["ring_sent_bytes"] / recorder.emulated_link
+    begins = max(start, recorder.link_free_at)
+    recorder.link_free_at = begins + wire
+    lag = recorder.link_free_at - time.perf_counter()
+    if lag > 0:
+        time.sleep(lag)
+    details["emulated_link_bytes_per_s"] = recorder.emulated_link

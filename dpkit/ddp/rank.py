@@ -46,6 +46,7 @@ class Plan:
     bucket_caps: tuple[float | None, ...] = (25.0,)  # one DDP run after another, a model each
     ddp_options: tuple[tuple[str, Any], ...] = ()  # more DistributedDataParallel arguments
     compression: str | None = None  # the buckets travel as "bf16" or "fp16" (dpkit.ddp.hook)
+    emulated_link: float | None = None  # bytes/s: all-reduces held as if over such a link
     blocks: int = 1  # >1: each block of steps waits for the parent's go (interleaved timing)
     threads: int = 1  # torch intra-op threads per rank
     keep_gradients: bool = False  # send step 1's gradients back
@@ -91,7 +92,7 @@ def train_run(
     where.at(process.WRAPPING, 0)
     torch.manual_seed(workload.seed)  # every rank, every run: the same first weights
     model = workload.model().to(device)
-    recorder = RankRecorder(rank, plan.nproc, device, where, plan.compression)
+    recorder = RankRecorder(rank, plan.nproc, device, where, plan.compression, plan.emulated_link)
     ddp = recorder.wrap(
         model,
         device_ids=[device] if cuda else None,

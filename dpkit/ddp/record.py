@@ -98,10 +98,12 @@ class RankRecorder:
 
     def __init__(
         self, rank: int, nproc: int, device: torch.device, where: process.Progress,
-        compression: str | None = None,
+        compression: str | None = None, emulated_link: float | None = None,
     ):  # fmt: skip
         self.rank, self.nproc, self.where = rank, nproc, where
         self.compression = compression  # None, "bf16" or "fp16" (dpkit.ddp.hook)
+        self.emulated_link = emulated_link  # bytes/s of an emulated link (dpkit.ddp.hook)
+        self.link_free_at = 0.0  # when that link has sent every bucket so far
         self.clock = RankClock(device)
         self.step = 0
         self.events: list[tuple[str, Any, Any, int, int, dict[str, Any]]] = []

@@ -130,6 +130,7 @@ def make_plan(
     blocks: int = 1,
     ddp_options: dict[str, Any] | None = None,
     compression: str | None = None,
+    emulated_link: float | None = None,
 ) -> Plan:
     """Every argument checked (a clear error naming it), into a :class:`Plan` for the ranks."""
     workload = as_workload(workload)
@@ -149,6 +150,14 @@ def make_plan(
     if compression not in (None, "bf16", "fp16"):
         raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
     backend = checks.choose_backend(backend, nproc)
+    if emulated_link is not None:
+        if isinstance(emulated_link, bool) or not isinstance(emulated_link, (int, float)):
+            raise ValueError(f"emulated_link must be bytes/s or None, got {emulated_link!r}")
+        if not (0 < emulated_link < float("inf")) or backend != "gloo":
+            raise ValueError(
+                f"emulated_link={emulated_link!r}: a finite number of bytes/s above 0, on "
+                "gloo ranks (the emulation holds CPU all-reduces)"
+            )
     port = None if port is None else checks.check_port(port)
     return Plan(
         workload=workload,
@@ -162,6 +171,7 @@ def make_plan(
         bucket_caps=tuple(bucket_caps),
         ddp_options=tuple(sorted((ddp_options or {}).items())),
         compression=compression,
+        emulated_link=emulated_link,
         blocks=blocks,
         threads=threads,
         keep_gradients=keep_gradients,
@@ -202,6 +212,7 @@ def run_ddp(
     keep_gradients: bool = False,
     ddp_options: dict[str, Any] | None = None,
     compression: str | None = None,
+    emulated_link: float | None = None,
 ) -> DDPResult:
     """Train ``workload`` under DistributedDataParallel on ``nproc`` processes, traced.
 
@@ -220,12 +231,16 @@ def run_ddp(
     ``DistributedDataParallel`` (``gradient_as_bucket_view``, ``static_graph``, ...).
     ``compression``: ``"bf16"`` or ``"fp16"``: the buckets travel in that 2-byte type, as
     under torch's ``bf16_compress_hook`` / ``fp16_compress_hook`` (half the bytes, rounded).
+    ``emulated_link``: bytes/s; an **emulation**: each all-reduce is held until its ring's
+    bytes could have crossed such a link, one bucket after another (:mod:`dpkit.ddp.hook`),
+    as between nodes on a network slower than this machine's loopback; the events say so.
 
     Returns a :class:`DDPResult` whose ``trace`` holds every rank's events.
     """
     plan = make_plan(
         workload, nproc, batch, steps, [bucket_cap_mb], backend, timeout, port, threads,
         keep_gradients, ddp_options=ddp_options, compression=compression,
+        emulated_link=emulated_link,
     )  # fmt: skip
     per_rank, pids = launch_plan(plan, timeout)
     return result_of([runs[0] for runs in per_rank], plan, pids)
