@@ -8,6 +8,8 @@ dpkit ddp                the same under torch's DistributedDataParallel, a proce
                          (--nproc N, --bucket-mb M; see dpkit.ddp)
 dpkit predict            the cost model: a step predicted on hardware you may not have
                          (see dpkit.cost)
+dpkit plan               which engine (DataParallel, DDP, ZeRO-1, FSDP, a pipeline) for a
+                         model, batch and machine: predicted memory and time (dpkit.ddp.plan)
 dpkit grade N            grade exercise N (see exercises/README.md)
 dpkit course DIR         write the notebooks and exercises into DIR (after a pip install)
 """
@@ -25,6 +27,7 @@ import torch
 from dpkit.cli_types import at_least_one
 from dpkit.cost.cli import add_predict_command
 from dpkit.ddp.command import add_ddp_command
+from dpkit.ddp.plan import add_plan_command
 from dpkit.ddp.workload import MODELS
 from dpkit.devices import accelerator_count, accelerator_type, describe_choice
 from dpkit.grading import add_grade_command
@@ -129,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_grade_command(commands)
     add_ddp_command(commands)
     add_predict_command(commands)
+    add_plan_command(commands)
     return parser
 
 

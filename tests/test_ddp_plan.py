@@ -45,3 +45,15 @@ def test_fits_follows_the_memory_and_the_choice_is_the_fastest_that_fits(rows):
     assert name == "ZeRO-1" or steps[name] * 2 <= steps["ZeRO-1"]
     assert "DDP" in chosen.split("; ")[-1] and "would not fit" in chosen
     assert choose(tight, 1).startswith("nothing fits")
+
+
+def test_dpkit_plan_prints_every_engine_and_the_choice(capsys):
+    from dpkit.cli import main
+
+    assert main(["plan", "--model", "mlp", "--hardware", "8xA100-SXM-NVLink", "--batch", "64"]) == 0
+    printed = capsys.readouterr().out
+    assert "every number predicted" in printed and "choice: " in printed
+    assert all(engine in printed for engine in STRATEGIES)
+    with pytest.raises(SystemExit) as refused:
+        main(["plan", "--batch", "0"])
+    assert refused.value.code == 2 and "--batch: must be at least 1" in capsys.readouterr().err

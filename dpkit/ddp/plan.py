@@ -148,19 +148,28 @@ def choose(rows: Table, memory_capacity: float) -> str:
     return reasons
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dpkit.ddp.plan",
-        description="Predict memory per device and step time of DataParallel, DDP, ZeRO-1, "
-        "FSDP and a pipeline split for a model, batch and machine, and pick one.",
-    )
-    parser.add_argument(
-        "--model", default="wide-mlp", help="mlp, cnn, transformer or wide-mlp (dpkit.cost)"
-    )
-    parser.add_argument("--hardware", default="8xA100-SXM-NVLink", help="a dpkit.cost preset")
-    parser.add_argument("--batch", type=int, default=256, help="global batch")
-    parser.add_argument("--devices", type=int, default=None, help="default: all of the preset's")
-    args = parser.parse_args(argv)
+DESCRIPTION = (
+    "Predict memory per device and step time of DataParallel, DDP, ZeRO-1, FSDP and a "
+    "pipeline split for a model, batch and machine, and pick one (every number predicted)."
+)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from dpkit.cli_types import at_least_one
+    from dpkit.cost import models
+
+    parser.add_argument("--model", default="wide-mlp", choices=models.MODEL_NAMES,
+                        help="a model of dpkit.cost.models")  # fmt: skip
+    parser.add_argument("--hardware", default="8xA100-SXM-NVLink", choices=cost.presets(),
+                        metavar="PRESET", help="a preset (dpkit predict --list)")  # fmt: skip
+    parser.add_argument("--batch", type=at_least_one, default=256, help="global batch")
+    parser.add_argument("--devices", type=at_least_one, default=None,
+                        help="default: all of the preset's")  # fmt: skip
+    parser.set_defaults(run=_run)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
     from dpkit.cost import models
 
     model, sample = models.course_model(args.model), models.sample_input()
@@ -172,6 +181,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(rows)
     print("choice: " + choose(rows, machine.memory_capacity))
     return 0
+
+
+def add_plan_command(commands: Any) -> None:
+    """``dpkit plan``: the subcommand of the dpkit command line."""
+    help = "which engine for a model, batch and machine (predicted memory and time)"
+    _arguments(commands.add_parser("plan", help=help, description=DESCRIPTION))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _arguments(argparse.ArgumentParser(prog="python -m dpkit.ddp.plan",
+                                                description=DESCRIPTION))  # fmt: skip
+    args = parser.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":
