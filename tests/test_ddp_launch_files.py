@@ -36,7 +36,8 @@ def test_the_slurm_script_starts_one_torchrun_per_node(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     # srun runs its command once per node (here: for nodes 0 and 1); torchrun prints its
     # arguments, one per line, after a line with the node's number
-    stand_in(tmp_path, "scontrol", 'printf "gpu-a\\ngpu-b\\n"\n')
+    # a long host list, longer than a pipe holds: `| head -n 1` would end in SIGPIPE (141)
+    stand_in(tmp_path, "scontrol", 'printf "gpu-a\\ngpu-b\\n"; seq 200000\n')
     stand_in(tmp_path, "srun", 'for n in 0 1; do SLURM_NODEID=$n "$@"; done\n')
     stand_in(tmp_path, "torchrun", 'echo "node $SLURM_NODEID"; printf "%s\\n" "$@"\n')
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_NNODES": "2",
