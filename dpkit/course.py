@@ -1,10 +1,11 @@
 """The course's files for a pip install: ``dpkit course DIR`` writes them where a learner works.
 
-A wheel of dpkit carries the notebooks and the exercises (stubs, graders, their README; never
-the solutions) as package data in ``dpkit/_course`` (``setup.py`` copies them there when the
-wheel is built), so ``pip install dpkit`` then ``dpkit course my-course`` and ``jupyter lab``
-in it give the whole course without git. From a checkout (an editable install) the files come
-from the checkout itself. ``dpkit grade N`` run inside the folder finds its ``exercises/``.
+A wheel of dpkit carries the notebooks, the exercises (stubs, graders, their README; never
+the solutions) and the examples notebook 09 runs as package data in ``dpkit/_course``
+(``setup.py`` copies them there when the wheel is built), so ``pip install dpkit`` then
+``dpkit course my-course`` and ``jupyter lab`` in it give the whole course without git. From
+a checkout (an editable install) the files come from the checkout itself. ``dpkit grade N``
+run inside the folder finds its ``exercises/``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 COURSE_FILES: dict[str, tuple[str, ...]] = {
     "notebooks": ("*.ipynb", "README.md", "GLOSSARY.md"),
     "exercises": ("README.md", "task*_*.py", "graders/*.py"),
+    "examples": ("*.py", "cluster/*"),  # the DDP recipe notebook 09 runs, and its launch files
 }
 PACKED = Path(__file__).resolve().parent / "_course"  # in a built wheel
 CHECKOUT = Path(__file__).resolve().parent.parent  # an editable install's repository

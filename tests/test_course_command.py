@@ -20,8 +20,8 @@ from dpkit.course import COURSE_FILES, course_files, write_course
 
 ROOT = Path(__file__).resolve().parent.parent
 # What a build reads from a checkout (the rest of the repository is not part of the package).
-BUILD_INPUTS = ("dpkit", "notebooks", "exercises", "pyproject.toml", "setup.py", "MANIFEST.in",
-                "README.md", "LICENSE")  # fmt: skip
+BUILD_INPUTS = ("dpkit", "notebooks", "exercises", "examples", "pyproject.toml", "setup.py",
+                "MANIFEST.in", "README.md", "LICENSE")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_the_wheel_carries_the_course_and_never_the_solutions(installed):
     packed = installed / "dpkit" / "_course"
     assert course_files(packed) == course_files(ROOT)
     names = {path.name for path in course_files(packed)}
-    assert {"00_start_here.ipynb", "task1_scatter.py", "test_task1.py"} <= names
+    assert {"00_start_here.ipynb", "task1_scatter.py", "test_task1.py", "ddp_recipe.py"} <= names
     assert not list(packed.rglob("solutions")), "the solutions must stay out of the wheel"
     assert set(COURSE_FILES) == {p.name for p in packed.iterdir()}
 

@@ -120,6 +120,11 @@ class LabServer:
             self.notebook_dir,
             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
         )
+        # and the scripts notebook 09 runs, beside the notebooks as in the repository
+        examples = source.parent / "examples"
+        if examples.is_dir():
+            shutil.copytree(examples, self.root / "examples",
+                            ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         self.port = free_port()
         self.token = secrets.token_hex(24)
         self.url = f"http://127.0.0.1:{self.port}"
