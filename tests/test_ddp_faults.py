@@ -19,6 +19,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from processes import alive
 
 from dpkit import ddp
 from dpkit.ddp import checks
@@ -112,19 +113,11 @@ def test_ranks_die_with_their_parent(tmp_path):
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in ranks)
+        assert not any(alive(pid) for pid in ranks)
     finally:
         parent.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------------------

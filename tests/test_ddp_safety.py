@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from processes import alive
 
 from dpkit import ddp
 
@@ -70,14 +71,6 @@ def with_step(step) -> ddp.Workload:
     return dataclasses.replace(ddp.named_workload("mlp"), step=step)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc")
 def test_ranks_listen_on_loopback_only_and_what_they_start_ends_with_the_run(tmp_path):
     step = functools.partial(report_listeners_and_start_a_sleep, str(tmp_path))
@@ -90,9 +83,9 @@ def test_ranks_listen_on_loopback_only_and_what_they_start_ends_with_the_run(tmp
         for address in report["listening"]:
             assert ipaddress.ip_address(address).is_loopback, report["listening"]
     deadline = time.monotonic() + 5
-    while any(_alive(r["sleep"]) for r in reports) and time.monotonic() < deadline:
+    while any(alive(r["sleep"]) for r in reports) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(r["sleep"]) for r in reports), "a rank's child outlived the run"
+    assert not any(alive(r["sleep"]) for r in reports), "a rank's child outlived the run"
 
 
 def test_a_rank_that_exits_with_status_0_mid_run_is_named():
