@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpkit.grading.layout import task_files
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "docs" / "templates" / "handout"
 SOLUTIONS = ROOT / "exercises" / "solutions"
@@ -69,10 +71,7 @@ def handed_out(files: list[Path]) -> list[Path]:
 def autograding(exercises: Path) -> dict:
     """GitHub Classroom's autograding tests: one per task, worth its points when every check
     of ``dpkit grade N`` passes (it exits 0 only then)."""
-    tasks = sorted(
-        (int(path.name[4 : path.name.index("_")]), path.name)
-        for path in exercises.glob("task*_*.py")
-    )
+    tasks = task_files(exercises).items()  # the grader's own reading of taskN_*.py
     return {
         "tests": [
             {

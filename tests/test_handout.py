@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import handout  # noqa: E402
 
+from dpkit.grading.layout import task_files  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
@@ -53,15 +55,13 @@ def test_no_solution_is_handed_out_in_any_file_or_in_the_history(out):
 
 
 def test_every_task_is_handed_out_with_its_grader_and_its_classroom_points(out):
-    tasks = sorted(p.name for p in (ROOT / "exercises").glob("task*_*.py"))
-    assert sorted(p.name for p in (out / "exercises").glob("task*_*.py")) == tasks
-    for name in tasks:
-        number = name[4 : name.index("_")]
+    tasks = task_files(ROOT / "exercises")
+    assert task_files(out / "exercises") == tasks
+    for number in tasks:
         assert (out / "exercises" / "graders" / f"test_task{number}.py").is_file()
     grading = json.loads((out / ".github" / "classroom" / "autograding.json").read_text())
-    assert [t["run"] for t in grading["tests"]] == [
-        f".venv/bin/dpkit grade {name[4 : name.index('_')]}" for name in tasks
-    ]
+    assert [t["run"] for t in grading["tests"]] == [f".venv/bin/dpkit grade {n}" for n in tasks]
+    assert {t["points"] for t in grading["tests"]} == {10}
 
 
 def test_a_planted_solution_is_refused(tmp_path, monkeypatch):

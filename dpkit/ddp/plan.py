@@ -121,14 +121,15 @@ def choose(rows: Table, memory_capacity: float) -> str:
         smallest = min(rows, key=lambda r: r["predicted bytes/device"] or math.inf)
         return (
             f"nothing fits {memory_capacity / 2**30:.1f} GiB a device: the smallest is "
-            f"{smallest['strategy']} at {smallest['predicted bytes/device'] / 2**30:.1f} GiB; "
+            f"{smallest['strategy']} at {smallest['predicted bytes/device'] / 2**30:.3g} GiB; "
             "add devices, shard further (FSDP with a pipeline), or shrink the batch "
             "(activations) or the optimizer state"
         )
     simplest = min(fitting, key=lambda r: PREFERENCE.index(r["strategy"]))
     fastest = min(fitting, key=lambda r: r["predicted step ms"])
     gain = simplest["predicted step ms"] / fastest["predicted step ms"]
-    size = f"{simplest['predicted bytes/device'] / 2**30:.2f} of {memory_capacity / 2**30:.1f} GiB"
+    # three significant digits: a small model's 5 MB is 0.00493 GiB, not "0.00"
+    size = f"{simplest['predicted bytes/device'] / 2**30:.3g} of {memory_capacity / 2**30:.1f} GiB"
     if fastest is not simplest and gain >= SWITCH:
         reasons = (
             f"{fastest['strategy']}: it fits and is predicted {gain:.1f}x faster than "
