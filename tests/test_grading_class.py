@@ -165,3 +165,27 @@ def test_ctrl_c_stops_a_class_at_once_and_writes_the_csv(tmp_path):
     assert time.monotonic() - sent < 5, "Ctrl-C waited for the runs in flight"
     assert (tmp_path / "g.csv").exists() and (tmp_path / "g-summary.csv").exists()
     assert "interrupted" in err
+
+
+def test_the_pipes_are_read_past_descriptor_1023():
+    """A grading process with over a thousand files open (an xdist worker had one in CI) got
+    pipes past 1023, which select() refuses: every student's grading failed with 'filedescriptor
+    out of range in select()'. The reader polls instead."""
+    import resource
+
+    from dpkit.grading.sandbox import _Reader
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("this machine allows fewer than 1,200 open files")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    results, output = os.pipe(), os.pipe()
+    try:
+        assert results[0] > 1023
+        os.write(results[1], b"signed results")
+        os.write(output[1], b"printed")
+        reader = _Reader(results[0], output[0])
+        assert reader.read(1.0)
+        assert bytes(reader.results) == b"signed results" and bytes(reader.output) == b"printed"
+    finally:
+        for fd in (*held, *results, *output):
+            os.close(fd)
