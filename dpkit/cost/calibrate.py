@@ -58,14 +58,16 @@ FLOOR = 1e-7  # no host term is fitted below 0.1 us
 Measured = tuple[nn.Module, torch.Tensor, int, int, dict[str, float]]
 
 
-def _fastest(work: Callable[[], Any], repeats: int) -> float:
+def _fastest(work: Callable[[], Any], repeats: int, on: Sequence[Device] = ()) -> float:
     """The fastest of ``repeats`` timed runs: on a machine shared with other work the
-    fastest run is the repeatable one (as Python's timeit documentation advises)."""
+    fastest run is the repeatable one (as Python's timeit documentation advises). On GPU
+    lanes (``on``) each reading waits for their GPU first (:func:`dpkit.host_clock.now`):
+    the time of the work, not of its launch."""
     best = math.inf
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = host_clock.now(on)
         work()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, host_clock.now(on) - start)
     return best
 
 
@@ -108,7 +110,7 @@ def measure_link(lanes: Sequence[Device], repeats: int, sizes: Sequence[int]) ->
         per_size[chunk] = statistics.median(fastest.values())
     small, large = min(per_size), max(per_size)
     slope = (per_size[large] - per_size[small]) / (large - small)
-    latency = _fastest(torch.zeros(16, device=lanes[0].torch_device).clone, repeats * 20)
+    latency = _fastest(torch.zeros(16, device=lanes[0].torch_device).clone, repeats * 20, lanes)
     return Link(1.0 / slope if slope > 0 else 1e11, max(latency, FLOOR), "calibrate(): lanes")
 
 
@@ -214,13 +216,16 @@ def measure_ops(
             for name, found in points.items()}  # fmt: skip
 
 
-def measure_rates(repeats: int) -> tuple[float, float]:
-    """A 512x512 float32 matmul's FLOP/s and a 16 MB add's bytes/s (read two, write one):
-    the roofline for ops never timed."""
-    a, b = torch.ones(1 << 22), torch.ones(1 << 22)
-    bandwidth = 3 * a.nbytes / _fastest(lambda: a.add(b), repeats)
-    x = torch.randn(512, 512)
-    return 2 * 512**3 / _fastest(lambda: x.mm(x), repeats), bandwidth
+def measure_rates(repeats: int, lanes: Sequence[Device] = ()) -> tuple[float, float]:
+    """A float32 matmul's FLOP/s and an add's bytes/s (read two, write one) on the lanes'
+    device: the roofline for ops never timed. On a CPU 512x512 and 16 MB; on a GPU, where
+    those take microseconds and time the launch, 4096x4096 and 1 GB."""
+    on = lanes[0].torch_device if lanes else torch.device("cpu")
+    side, floats = (512, 1 << 22) if on.type == "cpu" else (4096, 1 << 28)
+    a, b = torch.ones(floats, device=on), torch.ones(floats, device=on)
+    bandwidth = 3 * a.nbytes / _fastest(lambda: a.add(b), repeats, lanes)
+    x = torch.randn(side, side, device=on)
+    return 2 * side**3 / _fastest(lambda: x.mm(x), repeats, lanes), bandwidth
 
 
 # --- 5. primitives -------------------------------------------------------------------------
@@ -437,7 +442,7 @@ def calibrate(
         advance("cores")
         rows = (2, 32, 256) if quick else (1, 8, 64, 256, 1024)
         ops = measure_ops(probes(quick) + chosen, rows, repeats)
-        flops, bandwidth = measure_rates(repeats)
+        flops, bandwidth = measure_rates(repeats, lanes)
         advance("ops")
         units.append(measure_cores(cores, 4 * repeats))
         thread_start = measure_thread_start(lanes, 4 * repeats)

@@ -54,6 +54,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from dpkit import host_clock
 from dpkit.nested import tensors_in
 from dpkit.tracing import replica_graph
 
@@ -371,14 +372,17 @@ class OpRecorder(TorchDispatchMode):
         super().__init__()
         self.counter = counter
         self.timed = timed
+        # on a GPU an op returns at its launch: each reading then waits for the GPU first
+        gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.clock: Callable[[], float] = host_clock.now if gpu else time.perf_counter
         self.ops: list[tuple[str, float, int, float, str, str, bool]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         kwargs = kwargs or {}
         before = self.counter.get_total_flops() if self.counter is not None else 0
-        start = time.perf_counter() if self.timed else 0.0
+        start = self.clock() if self.timed else 0.0
         out = func(*args, **kwargs)
-        seconds = time.perf_counter() - start if self.timed else 0.0
+        seconds = self.clock() - start if self.timed else 0.0
         flops = float(self.counter.get_total_flops() - before) if self.counter is not None else 0.0
         name = str(func.overloadpacket)
         inputs, outputs = tensors_in([args, kwargs]), tensors_in(out)
