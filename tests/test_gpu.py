@@ -160,6 +160,43 @@ def test_data_parallel_matches_torch():
     torch.testing.assert_close(ours_model[1].running_mean, theirs_model[1].running_mean)
 
 
+def test_torch_data_parallel_on_one_gpu_repeated_is_the_reference_for_gpu_lanes():
+    """Four GPU lanes are four devices on one GPU; torch's ``nn.DataParallel`` can name one
+    GPU four times (``device_ids=[0, 0, 0, 0]``) where it accepts that: then the two must
+    agree in float64, outputs and gradients. Where torch refuses, the refusal is the finding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).cuda().double()
+    ours_model, theirs_model = model, copy.deepcopy(model)
+    x = torch.randn(10, 32, device="cuda", dtype=torch.double)
+    try:
+        theirs = nn.DataParallel(theirs_model, device_ids=[0, 0, 0, 0])(x)
+    except Exception as error:  # noqa: BLE001 - torch's refusal is what is recorded
+        pytest.skip(f"torch's DataParallel refuses device_ids=[0, 0, 0, 0]: {error}")
+    ours = dpkit.DataParallel(ours_model, device_ids=dpkit.virtual_devices(4, on="cuda"))(x)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    ours.sum().backward(), theirs.sum().backward()
+    for p, q in zip(ours_model.parameters(), theirs_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_gpu_lanes_gather_to_the_host_with_output_device_minus_one():
+    """torch's ``output_device=-1`` gathers onto the CPU; on GPU lanes too, with gradients
+    flowing back to the lanes' parameters on the GPU."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).cuda().double()
+    reference = copy.deepcopy(model)
+    x = torch.randn(10, 32, device="cuda", dtype=torch.double)
+    lanes = dpkit.virtual_devices(4, on="cuda")
+    out = dpkit.DataParallel(model, device_ids=lanes, output_device=-1)(x)
+    assert out.device.type == "cpu"
+    expected = reference(x)
+    torch.testing.assert_close(out, expected.cpu())
+    out.sum().backward(), expected.sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.grad.device.type == "cuda"
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_replicate_matches_torch():
     """Replica parameters are plain attributes (``named_parameters()`` is empty): compare
     them through ``_former_parameters``, which both replicates fill, and the buffers."""
