@@ -141,18 +141,26 @@ def record_use(tensors: Iterable[torch.Tensor], stream: Any) -> None:
     The allocator gives a freed block back to the stream that allocated it at once; a block
     another stream still reads must first wait for that stream's queued work, which
     ``Tensor.record_stream`` arranges (torch's own scatter does the same for its copy
-    streams). Only CUDA memory has such blocks: other tensors are skipped, a sparse COO
-    tensor is recorded through its indices and values (it has no storage of its own), and
-    other layouts are left alone (``record_stream`` does not take them).
+    streams). Only CUDA memory has such blocks: other tensors are skipped, and a sparse
+    tensor, which has no storage of its own (``record_stream`` refuses it), is recorded
+    through the dense tensors it is made of.
     """
     for tensor in tensors:
-        if not tensor.is_cuda:
-            continue
-        if tensor.layout is torch.strided:
-            tensor.record_stream(stream)
-        elif tensor.layout is torch.sparse_coo:
-            tensor._indices().record_stream(stream)
-            tensor._values().record_stream(stream)
+        if tensor.is_cuda:
+            for part in _dense_parts(tensor):
+                part.record_stream(stream)
+
+
+def _dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The strided tensors holding ``tensor``'s memory: itself, or a sparse layout's parts."""
+    layout = tensor.layout
+    if layout is torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
+    return (tensor,)
 
 
 def _gradients_on_lane_streams(devices: Sequence[Device]) -> bool:

@@ -307,16 +307,17 @@ def test_gpu_lanes_time_a_backward_that_skips_their_last_node():
 
 
 class Mixed(nn.Module):
-    """Returns a dense CUDA tensor, a CPU tensor and a sparse CUDA tensor."""
+    """Returns a dense CUDA tensor, a CPU tensor and sparse CUDA tensors (COO and CSR)."""
 
     def forward(self, x):
         doubled = x * 2
-        return {"dense": doubled, "rows": torch.tensor(x.shape[0]), "sparse": doubled.to_sparse()}
+        return {"dense": doubled, "rows": torch.tensor(x.shape[0]),
+                "sparse": doubled.to_sparse(), "csr": doubled.to_sparse_csr()}  # fmt: skip
 
 
 def test_gpu_lane_replicas_may_return_cpu_and_sparse_tensors():
-    """Only a lane's dense CUDA outputs are recorded on the caller's stream (record_stream
-    takes neither a CPU nor a sparse tensor), and a CPU output stays on the host."""
+    """A lane's CUDA outputs are recorded on the caller's stream (a sparse one through its
+    dense parts: record_stream refuses sparse layouts), and a CPU output stays on the host."""
     lanes = dpkit.virtual_devices(2, on="cuda")
     x = torch.randn(4, 3, device="cuda")
     chunks = dpkit.scatter(x, lanes)
@@ -324,6 +325,7 @@ def test_gpu_lane_replicas_may_return_cpu_and_sparse_tensors():
     for output, chunk in zip(outputs, chunks):
         torch.testing.assert_close(output["dense"], chunk * 2)
         torch.testing.assert_close(output["sparse"].to_dense(), chunk * 2)
+        torch.testing.assert_close(output["csr"].to_dense(), chunk * 2)
         assert output["rows"].device.type == "cpu" and output["rows"].item() == 2
         assert dpkit.device_of(output["rows"]) == HOST_DEVICE
     gathered = dpkit.gather([output["dense"] for output in outputs], lanes[0])

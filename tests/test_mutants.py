@@ -295,23 +295,36 @@ class _FakeCudaTensor:
     def _values(self):
         return _FakeCudaTensor(torch.strided, self.log, f"{self.name}.values")
 
+    def __getattr__(self, part):  # a compressed layout's parts: crow_indices(), values(), ...
+        return lambda: _FakeCudaTensor(torch.strided, self.log, f"{self.name}.{part}")
+
 
 def test_record_use_records_dense_and_sparse_cuda_tensors_and_skips_the_rest():
     """On a GPU, a tensor another stream reads must be recorded on that stream, or the
-    allocator may reuse its memory too early: a sparse COO tensor through its indices and
-    values; CPU tensors and layouts record_stream does not take are left alone."""
+    allocator may reuse its memory too early: a sparse tensor through the dense tensors it
+    is made of (record_stream refuses sparse layouts); CPU tensors are left alone."""
     log = []
     tensors = [
         _FakeCudaTensor(torch.strided, log, "dense"),
         _FakeCudaTensor(torch.sparse_coo, log, "coo"),
         _FakeCudaTensor(torch.sparse_csr, log, "csr"),
+        _FakeCudaTensor(torch.sparse_bsc, log, "bsc"),
         torch.ones(2),
     ]
     comm.record_use(tensors, "lane stream")
     assert log == [
-        ("dense", "lane stream"),
-        ("coo.indices", "lane stream"),
-        ("coo.values", "lane stream"),
+        (name, "lane stream")
+        for name in [
+            "dense",
+            "coo.indices",
+            "coo.values",
+            "csr.crow_indices",
+            "csr.col_indices",
+            "csr.values",
+            "bsc.ccol_indices",
+            "bsc.row_indices",
+            "bsc.values",
+        ]
     ]
 
 
