@@ -23,7 +23,7 @@ NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/saniti
               --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test-tools test check-notebooks grade image handout notebooks lab lint format clean distclean mutation
+.PHONY: help venv test-tools test check-notebooks grade image handout site notebooks lab lint format clean distclean mutation
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
@@ -33,6 +33,7 @@ help:
 	@echo "make grade      grade every exercise (dpkit grade --all)"
 	@echo "make image      build the grading container image dpkit-course (podman or docker)"
 	@echo "make handout OUT=DIR  a student's copy: no solutions, no instructor tests, no history"
+	@echo "make site       the course as static HTML pages in build/site (OUT=DIR; REPOSITORY=https://github.com/OWNER/NAME for Colab and Binder links)"
 	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
 	@echo "make format     ruff format and autofix"
@@ -126,6 +127,11 @@ image:
 handout: venv
 	@test -n "$(OUT)" || { echo "make handout OUT=DIR: the folder for the hand-out"; exit 2; }
 	$(BIN)/python scripts/handout.py "$(OUT)"
+
+# The course as static HTML pages with their stored outputs (scripts/site.py), into OUT
+# (build/site); REPOSITORY=https://github.com/OWNER/NAME adds Colab and Binder links to it.
+site: venv
+	$(BIN)/python scripts/site.py "$(or $(OUT),build/site)" $(if $(REPOSITORY),--repository "$(REPOSITORY)")
 
 # Re-execute every notebook top to bottom, each in a fresh kernel, and store the outputs in place;
 # then stamp each code cell with a hash of the source it ran (tests/test_notebooks.py checks it).
