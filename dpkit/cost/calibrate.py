@@ -435,7 +435,9 @@ def calibrate(
               for m in models]  # fmt: skip
     chosen = [(module.to(on), inputs.to(on)) for module, inputs in chosen]
     with _progress(progress) as advance:
-        sizes = (1 << 12, 1 << 24) if quick else (1 << 12, 1 << 18, 1 << 22, 1 << 24)
+        # on a GPU a copy of 16 MB takes microseconds, as long as a launch: up to 1 GB there
+        largest = 1 << 24 if on.type == "cpu" else 1 << 30
+        sizes = (1 << 12, largest) if quick else (1 << 12, 1 << 18, largest >> 2, largest)
         link = measure_link(lanes, 2 * repeats, sizes)
         advance("copies")
         units = [measure_cores(cores, 4 * repeats)]  # the most of three moments, see below
