@@ -128,10 +128,10 @@ handout: venv
 	@test -n "$(OUT)" || { echo "make handout OUT=DIR: the folder for the hand-out"; exit 2; }
 	$(BIN)/python scripts/handout.py "$(OUT)"
 
-# The course as static HTML pages with their stored outputs (scripts/site.py), into OUT
+# The course as static HTML pages with their stored outputs (scripts/course_site.py), into OUT
 # (build/site); REPOSITORY=https://github.com/OWNER/NAME adds Colab and Binder links to it.
 site: venv
-	$(BIN)/python scripts/site.py "$(or $(OUT),build/site)" $(if $(REPOSITORY),--repository "$(REPOSITORY)")
+	$(BIN)/python scripts/course_site.py "$(or $(OUT),build/site)" $(if $(REPOSITORY),--repository "$(REPOSITORY)")
 
 # Re-execute every notebook top to bottom, each in a fresh kernel, and store the outputs in place;
 # then stamp each code cell with a hash of the source it ran (tests/test_notebooks.py checks it).

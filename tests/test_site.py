@@ -1,4 +1,4 @@
-"""The course as a static site (scripts/site.py, ``make site``): a page per notebook with its
+"""The course as a static site (scripts/course_site.py, ``make site``): a page per notebook with its
 stored outputs, an index in course order, launch links for a GitHub copy, and every image
 without a text alternative reported."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("site_builder", ROOT / "scripts" / "site.py")
+spec = importlib.util.spec_from_file_location("site_builder", ROOT / "scripts" / "course_site.py")
 site = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(site)
 

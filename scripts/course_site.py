@@ -1,4 +1,4 @@
-"""The course as a static site: ``make site`` (or ``python scripts/site.py OUT``).
+"""The course as a static site: ``make site`` (or ``python scripts/course_site.py OUT``).
 
 Every notebook in ``notebooks/`` rendered to HTML with its stored outputs (nbconvert's lab
 template, the same a learner's "Export as HTML" gives), plus ``index.html`` listing them in
