@@ -17,11 +17,17 @@ instead of laying itself out again. ``benchmarks/widgets.py`` measures what each
 
 The worst redraws were not drawing at all but Python's full garbage collection, which walks
 every object the kernel holds (torch, matplotlib and ipywidgets alone: about 230,000) and
-paused a redraw for about 100 ms every dozen moves. The first explorer therefore collects
-once and freezes what is alive then (:func:`gc.freeze`): later full collections walk only
-the objects made since, and took 24 ms here. The price: an object alive at that moment that
-later becomes part of unreachable reference cycles is never freed (Python frees it only
-through the collector; most objects, freed by reference counting, are unaffected).
+paused a redraw for about 100 ms every dozen moves. So each explorer, once its first
+computation has run, collects and freezes what is alive then (:func:`gc.freeze`): the modules
+that computation imported and the caches it filled (the scaling explorer's cost model alone
+imports 120,000 objects' worth of torch and sympy, which full collections walked on every later
+move: 217 ms of a 410 ms move) leave the collector's passes, and a second collection, of almost
+nothing, makes the next full collections come early and short: each then walks the few
+thousand objects a redraw leaves in reference cycles (a matplotlib figure), not the kernel.
+The price: an object alive at that moment that later becomes part of unreachable reference
+cycles is never freed (Python frees it only through the collector; most objects, freed by
+reference counting, are unaffected): the first computation's data, and any object the
+kernel's earlier cells left in cycles.
 """
 
 from __future__ import annotations
@@ -207,16 +213,14 @@ def drawn_marker(_data: Any, values: dict[str, Any]) -> str:
     return "drawn: " + " ".join(f"{label}={value}" for label, value in values.items())
 
 
-_frozen = False
-
-
 def _freeze_what_is_alive() -> None:
-    """Once per process: move the objects alive now out of the collector's full passes."""
-    global _frozen
-    if not _frozen:
-        _frozen = True
-        gc.collect()
-        gc.freeze()
+    """Move the objects alive now out of the collector's full passes, then collect again:
+    Python starts a full collection only once the objects that survived the last one have
+    grown by a quarter, and after this one that is a handful, so full collections come every
+    few moves and walk only what those moves left behind."""
+    gc.collect()
+    gc.freeze()
+    gc.collect()
 
 
 class Explorer:
@@ -240,7 +244,6 @@ class Explorer:
     ) -> None:
         import ipywidgets as widgets
 
-        _freeze_what_is_alive()
         self.controls: dict[str, Any] = {control.description: control for control in controls}
         self._compute, self._draw, self._describe = compute, draw, marker
         self.layouts = LayoutMemory() if reuse_layout else None
@@ -255,6 +258,7 @@ class Explorer:
         self.last_data: Any = None
         self.last_figure: Figure | None = None
         self.last_png = b""
+        self._frozen = False
         for control in controls:
             control.observe(lambda _change: self.update(), names="value")
         self.update()
@@ -267,6 +271,9 @@ class Explorer:
         """Recompute and redraw from the controls' values; the marker changes last."""
         values = self.values
         self.last_data = self._compute(**values)
+        if not self._frozen:  # after the first computation: what it imported and cached
+            self._frozen = True
+            _freeze_what_is_alive()
         self.last_figure = self._draw(self.last_data)
         self.last_png = render(self.last_figure, self._canvas, self.layouts)
         # Shown at its own size: stretched to the cell's width it would blur.

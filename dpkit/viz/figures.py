@@ -37,6 +37,7 @@ from dpkit.tracing.events import (
     MemoryRecord,
 )
 from dpkit.tracing.export import hardware_label
+from dpkit.viz.margins import MeasuredMargins
 
 PHASE_COLORS = PHASE_COLOURS  # one colour per phase, from the phase vocabulary
 # Colours with a role of their own; tests/test_palette.py checks each against the colours
@@ -198,8 +199,8 @@ def _phase_order(phases: Iterable[str]) -> list[str]:
     return sorted(present, key=lambda p: (known.index(p) if p in known else len(known), p))
 
 
-def _new_axes(width: float, height: float) -> tuple[Figure, Any]:
-    figure = Figure(figsize=(width, height), layout="constrained")
+def _new_axes(width: float, height: float, layout: Any = "constrained") -> tuple[Figure, Any]:
+    figure = Figure(figsize=(width, height), layout=layout)
     return figure, figure.add_subplot()
 
 
@@ -230,7 +231,9 @@ def timeline(trace: TraceLike, step: int | None = None) -> Figure:
     """
     step, events = _pick_step(_events(trace), step)
     devices = device_order(e.device for e in events)
-    figure, axes = _new_axes(10, 1.4 + 0.55 * len(devices))
+    # Its margins from its texts alone (dpkit.viz.margins): a constrained layout also measures
+    # every bar, and cost more than painting the figure in an explorer.
+    figure, axes = _new_axes(10, 1.4 + 0.55 * len(devices), layout=MeasuredMargins())
     draw_timeline(axes, events)
     axes.set_title(hardware_title(trace, f"Timeline of step {step}"), pad=14)
     return figure
