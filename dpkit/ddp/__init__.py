@@ -36,9 +36,10 @@ their own connections stay on the loopback interface; nothing a run started outl
 ``process``        a rank process's life: its stage, its error, its parent's death
 ``rank``           inside a rank: the group, then a DDP model per run, trained
 ``record``         the recorder on DDP's and autograd's hooks: phases, memory, clock
-``hook``           the communication hook: one ``allreduce`` event per bucket
+``hook``           the communication hook: one ``allreduce`` event per bucket (or PowerSGD)
 ``run``            ``run_ddp``: the ranks' records merged into one Trace
 ``compare``        DataParallel vs DDP side by side; the bucket size sweep
+``settings``       DDP's settings side by side, one launch: forward cost, bytes, error
 ``command``        ``dpkit ddp``
 ``train``          the script ``torchrun`` starts, one per rank
 ``nodes``          several "nodes" on this machine: a ``torchrun`` per node, on 127.0.0.1

@@ -26,6 +26,18 @@ all-reduce (gloo's and NCCL's usual algorithm) *sends* ``2 (n - 1) / n`` of that
 of the bucket; that is ``details["ring_sent_bytes"]``
 (:func:`dpkit.cost.collectives.ring_bytes_sent`, the cost model's formula).
 
+Compression (``recorder.compression``): ``"bf16"`` / ``"fp16"`` do what torch's
+``bf16_compress_hook`` / ``fp16_compress_hook`` do (the bucket travels in a 2-byte type:
+half the bytes, rounded). ``"powersgd"`` (rank 1) or ``"powersgd-R"`` runs torch's own
+``powerSGD_hook`` (Vogels et al. 2019): each weight matrix's gradient ``M`` (n x m) travels
+as a rank-R approximation, ``P`` (n x R) and ``Q`` (m x R), two all-reduces, and the
+tensors not worth compressing (biases) in a third; ``nbytes`` is what torch's own counter
+(``PowerSGDState.total_numel_after_compression``) says went out. So that one step's error
+can be measured against exact gradients, it compresses from step 1 with no error feedback
+and no warm start; torch's defaults for training differ (``start_powerSGD_iter=1000`` plain
+all-reduces first, then error feedback, which adds each step's error to the next step's
+gradient so that it is not lost).
+
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations against
 ``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]`` at registration, and string
 annotations would fail that check.
@@ -36,6 +48,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
 from dpkit.cost.collectives import ring_bytes_sent
 from dpkit.tracing.events import Phase
@@ -49,6 +62,33 @@ ALLREDUCE = Phase.ALLREDUCE.value
 COMPRESSIONS = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def powersgd_rank(compression: str | None) -> int | None:
+    """The rank R of ``"powersgd"`` (1) or ``"powersgd-R"``; None for other compressions.
+    Raises ValueError for anything else, naming what is accepted."""
+    if compression is None or compression in ("bf16", "fp16"):
+        return None
+    if isinstance(compression, str) and compression.startswith("powersgd"):
+        rank = compression.removeprefix("powersgd").removeprefix("-") or "1"
+        if rank.isdigit() and int(rank) >= 1:
+            return int(rank)
+    raise ValueError(
+        "compression must be None, 'bf16', 'fp16', 'powersgd' or 'powersgd-R' (R a whole "
+        f"number of at least 1: the rank of the approximation), got {compression!r}"
+    )
+
+
+def powersgd_state(compression: str) -> powersgd.PowerSGDState:
+    """torch's PowerSGD state for one DDP model: rank R from step 1, no error feedback and
+    no warm start (see the module doc), the same random start on every rank (seed 0)."""
+    return powersgd.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=powersgd_rank(compression),
+        start_powerSGD_iter=0,
+        use_error_feedback=False,
+        warm_start=False,
+    )
+
+
 def recorded_allreduce(
     recorder: "RankRecorder", bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -56,20 +96,12 @@ def recorded_allreduce(
     start = recorder.clock.mark()
     tensor = bucket.buffer()
     bucket_bytes = tensor.numel() * tensor.element_size()
-    compression = COMPRESSIONS[recorder.compression]
-    # What travels: the bucket itself, or (torch's bf16/fp16_compress_hook) a copy cast to a
-    # 2-byte type, all-reduced, then cast back into the bucket: half the bytes, rounded.
-    sent = tensor if compression is None else tensor.to(compression)
-    nbytes = sent.numel() * sent.element_size()
+    step = recorder.step
     details = {
         "bucket": bucket.index(),
         "parameters": recorder.names_of(bucket.parameters()),
         "last_bucket": bucket.is_last(),
-        "ring_sent_bytes": ring_bytes_sent(nbytes, recorder.nproc),
     }
-    if compression is not None:
-        details["compression"] = recorder.compression
-    step = recorder.step
     # DDP's buckets are a second copy of the gradients, unless gradient_as_bucket_view made
     # the gradients views into them: only the bytes no gradient shares count as buckets.
     storage = tensor.untyped_storage().data_ptr()
@@ -79,14 +111,31 @@ def recorded_allreduce(
         if p.grad is not None and p.grad.untyped_storage().data_ptr() == storage
     )
     recorder.bucket_bytes[step] = recorder.bucket_bytes.get(step, 0) + bucket_bytes - shared
-    # Divide first, as torch's allreduce_hook does, so that large sums cannot overflow (fp16).
-    sent.div_(recorder.nproc)
-    future = dist.all_reduce(sent, async_op=True).get_future()
+    if recorder.powersgd is not None:
+        # torch's powerSGD_hook, unchanged; its own counter says how many elements it sends
+        sent_before = recorder.powersgd.total_numel_after_compression
+        future = powersgd.powerSGD_hook(recorder.powersgd, bucket)
+        sent_numel = recorder.powersgd.total_numel_after_compression - sent_before
+        nbytes = sent_numel * tensor.element_size()
+        compression, details["compression"] = None, recorder.compression
+    else:
+        compression = COMPRESSIONS[recorder.compression]
+        # What travels: the bucket itself, or (torch's bf16/fp16_compress_hook) a copy cast
+        # to a 2-byte type, all-reduced, then cast back into the bucket: half the bytes.
+        sent = tensor if compression is None else tensor.to(compression)
+        nbytes = sent.numel() * sent.element_size()
+        if compression is not None:
+            details["compression"] = recorder.compression
+        # Divide first, as torch's allreduce_hook does, so that large sums cannot overflow.
+        sent.div_(recorder.nproc)
+        future = dist.all_reduce(sent, async_op=True).get_future()
+    details["ring_sent_bytes"] = ring_bytes_sent(nbytes, recorder.nproc)
 
     def done(finished: torch.futures.Future) -> torch.Tensor:
         # Runs when the all-reduce has finished (on gloo, in its own thread; on CUDA with
         # the collective's stream current, so the clock's CUDA event marks its end).
-        result = finished.value()[0]
+        result = finished.value()
+        result = result[0] if isinstance(result, list) else result
         if compression is not None:
             result = tensor.copy_(result)  # back into the bucket, in its own type
         if recorder.emulated_link is not None:

@@ -3,8 +3,9 @@
 The body of every rank that :func:`dpkit.ddp.run_ddp` (and the comparisons) spawn:
 :func:`run_rank` joins the process group (gloo on the CPU, NCCL with a GPU per rank),
 takes its rows of the batch, and for each bucket size in the :class:`Plan` wraps a fresh
-model in DDP and trains it, recorded by :class:`dpkit.ddp.record.RankRecorder`; in blocks
-of steps that wait for the parent's go when the parent times something in between.
+model in DDP per variant (its DDP settings) and trains them, their steps taken in turn,
+recorded by :class:`dpkit.ddp.record.RankRecorder`; in blocks of steps that wait for the
+parent's go when the parent times something in between.
 
 Nothing listens on the network: the ranks meet through a file (torch's ``FileStore``, in a
 folder the parent made and removes), not a ``TCPStore``, which in torch 2.13 listens on
@@ -45,7 +46,11 @@ class Plan:
     timeout: float  # for torch's collectives; the parent's own deadline ends a run first
     bucket_caps: tuple[float | None, ...] = (25.0,)  # one DDP run after another, a model each
     ddp_options: tuple[tuple[str, Any], ...] = ()  # more DistributedDataParallel arguments
-    compression: str | None = None  # the buckets travel as "bf16" or "fp16" (dpkit.ddp.hook)
+    compression: str | None = None  # "bf16", "fp16", "powersgd[-R]" (dpkit.ddp.hook)
+    # Each cap's DDP run is repeated once per variant, each a fresh model with these extra
+    # DistributedDataParallel arguments (and "compression"), the variants' steps taken in
+    # turn: settings side by side, one launch (dpkit.ddp.settings).
+    variants: tuple[tuple[tuple[str, Any], ...], ...] = ((),)
     emulated_link: float | None = None  # bytes/s: all-reduces held as if over such a link
     blocks: int = 1  # >1: each block of steps waits for the parent's go (interleaved timing)
     threads: int = 1  # torch intra-op threads per rank
@@ -83,24 +88,38 @@ def free_reducers() -> None:
     gc.collect()  # a DDP module caught in a reference cycle (hooks can make one) goes too
 
 
-def train_run(
-    rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan,
-    bucket_cap_mb: float | None, batch: tuple[Any, torch.Tensor], device: torch.device,
-) -> RankRun:  # fmt: skip
-    """One DDP model trained for ``plan.blocks`` x ``plan.steps`` steps, recorded."""
-    workload, cuda = plan.workload, device.type == "cuda"
+def wrapped(
+    rank: int, where: process.Progress, plan: Plan, bucket_cap_mb: float | None,
+    device: torch.device, variant: tuple[tuple[str, Any], ...],
+) -> tuple[RankRecorder, Any, torch.optim.Optimizer]:  # fmt: skip
+    """A fresh model (the same first weights on every rank, in every run) wrapped in DDP
+    with the plan's options and the variant's, its recorder, and its optimizer."""
     where.at(process.WRAPPING, 0)
-    torch.manual_seed(workload.seed)  # every rank, every run: the same first weights
-    model = workload.model().to(device)
-    recorder = RankRecorder(rank, plan.nproc, device, where, plan.compression, plan.emulated_link)
+    torch.manual_seed(plan.workload.seed)
+    model = plan.workload.model().to(device)
+    options = {**dict(plan.ddp_options), **dict(variant)}
+    compression = options.pop("compression", plan.compression)
+    recorder = RankRecorder(rank, plan.nproc, device, where, compression, plan.emulated_link)
     ddp = recorder.wrap(
         model,
-        device_ids=[device] if cuda else None,
+        device_ids=[device] if device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
-        **dict(plan.ddp_options),
+        **options,
     )
-    optimizer = workload.optimizer(ddp.parameters())
+    optimizer = plan.workload.optimizer(ddp.parameters())
     recorder.watch(optimizer, plan.keep_gradients)
+    return recorder, ddp, optimizer
+
+
+def train_runs(
+    rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan,
+    bucket_cap_mb: float | None, batch: tuple[Any, torch.Tensor], device: torch.device,
+) -> list[RankRun]:  # fmt: skip
+    """A DDP model per variant of the plan, trained for ``plan.blocks`` x ``plan.steps``
+    steps, recorded. Several variants take their steps in turn (step 1 of each, then step 2
+    of each, ...), so that every variant meets the machine in the same state: differences
+    of a fraction of a millisecond between them are then theirs, not the machine's."""
+    models = [wrapped(rank, where, plan, bucket_cap_mb, device, v) for v in plan.variants]
     for block in range(plan.blocks):
         if plan.blocks > 1:  # the parent times something else meanwhile: wait for it
             where.at(process.WAITING)
@@ -108,9 +127,11 @@ def train_run(
             if not go.acquire(timeout=plan.timeout):
                 raise TimeoutError(f"the parent never started block {block}")
         for _ in range(plan.steps):
-            recorder.run_step(workload.step, ddp, *batch, optimizer)
-    recorder.close()
-    return recorder.result(bucket_cap_mb)
+            for recorder, ddp, optimizer in models:
+                recorder.run_step(plan.workload.step, ddp, *batch, optimizer)
+    for recorder, _, _ in models:
+        recorder.close()
+    return [recorder.result(bucket_cap_mb) for recorder, _, _ in models]
 
 
 def join_group(plan: Plan, rank: int) -> None:
@@ -155,8 +176,8 @@ def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: P
     batch = _move(shard(plan.workload.data(plan.batch), rank, plan.nproc), device)
     runs = []
     for bucket_cap_mb in plan.bucket_caps:
-        # Each run's DDP lives and dies inside train_run: freed at its return.
-        runs.append(train_run(rank, where, messages, go, plan, bucket_cap_mb, batch, device))
+        # Each run's DDP lives and dies inside train_runs: freed at its return.
+        runs += train_runs(rank, where, messages, go, plan, bucket_cap_mb, batch, device)
         free_reducers()
     where.at(process.FINISHED)
     messages.put(("done", rank, runs))

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from dpkit.ddp import process
-from dpkit.ddp.hook import recorded_allreduce
+from dpkit.ddp.hook import powersgd_rank, powersgd_state, recorded_allreduce
 from dpkit.nested import tensor_nbytes, tensors_in
 from dpkit.tracing import clock as trace_clock
 from dpkit.tracing import replica_graph
@@ -101,7 +101,8 @@ class RankRecorder:
         compression: str | None = None, emulated_link: float | None = None,
     ):  # fmt: skip
         self.rank, self.nproc, self.where = rank, nproc, where
-        self.compression = compression  # None, "bf16" or "fp16" (dpkit.ddp.hook)
+        self.compression = compression  # None, "bf16", "fp16", "powersgd[-R]" (dpkit.ddp.hook)
+        self.powersgd = powersgd_state(compression) if powersgd_rank(compression) else None
         self.emulated_link = emulated_link  # bytes/s of an emulated link (dpkit.ddp.hook)
         self.link_free_at = 0.0  # when that link has sent every bucket so far
         self.clock = RankClock(device)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpkit.ddp import checks, launch
+from dpkit.ddp.hook import powersgd_rank
 from dpkit.ddp.rank import Plan, run_rank
 from dpkit.ddp.record import RankRun
 from dpkit.ddp.workload import Workload, as_workload
@@ -131,6 +132,7 @@ def make_plan(
     ddp_options: dict[str, Any] | None = None,
     compression: str | None = None,
     emulated_link: float | None = None,
+    variants: Sequence[dict[str, Any]] = ({},),
 ) -> Plan:
     """Every argument checked (a clear error naming it), into a :class:`Plan` for the ranks."""
     workload = as_workload(workload)
@@ -147,8 +149,8 @@ def make_plan(
         )
     bucket_caps = [checks.check_bucket_cap(cap) for cap in bucket_caps]
     timeout = checks.check_timeout(timeout)
-    if compression not in (None, "bf16", "fp16"):
-        raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
+    for given in (compression, *(variant.get("compression") for variant in variants)):
+        powersgd_rank(given)  # a clear error for anything not understood
     backend = checks.choose_backend(backend, nproc)
     if emulated_link is not None:
         if isinstance(emulated_link, bool) or not isinstance(emulated_link, (int, float)):
@@ -171,6 +173,7 @@ def make_plan(
         bucket_caps=tuple(bucket_caps),
         ddp_options=tuple(sorted((ddp_options or {}).items())),
         compression=compression,
+        variants=tuple(tuple(sorted(variant.items())) for variant in variants),
         emulated_link=emulated_link,
         blocks=blocks,
         threads=threads,
@@ -230,7 +233,10 @@ def run_ddp(
     which torch uses only when no cap is given). ``ddp_options``: more keyword arguments of
     ``DistributedDataParallel`` (``gradient_as_bucket_view``, ``static_graph``, ...).
     ``compression``: ``"bf16"`` or ``"fp16"``: the buckets travel in that 2-byte type, as
-    under torch's ``bf16_compress_hook`` / ``fp16_compress_hook`` (half the bytes, rounded).
+    under torch's ``bf16_compress_hook`` / ``fp16_compress_hook`` (half the bytes, rounded);
+    ``"powersgd"`` or ``"powersgd-R"``: torch's ``powerSGD_hook`` with a rank-1 (rank-R)
+    approximation of each weight matrix's gradient, from step 1, without error feedback
+    (:mod:`dpkit.ddp.hook`).
     ``emulated_link``: bytes/s; an **emulation**: each all-reduce is held until its ring's
     bytes could have crossed such a link, one bucket after another (:mod:`dpkit.ddp.hook`),
     as between nodes on a network slower than this machine's loopback; the events say so.

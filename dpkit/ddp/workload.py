@@ -151,14 +151,25 @@ def shard(batch: tuple[Any, torch.Tensor], rank: int, nproc: int) -> tuple[Any, 
     return type(inputs)(rows_of(t) for t in inputs), rows_of(targets)
 
 
-class WithUnusedLayer(nn.Module):
-    """The demo's MLP and a layer its forward never uses: DDP then waits forever for that
-    layer's gradient unless ``find_unused_parameters=True`` (torch raises at the next
-    step, naming the parameter)."""
+def deep_mlp(depth: int = 64, width: int = 32) -> nn.Sequential:
+    """An MLP on 1x28x28 images with ``depth`` small square layers: little computation for
+    a long autograd graph, so that DDP's work per graph node (``find_unused_parameters``'
+    walk of the graph after every forward) shows beside the computation."""
+    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU()]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, CLASSES))
 
-    def __init__(self) -> None:
+
+class WithUnusedLayer(nn.Module):
+    """The demo's MLP (or, with ``depth``, :func:`deep_mlp`) and a layer its forward never
+    uses: DDP then waits forever for that layer's gradient unless
+    ``find_unused_parameters=True`` or ``static_graph=True`` (torch raises at the next
+    step)."""
+
+    def __init__(self, depth: int = 0) -> None:
         super().__init__()
-        self.used = build_model("mlp")
+        self.used = deep_mlp(depth) if depth else build_model("mlp")
         self.unused = nn.Linear(CLASSES, CLASSES)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
