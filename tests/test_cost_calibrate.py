@@ -11,7 +11,7 @@ import torch
 
 import dpkit
 import dpkit.cost as cost
-from dpkit.cost.hardware import _HOST
+from dpkit.cost.hardware import HOST_TERMS
 from dpkit.cost.models import course_model, sample_input
 from dpkit.placement_check import checking_placement
 
@@ -58,7 +58,7 @@ def test_the_fit_recovers_the_host_terms_that_made_the_steps():
     fitted = calibration.fit_host_terms(base, _steps(truth))
     for name in calibration.FITTED:
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
-    for name in set(_HOST) - set(calibration.FITTED):  # measured elsewhere: left alone
+    for name in set(HOST_TERMS) - set(calibration.FITTED):  # measured elsewhere: left alone
         assert getattr(fitted, name) == getattr(base, name), name
 
 
@@ -151,7 +151,7 @@ def test_quick_calibration_gives_a_valid_hardware_for_virtual_lanes(measured):
     assert 1e8 < measured.memory_bandwidth < 1e12
     assert 1e8 < measured.peak_flops["float32"] < 1e13  # a CPU core's matmul
     assert 1 <= measured.compute_units <= 2
-    for name in _HOST:
+    for name in HOST_TERMS:
         seconds = getattr(measured, name)
         assert 0 < seconds < 5e-3, name  # host terms: microseconds, never a step's worth
     assert 1e-6 < measured.thread_start < 5e-3  # starting a Python thread

@@ -33,10 +33,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
 from dpkit.cli_types import at_least_one
-from dpkit.cost.hardware import Hardware, Link
+from dpkit.cost.hardware import Hardware, Link, check
 from dpkit.cost.memory import OPTIMIZER_COPIES
 from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
@@ -45,58 +43,19 @@ from dpkit.cost.presets import preset, presets
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
 AMP_CHOICES = ("bf16", "fp16")
 LINKS = ("host_to_device", "device_to_device", "node_to_node")
-TABLES = ("peak_flops", "tensor_core_efficiency", *LINKS, "op_seconds")
+TABLES = ("peak_flops", "tensor_core_efficiency", *LINKS, "op_seconds")  # [sections] in TOML
 TEXT_FIELDS = ("name", "description", "device_name", "source")
 NO_ALLREDUCE = "none"  # allreduce_bandwidth = "none": the ring's (TOML has no null)
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 _FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
 
-# Each field's unit (what a plain number in a hardware file means) and a line about it, for
-# the template's comments and the errors' fixes.
-FIELD_UNITS: dict[str, tuple[str, str]] = {
-    "name": ("text", "what the outputs call the machine"),
-    "description": ("text", "one line about it"),
-    "device_name": ("text", "what a device is called, e.g. A100"),
-    "source": ("text", "where the numbers come from"),
-    "peak_flops": ("FLOP/s", "spec-sheet peak by the dtype an op computes in; float32 needed"),
-    "matmul_efficiency": ("fraction", "of peak_flops that matmuls and convolutions reach"),
-    "memory_bandwidth": ("bytes/s", "spec-sheet bandwidth of a device's memory"),
-    "memory_efficiency": ("fraction", "of memory_bandwidth that elementwise ops reach"),
-    "memory_capacity": ("bytes", "one device's memory: what 'does it fit' checks"),
-    "compute_units": ("count", "devices of a node that compute at full speed at once"),
-    "host_to_device": ("link", "host memory to a device (PCIe)"),
-    "device_to_device": ("link", "two devices of a node (NVLink or PCIe), NCCL's bus bandwidth"),
-    "node_to_node": ("link", "one network port between nodes"),
-    "devices_per_node": ("whole number", "devices in one node"),
-    "nodes": ("whole number", "nodes as named (DDP on more devices assumes more)"),
-    "nics_per_node": ("whole number", "network ports a node's devices share"),
-    "peer_to_peer": ("true/false", "false if copies go through host memory"),
-    "virtual_lanes": ("true/false", "true for dpkit's virtual CPU lanes, false for GPUs"),
-    "op_overhead": ("seconds", "host time of one forward op (Python, dispatch, launch)"),
-    "backward_op_overhead": ("seconds", "host time of one backward op"),
-    "gil_handoff": ("seconds", "per op of a replica while several threads take turns"),
-    "thread_start": ("seconds", "parallel_apply starting one thread"),
-    "module_overhead": ("seconds", "replicate building one module object"),
-    "copy_overhead": ("seconds", "host time of one copy or collective call"),
-    "step_overhead": ("seconds", "one step outside its phases"),
-    "allreduce_bandwidth": ("bytes/s", "NCCL's NVLS all-reduce in a node; \"none\": the ring's"),
-    "op_seconds": ("[work, seconds] pairs", "measured per aten op by --calibrate"),
-    "tensor_core_efficiency": ("fraction", "of peak_flops[dtype] on tensor cores (else matmul's)"),
-}
-_EXAMPLES = {
-    "bytes": "80e9 for 80 GB, 85899345920 for 80 GiB",
-    "bytes/s": "25e9 for 25 GB/s, 12.5e9 for 100 Gb/s",
-    "seconds": "5e-6 for 5 us",
-    "FLOP/s": "312e12 for 312 TFLOP/s",
-    "fraction": "0.7",
-    "count": "8",
-    "whole number": "8",
-}
-_LINK_UNITS = {
-    "bandwidth": ("bytes/s", "achieved, one way"),
-    "latency": ("seconds", "per message"),
-    "source": ("text", ""),
-}
+
+def _units(cls: type) -> dict[str, tuple[str, str]]:
+    """Each field's unit and the line about it, as :mod:`dpkit.cost.hardware` declares them."""
+    return {spec.name: (spec.metadata["unit"], spec.metadata["about"]) for spec in fields(cls)}
+
+
+FIELD_UNITS, LINK_UNITS = _units(Hardware), _units(Link)
 
 
 # -- hardware files: writing a template, reading one back ---------------------------------
@@ -168,7 +127,7 @@ def hardware_toml(hardware: Hardware, command: str = "") -> str:
         lines += ["", f"[{key}]  # {unit}: {about}"]
         if key in LINKS:
             link = values[key]
-            lines += [_line(name, getattr(link, name), *_LINK_UNITS[name]) for name in _LINK_UNITS]
+            lines += [_line(name, getattr(link, name), *LINK_UNITS[name]) for name in LINK_UNITS]
         else:  # an op's pairs are written without a comment, as text is
             entry = "text" if key == "op_seconds" else unit
             lines += [_line(name, item, entry) for name, item in values[key].items()]
@@ -199,59 +158,35 @@ def _refuse_unknown(where: str, what: str, keys: Any, known: Any) -> None:
             )
 
 
-def _check(where: str, name: str, value: object, unit: str) -> Any:
-    """``value`` if it is written the way ``unit`` is (a whole number written 8.0 made an
-    int), else a ValueError naming the field, its unit and an example. Ranges are checked
-    by :class:`Hardware` and :class:`Link`."""
-    if unit == "text":
-        ok, want = isinstance(value, str), "text, in quotes"
-    elif unit == "true/false":
-        ok, want = isinstance(value, bool), "true or false"
-    else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        example = f"; e.g. {_EXAMPLES[unit]}" if unit in _EXAMPLES else ""
-        want = f"a plain number of {unit} (SI units, no suffixes{example})"
-    if not ok:
-        raise ValueError(f"{where}: {name} = {value!r} must be {want}")
-    whole = unit == "whole number" and isinstance(value, float) and value.is_integer()
-    return int(value) if whole else value
-
-
-def _entry(where: str, name: str, key: str, value: Any) -> Any:
-    """One entry of a table field: a link's number or source, a dtype's number, an op's
-    [work, seconds] pairs."""
-    if name in LINKS:
-        _refuse_unknown(where, f"key of {name}", [key], _LINK_UNITS)
-        return _check(where, f"{name}.{key}", value, _LINK_UNITS[key][0])
-    if name == "op_seconds":  # Hardware checks the numbers
-        if not isinstance(value, list) or not all(isinstance(pair, list) for pair in value):
-            raise ValueError(f"{where}: op_seconds.{key} = {value!r} must be a list of "
-                             "[work, seconds] pairs")  # fmt: skip
-        return tuple(map(tuple, value))
-    if key != "tfloat32" and not isinstance(getattr(torch, key, None), torch.dtype):
-        raise ValueError(
-            f"{where}: {name}.{key} is not a dtype: use torch's names, float32 (needed in "
-            "peak_flops), tfloat32, bfloat16, float16"
-        )
-    return _check(where, f"{name}.{key}", value, FIELD_UNITS[name][0])
+def _plain(value: Any, unit: str) -> Any:
+    """A value as a file writes it, as :class:`Hardware` takes it: a whole number written
+    8.0 is the int 8, an op's ``[work, seconds]`` lists are tuples. :func:`check` and
+    :class:`Hardware` refuse what is wrong, naming the field."""
+    if unit == "whole number" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if unit == "[work, seconds] pairs" and isinstance(value, list):
+        return tuple(tuple(pair) if isinstance(pair, list) else pair for pair in value)
+    return value
 
 
 def _field(where: str, name: str, value: Any, base: Hardware | None, origin: str) -> Any:
     """One field of a hardware file as :class:`Hardware` takes it; a table over a ``base``
     changes only the keys it names."""
+    unit = FIELD_UNITS[name][0]
     if name == "allreduce_bandwidth" and value in (None, NO_ALLREDUCE):
         return None
     if name not in TABLES:
-        return _check(where, name, value, FIELD_UNITS[name][0])
+        return _plain(value, unit)
     if not isinstance(value, Mapping):
         raise ValueError(
             f"{where}: {name} = {value!r} must be a table (TOML: a [{name}] section; JSON: "
             "an object)"
         )
-    given = {key: _entry(where, name, key, item) for key, item in value.items()}
+    given = {key: _plain(item, unit) for key, item in value.items()}
     old = getattr(base, name, None)
     if name not in LINKS:
         return {**(old or {}), **given}
+    _refuse_unknown(where, f"key of {name}", given, LINK_UNITS)
     if old is not None:
         if given and "source" not in given:  # the base's citation is not for these numbers
             given["source"] = f"{origin} (changed from: {old.source})"
@@ -285,7 +220,8 @@ def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file")
     for name, value in sorted(data.items(), key=lambda item: item[0] != "base"):
         try:  # base first: the other fields change its values
             if name == "base":
-                base = preset(_check(where, "base", value, "text"))
+                check(where, "base", value, "text")
+                base = preset(value)
             else:
                 values[name] = _field(where, name, value, base, origin)
         except (TypeError, ValueError) as error:

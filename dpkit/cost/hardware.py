@@ -15,34 +15,65 @@ How each field is used, in one place (:mod:`dpkit.cost.predict` is the rest):
   names the dtype, else ``matmul_efficiency``), or what ``op_seconds`` measured for its op;
 - a copy or a collective of ``S`` bytes over a link takes ``latency + S / bandwidth`` per
   message (alpha-beta), see :mod:`dpkit.cost.collectives`;
+- ``peer_to_peer`` False: copies and NCCL go through host memory, over ``host_to_device``
+  twice; ``nics_per_node``: NCCL runs a ring per port, so a node's ports add up;
+- ``virtual_lanes``: dpkit's CPU lanes, where the host makes every copy itself, through
+  device 0, the lanes' threads share ``compute_units`` cores and autograd runs every
+  replica's backward in one thread; False: GPUs, where the host queues work and runs ahead;
 - the host pays a few named overheads (the last group of fields), the same for every model.
+
+Each field declares its unit and a line about it: :func:`check` refuses what the unit is
+not, and a hardware file's comments (``dpkit predict --print-hardware``) print the line.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
+# What a plain number of each unit looks like, for errors (hardware files are written by hand)
+EXAMPLES = {
+    "bytes": "80e9 for 80 GB, 85899345920 for 80 GiB",
+    "bytes/s": "25e9 for 25 GB/s, 12.5e9 for 100 Gb/s",
+    "seconds": "5e-6 for 5 us",
+    "FLOP/s": "312e12 for 312 TFLOP/s",
+    "fraction": "0.7",
+    "count": "8",
+    "whole number": "8",
+}
 
-def _check(owner: str, name: str, value: object, kind: str = "positive") -> None:
-    """Refuse what ``kind`` is not: ``"positive"`` a finite number above 0, ``"count"`` a
-    whole one, ``"fraction"`` one in (0, 1], ``"flag"`` True or False."""
-    if kind == "flag":
-        if not isinstance(value, bool):
-            raise TypeError(f"{owner}: {name}={value!r} must be True or False")
+
+def check(owner: str, name: str, value: object, unit: str) -> None:
+    """Refuse ``value`` unless it is what ``unit`` says: text, ``"true/false"`` a bool, a
+    ``"whole number"`` above 0, a ``"fraction"`` in (0, 1], any other unit a finite number
+    above 0."""
+    if unit == "text" and not isinstance(value, str):
+        raise TypeError(f"{owner}: {name}={value!r} must be text, in quotes")
+    if unit == "true/false" and not isinstance(value, bool):
+        raise TypeError(
+            f"{owner}: {name}={value!r} must be True or False (true or false in a file)"
+        )
+    if unit in ("text", "true/false"):
         return
-    want = "a whole number" if kind == "count" else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{owner}: {name}={value!r} must be {want}, not {type(value).__name__}")
-    if kind == "count" and value != int(value):
-        raise ValueError(f"{owner}: {name}={value!r} must be a whole number (a count)")
+        example = f"; e.g. {EXAMPLES[unit]}" if unit in EXAMPLES else ""
+        raise TypeError(f"{owner}: {name}={value!r} must be a plain number of {unit} "
+                        f"(SI units, no suffixes{example})")  # fmt: skip
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{owner}: {name}={value!r} must be finite and above 0")
-    if kind == "fraction" and value > 1:
+    if unit == "whole number" and value != int(value):
+        raise ValueError(f"{owner}: {name}={value!r} must be a whole number (a count)")
+    if unit == "fraction" and value > 1:
         raise ValueError(f"{owner}: {name}={value!r} must be a fraction in (0, 1] of a peak")
+
+
+def _about(unit: str, about: str, **default: Any) -> Any:
+    """A field's unit (what :func:`check` asks of it) and what it is, in a line."""
+    return field(metadata={"unit": unit, "about": about}, **default)
 
 
 def _sample(value: object) -> bool:
@@ -52,17 +83,16 @@ def _sample(value: object) -> bool:
 
 @dataclass(frozen=True)
 class Link:
-    """One kind of connection: ``bandwidth`` achieved in one direction (bytes/s), the
-    ``latency`` of one message (s), and where the numbers come from. A message of ``n``
-    bytes takes ``latency + n / bandwidth`` (the alpha-beta, or Hockney, model)."""
+    """One kind of connection: a message of ``n`` bytes takes ``latency + n / bandwidth``
+    (the alpha-beta, or Hockney, model)."""
 
-    bandwidth: float
-    latency: float
-    source: str = ""
+    bandwidth: float = _about("bytes/s", "achieved, one way")
+    latency: float = _about("seconds", "per message")
+    source: str = _about("text", "", default="")
 
     def __post_init__(self) -> None:
-        _check("Link", "bandwidth (bytes/s)", self.bandwidth)
-        _check("Link", "latency (s)", self.latency)
+        for spec in fields(self):
+            check("Link", spec.name, getattr(self, spec.name), spec.metadata["unit"])
 
     def time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` over this link, one message."""
@@ -72,120 +102,103 @@ class Link:
 # Op samples: for one kind of op (an aten op such as "aten.addmm"), measured (work, seconds)
 # pairs, work being the op's FLOPs where it has any, else the bytes it reads and writes.
 OpSamples = tuple[tuple[float, float], ...]
-
-_HOST = (
-    "op_overhead", "backward_op_overhead", "gil_handoff", "thread_start", "module_overhead",
-    "copy_overhead", "step_overhead",
-)  # fmt: skip
-_KINDS = {  # what __post_init__ checks each plain field is
-    **dict.fromkeys(("memory_bandwidth", "memory_capacity", "compute_units", *_HOST), "positive"),
-    **dict.fromkeys(("matmul_efficiency", "memory_efficiency"), "fraction"),
-    **dict.fromkeys(("devices_per_node", "nodes", "nics_per_node"), "count"),
-    **dict.fromkeys(("peer_to_peer", "virtual_lanes"), "flag"),
-}
+TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds")  # one entry per dtype or op
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """A machine as the cost model sees it.
+    """A machine as the cost model sees it: peaks and the fractions of them kernels reach,
+    links, topology and a few host terms, each field with its unit and a line about it (the
+    module's docstring says how the model uses them; :mod:`dpkit.cost.presets` cites where
+    every preset's numbers come from)."""
 
-    Compute, per device:
-
-    - ``peak_flops``: spec-sheet FLOP/s by the dtype an op computes in: ``"float32"`` (CUDA
-      cores), ``"tfloat32"``, ``"bfloat16"``, ``"float16"`` (tensor cores). Which one an op
-      gets follows torch's defaults (:func:`dpkit.cost.compute.rate_key`).
-    - ``matmul_efficiency``: the fraction of that peak matmuls and convolutions reach.
-    - ``tensor_core_efficiency``: by dtype (``"tfloat32"``, ``"float16"``, ``"bfloat16"``),
-      the fraction of that dtype's peak convolutions and matmuls reach on tensor cores,
-      where it was measured apart; ``matmul_efficiency`` then serves the CUDA cores. A
-      dtype it does not name uses ``matmul_efficiency``.
-    - ``memory_bandwidth`` and ``memory_efficiency``: spec-sheet bytes/s of the device's
-      memory and the fraction memory-bound ops (elementwise, norms, pooling) reach.
-    - ``memory_capacity``: bytes one device holds (what "does it fit" is checked against).
-    - ``compute_units``: devices of a node that compute at full speed at once (each GPU is
-      its own; virtual CPU lanes share the cores).
-    - ``op_seconds``: measured ``(work, seconds)`` per kind of aten op, filled by
-      :func:`~dpkit.cost.calibrate` on this machine; ops without samples use the peaks.
-
-    Links (:class:`Link`): ``host_to_device`` (PCIe on a GPU box), ``device_to_device``
-    (inside a node: NVLink or PCIe; the bus bandwidth NCCL's ring reaches, also used for a
-    plain copy), ``node_to_node`` (one network port). Topology: ``devices_per_node``,
-    ``nodes`` (as named; a DDP prediction on more devices assumes more such nodes),
-    ``nics_per_node`` (ports a node's devices share), ``peer_to_peer`` (False: copies and
-    NCCL go through host memory, over ``host_to_device`` twice), ``allreduce_bandwidth``
-    (NVLink SHARP on an H100 NVSwitch: the switch sums, each device sends and receives its
-    bytes once, at this *algorithm* bandwidth; None: the ring only).
-
-    ``virtual_lanes``: dpkit's virtual CPU
-    lanes, where the host does every copy itself, through device 0, one after another, the
-    lanes' threads share ``compute_units`` cores and autograd runs every replica's backward
-    in one thread; False: GPUs, where the host queues work and runs ahead, torch's
-    DataParallel broadcasts and reduces with NCCL, and each device has its backward thread.
-
-    Host overheads, seconds, the same for every model:
-
-    - ``op_overhead``: one call of a forward's Python into torch (Python, the dispatcher,
-      the kernels it launches), and one tensor a copy moves;
-    - ``backward_op_overhead``: one op of a backward (the autograd engine, no Python);
-    - ``gil_handoff``: per op of a replica's forward while several replica threads run, the
-      GIL handed from thread to thread (their Python runs one thread at a time);
-    - ``thread_start``: parallel_apply starting one worker thread;
-    - ``module_overhead``: replicate building one module object of one replica;
-    - ``copy_overhead``: the host's part of one copy call or one collective, beyond its ops;
-    - ``step_overhead``: one step outside its phases (DataParallel's checks, the loss's
-      Python, autograd starting and finishing).
-    """
-
-    name: str
-    description: str
-    device_name: str
-    source: str
-    peak_flops: Mapping[str, float]
-    matmul_efficiency: float
-    memory_bandwidth: float
-    memory_efficiency: float
-    memory_capacity: float
-    compute_units: float
-    host_to_device: Link
-    device_to_device: Link
-    node_to_node: Link
-    devices_per_node: int
-    nodes: int
-    nics_per_node: int
-    peer_to_peer: bool
-    virtual_lanes: bool
-    op_overhead: float
-    backward_op_overhead: float
-    gil_handoff: float
-    thread_start: float
-    module_overhead: float
-    copy_overhead: float
-    step_overhead: float
-    allreduce_bandwidth: float | None = None
-    op_seconds: Mapping[str, OpSamples] = field(default_factory=dict)
-    tensor_core_efficiency: Mapping[str, float] = field(default_factory=dict)
+    name: str = _about("text", "what the outputs call the machine")
+    description: str = _about("text", "one line about it")
+    device_name: str = _about("text", "what a device is called, e.g. A100")
+    source: str = _about("text", "where the numbers come from")
+    # Compute, per device. Which of peak_flops an op gets follows torch's defaults
+    # (dpkit.cost.compute.rate_key): float32 on CUDA cores, tfloat32, bfloat16 and float16 on
+    # tensor cores, at tensor_core_efficiency where it names the dtype, else matmul_efficiency.
+    peak_flops: Mapping[str, float] = _about(
+        "FLOP/s", "spec-sheet peak by the dtype an op computes in; float32 needed"
+    )
+    matmul_efficiency: float = _about(
+        "fraction", "of peak_flops that matmuls and convolutions reach"
+    )
+    memory_bandwidth: float = _about("bytes/s", "spec-sheet bandwidth of a device's memory")
+    memory_efficiency: float = _about("fraction", "of memory_bandwidth that elementwise ops reach")
+    memory_capacity: float = _about("bytes", "one device's memory: what 'does it fit' checks")
+    compute_units: float = _about("count", "devices of a node that compute at full speed at once")
+    # Links, and how the devices are laid out
+    host_to_device: Link = _about("link", "host memory to a device (PCIe)")
+    device_to_device: Link = _about(
+        "link", "two devices of a node (NVLink or PCIe), NCCL's bus bandwidth"
+    )
+    node_to_node: Link = _about("link", "one network port between nodes")
+    devices_per_node: int = _about("whole number", "devices in one node")
+    nodes: int = _about("whole number", "nodes as named (DDP on more devices assumes more)")
+    nics_per_node: int = _about("whole number", "network ports a node's devices share")
+    peer_to_peer: bool = _about("true/false", "false if copies go through host memory")
+    virtual_lanes: bool = _about("true/false", "true for dpkit's virtual CPU lanes, false for GPUs")
+    # Host overheads in seconds, the same for every model (on GPUs PyTorch eager mode's,
+    # assumed; calibrate() measures thread_start and module_overhead on CPU lanes and fits
+    # the others to whole steps). op_overhead is also paid per tensor a copy moves;
+    # gil_handoff per op of each replica's forward while their threads take turns.
+    op_overhead: float = _about("seconds", "host time of one forward op (Python, dispatch, launch)")
+    backward_op_overhead: float = _about("seconds", "host time of one backward op")
+    gil_handoff: float = _about("seconds", "per op of a replica while several threads take turns")
+    thread_start: float = _about("seconds", "parallel_apply starting one thread")
+    module_overhead: float = _about("seconds", "replicate building one module object")
+    copy_overhead: float = _about("seconds", "host time of one copy or collective call")
+    step_overhead: float = _about("seconds", "one step outside its phases")
+    # NVLink SHARP on an H100 NVSwitch: the switch sums, each device sends and receives its
+    # bytes once, at this *algorithm* bandwidth. None: the ring only.
+    allreduce_bandwidth: float | None = _about(
+        "bytes/s", "NCCL's NVLS all-reduce in a node; \"none\": the ring's", default=None
+    )
+    op_seconds: Mapping[str, OpSamples] = _about(
+        "[work, seconds] pairs", "measured per aten op by --calibrate", default_factory=dict
+    )
+    tensor_core_efficiency: Mapping[str, float] = _about(
+        "fraction", "of peak_flops[dtype] on tensor cores (else matmul's)", default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         owner = f"Hardware {self.name!r}"
-        for name, kind in _KINDS.items():
-            _check(owner, name, getattr(self, name), kind)
-        for name in ("host_to_device", "device_to_device", "node_to_node"):
-            if not isinstance(getattr(self, name), Link):
-                raise TypeError(f"{owner}: {name} must be a dpkit.cost.Link")
-        if not isinstance(self.peak_flops, Mapping) or "float32" not in self.peak_flops:
+        for spec in fields(self):
+            value, unit = getattr(self, spec.name), spec.metadata["unit"]
+            if spec.name in TABLES:
+                if not isinstance(value, Mapping):
+                    raise TypeError(f"{owner}: {spec.name} must map names to {unit}")
+            elif unit == "link":
+                if not isinstance(value, Link):
+                    raise TypeError(f"{owner}: {spec.name} must be a dpkit.cost.Link")
+            elif value is not None or spec.name != "allreduce_bandwidth":
+                check(owner, spec.name, value, unit)
+        if "float32" not in self.peak_flops:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
-            _check(owner, f"peak_flops[{dtype!r}]", rate)
+            check(owner, f"peak_flops[{dtype!r}]", rate, "FLOP/s")
+            if dtype != "tfloat32" and not isinstance(
+                getattr(torch, str(dtype), None), torch.dtype
+            ):
+                raise ValueError(
+                    f"{owner}: peak_flops[{dtype!r}] is not a dtype: use torch's names, float32 "
+                    "(needed), tfloat32, bfloat16, float16"
+                )
         for dtype, fraction in self.tensor_core_efficiency.items():
-            _check(owner, f"tensor_core_efficiency[{dtype!r}]", fraction, "fraction")
+            check(owner, f"tensor_core_efficiency[{dtype!r}]", fraction, "fraction")
             if dtype not in self.peak_flops:
                 raise ValueError(f"{owner}: tensor_core_efficiency[{dtype!r}] must be of a "
                                  "dtype that peak_flops names")  # fmt: skip
-        if self.allreduce_bandwidth is not None:
-            _check(owner, "allreduce_bandwidth", self.allreduce_bandwidth)
         for op, samples in self.op_seconds.items():
-            if not samples or not all(
-                len(pair) == 2 and all(map(_sample, pair)) for pair in samples
+            if (
+                not isinstance(samples, (tuple, list))
+                or not samples
+                or not all(
+                    isinstance(pair, (tuple, list)) and len(pair) == 2 and all(map(_sample, pair))
+                    for pair in samples
+                )
             ):
                 raise ValueError(f"{owner}: op_seconds[{op!r}] must be (work, seconds) pairs")
 
@@ -218,11 +231,13 @@ class Hardware:
         return Link(host.bandwidth / 2, 2 * host.latency, "through host memory: down and up")
 
     def network_link(self) -> Link:
-        """What a collective spanning nodes gets from the network: NCCL runs a ring per
-        port, so a node's ports add up (``nics_per_node`` x one port's bandwidth)."""
+        """What a collective spanning nodes gets from the network: a ring per port."""
         port = self.node_to_node
         return Link(port.bandwidth * self.nics_per_node, port.latency, port.source)
 
     def summary(self) -> str:
         """One line: the name, then what it is (``dpkit predict --list`` prints these)."""
         return f"{self.name}: {self.description}"
+
+
+HOST_TERMS = tuple(spec.name for spec in fields(Hardware) if spec.metadata["unit"] == "seconds")
