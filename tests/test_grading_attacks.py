@@ -174,7 +174,14 @@ HELPERS = STUB1.replace(
     1,
 )
 
+# A class's runs are forks of one process that has imported torch (dpkit.grading.forkserver):
+# what one student's code leaves in a module must not be there for the next student.
+LEAVES = "import torch as _torch\n\n_torch.dpkit_left_by = 'aaa-leaves'\n"
+FINDS = "import torch\n\nraise RuntimeError(f\"left={getattr(torch, 'dpkit_left_by', None)}\")\n"
+
 STUDENTS = {
+    "aaa-leaves": {1: stub_with(LEAVES)},  # graded first (students go by name)...
+    "zzz-finds": {1: FINDS},  # ...and this one last, two at a time: after it
     "trace": {1: stub_with(TRACE_JUMP)},
     "equal": {1: stub_replacing("scatter_tensor", EQUAL_SWAP)},
     "mode": {1: stub_replacing("scatter_tensor", MODE)},
@@ -404,6 +411,15 @@ def test_forbidden_calls_by_any_route_fail_their_checks(graded):
     routes = ("calls dpkit.scatter.torch_chunk_sizes", "'__wrapped__'", "which your code started")
     for name, result in results.items():
         assert any(route in result.hint for route in routes), (name, result.hint)
+
+
+def test_what_a_student_leaves_in_torch_is_not_there_for_the_next(graded):
+    """Each run is a fresh fork of a server that never runs a submission: a module attribute
+    set by the first student of the class is not seen by the last."""
+    results = graded["zzz-finds"]
+    assert len(results) == 8 and all("left=None" in r.hint for r in results), grading.report(
+        results
+    )
 
 
 def test_the_graders_reference_helpers_are_not_the_students(graded):

@@ -136,14 +136,19 @@ def test_jobs_must_be_a_whole_number_from_1(value, capsys):
 @pytest.mark.slow
 def test_ctrl_c_stops_a_class_at_once_and_writes_the_csv(tmp_path):
     """Ctrl-C while students are graded in parallel: every run stops within seconds (not
-    when its time limit ends), the CSVs are written, the exit code is 130 (about 8 s)."""
+    when its time limit ends), the CSVs are written, the exit code is 130 (about 8 s). It
+    waits until both runs have started (each leaves a file in its home), not a fixed time:
+    on a busy machine, starting the grader alone took more than 4 s."""
     import signal
     import subprocess
     import sys
     import time
 
+    hang = "open('started', 'w').close()\nimport time\ntime.sleep(600)\n"  # in its home
     for student in ("ada", "bo"):
-        write(tmp_path / "class" / student / NAMES[1], "import time\ntime.sleep(600)\n")
+        write(tmp_path / "class" / student / NAMES[1], hang)
+    scratch = tmp_path / "tmp"  # where the runs' folders are made
+    scratch.mkdir()
     restore = (
         "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "sys.argv = ['dpkit', *sys.argv[1:]]; runpy.run_module('dpkit', run_name='__main__')"
@@ -156,11 +161,17 @@ def test_ctrl_c_stops_a_class_at_once_and_writes_the_csv(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
-    time.sleep(4)  # both runs started (the import hangs for 10 s, the task for 60)
+    deadline = time.monotonic() + 90  # both runs started, however busy the machine
+    while len(list(scratch.rglob("started"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = len(list(scratch.rglob("started")))
+    time.sleep(0.5)  # the import hangs for 10 s, the task for 60
     cli.send_signal(signal.SIGINT)
     sent = time.monotonic()
     out, err = cli.communicate(timeout=60)
+    assert started == 2, f"{started} of the 2 runs had started after 90 s: {err}"
     assert cli.returncode == 130, (out, err)
     assert time.monotonic() - sent < 5, "Ctrl-C waited for the runs in flight"
     assert (tmp_path / "g.csv").exists() and (tmp_path / "g-summary.csv").exists()

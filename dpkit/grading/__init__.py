@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dpkit.grading import apart, forkserver
 from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.command import add_grade_command
 from dpkit.grading.layout import (
@@ -186,12 +187,15 @@ def grade_submissions(
     hidden = [root.resolve(), exercise_root / "solutions"]  # out of a run's sight
     scratch = Path(tempfile.mkdtemp(prefix="dpkit-class-"))  # every run's folder, in here
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
+    server = None  # runs forked with torch imported, where they start in namespaces
+    if forkserver.wanted() and apart.available() and apart.usable_for(scratch / "run"):
+        server = forkserver.start_server(str(scratch))
     lock = threading.Lock()
 
     def one(student: str) -> list[CheckResult]:
         try:
             results = run_graders(
-                chosen, exercise_root, snapshot[student], timeout, trusted, hidden, scratch
+                chosen, exercise_root, snapshot[student], timeout, trusted, hidden, scratch, server
             )
         except Exception as error:  # noqa: BLE001 - one student's failure never stops the class
             why = f"grading failed for this student: {type(error).__name__}: {error}"
@@ -211,6 +215,8 @@ def grade_submissions(
         raise
     finally:
         pool.shutdown()
+        if server is not None:
+            server.close()
         remove_tree(scratch)
     _warn_similar(snapshot, trusted, names, chosen)
     return [(student, result) for student in snapshot for result in graded[student]]

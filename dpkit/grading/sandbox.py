@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpkit.grading import apart
+from dpkit.grading import apart, forkserver
 from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.layout import check_task, task_files
 from dpkit.grading.results import CheckResult, results_from_records
@@ -234,7 +234,8 @@ class _Reader:
 
     def read(self, wait: float) -> bool:
         """Read what is there within ``wait`` seconds; whether anything was read."""
-        if not self.open:
+        if not self.open:  # both closed (by a submission, say): wait, do not spin
+            time.sleep(max(wait, 0))
             return False
         # poll, not select: select refuses descriptors past 1023, which a grading process
         # with many files open (an xdist worker, an instructor's notebook) reaches
@@ -278,8 +279,18 @@ def _pids_marked(marker: str) -> list[int]:
     return found
 
 
-def kill_run(process: subprocess.Popen, marker: str) -> None:
-    """Kill the grading process, its session and every process that carries ``marker``."""
+def kill_run(process: subprocess.Popen | forkserver.Run, marker: str) -> None:
+    """Kill the grading process, its session and every process that carries ``marker``.
+
+    A run from the fork server is the first process of its PID namespace: killing it ends
+    every process in there, the ones that left its session included."""
+    if isinstance(process, forkserver.Run):
+        process.kill()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
+            pass
+        return
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (AttributeError, ProcessLookupError, PermissionError):  # no process groups
@@ -324,6 +335,7 @@ def _run_once(
     trusted: Trusted,
     hide: Sequence[Path] | None = None,
     scratch_parent: Path | None = None,
+    server: forkserver.Server | None = None,
 ) -> tuple[list[dict], str | None]:
     """One grading process over ``tasks``: its verified records and why it stopped early.
 
@@ -332,7 +344,8 @@ def _run_once(
     :data:`STARTUP_SECONDS`): a task that hangs ends the run when its own time is up.
     With ``hide`` (a class's grading), the run starts in namespaces where it can
     (:mod:`dpkit.grading.apart`), ``hide``'s folders covered and its temporary folder
-    mounted over ``scratch_parent``, the folder every run of the class is made in.
+    mounted over ``scratch_parent``, the folder every run of the class is made in; with
+    ``server`` (:mod:`dpkit.grading.forkserver`), it is forked from there, not started.
     """
     key, marker = secrets.token_bytes(32), secrets.token_hex(16)
     scratch = tempfile.mkdtemp(prefix="dpkit-grade-", dir=scratch_parent)
@@ -351,12 +364,7 @@ def _run_once(
         os.close(key_write)
         results_read, results_write = os.pipe()
         output_read, output_write = os.pipe()
-        command = [
-            sys.executable,
-            "-m",
-            "dpkit.grading.harness",
-            str(key_read),
-            str(results_write),
+        arguments = [
             str(MEMORY_BUDGET),
             "--",
             *graders,
@@ -371,19 +379,31 @@ def _run_once(
             "-c",
             str(seen / "pytest.ini"),
         ]
-        if isolated:
-            command = apart.wrap(command, Path(scratch), hide or ())
+        env = _environment(seen, seen / submitted.name, timeout, marker, refused)
+        process: subprocess.Popen | forkserver.Run | None = None
         try:
-            process = subprocess.Popen(
-                command,
-                cwd="/" if isolated else seen / "home",
-                env=_environment(seen, seen / submitted.name, timeout, marker, refused),
-                stdin=subprocess.DEVNULL,
-                stdout=output_write,
-                stderr=output_write,
-                pass_fds=(key_read, results_write),
-                start_new_session=True,  # Ctrl-C in the terminal reaches us, not it
-            )
+            if isolated and server is not None:  # forked, torch already imported
+                covered = [str(Path(path).resolve()) for path in hide or ()]
+                pipes = (key_read, results_write, output_write)
+                try:
+                    process = server.start(arguments, env, scratch, covered, pipes)
+                except OSError:  # the server is gone: this run starts as before
+                    process = None
+            if process is None:
+                harness = [sys.executable, "-m", "dpkit.grading.harness"]
+                command = [*harness, str(key_read), str(results_write), *arguments]
+                if isolated:
+                    command = apart.wrap(command, Path(scratch), hide or ())
+                process = subprocess.Popen(
+                    command,
+                    cwd="/" if isolated else seen / "home",
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output_write,
+                    stderr=output_write,
+                    pass_fds=(key_read, results_write),
+                    start_new_session=True,  # Ctrl-C in the terminal reaches us, not it
+                )
         finally:
             for fd in (key_read, results_write, output_write):
                 os.close(fd)
@@ -394,7 +414,10 @@ def _run_once(
             while process.poll() is None:
                 if len(reader.results) != parsed:  # new results: which task runs now
                     parsed = len(reader.results)
-                    running = _in_flight(_verified(bytes(reader.results).split(b"\n"), key))
+                    so_far = _verified(bytes(reader.results).split(b"\n"), key)
+                    if so_far and so_far[-1]["event"] == "finished":
+                        break  # every verdict is in: no need to wait for pytest to exit
+                    running = _in_flight(so_far)
                     task = running["task"] if running is not None else None
                     if task != current:
                         task_started, current = time.monotonic(), task
@@ -445,12 +468,13 @@ def run_graders(
     trusted: Trusted | None = None,
     hide: Sequence[Path] | None = None,
     scratch_parent: Path | None = None,
+    server: forkserver.Server | None = None,
 ) -> list[CheckResult]:
     """Grade ``submissions`` (stub file name -> the student's file) on ``tasks``' graders.
 
     A crash or a timeout costs one task: that task's check that was running carries why,
     its later checks say they did not run, and the tasks after it are graded again in a
-    fresh process. ``hide`` and ``scratch_parent``: see :func:`_run_once`.
+    fresh process. ``hide``, ``scratch_parent`` and ``server``: see :func:`_run_once`.
     """
     timeout = validate_timeout(timeout)
     if os.name == "nt":
@@ -461,7 +485,9 @@ def run_graders(
     by_task: dict[int, list[CheckResult]] = {}
     pending = list(tasks)
     while pending:
-        records, stopped = _run_once(pending, submissions, timeout, trusted, hide, scratch_parent)
+        records, stopped = _run_once(
+            pending, submissions, timeout, trusted, hide, scratch_parent, server
+        )
         running = _in_flight(records) if stopped is not None else None
         results = results_from_records(records, stopped, pending)
         task_of = {r["nodeid"]: r["task"] for r in records if r["event"] == "collected"}

@@ -1,0 +1,392 @@
+"""A class's grading runs forked from one process that has imported torch and pytest once.
+
+The surprise first: starting Python and importing torch, pytest and hypothesis is about
+2 s of CPU, a third of what grading one correct student costs; a class paid it once per
+student. Here a server process imports them once, and each run is a fork of it: still a
+process of its own, in namespaces of its own, with its own temporary folder, pipes and key,
+exactly as :mod:`dpkit.grading.apart` starts a run through ``unshare``:
+
+- the server forks a *supervisor* per run, which enters new user, mount, PID and network
+  namespaces (as the instructor's user mapped to root in them: nothing is gained outside),
+  covers the class folder and the solutions with empty folders, mounts the run's folder
+  over the folder every run of the class is made in, and forks the run;
+- the run is the first process of its PID namespace: it mounts its own ``/proc``, enters a
+  second user and mount namespace (so it cannot unmount any of that), moves to its home,
+  puts its stdout and stderr on its output pipe, takes the run's environment, and calls
+  :func:`dpkit.grading.harness.main` from the run's private copy of dpkit;
+- when the run ends, the supervisor sends its exit status to the grader and exits; when
+  the grader asks, or goes away, the supervisor kills the run, and with it (the first
+  process of its PID namespace) every process the submission started.
+
+The server holds no key and no submission: each run's pipes arrive over a Unix socket,
+are passed to its supervisor and closed. Nothing of the checkout's dpkit is imported in
+the server (it runs this file with ``python -I``, standard library and the preloads
+only). Where namespaces are not available, or the server cannot start, runs start as
+before (:mod:`dpkit.grading.sandbox`). This file's top level imports the standard
+library only. ``DPKIT_GRADE_FORKSERVER=0`` starts every run as before;
+``DPKIT_GRADE_FORKSERVER=debug`` shows the server's own errors on the grader's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+PRELOADED = ("torch", "pytest", "hypothesis", "_hypothesis_pytestplugin", "torch.testing")
+READY_SECONDS = 120.0  # to start the server: Python and torch on a busy machine
+MESSAGE_LIMIT = 1 << 20
+DEVNULL = subprocess.DEVNULL
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+
+
+# --------------------------------------------------------------------------------------
+# The grader's side.
+
+
+class Run:
+    """A run started by the server, answering like :class:`subprocess.Popen` does for it:
+    ``poll()``, ``wait()``, ``kill()`` and ``returncode`` (negative: killed by a signal)."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self._control = control
+        self.returncode: int | None = None
+        self.failed: str | None = None  # the supervisor could not start the run: why
+
+    def _receive(self, wait: float) -> None:
+        if self.returncode is not None:
+            return
+        if not _readable(self._control, wait):
+            return
+        try:
+            data = self._control.recv(MESSAGE_LIMIT)
+        except OSError:
+            data = b""
+        message = json.loads(data) if data else {"exit": -signal.SIGKILL}
+        self.failed = message.get("error")
+        self.returncode = int(message.get("exit", 1))
+        self._control.close()
+
+    def poll(self) -> int | None:
+        self._receive(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired("grading run", timeout or 0)
+            self._receive(min(left, 1.0))
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                self._control.send(b"kill")
+            except OSError:  # the supervisor is gone: so is the run
+                pass
+
+
+class Server:
+    """The fork server of one class's grading: :meth:`start` a run, :meth:`close` at the end."""
+
+    def __init__(self, scratch: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
+        env.update(HOME=scratch, TMPDIR=scratch, PYTHONDONTWRITEBYTECODE="1")
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        self._socket = ours
+        self._lock = threading.Lock()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-c", BOOT, __file__, str(theirs.fileno())],
+                cwd="/",  # nothing of the class in its working directory or command line
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=DEVNULL,
+                stderr=None if os.environ.get("DPKIT_GRADE_FORKSERVER") == "debug" else DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        if not _readable(ours, READY_SECONDS) or ours.recv(64) != b"ready":
+            self.close()
+            raise RuntimeError("the grading fork server did not start")
+        # One run that only enters the namespaces: where the system refuses them to this
+        # process (they were probed with util-linux's unshare), runs start as before.
+        probe = tempfile.mkdtemp(prefix="dpkit-probe-", dir=scratch)
+        os.mkdir(os.path.join(probe, "home"))
+        pipes = [os.pipe() for _ in range(3)]
+        code, why = None, "no answer"
+        try:
+            run = self.start([], {}, probe, [], [write for _, write in pipes], probe=True)
+            code = run.wait(READY_SECONDS)
+            why = run.failed or f"exit code {code}"
+        except (OSError, subprocess.TimeoutExpired) as error:
+            why = str(error)
+        finally:
+            for pipe in pipes:
+                for fd in pipe:
+                    os.close(fd)
+            shutil.rmtree(probe, ignore_errors=True)
+        if code != 0:
+            self.close()
+            raise RuntimeError(f"the grading fork server cannot start runs here: {why}")
+
+    def start(
+        self,
+        arguments: Sequence[str],
+        env: Mapping[str, str],
+        root: str,
+        hide: Sequence[str],
+        fds: Sequence[int],
+        probe: bool = False,
+    ) -> Run:
+        """Start a run of the harness with ``arguments`` in ``env``; ``root`` is the run's
+        scratch folder (its files one level down, in a folder of the same name), ``hide``
+        the folders covered; ``fds`` the key, results and output pipes' ends, in that order."""
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"arguments": list(arguments), "env": dict(env), "root": root}
+        request.update(hide=list(hide), probe=probe)
+        try:
+            with self._lock:
+                socket.send_fds(
+                    self._socket, [json.dumps(request).encode()], [*fds, theirs.fileno()]
+                )
+        finally:
+            theirs.close()
+        return Run(control)
+
+    def close(self) -> None:
+        """Stop the server: it waits for its supervisors, which kill their runs if need be
+        (so the CPU time of every run is counted in the grader's children's)."""
+        self._socket.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.process.wait()
+
+
+def _readable(sock: socket.socket, wait: float) -> bool:
+    # poll, not select: select refuses descriptors past 1023 (see sandbox._Reader)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(max(wait, 0) * 1000))
+
+
+def wanted() -> bool:
+    """Whether a class's runs may be forked (``DPKIT_GRADE_FORKSERVER=0``: never)."""
+    return os.environ.get("DPKIT_GRADE_FORKSERVER", "1") != "0"
+
+
+def start_server(scratch: str) -> Server | None:
+    """A fork server for a class graded in namespaces, or None where it cannot start."""
+    try:
+        return Server(scratch)
+    except (OSError, RuntimeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# The server's side: everything below runs in the server and its forks, never in the grader.
+
+BOOT = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__dpkit_forkserver__')"
+
+
+def _libc() -> Callable[..., None]:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(name: str, *args: object) -> None:
+        if getattr(libc, name)(*args) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"{name}: {os.strerror(error)}")
+
+    return call
+
+
+def _ulong(value: int) -> object:
+    import ctypes
+
+    return ctypes.c_ulong(value)
+
+
+def _numeric(names: list[str]) -> list[str]:
+    return [name for name in names if name.isdigit()]
+
+
+def _map_root(uid: int, gid: int) -> None:
+    """After entering a new user namespace: this user is its root, and no one else."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(text)
+
+
+def _run(request: dict, key: int, results: int, output: int, call: Callable[..., None]) -> None:
+    """In the run (the first process of its PID namespace): the harness, then exit."""
+    call("mount", b"proc", b"/proc", b"proc", _ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
+    call("unshare", CLONE_NEWUSER | CLONE_NEWNS)  # the mounts above are now locked
+    _map_root(0, 0)
+    # Entering a user namespace clears the parent-death signal: set it again.
+    call("prctl", PR_SET_PDEATHSIG, _ulong(signal.SIGKILL), _ulong(0), _ulong(0), _ulong(0))
+    if request.get("probe"):
+        os._exit(0 if os.getpid() == 1 and len(_numeric(os.listdir("/proc"))) == 1 else 3)
+    root = request["root"]
+    home = os.path.join(root, "home")
+    os.chdir(home)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(request["env"])
+    lib = os.path.join(root, "lib")
+    sys.path[:0] = [home, lib]
+    sys.dont_write_bytecode = True
+    harness = os.path.join(lib, "dpkit", "grading", "harness.py")
+    sys.argv = [harness, *request["arguments"]]
+    from dpkit.grading.harness import main
+
+    code = main([str(key), str(results), *request["arguments"]])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _supervise(request: dict, fds: list[int]) -> int:
+    """In the supervisor: namespaces, the run forked, its exit status sent back."""
+    key, results, output, control_fd = fds
+    control = socket.socket(fileno=control_fd)
+    try:
+        call = _libc()
+        uid, gid = os.getuid(), os.getgid()
+        call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET)
+        _map_root(uid, gid)
+        call("mount", b"none", b"/", None, _ulong(MS_REC | MS_PRIVATE), None)
+        for folder in request["hide"]:
+            if os.path.isdir(folder):
+                options = b"size=64k,mode=0555"
+                call("mount", b"dpkit-hidden", os.fsencode(folder), b"tmpfs", _ulong(0), options)
+        root = request["root"]
+        above = os.fsencode(os.path.dirname(root))
+        call("mount", os.fsencode(root), above, None, _ulong(MS_BIND), None)
+    except OSError as error:
+        control.send(json.dumps({"error": f"namespaces: {error}", "exit": 1}).encode())
+        return 1
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            _run(request, key, results, output, call)
+        except BaseException as error:  # noqa: BLE001 - said on the run's output, then out
+            os.write(2, f"dpkit grade: the run did not start: {error!r}\n".encode())
+        os._exit(1)
+    for fd in (key, results, output):
+        os.close(fd)
+    run = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(control, select.POLLIN | select.POLLHUP)
+    poller.register(run, select.POLLIN)
+    while True:
+        ready = dict(poller.poll())
+        if run in ready:
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                control.send(json.dumps({"exit": code}).encode())
+            except OSError:
+                pass
+            return 0
+        if control.fileno() in ready:  # "kill", or the grader went away
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            poller.unregister(control)
+
+
+def _reap(flags: int) -> None:
+    """Wait for ended supervisors (all of them, with ``flags`` 0), so that their CPU time
+    and their runs' count in the server's children's, and so in the grader's."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, flags)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve(fd: int) -> None:
+    """The server: preload, say ready, fork a supervisor per request until the grader leaves."""
+    import importlib
+
+    sys.dont_write_bytecode = True
+    for name in PRELOADED:
+        importlib.import_module(name)
+    server = socket.socket(fileno=fd)
+    server.send(b"ready")
+    while True:
+        _reap(os.WNOHANG)  # the supervisors of runs that ended
+        try:
+            message, fds, _, _ = socket.recv_fds(server, MESSAGE_LIMIT, 4)
+        except OSError:
+            message, fds = b"", []
+        if not message:  # the grader closed its end: the class is done
+            _reap(0)
+            return
+        if len(fds) != 4:
+            for descriptor in fds:
+                os.close(descriptor)
+            continue
+        try:
+            child = os.fork()
+        except OSError:  # no process to be had: the grader sees the run end at once
+            child = -1
+        if child == 0:
+            code = 1
+            try:
+                server.close()
+                keep = set(fds)
+                for descriptor in map(int, os.listdir("/proc/self/fd")):
+                    if descriptor > 2 and descriptor not in keep:
+                        try:
+                            os.close(descriptor)
+                        except OSError:
+                            pass
+                code = _supervise(json.loads(message), fds)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        for descriptor in fds:
+            os.close(descriptor)
+
+
+if __name__ == "__dpkit_forkserver__":
+    serve(int(sys.argv[2]))
