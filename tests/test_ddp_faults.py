@@ -7,6 +7,7 @@ name (``test_ddp_faults.raise_on_rank_1``), as they would import a learner's mod
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -92,32 +93,52 @@ def test_a_rank_killed_by_a_signal_is_named(no_leftovers):
     )
 
 
+def start_a_sleep_then_hang_on_rank_1(folder, model, inputs, targets, optimizer):
+    """Each rank starts a ``sleep`` it never waits for (as a careless script might) and
+    writes its pid; then rank 1 hangs, so the run is in the middle of step 1."""
+    path = os.path.join(folder, f"sleep{dist.get_rank()}")
+    if not os.path.exists(path):
+        sleeper = subprocess.Popen(["sleep", "300"])
+        with open(path + ".part", "w") as written:
+            written.write(str(sleeper.pid))
+        os.rename(path + ".part", path)
+    return hang_on_rank_1(model, inputs, targets, optimizer)
+
+
 @pytest.mark.slow
-def test_ranks_die_with_their_parent(tmp_path):
-    # A notebook kernel killed mid-run (no cleanup runs in it) must not leave ranks behind.
+def test_ranks_and_what_they_started_die_with_their_parent(tmp_path):
+    # A notebook kernel or `dpkit ddp` killed mid-run by SIGKILL (no cleanup runs in it)
+    # must leave nothing behind: not the ranks, and not what a rank started.
     tests = os.path.dirname(__file__)
     parent = subprocess.Popen(
-        [sys.executable, "-c", "from dpkit import ddp; import test_ddp_faults as t; "
-         "ddp.run_ddp(t.with_step(t.hang_on_rank_1), nproc=2, batch=8, timeout=300)"],
+        [sys.executable, "-c", "import functools; from dpkit import ddp; "
+         "import test_ddp_faults as t; "
+         f"step = functools.partial(t.start_a_sleep_then_hang_on_rank_1, {str(tmp_path)!r}); "
+         "ddp.run_ddp(t.with_step(step), nproc=2, batch=8, timeout=300)"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.path.dirname(tests)])},
     )  # fmt: skip
     try:
         ranks: list[int] = []
+        sleeps = [tmp_path / f"sleep{rank}" for rank in (0, 1)]
         deadline = time.monotonic() + 60
-        while len(ranks) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while not all(path.exists() for path in sleeps) and time.monotonic() < deadline:
+            time.sleep(0.1)
             # The ranks, forked by the parent's fork server (or spawned where there is none).
-            ranks = ddp.child_processes(parent.pid)
-        assert len(ranks) == 2, "the ranks did not start"
-        time.sleep(3)  # well inside training: rank 1 sleeps, rank 0 waits in the all-reduce
+            ranks = ddp.child_processes(parent.pid) or ranks
+        assert len(ranks) == 2 and all(path.exists() for path in sleeps), "no run started"
+        started = ranks + [int(path.read_text()) for path in sleeps]
+        assert all(alive(pid) for pid in started)
         parent.kill()
         parent.wait()
         deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(alive(pid) for pid in ranks)
+        assert not [pid for pid in started if alive(pid)], f"outlived the parent: {started}"
     finally:
         parent.kill()
+        for path in tmp_path.glob("sleep?"):  # a failed run's sleeps: end them here
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(path.read_text()), signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """What every rank process is, from birth to death: its stage, its errors, its parent.
 
 Each rank runs :func:`rank_main` (in a process the launcher spawns), which first asks Linux
-to kill the rank when its parent dies, then runs its target and, if that raises, sends the
-error to the parent with its traceback and ends at once. Where the rank is (its step and
+to kill the rank when its parent dies, leads its own process group with a watcher that
+ends the group when the rank ends (so what the rank started dies with it), then runs its
+target and, if that raises, sends the error to the parent with its traceback and ends at
+once. Where the rank is (its step and
 its :data:`STAGES` index) sits in two shared integers that the parent reads to see that the
 ranks move on, and to say where each one was when they stopped.
 """
@@ -15,6 +17,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,6 +108,45 @@ def _lead_own_group() -> None:
             os.setpgid(0, 0)
 
 
+def _end_group_with_rank() -> None:
+    """Fork a watcher that ends this rank's process group (SIGKILL) once the rank is gone.
+
+    Why: ``PR_SET_PDEATHSIG`` ends the rank when its parent dies, but not what the rank
+    started (a ``subprocess``, a data loader's workers): they live on in the rank's group,
+    which the parent ends with ``killpg`` when it stops a run, but a parent killed by
+    SIGKILL (a notebook kernel, ``dpkit ddp``) ends nothing: a ``sleep 300`` started by a
+    rank outlived such a parent. The watcher stays in the group and checks every 0.1 s
+    that the rank is still its parent; once it is not (the rank ended, however it ended),
+    it kills the group, itself last. It is forked here, before the rank starts a thread
+    (a fork copies only the calling thread), keeps no file of the rank's open (so that no
+    pipe waits for it), and touches nothing but the ``os`` and ``time`` modules."""
+    if not (hasattr(os, "fork") and hasattr(os, "killpg")) or os.getpgid(0) != os.getpid():
+        return  # no fork, or not the leader of its own group: then it has no group to end
+    rank = os.getpid()
+    try:
+        if os.fork():
+            return  # the rank goes on
+    except OSError:
+        return  # no watcher, as before: the parent still ends the group when it can
+    try:  # the watcher
+        null = os.open(os.devnull, os.O_RDWR)
+        for standard in (0, 1, 2):
+            os.dup2(null, standard)
+        os.closerange(3, _highest_descriptor() + 1)
+        while os.getppid() == rank:
+            time.sleep(0.1)
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _highest_descriptor() -> int:
+    try:
+        return max(map(int, os.listdir("/proc/self/fd")))  # Linux: the ones open
+    except (OSError, ValueError):
+        return 1024
+
+
 def _communication_error(error: BaseException) -> bool:
     """Whether a rank's error is a peer's failure seen through a collective (a symptom)."""
     import torch.distributed as dist
@@ -126,6 +168,7 @@ def rank_main(
     _release_fork_server()
     _die_with_parent(multiprocessing.parent_process())
     _lead_own_group()
+    _end_group_with_rank()
     where = Progress(progress, rank)
     try:
         target(rank, where, messages, *args)
