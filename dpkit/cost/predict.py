@@ -521,19 +521,6 @@ def _count(devices: int | Sequence[Device]) -> int:
     return count
 
 
-_AMP = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-        "float16": torch.float16}  # fmt: skip
-
-
-def _amp_dtype(amp: torch.dtype | str | None) -> torch.dtype | None:
-    if amp is None or amp in _AMP.values():
-        return amp
-    if isinstance(amp, str) and amp.lower() in _AMP:
-        return _AMP[amp.lower()]
-    raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 ('bf16') or torch.float16 "
-                     "('fp16'); None for no autocast")  # fmt: skip
-
-
 def predict(
     model: nn.Module,
     sample_input: Any,
@@ -586,7 +573,7 @@ def predict(
             f"on {hardware.name!r}). Across machines, train with strategy='ddp' "
             "(DistributedDataParallel: a process per device, started by torchrun on each node)"
         )
-    cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=_amp_dtype(amp))
+    cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=amp)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     names = device_names(hardware, count)
     sizes = torch_chunk_sizes(batch_size, count)

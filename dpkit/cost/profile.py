@@ -60,7 +60,9 @@ from dpkit.tracing import replica_graph
 
 PROFILE_ROWS = (2, 3, 4)  # the batch sizes each count's quadratic passes through
 CHECK_ROWS = 5  # the batch size that checks it
-AMP_DTYPES = (torch.bfloat16, torch.float16)
+# autocast's dtypes, by the names profile(amp=...), predict(amp=...) and --amp take
+AMP_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+              "float16": torch.float16}  # fmt: skip
 
 Coefficients = tuple[float, float, float]
 
@@ -661,8 +663,9 @@ def _key(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) 
 
 def _check_inputs(
     module: Any, sample_input: Any, sample_kwargs: Any, amp: Any
-) -> tuple[tuple, dict[str, Any]]:
-    """The positional and keyword inputs, after the checks a learner needs named."""
+) -> tuple[tuple, dict[str, Any], torch.dtype | None]:
+    """The positional and keyword inputs and autocast's dtype, after the checks a learner
+    needs named."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     args = tuple(sample_input) if isinstance(sample_input, (tuple, list)) else (sample_input,)
@@ -676,16 +679,18 @@ def _check_inputs(
             "torch.randn(1, 1, 28, 28), or a tuple of inputs whose tensors all have one "
             "(DataParallel cuts every tensor input along dim 0)"
         )
-    if amp is not None and amp not in AMP_DTYPES:
-        raise ValueError(f"amp must be None, torch.bfloat16 or torch.float16, got {amp!r}")
-    return args, kwargs
+    amp = AMP_DTYPES.get(amp.lower(), amp) if isinstance(amp, str) else amp
+    if amp is not None and amp not in AMP_DTYPES.values():
+        raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 ('bf16') or "
+                         "torch.float16 ('fp16'); None for no autocast")  # fmt: skip
+    return args, kwargs, amp
 
 
 def profile(
     module: nn.Module,
     sample_input: torch.Tensor | tuple | list,
     sample_kwargs: dict[str, Any] | None = None,
-    amp: torch.dtype | None = None,
+    amp: torch.dtype | str | None = None,
 ) -> Profile:
     """FLOPs, bytes and activations of ``module`` per row of its inputs (cached).
 
@@ -693,14 +698,15 @@ def profile(
     or list of its positional inputs; ``sample_kwargs`` its keyword inputs. As in
     DataParallel's scatter, every tensor among them is a batch along dim 0 (token ids and
     masks too) and anything else is passed as it is; their values are used, their batch
-    size is not. ``amp`` (``torch.bfloat16`` or ``torch.float16``) runs the forward under
-    ``torch.autocast``, so that each op's dtype and bytes are what autocast runs.
+    size is not. ``amp`` (``torch.bfloat16`` or ``"bf16"``, ``torch.float16`` or ``"fp16"``)
+    runs the forward under ``torch.autocast``, so that each op's dtype and bytes are what
+    autocast runs.
 
     The module itself is left untouched: a copy runs (BatchNorm's running statistics, say,
     stay as they were). Warns if a compute-heavy op got no FLOP count and no estimate (see
     the module's doc); cannot see numpy inside a custom autograd Function.
     """
-    args, kwargs = _check_inputs(module, sample_input, sample_kwargs, amp)
+    args, kwargs, amp = _check_inputs(module, sample_input, sample_kwargs, amp)
     key = _key(module, args, kwargs, amp)
     cached = _cache.setdefault(module, {})
     if key not in cached:
