@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,23 @@ def test_similar_code_is_found_through_renames_comments_and_layout():
     assert normalised("x = 1  # c\n") == normalised('"""doc"""\ny = 1\n')
 
 
-def test_a_folder_1500_levels_deep_is_removed(tmp_path):
+@pytest.fixture
+def quick_folder(tmp_path):
+    """An empty folder, on tmpfs where there is one: on this VM's ext4 each rmdir took 3 ms
+    (4.5 s for 1,500 levels), on tmpfs 0.1 s in all; what is removed, and how, is the same."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="dpkit-test-", dir=shm))
+    try:
+        yield folder
+    finally:
+        remove_tree(folder)
+
+
+def test_a_folder_1500_levels_deep_is_removed(quick_folder):
+    tmp_path = quick_folder
     here = os.open(tmp_path, os.O_RDONLY)
     top = here
     for _ in range(1500):
