@@ -76,9 +76,24 @@ def _about(unit: str, about: str, **default: Any) -> Any:
     return field(metadata={"unit": unit, "about": about}, **default)
 
 
-def _sample(value: object) -> bool:
-    """Whether ``value`` is work or seconds of a measured op: a finite number, 0 or more."""
-    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+def _is_dtype(name: object) -> bool:
+    """Whether ``name`` is a dtype as peak_flops names them: torch's, or ``"tfloat32"``."""
+    return name == "tfloat32" or isinstance(getattr(torch, str(name), None), torch.dtype)
+
+
+def _op_samples(samples: object) -> bool:
+    """Whether ``samples`` are one op's measured ``(work, seconds)`` pairs: finite numbers,
+    0 or more, work being FLOPs or bytes."""
+    return (
+        isinstance(samples, (tuple, list))
+        and len(samples) > 0
+        and all(
+            isinstance(pair, (tuple, list))
+            and len(pair) == 2
+            and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in pair)
+            for pair in samples
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -179,9 +194,7 @@ class Hardware:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
             check(owner, f"peak_flops[{dtype!r}]", rate, "FLOP/s")
-            if dtype != "tfloat32" and not isinstance(
-                getattr(torch, str(dtype), None), torch.dtype
-            ):
+            if not _is_dtype(dtype):
                 raise ValueError(
                     f"{owner}: peak_flops[{dtype!r}] is not a dtype: use torch's names, float32 "
                     "(needed), tfloat32, bfloat16, float16"
@@ -192,14 +205,7 @@ class Hardware:
                 raise ValueError(f"{owner}: tensor_core_efficiency[{dtype!r}] must be of a "
                                  "dtype that peak_flops names")  # fmt: skip
         for op, samples in self.op_seconds.items():
-            if (
-                not isinstance(samples, (tuple, list))
-                or not samples
-                or not all(
-                    isinstance(pair, (tuple, list)) and len(pair) == 2 and all(map(_sample, pair))
-                    for pair in samples
-                )
-            ):
+            if not _op_samples(samples):
                 raise ValueError(f"{owner}: op_seconds[{op!r}] must be (work, seconds) pairs")
 
     @property
