@@ -246,4 +246,5 @@ class Hardware:
         return f"{self.name}: {self.description}"
 
 
+# The host overheads: Hardware's only fields in seconds
 HOST_TERMS = tuple(spec.name for spec in fields(Hardware) if spec.metadata["unit"] == "seconds")
