@@ -701,12 +701,19 @@ def descendants(pid: int) -> list[int]:
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     machine = report["stages"].get("environment", {}).get("info", {})
-    where = machine.get("gpu") or "CPU lanes standing in for GPU lanes (rehearsal)"
+    if report.get("rehearsal"):
+        where = "CPU lanes standing in for GPU lanes (rehearsal)"
+    else:  # without the environment stage (--only), the run knows only that it had a GPU
+        where = machine.get("gpu") or "a GPU"
+    about = (
+        f": torch {machine.get('torch')}, CUDA {machine.get('cuda_build')}, Python "
+        f"{machine.get('python')}"
+        if machine
+        else " (the environment stage did not run)"
+    )
     statuses = Counter(found["status"] for found in report["stages"].values())
     counts = ", ".join(f"{statuses[status]} {status}" for status in ("PASS", "FAIL", "SKIP"))
-    lines = [f"gpu_check on {where}: torch {machine.get('torch')}, CUDA "
-             f"{machine.get('cuda_build')}, Python {machine.get('python')}; stages {counts} "
-             f"in {report['elapsed_s']:.0f} s"]  # fmt: skip
+    lines = [f"gpu_check on {where}{about}; stages {counts} in {report['elapsed_s']:.0f} s"]
     for name, found in report["stages"].items():
         lines.append(f"{name:<12} {found['status']:<4} {found['seconds']:5.1f} s  "
                      f"{found['expects']}")  # fmt: skip
