@@ -114,3 +114,61 @@ def test_the_text_follows_the_devices_shown():
     assert "virtual:1" in explorer.alt_text and "virtual:2" not in explorer.alt_text
     explorer.controls["devices"].value = 3
     assert "virtual:2" in explorer.alt_text and "virtual:2" in _shown_under_the_image(explorer)
+
+
+# -- a figure a notebook cell shows directly ----------------------------------------------
+
+
+@pytest.fixture
+def kernel():
+    """An IPython shell whose displays are captured, showing figures as PNG as a notebook's
+    inline backend does, with dpkit's figure descriptions switched on."""
+    from IPython.core.displaypub import CapturingDisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+    from matplotlib.figure import Figure
+
+    from dpkit.viz import described
+    from dpkit.viz.explorer import figure_png
+
+    shell = InteractiveShell.instance()
+    shell.display_pub = CapturingDisplayPublisher()
+    shell.display_formatter.formatters["image/png"].for_type(Figure, figure_png)
+    assert described.describe_figures(shell)
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_a_figure_shown_directly_carries_its_text_as_alt_and_under_it(kernel):
+    from ipywidgets.widgets import widget
+
+    from dpkit.viz.alt_text import alt_text_html
+    from dpkit.viz.described import DESCRIPTION_PLAIN
+
+    figure = viz.memory_per_device(ddp_trace())
+    kernel.display_formatter.format(figure)  # what a cell ending in the figure does
+    image, description = kernel.display_pub.outputs
+    text = figure_alt_text(figure)
+    assert image["data"]["image/png"].startswith(b"\x89PNG")
+    assert image["metadata"]["image/png"]["alt"] == text
+    assert image["data"]["text/plain"].startswith("<Figure size")  # as the kernel writes it
+    # Under it, the explorers' collapsed description, in the same kind of widget
+    model = description["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert widget._instances[model].value == alt_text_html(text)
+    assert description["data"]["text/plain"] == DESCRIPTION_PLAIN  # the same on any machine
+
+
+def test_importing_dpkit_viz_in_a_kernel_describes_its_figures():
+    import subprocess
+    import sys
+
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "from matplotlib.figure import Figure\n"
+        "shell = InteractiveShell.instance()\n"
+        "printers = shell.display_formatter.ipython_display_formatter.type_printers\n"
+        "assert Figure not in printers\n"
+        "import dpkit.viz\n"
+        "print(printers.get(Figure).__name__)\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert shown.stdout.strip() == "show_described", shown.stderr

@@ -10,6 +10,8 @@ loaded on first use, so ``import dpkit.viz`` needs neither ipywidgets nor tqdm, 
 module that is missing or broken fails only when it is used.
 What they share (figure sizes, :func:`~dpkit.viz.common.intra_op_threads`, the demo model)
 lives in ``dpkit.viz.common``. Everything here only reads traces; none writes into one.
+Imported in a running kernel, it makes the kernel show every figure with its text alternative
+under it, as the explorers do (:mod:`dpkit.viz.described`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from dpkit.viz.described import describe_figures
 from dpkit.viz.figures import (
     CATEGORY_COLORS,
     MEMORY_CATEGORIES,
@@ -110,7 +113,7 @@ _LAZY_EXPORTS = {
         "speedup_spread_figure",
     ),
 }
-SUBMODULES = ("figures", "common", *_LAZY_EXPORTS)
+SUBMODULES = ("figures", "common", "margins", "described", *_LAZY_EXPORTS)
 _OWNER = {name: module for module, names in _LAZY_EXPORTS.items() for name in names}
 
 __all__ = [
@@ -138,3 +141,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__, *SUBMODULES})
+
+
+describe_figures()  # in a kernel: every figure with its text alternative (a no-op elsewhere)
