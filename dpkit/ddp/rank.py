@@ -134,9 +134,11 @@ def train_runs(
     return [recorder.result(bucket_cap_mb) for recorder, _, _ in models]
 
 
-def join_group(plan: Plan, rank: int) -> None:
+def join_group(plan: Plan, rank: int, device: torch.device | None = None) -> None:
     """``init_process_group`` for this rank: through the plan's file store, or its TCP port;
-    the backend's own connections on the loopback interface."""
+    the backend's own connections on the loopback interface. ``device``: the GPU an NCCL
+    rank uses, set current first and named to torch (``device_id``), so that NCCL binds its
+    communicator to it instead of guessing from the rank."""
     loopback = checks.loopback_interface()
     if loopback is not None:  # the user's own choice, if any, wins
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
@@ -145,8 +147,9 @@ def join_group(plan: Plan, rank: int) -> None:
     if plan.port is None:
         store = dist.FileStore(plan.store, plan.nproc)
         dist.init_process_group(
-            plan.backend, store=store, rank=rank, world_size=plan.nproc, timeout=timeout
-        )
+            plan.backend, store=store, rank=rank, world_size=plan.nproc, timeout=timeout,
+            device_id=device,
+        )  # fmt: skip
         return
     dist.init_process_group(
         plan.backend,
@@ -154,6 +157,7 @@ def join_group(plan: Plan, rank: int) -> None:
         rank=rank,
         world_size=plan.nproc,
         timeout=timeout,
+        device_id=device,
     )
 
 
@@ -167,11 +171,11 @@ def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: P
     torch.set_num_threads(plan.threads)  # ranks share the cores: one thread each by default
     import_what_ddp_imports()
     where.at(process.CONNECTING)
-    join_group(plan, rank)
     cuda = plan.backend == "nccl"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before the group: NCCL binds this rank to its GPU
+    join_group(plan, rank, device if cuda else None)
     torch.manual_seed(plan.workload.seed)
     batch = _move(shard(plan.workload.data(plan.batch), rank, plan.nproc), device)
     runs = []

@@ -163,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(1)  # the ranks of a node share its cores
     import_what_ddp_imports()
     dist.init_process_group(
-        "nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout)
+        "nccl" if cuda else "gloo",
+        timeout=datetime.timedelta(seconds=args.timeout),
+        device_id=device if cuda else None,  # NCCL's communicator on this GPU, not a guess
     )
     hosts: list[str | None] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
