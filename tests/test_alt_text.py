@@ -157,6 +157,19 @@ def test_a_figure_shown_directly_carries_its_text_as_alt_and_under_it(kernel):
     assert description["data"]["text/plain"] == DESCRIPTION_PLAIN  # the same on any machine
 
 
+def test_a_figure_whose_text_cannot_be_read_is_still_shown_and_says_so(kernel, monkeypatch):
+    from dpkit.viz import described
+
+    def unreadable(_figure):
+        raise ValueError("an artist it does not know")
+
+    monkeypatch.setattr(described, "figure_alt_text", unreadable)
+    kernel.display_formatter.format(viz.bytes_per_phase(dp_trace()))
+    image, _description = kernel.display_pub.outputs
+    assert image["data"]["image/png"].startswith(b"\x89PNG")
+    assert "an artist it does not know" in image["metadata"]["image/png"]["alt"]
+
+
 def test_importing_dpkit_viz_in_a_kernel_describes_its_figures():
     import subprocess
     import sys

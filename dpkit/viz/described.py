@@ -81,7 +81,10 @@ def show_described(figure: Figure) -> None:
     """Display ``figure`` as the kernel would, then its description under it."""
     from IPython.display import display
 
-    text = figure_alt_text(figure)
+    try:
+        text = figure_alt_text(figure)
+    except Exception as error:  # a figure it cannot read is still shown, and says why
+        text = f"No text description: reading the figure failed ({type(error).__name__}: {error})"
     data, metadata = figure_bundle(figure, _running_shell(), text)
     display(data, raw=True, metadata=metadata)
     display(description_bundle(text), raw=True)
