@@ -29,6 +29,7 @@ from dpkit.tracing import Trace
 from dpkit.viz.common import FIGURE_DPI, FIGURE_WIDTH, ONE_DEVICE, cores, one_device_note
 from dpkit.viz.figures import (
     CATEGORY_COLORS,
+    MAIN_BAND,
     MEASURED_COLOR,
     _legend_outside,
     _phase_order,
@@ -43,6 +44,8 @@ ENGINE_COLORS = {"DataParallel": "#0072b2", "DDP": "#e69f00"}  # Okabe-Ito blue 
 # The bubble figure's predicted stage counts, after the measured one (MEASURED_COLOR): Okabe-Ito
 # vermillion, bluish green and reddish purple (matplotlib's default cycle is not CVD-safe).
 STAGE_COLORS = ("#d55e00", "#009e73", "#cc79a7")
+# A DDP rank waiting for its last all-reduce: hatched, unfilled (no phase's colour: no work).
+WAITING = {"facecolor": "white", "edgecolor": "0.35", "hatch": "xxxx", "linewidth": 0.3}
 
 
 def _figure(height: float, rows: int = 1, columns: int = 1, **options: Any) -> tuple[Figure, Any]:
@@ -66,25 +69,49 @@ def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None
     lengths = [(max(e.end for e in ev) - min(e.start for e in ev)) * 1e3 for *_, ev in chosen]
     rows = sum(len({e.device for e in ev}) for *_, ev in chosen)
     phases = _phase_order(e.phase for *_, ev in chosen for e in ev)
-    # Room for every phase's legend entry too: one legend for all, beside the stack.
-    height = max(1.2 + 0.42 * rows + 0.7 * len(chosen), 0.8 + 0.19 * len(phases))
+    waits = any(e.details.get("waiting_s", 0) > 0 for *_, ev in chosen for e in ev)
+    entries = len(phases) + waits
+    # Room for every legend entry too: one legend for all, beside the stack.
+    height = max(1.2 + 0.42 * rows + 0.7 * len(chosen), 0.8 + 0.19 * entries)
     figure, axes = _figure(height, len(chosen), 1)
     for (name, trace, number, events), ax in zip(chosen, axes[:, 0]):
         took = draw_timeline(ax, events, span_ms=max(lengths))
+        draw_waiting(ax, events)
         ax.get_legend().remove()  # each timeline's own would run into the next one's title
         title = hardware_title(trace, f"{name}, step {number}: {took:.1f} ms")
         if one_device_note(events) and any(e.phase == "scatter" for e in events):
             # DataParallel on one device: the module's own call is none of its phases
             title += f"\n{ONE_DEVICE}"
         ax.set_title(title, fontsize=9, pad=12)
+    handles = [Patch(color=phase_color(p), label=p) for p in phases]
+    if waits:
+        handles.append(Patch(**WAITING, label="waiting"))
     figure.legend(
-        handles=[Patch(color=phase_color(p), label=p) for p in phases],
+        handles=handles,
         title="phase",
         loc="outside right upper",
         fontsize=8,
         frameon=False,
     )
     return figure
+
+
+def draw_waiting(ax: Any, events: Sequence[Any]) -> None:
+    """Hatch, on each DDP rank's compute track, its wait for the step's last all-reduce:
+    from the backward's last gradient, for the backward's ``details["waiting_s"]``
+    (:mod:`dpkit.ddp.record`); ``backward()`` returns only then, so the rank does nothing
+    meanwhile. Placed as :func:`draw_timeline` places the bars."""
+    devices = device_order(e.device for e in events)
+    row = {name: i for i, name in enumerate(devices)}
+    step_start = min(e.start for e in events)
+    offset, height = MAIN_BAND  # a rank that waits has all-reduces: its row is split
+    for event in events:
+        waiting = event.details.get("waiting_s", 0.0) if event.phase == "backward" else 0.0
+        if waiting > 0:
+            start_ms = (event.end - step_start) * 1e3
+            ax.broken_barh(
+                [(start_ms, waiting * 1e3)], (row[event.device] + offset, height), **WAITING
+            )
 
 
 def traffic_and_memory(comparison: Any) -> Figure:
