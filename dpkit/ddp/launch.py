@@ -131,6 +131,7 @@ class Ranks:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.stop()
+        self._close()
 
     @property
     def pids(self) -> list[int]:
@@ -300,6 +301,16 @@ class Ranks:
             process.join()
         # The parent never puts: nothing of its own to flush, and it must not wait for it.
         self.messages.cancel_join_thread()
+
+    def _close(self) -> None:
+        """Close the pipes a run holds (a test session launches ranks hundreds of times):
+        each rank's sentinel, and the queue's two ends, which ``Queue.close()`` closes only
+        from a feeder thread that a parent that never puts does not have."""
+        for process in self.processes:
+            if process.pid is not None:
+                process.close()
+        for end in (self.messages._reader, self.messages._writer):
+            end.close()
 
 
 def _signal_group(process: Any, signum: int) -> None:
