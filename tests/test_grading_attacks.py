@@ -366,6 +366,26 @@ def test_a_run_sees_no_other_run_process_or_network(apart):
     assert "runs=1 processes=1 network=unreachable" in hint, hint
 
 
+def test_runs_started_without_the_fork_server_are_apart_too(tmp_path, monkeypatch):
+    """Where the fork server cannot start, each run starts as its own Python through
+    util-linux's unshare (dpkit.grading.apart), with the same isolation."""
+    from dpkit.grading import apart as namespaces
+
+    if not namespaces.available():
+        pytest.skip(f"no namespaces here: {namespaces.WHY_NOT}")
+    from dpkit.grading import forkserver
+
+    started = []
+    monkeypatch.setattr(forkserver, "start_server", lambda *a: started.append(a))
+    monkeypatch.setenv("DPKIT_GRADE_FORKSERVER", "0")
+    (tmp_path / "class" / "snoop").mkdir(parents=True)
+    (tmp_path / "class" / "snoop" / NAMES[2]).write_text(SEES)
+    rows = grading.grade_submissions(tmp_path / "class", [2], timeout=30)
+    assert not started, "DPKIT_GRADE_FORKSERVER=0 started the fork server"
+    hint = rows[0][1].hint
+    assert "runs=1 processes=1 network=unreachable" in hint, hint
+
+
 def test_invisible_and_reordering_characters_are_escaped():
     sneaky = "\u061c\u2028\u2029\u2060\U000e0041\U000e007f\u200b\u202e\u2066\ufeff"
     cleaned = grading.clean_text(f"ok{sneaky}8/8")

@@ -28,10 +28,11 @@ checks that all four are there), and nothing else.
 
 Files: ``layout`` (where the tasks and a class's files are), ``sandbox`` (one run: copies,
 processes, the signed channel, a fresh process after a crash), ``apart`` (a class's runs in
-namespaces), ``cleanup`` (removing a run's folder), ``harness`` (the grading process),
-``warden`` (its one-way audit hook), ``rules`` (each task's forbidden calls), ``checks``
-(helpers for graders), ``results`` (report, CSVs, feedback), ``similarity`` (copied code),
-``command`` (the CLI). The threat model is in ``docs/instructors.md``.
+namespaces), ``forkserver`` (a class's runs forked with torch imported), ``cleanup``
+(removing a run's folder), ``harness`` (the grading process), ``warden`` (its one-way audit
+hook), ``rules`` (each task's forbidden calls), ``checks`` (helpers for graders),
+``results`` (report, CSVs, feedback), ``similarity`` (copied code), ``command`` (the CLI).
+The threat model is in ``docs/instructors.md``.
 """
 
 from __future__ import annotations
