@@ -129,7 +129,30 @@ def test_memory_per_device_by_hand():
         ] * 4
     view = cost.predict(model, sample, 4, 2, made_up(), "ddp", gradient_as_bucket_view=True)
     assert all(rank["buckets"] == 0 for rank in view.held)
-    assert dp.fits and not cost.predict(model, sample, 4, 2, made_up(memory_capacity=500)).fits
+    roomy = made_up(memory_capacity=1e9)
+    assert cost.predict(model, sample, 4, 2, roomy).fits
+    assert not cost.predict(model, sample, 4, 2, made_up(memory_capacity=500)).fits
+
+
+# torch's default cuBLAS workspace (CublasHandlePool.cpp): 32 MiB on Hopper, else 8 MiB + 128 KiB
+HOPPER_WORKSPACE, EARLIER_WORKSPACE = 33_554_432, 8_519_680
+
+
+def test_a_gpu_holds_two_cublas_workspaces_when_the_model_has_matmuls():
+    """One per thread that runs matmuls on the device (the forward's, autograd's), each of
+    torch's default size for the GPU's generation; none without a matmul, none on CPU lanes."""
+    model, sample = two_layers(), torch.randn(1, 4)
+    for device_name, size in (("toy", EARLIER_WORKSPACE), ("H100", HOPPER_WORKSPACE)):
+        for strategy in ("dp", "ddp"):
+            held = cost.predict(
+                model, sample, 4, 2, made_up(device_name=device_name), strategy
+            ).held
+            assert [device["cuBLAS workspaces"] for device in held] == [2 * size] * 2
+    pooled = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+    held = cost.predict(pooled, torch.randn(1, 1, 8, 8), 4, 2, made_up()).held
+    assert all("cuBLAS workspaces" not in device for device in held)
+    lanes = made_up(virtual_lanes=True)
+    assert all("cuBLAS workspaces" not in d for d in cost.predict(model, sample, 4, 2, lanes).held)
 
 
 def test_frozen_parameters_have_no_gradients_and_no_optimizer_state():

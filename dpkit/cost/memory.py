@@ -21,7 +21,9 @@ Bytes by category, per device, as :func:`dp_memory` and :func:`ddp_memory` retur
 - ``gathered`` and ``output gradient``: DataParallel's output on device 0, and the loss's
   gradient of it;
 - ``buckets``: DDP's gradient buckets (none with ``gradient_as_bucket_view=True``);
-- ``reduce buffers``: the flat buffers ``reduce_add_coalesced`` packs gradients into (GPUs).
+- ``reduce buffers``: the flat buffers ``reduce_add_coalesced`` packs gradients into (GPUs);
+- ``cuBLAS workspaces``: on GPUs, for a model with matrix products, the scratch memory torch
+  gives cuBLAS per thread and stream that runs them (:func:`blas_workspaces`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dpkit.cost.collectives import COALESCE_BYTES
-from dpkit.cost.profile import Profile
+from dpkit.cost.profile import Profile, op_kind
 
 # Optimizer state per trainable parameter, in copies of it (torch.optim's state_dict):
 # plain SGD none, SGD(momentum>0) its momentum_buffer, Adam and AdamW exp_avg, exp_avg_sq.
 OPTIMIZER_COPIES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 
 Held = dict[str, int]
+
+# cuBLAS's workspace, per thread and stream that runs a matmul on a device: torch gives each
+# cuBLAS handle (one per thread) a workspace per stream (at::cuda::getCurrentCUDABlasHandle,
+# CublasHandlePool.cpp), of CUBLAS_WORKSPACE_CONFIG's default size: 32 MiB on Hopper (sm90),
+# 4096 KiB x 2 + 16 KiB x 8 on earlier GPUs. An H200 read 33,554,432 bytes after its first
+# matmul and twice that after the first backward (benchmarks/results/gpu_cost_check_h200).
+HOPPER = ("H100", "H200", "GH200")
+WORKSPACE_HOPPER = 32 * 2**20
+WORKSPACE_EARLIER = 4096 * 1024 * 2 + 16 * 1024 * 8
+# A training step runs its matmuls in two threads per device: the forward's (the caller's,
+# or parallel_apply's worker) and autograd's thread for that device, which runs the backward.
+THREADS_WITH_MATMULS = 2
 
 
 def optimizer_copies(optimizer: str) -> int:
@@ -49,6 +63,14 @@ def optimizer_copies(optimizer: str) -> int:
         ) from None
 
 
+def blas_workspaces(model: Profile, device_name: str) -> int:
+    """Bytes of cuBLAS workspace a GPU holds in a step of ``model`` (0 without a matmul)."""
+    if not any(op_kind(op.name) == "matmul" for op in model.forward.ops):
+        return 0
+    size = WORKSPACE_HOPPER if device_name in HOPPER else WORKSPACE_EARLIER
+    return THREADS_WITH_MATMULS * size
+
+
 def _replica(model: Profile, rows: int) -> Held:
     return {
         "parameters": model.parameter_bytes + model.buffer_bytes,
@@ -58,10 +80,13 @@ def _replica(model: Profile, rows: int) -> Held:
     }
 
 
-def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -> list[Held]:
+def dp_memory(
+    model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool, workspace: int = 0
+) -> list[Held]:
     """Bytes per category on each device of a DataParallel step with chunks of ``sizes``
     rows. ``gpu``: torch's path (device 0 holds the whole batch; NCCL reduce buffers);
-    else dpkit's virtual lanes (each lane its chunk; the host reduces tensor by tensor)."""
+    else dpkit's virtual lanes (each lane its chunk; the host reduces tensor by tensor).
+    ``workspace``: each device's cuBLAS workspaces (:func:`blas_workspaces`)."""
     gradients = model.gradient_bytes
     held = [_replica(model, rows) for rows in sizes]
     for device in held[1:] if len(sizes) > 1 else []:
@@ -78,11 +103,22 @@ def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -
             flat = min(gradients, COALESCE_BYTES)
             for index, device in enumerate(held):
                 device["reduce buffers"] = flat * (2 if index == 0 else 1)
+    return _with_workspace(held, workspace)
+
+
+def _with_workspace(held: list[Held], workspace: int) -> list[Held]:
+    if workspace:
+        for device in held:
+            device["cuBLAS workspaces"] = workspace
     return held
 
 
 def ddp_memory(
-    model: Profile, sizes: Sequence[int], optimizer: str, gradient_as_bucket_view: bool
+    model: Profile,
+    sizes: Sequence[int],
+    optimizer: str,
+    gradient_as_bucket_view: bool,
+    workspace: int = 0,
 ) -> list[Held]:
     """Bytes per category on each rank of a DDP step: even, apart from uneven chunks."""
     gradients = model.gradient_bytes
@@ -93,4 +129,4 @@ def ddp_memory(
         device["buckets"] = 0 if gradient_as_bucket_view else gradients
         device["optimizer"] = gradients * optimizer_copies(optimizer)
         held.append(device)
-    return held
+    return _with_workspace(held, workspace)

@@ -50,7 +50,7 @@ from dpkit.cost.collectives import (
 )
 from dpkit.cost.compute import PassTime, elementwise_time, host_calls, pass_time, ready_times
 from dpkit.cost.hardware import Hardware
-from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies
+from dpkit.cost.memory import Held, blas_workspaces, ddp_memory, dp_memory, optimizer_copies
 from dpkit.cost.presets import preset
 from dpkit.cost.profile import Profile, profile
 from dpkit.devices import KIND_LABELS, PREDICTED, Device
@@ -577,10 +577,12 @@ def predict(
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     names = device_names(hardware, count)
     sizes = torch_chunk_sizes(batch_size, count)
+    gpu = not hardware.virtual_lanes
+    workspace = blas_workspaces(cost, hardware.device_name) if gpu else 0
     if strategy == "dp":
-        trace.held = dp_memory(cost, sizes, optimizer, gpu=not hardware.virtual_lanes)
+        trace.held = dp_memory(cost, sizes, optimizer, gpu, workspace)
     else:
-        trace.held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view)
+        trace.held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view, workspace)
     start = 0.0
     for number in range(1, steps + 1):
         step = _Step(trace, names, number, start, [start] * count)
