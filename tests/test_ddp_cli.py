@@ -3,8 +3,10 @@ script on its own, and under torchrun as two nodes on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -181,3 +183,65 @@ def test_every_rank_of_a_node_picks_the_same_backend(monkeypatch, gpus, ranks_on
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     # one answer for the node, whichever local rank asks: 2 ranks on 1 GPU both take gloo
     assert train.every_rank_has_a_gpu(ranks_on_the_node) is cuda
+
+
+def test_dpkit_ddp_nnodes_refuses_a_batch_its_ranks_cannot_share_before_starting(tmp_path, capsys):
+    started = time.monotonic()
+    argv = ["ddp", "--nnodes", "2", "--nproc", "2", "--batch", "6", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert time.monotonic() - started < 2  # no torchrun started: that takes seconds
+    assert "batch=6 does not split evenly over 2 nodes x 2 ranks = 4 ranks" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow
+def test_dpkit_ddp_nnodes_runs_a_torchrun_per_node_on_localhost(tmp_path):
+    result = run(
+        sys.executable, "-m", "dpkit", "ddp", "--nnodes", "2", "--nproc", "1", "--batch",
+        "8", "--steps", "2", "--out", str(tmp_path), timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in (0, 1):
+        assert f"--nnodes=2 --nproc_per_node=1 --node_rank={node} --master_addr=127.0.0.1" in (
+            result.stdout
+        )
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert sorted((r["node"], r["rank"], r["steps"]) for r in ranks) == [(0, 0, 2), (1, 1, 2)]
+    assert tracks(tmp_path / "trace.json") == {"rank:0 (cpu)", "rank:1 (cpu)"}
+    assert (tmp_path / "timeline.png").exists()
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_dpkit_ddp_nnodes_leaves_no_node_when_killed(tmp_path):
+    # The torchruns run in sessions of their own; killed by SIGKILL, dpkit ddp can stop
+    # none of them: each torchrun asked Linux for SIGTERM at its launcher's death, and
+    # stops its ranks (without that request, both nodes trained on after the kill).
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "dpkit", "ddp", "--nnodes", "2", "--nproc", "1",
+         "--batch", "8", "--steps", "100000", "--out", str(tmp_path)],
+        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ranks = [c for c in processes_mentioning(str(tmp_path)) if "dpkit.ddp.train" in c]
+            if len([c for c in ranks if "torch.distributed.run" not in c]) == 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the two nodes' ranks did not start")
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_mentioning(str(tmp_path)) == []
+    finally:
+        parent.kill()
+        for pid in filter(str.isdigit, os.listdir("/proc")):  # failed: end what it started
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if str(tmp_path).encode() in cmdline.read():
+                        os.kill(int(pid), signal.SIGKILL)

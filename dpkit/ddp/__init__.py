@@ -20,6 +20,7 @@ From a notebook or a script (functions the ranks run must be importable, see
 From the shell::
 
     dpkit ddp --nproc 2 --batch 64 --model mlp --bucket-mb 25 --out runs/ddp
+    dpkit ddp --nnodes 2 --nproc 2 --out runs/nodes     # two "nodes", a torchrun each
     torchrun --nproc_per_node=2 -m dpkit.ddp.train --out runs/ddp     # as clusters launch
     bash scripts/two_nodes_localhost.sh runs/two_nodes                # two nodes, one machine
     torchrun --nproc_per_node=4 examples/ddp_recipe.py    # the migration recipe (notebook 09)

@@ -2,6 +2,7 @@
 
     dpkit ddp                                   2 ranks (gloo on the CPU), batch 64, MLP
     dpkit ddp --nproc 4 --model transformer --bucket-mb 0.1 --out /tmp/ddp
+    dpkit ddp --nnodes 2 --nproc 2 --out /tmp/nodes   2 "nodes" of 2 ranks, a torchrun each
 
 It prints the ranks' per-phase summary and memory, and writes the merged ``trace.json``
 (every rank a track), ``timeline.png`` and ``memory.png`` (the last step) into ``--out``.
@@ -95,6 +96,8 @@ def _ddp_command(args: argparse.Namespace) -> int:
     from dpkit.ddp.run import run_ddp
 
     out = writable_folder(args.out)
+    if args.nnodes > 1:
+        return _nodes_command(args, out)
     result = run_ddp(
         args.model,
         nproc=args.nproc,
@@ -106,6 +109,51 @@ def _ddp_command(args: argparse.Namespace) -> int:
     )
     trace_path = result.trace.to_chrome_trace(out / "trace.json")
     print(report(result, args.model, (trace_path, *write_figures(result.trace, out))))
+    return 0
+
+
+def _nodes_command(args: argparse.Namespace, out: Path) -> int:
+    """``--nnodes N``: a ``torchrun`` per node on 127.0.0.1 (:func:`dpkit.ddp.nodes.
+    train_on_nodes`); prints their commands, who ran where, and the summary of the trace."""
+    import json
+
+    from dpkit.ddp import nodes
+
+    if args.backend == "nccl":
+        raise ValueError("--nnodes runs its nodes on this machine's CPU (gloo): drop --backend")
+    world = args.nnodes * args.nproc
+    print(f"{args.nnodes} nodes x {args.nproc} ranks on 127.0.0.1, a torchrun per node (the "
+          "same commands a cluster's nodes would run, each with its --node_rank):")  # fmt: skip
+    run = nodes.train_on_nodes(
+        out, args.nnodes, args.nproc, args.model, args.batch, args.steps, args.bucket_mb,
+        args.timeout,
+    )  # fmt: skip
+    for command in run.commands:
+        print("  torchrun " + " ".join(command[3:]))
+    if not run.ok:
+        print(f"a node failed: exit statuses {run.statuses}; the last lines of its log:")
+        failed = next(log for log, status in zip(run.logs, run.statuses) if status)
+        print("\n".join(failed.splitlines()[-15:]))
+        return 1
+    trace = nodes.read_trace(out / "trace.json")
+    ranks = json.loads((out / "ranks.json").read_text())
+    print(f"exit statuses {run.statuses}, {run.seconds:.1f} s (most of it starting Python "
+          f"and torch in {args.nnodes} torchruns and {world} ranks)")  # fmt: skip
+    for who in ranks:
+        print(f"  rank {who['rank']}: node {who['node']}, LOCAL_RANK {who['local_rank']}, "
+              f"pid {who['pid']}, {who['steps']} steps")  # fmt: skip
+    print(f"\nper phase, mean per step — {trace.hardware}:\n{trace.summary()}\n")
+    try:
+        from dpkit import viz
+    except ImportError:
+        print("figures: skipped, matplotlib is not installed (pip install matplotlib)")
+    else:
+        viz.timeline(trace).savefig(out / "timeline.png", dpi=120)
+        print(f"timeline (last step): {out / 'timeline.png'}")
+    print(f"Chrome trace:         {out / 'trace.json'}\n"
+          "torchrun's rendezvous store listened on every network interface of this machine "
+          "while it ran (torch's TCPStore has no bind address); the ranks' own connections "
+          "stayed on the loopback interface.")  # fmt: skip
     return 0
 
 
@@ -147,7 +195,13 @@ def add_ddp_command(commands: Any) -> None:
         "open it in https://ui.perfetto.dev).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--nproc", type=at_least_one, default=2, help="rank processes")
+    parser.add_argument(
+        "--nproc", type=at_least_one, default=2, help="rank processes (per node with --nnodes)"
+    )
+    parser.add_argument(
+        "--nnodes", type=at_least_one, default=1, help="\"nodes\" on this machine, a torchrun "
+        "each on 127.0.0.1 (above 1: the training script of python -m dpkit.ddp.train)"
+    )  # fmt: skip
     parser.add_argument(
         "--batch", type=at_least_one, default=64, help="global batch, split over the ranks"
     )

@@ -11,11 +11,13 @@ Safety: torchrun's rendezvous store is torch's TCPStore, which listens on every 
 interface whatever ``--master_addr`` says (torch has no bind address for it); the ranks'
 own gloo connections are kept on the loopback interface (``GLOO_SOCKET_IFNAME``). Every
 launch runs in a session of its own and is stopped, with everything it started, after
-``limit_s`` seconds or when the caller is interrupted.
+``limit_s`` seconds or when the caller is interrupted; on Linux each ``torchrun`` also gets
+SIGTERM when the process that started it dies (even by SIGKILL), and stops its ranks.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -86,6 +88,7 @@ def launch_nodes(
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=_end_with_the_launcher,
         )  # fmt: skip
         for command in commands
     ]
@@ -103,6 +106,45 @@ def launch_nodes(
             _stop(launch)
     return NodesRun(commands, [launch.returncode for launch in launches], logs,
                     time.monotonic() - started)  # fmt: skip
+
+
+def _end_with_the_launcher() -> None:
+    """Run in each ``torchrun``'s process before it starts: ask Linux for SIGTERM when the
+    launcher dies (``PR_SET_PDEATHSIG``; it survives the exec). torchrun then stops its
+    ranks. Without it a launcher killed by SIGKILL left its nodes training: they run in
+    sessions of their own, which no terminal's signal reaches."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG, <linux/prctl.h>
+
+
+def train_on_nodes(
+    out: str | Path,
+    nnodes: int = 2,
+    nproc_per_node: int = 1,
+    model: str = "mlp",
+    batch: int = 64,
+    steps: int = 3,
+    bucket_mb: float = 25.0,
+    timeout: float = 120.0,
+) -> NodesRun:
+    """``dpkit ddp --nnodes``: :mod:`dpkit.ddp.train` on ``nnodes`` nodes of
+    ``nproc_per_node`` ranks each (one ``torchrun`` per node, on 127.0.0.1), ``steps`` SGD
+    steps of a global ``batch``; rank 0 writes ``trace.json`` and ``ranks.json`` into
+    ``out``. Refuses a batch the ranks cannot share evenly before anything starts."""
+    world = checks.check_nproc(nnodes * nproc_per_node)
+    if batch % world:
+        raise ValueError(
+            f"batch={batch} does not split evenly over {nnodes} nodes x {nproc_per_node} "
+            f"ranks = {world} ranks; use a multiple of {world}, e.g. "
+            f"{(batch // world + 1) * world}"
+        )
+    script = [
+        "-m", "dpkit.ddp.train", "--model", model, "--samples", str(batch * steps),
+        "--batch-per-rank", str(batch // world), "--epochs", "1", "--bucket-mb",
+        repr(bucket_mb), "--timeout", repr(timeout), "--out", str(out),
+    ]  # fmt: skip
+    # torchrun's own start and every rank's import of torch come on top of the training
+    return launch_nodes(script, nnodes, nproc_per_node, limit_s=timeout + 120)
 
 
 def _stop(launch: subprocess.Popen) -> None:
