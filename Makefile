@@ -32,7 +32,7 @@ help:
 	@echo "make check-notebooks  nbval over notebooks/ alone"
 	@echo "make grade      grade every exercise (dpkit grade --all)"
 	@echo "make image      build the grading container image dpkit-course (podman or docker)"
-	@echo "make handout OUT=DIR  a student's copy: no solutions, no instructor tests, no history"
+	@echo "make handout OUT=DIR  a student's copy: no solutions, no instructor tests, no history (REPOSITORY=https://github.com/OWNER/NAME: its Colab cell and links)"
 	@echo "make site       the course as static HTML pages in build/site (OUT=DIR; REPOSITORY=https://github.com/OWNER/NAME for Colab and Binder links)"
 	@echo "make notebooks  re-execute every notebook top to bottom in a fresh kernel and store its outputs"
 	@echo "make lint       ruff check and format check"
@@ -126,7 +126,7 @@ image:
 # solutions, no instructor tests, no history; its own README, CI and Classroom autograding.
 handout: venv
 	@test -n "$(OUT)" || { echo "make handout OUT=DIR: the folder for the hand-out"; exit 2; }
-	$(BIN)/python scripts/handout.py "$(OUT)"
+	$(BIN)/python scripts/handout.py "$(OUT)" $(if $(REPOSITORY),--repository "$(REPOSITORY)")
 
 # The course as static HTML pages with their stored outputs (scripts/course_site.py), into OUT
 # (build/site); REPOSITORY=https://github.com/OWNER/NAME adds Colab and Binder links to it.

@@ -12,6 +12,10 @@ nothing they cannot run:
   written here from the tasks in ``exercises/``);
 - a fresh git repository with one commit: the course's history holds the solutions.
 
+With ``--repository https://github.com/OWNER/NAME`` (``make handout OUT=DIR REPOSITORY=...``),
+the address the students' copy will have: notebook 00's Colab cell installs dpkit and the
+course from it, and the README gets "Open in Colab" and "Launch Binder" links to it.
+
 Before it commits, it checks that no file equals a solution or holds one of a solution's
 function bodies, and refuses to write into a folder that is not empty.
 """
@@ -20,7 +24,9 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import html
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +53,9 @@ LEFT_OUT = (
     "notebooks/conftest.py",  # nbval's verdict checks read tests/, which stays here
     "README.md",  # the students get the template's
 )
+# notebook 00's Colab cell names the course's repository here (empty in the course itself)
+REPOSITORY_LINE = 'COURSE_REPOSITORY = ""'
+START_NOTEBOOK = Path("notebooks/00_start_here.ipynb")
 POINTS_PER_TASK = 10
 MINUTES_PER_TASK = 10
 
@@ -117,7 +126,31 @@ def leaks(out: Path) -> list[str]:
     return found
 
 
-def make_handout(out: Path) -> list[Path]:
+def point_at(out: Path, repository: str) -> None:
+    """Name ``repository`` in the hand-out's notebook 00 (its Colab cell) and README (links)."""
+    from course_site import launch_links, parse_repository  # beside this file
+
+    owner, name = parse_repository(repository)
+    notebook = out / START_NOTEBOOK
+    text = notebook.read_text(encoding="utf-8")
+    escaped = json.dumps(REPOSITORY_LINE)[1:-1]  # as it stands inside the notebook's JSON
+    if escaped not in text:
+        raise SystemExit(f"handout: {START_NOTEBOOK} has no line {REPOSITORY_LINE} to fill in")
+    filled = json.dumps(f'COURSE_REPOSITORY = "https://github.com/{owner}/{name}"')[1:-1]
+    notebook.write_text(text.replace(escaped, filled, 1), encoding="utf-8")
+    readme = out / "README.md"
+    links = launch_links(repository, "main", START_NOTEBOOK.name)
+    colab, binder = re.findall(r'href="([^"]+)"', links)
+    readme.write_text(
+        readme.read_text(encoding="utf-8")
+        + f"\n## In the browser\n\nNo install: [Open in Colab]({html.unescape(colab)}) (run "
+        f"the first cell: it installs dpkit and the course) or [Launch Binder]"
+        f"({html.unescape(binder)}) (the CPU course, ready in a few minutes).\n",
+        encoding="utf-8",
+    )
+
+
+def make_handout(out: Path, repository: str | None = None) -> list[Path]:
     """Write the hand-out into ``out`` (an empty or new folder); return the files written."""
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"handout: {out} is not empty; give a new or empty folder")
@@ -132,6 +165,8 @@ def make_handout(out: Path) -> list[Path]:
     grading = out / ".github" / "classroom" / "autograding.json"
     grading.parent.mkdir(parents=True, exist_ok=True)
     grading.write_text(json.dumps(autograding(out / "exercises"), indent=2) + "\n")
+    if repository is not None:
+        point_at(out, repository)
     found = leaks(out)
     if found:
         raise SystemExit(f"handout: refused, these files give a solution away: {found}")
@@ -145,11 +180,18 @@ def make_handout(out: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python scripts/handout.py DIR", file=sys.stderr)
+    repository = None
+    if len(argv) == 3 and argv[1] == "--repository":
+        repository = argv[2]
+    elif len(argv) != 1:
+        print("usage: python scripts/handout.py DIR [--repository URL]", file=sys.stderr)
         return 2
     out = Path(argv[0])
-    written = make_handout(out)
+    try:
+        written = make_handout(out, repository)
+    except ValueError as error:  # an address that is not a GitHub repository's
+        print(f"handout: {error}", file=sys.stderr)
+        return 2
     tasks = len(autograding(out / "exercises")["tests"])
     print(f"hand-out in {out}: {len(written)} files, {tasks} tasks, one commit, no solutions")
     print(f"next: push it as the assignment's template repository (cd {out} && git remote add ...)")

@@ -18,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "exercises" / "solutions").glob("*.py"))
+REPOSITORY = "https://github.com/example-school/dp-course"  # where a class's copy would live
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import handout  # noqa: E402
@@ -28,8 +29,8 @@ from dpkit.grading.layout import task_files  # noqa: E402
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("handout") / "course"
-    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "handout.py"), str(folder)],
-                          capture_output=True, text=True)  # fmt: skip
+    made = subprocess.run([sys.executable, str(ROOT / "scripts" / "handout.py"), str(folder),
+                           "--repository", REPOSITORY], capture_output=True, text=True)  # fmt: skip
     assert made.returncode == 0, made.stderr
     return folder
 
@@ -97,8 +98,47 @@ def test_the_students_ci_runs_there(out):
     assert planned.returncode == 0 and "--nbval" in planned.stdout, planned.stdout
     assert "pip install" not in planned.stdout
     for notebook in (ROOT / "notebooks").glob("*.ipynb"):
-        assert (out / "notebooks" / notebook.name).read_bytes() == notebook.read_bytes()
+        handed = (out / "notebooks" / notebook.name).read_text()  # but the repository named
+        assert handed.replace(REPOSITORY, "") == notebook.read_text(), notebook.name
     graded = subprocess.run([*make, "grade", "TASKS=1"], cwd=out, env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert graded.returncode != 0, graded.stdout
     assert re.search(r"\b0/\d+ checks passed", graded.stdout), graded.stdout
+
+
+def _start_tree(tmp_path: Path) -> Path:
+    (tmp_path / "notebooks").mkdir()
+    notebook = ROOT / "notebooks" / "00_start_here.ipynb"
+    (tmp_path / "notebooks" / notebook.name).write_bytes(notebook.read_bytes())
+    (tmp_path / "README.md").write_text("# The course\n")
+    return tmp_path
+
+
+def test_a_handout_for_a_repository_sets_up_colab_and_links_to_it(out):
+    """With --repository, notebook 00's Colab cell installs from that repository and the
+    students' README opens notebook 00 there on Colab and Binder."""
+    import nbformat
+
+    tree = out
+    cells = nbformat.read(tree / "notebooks" / "00_start_here.ipynb", 4).cells
+    colab = next(cell for cell in cells if cell.get("id") == "colab")
+    assert 'COURSE_REPOSITORY = "https://github.com/example-school/dp-course"' in colab.source
+    readme = (tree / "README.md").read_text()
+    assert ("https://colab.research.google.com/github/example-school/dp-course/blob/main/"
+            "notebooks/00_start_here.ipynb") in readme  # fmt: skip
+    assert "https://mybinder.org/v2/gh/example-school/dp-course/main?labpath=" in readme
+
+
+def test_the_course_itself_names_no_repository_and_its_colab_cell_does_nothing_elsewhere():
+    import nbformat
+
+    cells = nbformat.read(ROOT / "notebooks" / "00_start_here.ipynb", 4).cells
+    colab = next(cell for cell in cells if cell.get("id") == "colab")
+    assert handout.REPOSITORY_LINE in colab.source
+    assert 'if "google.colab" in sys.modules:' in colab.source and not colab.outputs
+
+
+def test_a_handout_for_an_address_not_on_github_is_refused(tmp_path):
+    tree = _start_tree(tmp_path)
+    with pytest.raises(ValueError, match="https://github.com/OWNER/NAME"):
+        handout.point_at(tree, "gitlab.com/x/y")
