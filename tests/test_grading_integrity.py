@@ -354,6 +354,33 @@ def test_a_timeout_kills_every_process_the_submission_started(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
+def test_a_timeout_kills_every_process_a_forked_run_started(tmp_path, monkeypatch):
+    """Without namespaces a class's runs are still forks of the fork server, whose
+    environment they cannot carry a marker in: the run's supervisor is a subreaper, so the
+    grandchild that left the session with setsid is its child once orphaned, and killed."""
+    from dpkit.grading import apart, forkserver
+
+    monkeypatch.setattr(apart, "available", lambda: False)
+    servers: list = []
+    start = forkserver.start_server
+
+    def started(*args):
+        servers.append(start(*args))
+        return servers[-1]
+
+    monkeypatch.setattr(forkserver, "start_server", started)
+    file, pids = stalling_submission(tmp_path)
+    (tmp_path / "class" / "ada").mkdir(parents=True)
+    shutil.copy(file, tmp_path / "class" / "ada" / file.name)
+    rows = grading.grade_submissions(tmp_path / "class", [1], timeout=6)
+    assert servers and servers[0] is not None and not servers[0].namespaces, servers
+    assert "timed out" in rows[0][1].hint and not any(r.passed for _, r in rows)
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2
+    assert not still_alive(started), "a process the submission started lives on"
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 def test_ctrl_c_stops_everything_with_a_one_line_message(tmp_path):
     file, pids = stalling_submission(tmp_path)
     command = [sys.executable, "-m", "dpkit", "grade", "1", "--file", str(file), "--timeout", "120"]

@@ -188,9 +188,10 @@ def grade_submissions(
     hidden = [root.resolve(), exercise_root / "solutions"]  # out of a run's sight
     scratch = Path(tempfile.mkdtemp(prefix="dpkit-class-"))  # every run's folder, in here
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
-    server = None  # runs forked with torch imported, where they start in namespaces
-    if forkserver.wanted() and apart.available() and apart.usable_for(scratch / "run"):
-        server = forkserver.start_server(str(scratch))
+    server = None  # runs forked with torch imported, in namespaces where they can be
+    if forkserver.wanted():
+        namespaces = apart.available() and apart.usable_for(scratch / "run")
+        server = forkserver.start_server(str(scratch), namespaces)
     lock = threading.Lock()
 
     def one(student: str) -> list[CheckResult]:

@@ -18,12 +18,19 @@ exactly as :mod:`dpkit.grading.apart` starts a run through ``unshare``:
   the grader asks, or goes away, the supervisor kills the run, and with it (the first
   process of its PID namespace) every process the submission started.
 
+Where namespaces are not available, runs are forked all the same, without them (as
+started runs are then): the supervisor is a *subreaper* instead, so every process the run
+starts that outlives its parent (one that left its session with setsid included) becomes
+the supervisor's child, and is killed when the run ends. A forked run's environment as
+``/proc`` shows it is the server's, so the marker :mod:`dpkit.grading.sandbox` kills
+started runs' processes by would not find them.
+
 The server holds no key and no submission: each run's pipes arrive over a Unix socket,
 are passed to its supervisor and closed. Nothing of the checkout's dpkit is imported in
 the server (it runs this file with ``python -I``, standard library and the preloads
-only). Where namespaces are not available, or the server cannot start, runs start as
-before (:mod:`dpkit.grading.sandbox`). This file's top level imports the standard
-library only. ``DPKIT_GRADE_FORKSERVER=0`` starts every run as before;
+only), and it never runs a submission: each run is a fresh fork. This file's top level
+imports the standard library only. Where the server cannot start, runs start as before
+(:mod:`dpkit.grading.sandbox`); ``DPKIT_GRADE_FORKSERVER=0`` starts every run so;
 ``DPKIT_GRADE_FORKSERVER=debug`` shows the server's own errors on the grader's stderr.
 """
 
@@ -54,6 +61,7 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 # --------------------------------------------------------------------------------------
@@ -107,7 +115,8 @@ class Run:
 class Server:
     """The fork server of one class's grading: :meth:`start` a run, :meth:`close` at the end."""
 
-    def __init__(self, scratch: str) -> None:
+    def __init__(self, scratch: str, namespaces: bool = True) -> None:
+        self.namespaces = namespaces
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
         env.update(HOME=scratch, TMPDIR=scratch, PYTHONDONTWRITEBYTECODE="1")
@@ -130,8 +139,9 @@ class Server:
         if not _readable(ours, READY_SECONDS) or ours.recv(64) != b"ready":
             self.close()
             raise RuntimeError("the grading fork server did not start")
-        # One run that only enters the namespaces: where the system refuses them to this
-        # process (they were probed with util-linux's unshare), runs start as before.
+        # One run that only enters the namespaces (or only forks, without them): where the
+        # system refuses them to this process (they were probed with util-linux's unshare),
+        # runs start as before.
         probe = tempfile.mkdtemp(prefix="dpkit-probe-", dir=scratch)
         os.mkdir(os.path.join(probe, "home"))
         pipes = [os.pipe() for _ in range(3)]
@@ -165,7 +175,7 @@ class Server:
         the folders covered; ``fds`` the key, results and output pipes' ends, in that order."""
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         request = {"arguments": list(arguments), "env": dict(env), "root": root}
-        request.update(hide=list(hide), probe=probe)
+        request.update(hide=list(hide), probe=probe, namespaces=self.namespaces)
         try:
             with self._lock:
                 socket.send_fds(
@@ -201,10 +211,10 @@ def wanted() -> bool:
     return os.environ.get("DPKIT_GRADE_FORKSERVER", "1") != "0"
 
 
-def start_server(scratch: str) -> Server | None:
-    """A fork server for a class graded in namespaces, or None where it cannot start."""
+def start_server(scratch: str, namespaces: bool = True) -> Server | None:
+    """A fork server for a class's runs, in namespaces or not, or None where it cannot start."""
     try:
-        return Server(scratch)
+        return Server(scratch, namespaces)
     except (OSError, RuntimeError):
         return None
 
@@ -246,14 +256,17 @@ def _map_root(uid: int, gid: int) -> None:
 
 
 def _run(request: dict, key: int, results: int, output: int, call: Callable[..., None]) -> None:
-    """In the run (the first process of its PID namespace): the harness, then exit."""
-    call("mount", b"proc", b"/proc", b"proc", _ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
-    call("unshare", CLONE_NEWUSER | CLONE_NEWNS)  # the mounts above are now locked
-    _map_root(0, 0)
-    # Entering a user namespace clears the parent-death signal: set it again.
+    """In the run (the first process of its PID namespace, if any): the harness, then exit."""
+    if request["namespaces"]:
+        flags = _ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        call("mount", b"proc", b"/proc", b"proc", flags, None)
+        call("unshare", CLONE_NEWUSER | CLONE_NEWNS)  # the mounts above are now locked
+        _map_root(0, 0)
+    # Set after entering a user namespace, which clears it.
     call("prctl", PR_SET_PDEATHSIG, _ulong(signal.SIGKILL), _ulong(0), _ulong(0), _ulong(0))
     if request.get("probe"):
-        os._exit(0 if os.getpid() == 1 and len(_numeric(os.listdir("/proc"))) == 1 else 3)
+        alone = os.getpid() == 1 and len(_numeric(os.listdir("/proc"))) == 1
+        os._exit(0 if alone or not request["namespaces"] else 3)
     root = request["root"]
     home = os.path.join(root, "home")
     os.chdir(home)
@@ -277,11 +290,18 @@ def _run(request: dict, key: int, results: int, output: int, call: Callable[...,
 
 
 def _supervise(request: dict, fds: list[int]) -> int:
-    """In the supervisor: namespaces, the run forked, its exit status sent back."""
+    """In the supervisor: namespaces, the run forked, its exit status sent back.
+
+    Without namespaces, the supervisor is a subreaper (``PR_SET_CHILD_SUBREAPER``): every
+    process the run starts that outlives its parent, one that left its session with setsid
+    included, becomes the supervisor's child, and is killed when the run ends."""
     key, results, output, control_fd = fds
     control = socket.socket(fileno=control_fd)
     try:
         call = _libc()
+        if not request["namespaces"]:
+            call("prctl", PR_SET_CHILD_SUBREAPER, _ulong(1), _ulong(0), _ulong(0), _ulong(0))
+            raise _NoNamespaces
         uid, gid = os.getuid(), os.getgid()
         call("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET)
         _map_root(uid, gid)
@@ -293,6 +313,8 @@ def _supervise(request: dict, fds: list[int]) -> int:
         root = request["root"]
         above = os.fsencode(os.path.dirname(root))
         call("mount", os.fsencode(root), above, None, _ulong(MS_BIND), None)
+    except _NoNamespaces:
+        pass
     except OSError as error:
         control.send(json.dumps({"error": f"namespaces: {error}", "exit": 1}).encode())
         return 1
@@ -315,6 +337,7 @@ def _supervise(request: dict, fds: list[int]) -> int:
         if run in ready:
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
+            _kill_children()  # without namespaces: what the run left (with them, nothing)
             try:
                 control.send(json.dumps({"exit": code}).encode())
             except OSError:
@@ -326,6 +349,40 @@ def _supervise(request: dict, fds: list[int]) -> int:
             except ProcessLookupError:
                 pass
             poller.unregister(control)
+
+
+class _NoNamespaces(Exception):
+    """A run of a server without namespaces: nothing to enter."""
+
+
+def _children() -> list[int]:
+    """This process's children (ended ones too, until they are waited for)."""
+    me, found = str(os.getpid()), []
+    for name in _numeric(os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as file:
+                fields = file.read().rpartition(b")")[2].split()
+        except OSError:  # gone
+            continue
+        if len(fields) > 1 and fields[1].decode() == me:
+            found.append(int(name))
+    return found
+
+
+def _kill_children() -> None:
+    """Kill and wait for every child until none is left: as each dies, its own children
+    become this subreaper's, and are killed in the next round."""
+    for _ in range(1000):
+        children = _children()
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(os.WNOHANG)
+        time.sleep(0.005)
 
 
 def _reap(flags: int) -> None:

@@ -8,9 +8,9 @@ The reference solutions are not copied, so they are not importable. The grading 
 (:mod:`dpkit.grading.harness`) starts in a session of its own, under a memory cap, with a
 marker in its environment; when it ends, times out or the caller is interrupted, every
 process carrying the marker is killed, including ones that left the session with setsid.
-A class graded in namespaces forks its runs from a server instead
-(:mod:`dpkit.grading.forkserver`): each is the first process of its own PID namespace, so
-killing it kills every process it started.
+A class's runs are forked from a server instead (:mod:`dpkit.grading.forkserver`): each
+is the first process of its own PID namespace, so killing it kills every process it
+started, or, without namespaces, the child of a subreaper that kills them all.
 Nothing here waits on a pipe another process may hold: reads have a deadline, and what the
 harness sends counts only when signed with the run's key (see the harness's docstring).
 """
@@ -385,7 +385,7 @@ def _run_once(
         env = _environment(seen, seen / submitted.name, timeout, marker, refused)
         process: subprocess.Popen | forkserver.Run | None = None
         try:
-            if isolated and server is not None:  # forked, torch already imported
+            if server is not None and server.namespaces == isolated:  # torch imported
                 covered = [str(Path(path).resolve()) for path in hide or ()]
                 pipes = (key_read, results_write, output_write)
                 try:
