@@ -35,9 +35,10 @@ using, the CPU time is close to what the wall time would be on a quiet one. The 
 is recorded at the start and the end. Each variant's slowest move is kept with its parts and
 the time Python's garbage collector ran during it (``worst_move``): before each explorer
 froze the objects alive after its first computation (see :mod:`dpkit.viz.explorer`), the
-worst moves were full collections. Each notebook's explorers run in a process of their own (:data:`KERNELS`),
-as each notebook has a kernel of its own: a collection then walks what that kernel made, not
-what 24 explorers made (``--in-this-process`` runs them all in one, as before). Results go to
+worst moves were full collections. Each notebook's explorers run in a process of their own
+(:data:`KERNELS`), as each notebook has a kernel of its own: a collection then walks what that
+kernel made, not what 24 explorers made (``--in-this-process`` runs them all in one, as
+before). Results go to
 ``benchmarks/results/widgets.json``.
 """
 
