@@ -386,8 +386,9 @@ def _kill_children() -> None:
 
 
 def _reap(flags: int) -> None:
-    """Wait for ended supervisors (all of them, with ``flags`` 0), so that their CPU time
-    and their runs' count in the server's children's, and so in the grader's."""
+    """Wait for ended children (all of them, with ``flags`` 0): in the server its
+    supervisors, so that their CPU time and their runs' count in the grader's children's;
+    in a supervisor, what its run left."""
     while True:
         try:
             pid, _ = os.waitpid(-1, flags)
