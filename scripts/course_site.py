@@ -1,7 +1,8 @@
 """The course as a static site: ``make site`` (or ``python scripts/course_site.py OUT``).
 
-Every notebook in ``notebooks/`` rendered to HTML with its stored outputs (nbconvert's lab
-template, the same a learner's "Export as HTML" gives), plus ``index.html`` listing them in
+Every notebook in ``notebooks/`` rendered to HTML with its stored outputs (nbconvert's classic
+template: its images carry the ``alt`` stored with them, which the lab template of nbconvert
+7.17 leaves out), plus ``index.html`` listing them in
 order with each notebook's title and first paragraph. Nothing is executed: the pages show
 what ``make notebooks`` stored, which the tests keep fresh. Widgets show the state stored
 with the notebook (nbconvert's widget manager, loaded from a CDN when the page is opened
@@ -109,7 +110,7 @@ def build(out: Path, repository: str | None, branch: str, notebooks: list[Path])
     if repository is not None:
         parse_repository(repository)  # refuse a bad address before writing anything
     out.mkdir(parents=True, exist_ok=True)
-    exporter = HTMLExporter(template_name="lab")
+    exporter = HTMLExporter(template_name="classic")
     missing: dict[str, int] = {}
     entries = []
     for path in notebooks:

@@ -22,13 +22,13 @@ FIRST, SECOND = ROOT / "notebooks" / "00_start_here.ipynb", ROOT / "notebooks" /
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     repository = "https://github.com/example-school/dp-course"
-    status = site.main([str(out), "--repository", repository, str(FIRST), str(SECOND)])
+    status = site.main([str(out), "--strict", "--repository", repository, str(FIRST), str(SECOND)])
     return out, status
 
 
 def test_a_page_per_notebook_with_its_stored_outputs_and_an_index_in_order(built):
     out, status = built
-    assert status == 0
+    assert status == 0  # --strict: every figure kept its text alternative
     index = (out / "index.html").read_text()
     assert index.index('href="00_start_here.html"') < index.index('href="01_scatter.html"')
     page = (out / "01_scatter.html").read_text()
