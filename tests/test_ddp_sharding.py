@@ -47,3 +47,23 @@ def test_fsdp_splits_parameters_gradients_and_state(rows):
         for rank in range(RANKS):
             assert rows["fsdp", rank][category] == whole // RANKS  # even shards here
             assert rows["fsdp", rank][category] == rows["fsdp", rank][f"predicted {category}"]
+
+
+def test_the_bytes_each_engine_sends_are_the_zero_papers(rows):
+    """Counted from the collectives each engine called in one step (a ring's share of each
+    payload): DDP all-reduces the gradients, 2 (n-1)/n of the model; ZeRO-1 adds a broadcast
+    of the updated parameters, (n-1)/n; FSDP all-gathers the parameters twice (forward and
+    backward) and reduce-scatters the gradients: 3 (n-1)/n, 1.5x DDP's."""
+    model = rows["ddp", 0]["model bytes"]
+    share = (RANKS - 1) / RANKS * model
+    for rank in range(RANKS):
+        assert rows["ddp", rank]["sent"] == {"all-reduce": pytest.approx(2 * share, rel=1e-3)}
+        zero1 = rows["zero1", rank]["sent"]
+        assert zero1 == {"all-reduce": pytest.approx(2 * share, rel=1e-3),
+                         "broadcast": pytest.approx(share, rel=1e-3)}  # fmt: skip
+        fsdp = rows["fsdp", rank]["sent"]
+        assert fsdp["all-gather"] == pytest.approx(2 * share, rel=0.01)  # shards may pad
+        assert fsdp["reduce-scatter"] == pytest.approx(share, rel=0.01)
+        assert sum(fsdp.values()) / sum(rows["ddp", rank]["sent"].values()) == pytest.approx(
+            1.5, rel=0.01
+        )

@@ -24,15 +24,18 @@ state tensors); :func:`predicted_bytes` is the ZeRO paper's arithmetic for the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from dpkit.ddp.workload import wide_mlp
 
@@ -61,9 +64,57 @@ def held(model: nn.Module, optimizer: Any) -> dict[str, int]:
     }
 
 
+# The collectives the engines call from Python, and how much of a payload of P bytes a rank
+# sends over a ring of n (an all-gather's output, a reduce-scatter's input: (n - 1) / n of it;
+# a broadcast pipelined down the ring: the same on average; an all-reduce, 2 (n - 1) / n).
+RING_SHARE = {
+    "all_gather_single": 1, "all_gather_into_tensor": 1,
+    "reduce_scatter_single": 1, "reduce_scatter_tensor": 1, "broadcast": 1, "all_reduce": 2,
+}  # fmt: skip
+# what each names in a table: the collective, not torch's function
+COLLECTIVE_NAMES = {"all_gather_single": "all-gather", "all_gather_into_tensor": "all-gather",
+                    "reduce_scatter_single": "reduce-scatter",
+                    "reduce_scatter_tensor": "reduce-scatter", "broadcast": "broadcast",
+                    "all_reduce": "all-reduce"}  # fmt: skip
+
+
+def _payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of the collective's whole tensor: an all-gather's output, a reduce-scatter's
+    input, the tensor broadcast or all-reduced."""
+    if name.startswith("reduce_scatter"):
+        tensor = kwargs.get("input", args[1] if len(args) > 1 else None)
+    else:
+        tensor = args[0] if args else kwargs.get("output_tensor", kwargs.get("tensor"))
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+
+@contextlib.contextmanager
+def counted_collectives(counts: Counter[str]) -> Iterator[None]:
+    """Add the bytes each Python-level collective call sends from this rank to ``counts``,
+    by collective (ring arithmetic, :data:`RING_SHARE`), while inside."""
+    world = dist.get_world_size()
+    saved = {name: getattr(dist, name) for name in RING_SHARE if hasattr(dist, name)}
+
+    def counting(name: str, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            share = RING_SHARE[name] * (world - 1) / world
+            counts[COLLECTIVE_NAMES[name]] += round(share * _payload(name, args, kwargs))
+            return original(*args, **kwargs)
+
+        return call
+
+    for name, original in saved.items():
+        setattr(dist, name, counting(name, original))
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+
+
 def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, Any]:
     """A few Adam steps of :func:`wide_mlp` under ``engine`` on this rank's rows; the bytes
-    it then holds."""
+    it then holds, and the bytes its collectives sent from this rank in the last step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = wide_mlp(width=width, hidden=2)
@@ -75,8 +126,11 @@ def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, A
                 fully_shard(layer)  # a unit per layer: gathered for its forward and backward
         fully_shard(model)
         trained, optimizer = model, torch.optim.Adam(model.parameters(), lr=1e-3)
-    else:
+    if engine != "fsdp":
         trained = nn.parallel.DistributedDataParallel(model)
+        # torch's own all-reduce hook: the same all-reduce as DDP's built-in one (which its
+        # C++ Reducer calls), called from Python, where counted_collectives sees it
+        trained.register_comm_hook(None, default_hooks.allreduce_hook)
         if engine == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -88,11 +142,13 @@ def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, A
     generator = torch.Generator().manual_seed(rank)
     images = torch.randn(batch // world, 1, 28, 28, generator=generator)
     labels = torch.randint(0, 10, (batch // world,), generator=generator)
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=False)  # keep the gradients to count them
-        nn.functional.cross_entropy(trained(images), labels).backward()
-        optimizer.step()
-    return {"rank": rank, "engine": engine, **held(model, optimizer)}
+    sent: Counter[str] = Counter()  # the last step's: the first ones also set things up
+    for step in range(steps):
+        with counted_collectives(sent) if step == steps - 1 else contextlib.nullcontext():
+            optimizer.zero_grad(set_to_none=False)  # keep the gradients to count them
+            nn.functional.cross_entropy(trained(images), labels).backward()
+            optimizer.step()
+    return {"rank": rank, "engine": engine, **held(model, optimizer), "sent": dict(sent)}
 
 
 def sharding_main(argv: Sequence[str]) -> list[dict[str, Any]]:
