@@ -186,3 +186,29 @@ def test_measured_against_predicted_on_lanes():
     assert panels[1].startswith("predicted")
     with pytest.raises(ValueError, match="steps"):
         prediction_check.measure_against_prediction(cost.preset("this-machine"), steps=2)
+
+
+def test_a_models_first_prediction_says_it_is_profiling_while_it_works(monkeypatch):
+    """The first prediction of a model profiles it (1-2 s): the marker says so while that
+    runs, and only then; afterwards it names what is drawn."""
+    pytest.importorskip("ipywidgets")
+    seen = []
+    real_view = scaling.scaling_view
+
+    def watched(hardware, model_name, devices, batch):
+        seen.append((model_name, explorer_marker()))
+        return real_view(hardware, model_name, devices, batch)
+
+    monkeypatch.setattr(scaling, "scaling_view", watched)
+    holder = {}
+
+    def explorer_marker():
+        return holder["explorer"].marker.value if "explorer" in holder else "(first)"
+
+    explorer = scaling.scaling_explorer(hardware="8xA100-SXM-NVLink", model_name="mlp")
+    holder["explorer"] = explorer
+    explorer.controls["model"].value = "cnn"  # a model not seen yet: profiled first
+    explorer.controls["batch"].value = 272  # seen: no message
+    assert seen[1][1].startswith("profiling cnn")
+    assert seen[2][1].startswith("batch=1024 devices=8") and "model=cnn" in seen[2][1]
+    assert explorer.marker.value.startswith("batch=272 ")

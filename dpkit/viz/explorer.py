@@ -231,7 +231,9 @@ class Explorer:
     redraws as a slider move does; ``.last_data``, ``.last_figure`` and ``.last_png`` hold
     what is shown; ``.marker`` is the line naming it, ``marker(data, values)`` its text;
     ``.alt_text`` is the figure's text alternative, shown in ``.description`` under the image.
-    ``.layouts`` remembers the figures' layouts (``reuse_layout=False``: lay out every figure).
+    ``busy(values)``, if given, says what a slow computation is doing (the marker shows it
+    until the figure is drawn). ``.layouts`` remembers the figures' layouts
+    (``reuse_layout=False``: lay out every figure).
     """
 
     def __init__(
@@ -241,11 +243,13 @@ class Explorer:
         draw: Callable[[Any], Figure],
         marker: Callable[[Any, dict[str, Any]], str] = drawn_marker,
         reuse_layout: bool = True,
+        busy: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
         import ipywidgets as widgets
 
         self.controls: dict[str, Any] = {control.description: control for control in controls}
         self._compute, self._draw, self._describe = compute, draw, marker
+        self._busy = busy  # what the marker says while a long computation runs, if anything
         self.layouts = LayoutMemory() if reuse_layout else None
         self._canvas = FigureCanvasAgg(Figure())
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
@@ -270,6 +274,9 @@ class Explorer:
     def update(self) -> None:
         """Recompute and redraw from the controls' values; the marker changes last."""
         values = self.values
+        waiting = self._busy(values) if self._busy is not None else None
+        if waiting:  # shown at once: the browser gets the new value before compute returns
+            self.marker.value = waiting
         self.last_data = self._compute(**values)
         if not self._frozen:  # after the first computation: what it imported and cached
             self._frozen = True

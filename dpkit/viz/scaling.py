@@ -547,9 +547,19 @@ def scaling_explorer(
         int_slider("devices", devices, 1, MAX_DEVICES),
         int_slider("batch", batch, BATCH_STEP, MAX_BATCH, BATCH_STEP),
     ]
+    profiled: set[str] = set()
+
+    def busy(values: dict[str, Any]) -> str | None:
+        """A model seen for the first time is profiled first (1-2 s): say so meanwhile."""
+        if values["model"] in profiled:
+            return None
+        profiled.add(values["model"])
+        return f"profiling {values['model']} (its ops, on the CPU) before the first prediction..."
+
     return Explorer(
         controls,
         compute=lambda **v: scaling_view(v["hardware"], v["model"], v["devices"], v["batch"]),
         draw=scaling_view_figure,
         marker=lambda view, _values: view.marker,
+        busy=busy,
     )
