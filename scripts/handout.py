@@ -138,16 +138,16 @@ def point_at(out: Path, repository: str) -> None:
         raise SystemExit(f"handout: {START_NOTEBOOK} has no line {REPOSITORY_LINE} to fill in")
     filled = json.dumps(f'COURSE_REPOSITORY = "https://github.com/{owner}/{name}"')[1:-1]
     notebook.write_text(text.replace(escaped, filled, 1), encoding="utf-8")
-    readme = out / "README.md"
     links = launch_links(repository, "main", START_NOTEBOOK.name)
     colab, binder = re.findall(r'href="([^"]+)"', links)
-    readme.write_text(
-        readme.read_text(encoding="utf-8")
-        + f"\n## In the browser\n\nNo install: [Open in Colab]({html.unescape(colab)}) (run "
+    section = (
+        f"\n## In the browser\n\nNo install: [Open in Colab]({html.unescape(colab)}) (run "
         f"the first cell: it installs dpkit and the course) or [Launch Binder]"
-        f"({html.unescape(binder)}) (the CPU course, ready in a few minutes).\n",
-        encoding="utf-8",
+        f"({html.unescape(binder)}) (the CPU course, ready in a few minutes).\n"
     )
+    for readme in (out / "README.md", out / "notebooks" / "README.md"):
+        if readme.is_file():
+            readme.write_text(readme.read_text(encoding="utf-8") + section, encoding="utf-8")
 
 
 def make_handout(out: Path, repository: str | None = None) -> list[Path]:

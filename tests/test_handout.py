@@ -123,10 +123,11 @@ def test_a_handout_for_a_repository_sets_up_colab_and_links_to_it(out):
     cells = nbformat.read(tree / "notebooks" / "00_start_here.ipynb", 4).cells
     colab = next(cell for cell in cells if cell.get("id") == "colab")
     assert 'COURSE_REPOSITORY = "https://github.com/example-school/dp-course"' in colab.source
-    readme = (tree / "README.md").read_text()
-    assert ("https://colab.research.google.com/github/example-school/dp-course/blob/main/"
-            "notebooks/00_start_here.ipynb") in readme  # fmt: skip
-    assert "https://mybinder.org/v2/gh/example-school/dp-course/main?labpath=" in readme
+    for readme in (tree / "README.md", tree / "notebooks" / "README.md"):
+        text = readme.read_text()
+        assert ("https://colab.research.google.com/github/example-school/dp-course/blob/main/"
+                "notebooks/00_start_here.ipynb") in text  # fmt: skip
+        assert "https://mybinder.org/v2/gh/example-school/dp-course/main?labpath=" in text
 
 
 def test_the_course_itself_names_no_repository_and_its_colab_cell_does_nothing_elsewhere():
