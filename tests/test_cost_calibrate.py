@@ -176,3 +176,45 @@ def test_a_calibrated_machine_predicts(measured):
     predicted = cost.predict(course_model("mlp"), sample_input(), 256, 2, measured)
     assert 0 < predicted.step_time < 1.0
     assert "this-machine" in predicted.hardware
+
+
+def test_the_link_is_measured_from_sources_out_of_the_caches(monkeypatch):
+    # A made-up lane copy: 2 GB/s from a source out of the caches, 8 GB/s from one a copy
+    # before has brought into them (scatters of one tensor again and again), 1 us more per
+    # copy. A step's copies read sources its own work has pushed out of the caches, so the
+    # link must be the 2 GB/s one: chunks of 1 kB and 1 MB, (1 MB - 1 kB) / 2 GB/s apart.
+    state = {"cold": True}
+    recorder: list[list[object]] = []
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.events: list[object] = []
+
+        def __enter__(self) -> Recorded:
+            recorder.append(self.events)
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            recorder.pop()
+
+    def scatter(tensor: torch.Tensor, lanes: list[dpkit.Device]) -> None:
+        chunk = tensor[:1].nbytes
+        seconds = 1e-6 + chunk / (2e9 if state["cold"] else 8e9)
+        state["cold"] = False
+        for lane in lanes[1:]:
+            recorder[-1].append(
+                dataclasses.make_dataclass("E", ["device", "nbytes", "duration"])(
+                    lane.name, chunk, seconds
+                )
+            )
+
+    def evict() -> None:
+        state["cold"] = True
+
+    monkeypatch.setattr(dpkit, "trace", Recorded)
+    monkeypatch.setattr(dpkit, "scatter", scatter)
+    lanes = dpkit.virtual_devices(2, on="cpu")
+    link = calibration.measure_link(lanes, 3, (2 * 1000, 2 * 1000 * 1000), evict=evict)
+    assert link.bandwidth == pytest.approx(2e9)
+    # on CPU lanes the default evicts too: more bytes than this VM's 32 MiB last-level cache
+    assert calibration.EVICT_BYTES >= 2 * 32 * 2**20

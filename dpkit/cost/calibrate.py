@@ -11,7 +11,8 @@ of its repeats (see :func:`_fastest`).
 
 What is measured, in order (each function says how):
 
-1. copies: the link's bandwidth and latency (:func:`measure_link`);
+1. copies: the link's bandwidth and latency, copies from sources out of the caches as a
+   step's are (:func:`measure_link`);
 2. cores: ``compute_units``, the most of three moments (:func:`measure_cores`);
 3. ops: ``op_seconds``, seconds against work per aten op of generic probes and of
    ``models`` (:func:`measure_ops`), and the roofline for ops never timed
@@ -90,17 +91,45 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
 # --- 1. copies, 2. cores ------------------------------------------------------------------
 
 
-def measure_link(lanes: Sequence[Device], repeats: int, sizes: Sequence[int]) -> Link:
-    """The link between lanes from traced scatters: per chunk size, each lane's fastest copy,
-    the median over lanes; the bandwidth is the slope between the smallest and the largest
-    (two fastest points: one slow copy would tilt a least-squares line), the latency a
-    lone clone of 16 floats (dpkit's Python around a copy is ``copy_overhead``)."""
+# Bytes written between two timed copies of measure_link: more than the last-level cache
+# of the machines the course runs on (32 MiB on its 2-core VM, an AMD EPYC), so that every
+# copy reads its source from memory as a step's copies do.
+EVICT_BYTES = 64 * 2**20
+
+
+def evict_caches(buffer: torch.Tensor) -> None:
+    """Push the CPU caches' contents out by writing ``buffer`` (:data:`EVICT_BYTES`).
+
+    Why: in a training step a lane's copies read tensors that the step's own work has
+    pushed out of the caches since they were written (the batch, behind the previous
+    step's backward; the outputs, behind the forwards), so they run at memory's speed. A
+    scatter of one tensor again and again reads it from the cache: on the course's VM a
+    1.6 MB chunk took 52 us that way and 208 us after the caches were pushed out (31
+    against 7.7 GB/s), and the steps' scatters took 200-320 us."""
+    buffer.add_(1.0)
+
+
+def measure_link(
+    lanes: Sequence[Device], repeats: int, sizes: Sequence[int],
+    evict: Callable[[], None] | None = None,
+) -> Link:  # fmt: skip
+    """The link between lanes from traced scatters, each from a source out of the caches
+    (``evict`` before each; default :func:`evict_caches` on CPU lanes, nothing on GPU
+    lanes): per chunk size, each lane's fastest copy, the median over lanes; the bandwidth
+    is the slope between the smallest and the largest (two fastest points: one slow copy
+    would tilt a least-squares line), the latency a lone clone of 16 floats (dpkit's Python
+    around a copy is ``copy_overhead``)."""
+    if evict is None and lanes[0].torch_device.type == "cpu":
+        buffer = torch.zeros(EVICT_BYTES // 4)
+        evict = lambda: evict_caches(buffer)  # noqa: E731
     per_size: dict[int, float] = {}
     for nbytes in sizes:
         rows = len(lanes)
         tensor = torch.zeros(rows, max(1, nbytes // (4 * rows)), device=lanes[0].torch_device)
         fastest: dict[str, float] = {}
         for _ in range(repeats):
+            if evict is not None:
+                evict()
             with dpkit.trace() as recorded:
                 dpkit.scatter(tensor, list(lanes))
             for event in recorded.events:
@@ -435,8 +464,11 @@ def calibrate(
               for m in models]  # fmt: skip
     chosen = [(module.to(on), inputs.to(on)) for module, inputs in chosen]
     with _progress(progress) as advance:
-        # on a GPU a copy of 16 MB takes microseconds, as long as a launch: up to 1 GB there
-        largest = 1 << 24 if on.type == "cpu" else 1 << 30
+        # On CPU lanes, up to chunks of the steps' sizes (a batch of 32-1024 images of 28x28
+        # is 25 kB-1.6 MB a lane): out of the caches, chunks of 3-13 MB stream faster (11
+        # GB/s on the course's VM) than the steps' chunks do (8 GB/s from 50 kB to 1.6 MB).
+        # On a GPU a copy of 16 MB takes microseconds, as long as a launch: up to 1 GB there.
+        largest = 1 << 22 if on.type == "cpu" else 1 << 30
         sizes = (1 << 12, largest) if quick else (1 << 12, 1 << 18, largest >> 2, largest)
         link = measure_link(lanes, 2 * repeats, sizes)
         advance("copies")
