@@ -1,7 +1,9 @@
 """Each task's rule: write the function yourself. Enforced three ways, each with a hint.
 
 - Before the file runs, its source is scanned: importing the reference solutions
-  (``exercises.solutions``) or a name the task forbids fails every check, naming the line.
+  (``exercises.solutions``), a name the task forbids, or a call that can only signal
+  processes outside the run (``os.kill(-1, ...)``, ``os.killpg``: :data:`SIGNALLING`)
+  fails every check, naming the line.
 - While the checks run, each forbidden function (a grader's ``FORBIDDEN``) is wrapped: a
   call made from the student's file (directly or through other library code) raises
   :class:`ForbiddenCall` naming the call and the line. The graders' own calls are allowed.
@@ -274,8 +276,16 @@ def scan_source(path: Path, forbidden: Iterable[str]) -> str | None:
             if name in forbidden or (name.startswith("dpkit") and name.split(".")[-1] in short):
                 rule = forbidden_name(name, forbidden, short)
                 return f"{path.name} line {node.lineno} imports {rule}, {WRITE_IT}"
+        for name in imported:
+            if name in SIGNALLING:
+                return f"{path.name} line {node.lineno} imports {name}, {NO_SIGNALS}"
+        if isinstance(node, ast.Call) and _signals_outside(node):
+            text = ast.unparse(node.func)
+            return f"{path.name} line {node.lineno} uses {text} outside the run, {NO_SIGNALS}"
         if isinstance(node, ast.Attribute):
             text = ast.unparse(node)
+            if text in SIGNALLING:
+                return f"{path.name} line {node.lineno} uses {text}, {NO_SIGNALS}"
             if text in forbidden or (text.startswith("dpkit.") and node.attr in short):
                 rule = forbidden_name(text, forbidden, short)
                 return f"{path.name} line {node.lineno} uses {rule}, {WRITE_IT}"
@@ -283,6 +293,27 @@ def scan_source(path: Path, forbidden: Iterable[str]) -> str | None:
 
 
 WRITE_IT = "which this task asks you to write yourself: remove it"
+# Signals that can only reach outside the run: no task needs one, and without namespaces
+# they reach the instructor's own processes. The kernel refuses these calls in a grading
+# run (dpkit.grading.fence) and the warden refuses os.kill outside the run's processes
+# whatever the route (getattr, a thread); this names the line before the file runs.
+# os.kill of the run's own processes (os.kill(os.getpid(), SIGSTOP)) stays allowed.
+SIGNALLING = frozenset(
+    {"os.killpg", "os.pidfd_open", "signal.pidfd_send_signal", "posix.killpg", "posix.pidfd_open"}
+)
+
+
+def _signals_outside(node: ast.Call) -> bool:
+    """``os.kill(-1, ...)``, ``os.kill(-pid, ...)`` or ``os.kill(os.getppid(), ...)``."""
+    if ast.unparse(node.func) not in ("os.kill", "posix.kill") or not node.args:
+        return False
+    target = node.args[0]
+    if isinstance(target, ast.UnaryOp) and isinstance(target.op, ast.USub):
+        return True
+    return isinstance(target, ast.Call) and ast.unparse(target.func).endswith("getppid")
+
+
+NO_SIGNALS = "which grading refuses: no task needs to signal a process, remove it"
 
 
 def forbidden_name(name: str, forbidden: set[str], short: dict[str, str]) -> str:

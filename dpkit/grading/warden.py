@@ -14,7 +14,12 @@ It refuses, in every thread and for the rest of the run:
 - starting other programs (``exec``, ``posix_spawn``, ``subprocess``, ``os.system``): they run
   outside this hook; ``fork`` stays allowed, and a forked child keeps the hook;
 - opening another process's ``/proc/<pid>/`` files (its ``fd/1`` is the grader's terminal),
-  a terminal (``/dev/tty``, ``/dev/pts/*``), or making a link to either.
+  a terminal (``/dev/tty``, ``/dev/pts/*``), or making a link to either;
+- signals (``os.kill``, ``os.killpg``) to any process outside the run's own tree (the
+  process that armed the hook and its descendants): without namespaces, ``os.kill(-1,
+  SIGKILL)`` would end every process of the instructor's user. Signals with no audit
+  event (``signal.pidfd_send_signal``) and negative pids are refused by the kernel too,
+  with the seccomp filter :mod:`dpkit.grading.fence` installed by :func:`arm`.
 
 What it cannot see: Python attribute writes on modules and objects (``torch.equal = ...``),
 which the harness's :class:`~dpkit.grading.harness.Snapshot` checks around every check.
@@ -29,6 +34,8 @@ import os
 import sys
 import threading
 from typing import Any
+
+from dpkit.grading import fence
 
 REFUSED = frozenset(
     {
@@ -85,14 +92,62 @@ def _forbidden_path(path: Any, own_pid: int) -> bool:
     return False
 
 
+# Every name these three use is a default argument, bound now: a submission that replaces
+# builtins.open or int cannot make a stranger look like one of its own processes.
+def _parent(
+    pid: int, _open: Any = os.open, _read: Any = os.read, _close: Any = os.close, _int: Any = int
+) -> int:
+    """``pid``'s parent from ``/proc/<pid>/stat`` (0 when it is gone)."""
+    try:
+        fd = _open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        text = _read(fd, 4096)
+    finally:
+        _close(fd)
+    return _int(text[text.rindex(b")") + 2 :].split()[1])  # after the name: state, ppid
+
+
+def _in_tree(pid: int, root: int, _parent: Any = _parent, _range: Any = range) -> bool:
+    """Whether ``pid`` is ``root`` or one of its descendants."""
+    for _ in _range(4096):
+        if pid == root:
+            return True
+        if pid <= 1:
+            return False
+        pid = _parent(pid)
+    return False
+
+
+def _signal_target(
+    event: str, args: tuple, _getpgrp: Any = os.getpgrp, _int: Any = int
+) -> int | None:
+    """The process (or group leader) a signal event reaches; None for every process (-1)."""
+    target = _int(args[0])
+    if event == "os.kill" and target > 0:
+        return target
+    if target == 0:
+        return _getpgrp()
+    if target == -1:
+        return None
+    return -target if target < 0 else target  # a group: its leader must be in the tree
+
+
+SIGNAL_EVENTS = frozenset({"os.kill", "os.killpg"})
+
+
 def make_hook(
     protected_codes: frozenset = frozenset(),
+    root: int | None = None,
 ) -> Any:
-    """The audit hook: refuses :data:`REFUSED` events, ctypes, and /proc and terminal paths.
+    """The audit hook: refuses :data:`REFUSED` events, ctypes, /proc and terminal paths, and
+    signals outside ``root``'s process tree (``root``: this process when None).
 
     ``protected_codes``: code objects of functions whose ``__code__`` and defaults may not be
     replaced (the hook's own is always added).
     """
+    root = os.getpid() if root is None else root
 
     def hook(
         event: str,
@@ -107,7 +162,27 @@ def make_hook(
         _protected: list = [],  # noqa: B006 - filled once below with the hook's own code
         _codes: frozenset = protected_codes,
         _refuse: type = Refused,
+        _signals: frozenset = SIGNAL_EVENTS,
+        _target: Any = _signal_target,
+        _in_tree: Any = _in_tree,
+        _root: int = root,
+        _busy: set = set(),  # noqa: B006 - the threads inside this hook (its own opens)
+        _ident: Any = threading.get_ident,
     ) -> None:
+        if _ident() in _busy:
+            return  # the hook's own reading of /proc
+        if event in _signals and args:
+            _busy.add(_ident())
+            try:
+                target = _target(event, args)
+                allowed = target is not None and _in_tree(target, _root)
+            finally:
+                _busy.discard(_ident())
+            if not allowed:
+                raise _refuse(
+                    f"dpkit grade refuses {event}{args!r} while grading: a submission may "
+                    "signal only the processes it started"
+                )
         if event in _refused or event.startswith(_prefixes):
             raise _refuse(_message(event, _why))
         if event in _paths and args and _forbidden_path(args[0], _getpid()):
@@ -126,6 +201,7 @@ def make_hook(
 
 
 _armed = threading.Lock()
+fence_missing: str | None = "not armed"  # why the seccomp filter is not installed, if not
 
 
 def _refuse_hooks(*args: Any, **kwargs: Any) -> None:
@@ -148,6 +224,8 @@ def arm(protected_codes: frozenset = frozenset()) -> bool:
     threading.setprofile(None)  # type: ignore[arg-type]
     threading.settrace = _refuse_hooks  # type: ignore[assignment]
     threading.setprofile = _refuse_hooks  # type: ignore[assignment]
+    global fence_missing
+    fence_missing = fence.install()  # needs ctypes, which the hook refuses from now on
     sys.addaudithook(make_hook(protected_codes))
     return True
 
