@@ -1,5 +1,10 @@
 """parallel_apply: run replica *i* on input *i*, each in its own thread, on its own device.
 
+The function ``parallel_apply`` reads line for line against torch's (same steps, same order).
+What dpkit adds is a helper called at the step it extends, with a ``# dpkit:`` comment there
+saying what it adds; the helpers follow the function, and those of lanes are in
+:mod:`dpkit.lanes`.
+
 The surprises first, as in ``torch.nn.parallel.parallel_apply``:
 
 - One Python thread per replica. Threads overlap only while torch runs kernels without the
@@ -59,26 +64,17 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from dpkit import comm, tracing
-from dpkit.context import NO_SCOPE, current_scope, within
-from dpkit.devices import (
-    _LANE_ATTRIBUTE,
-    Device,
-    DeviceLike,
-    _set_current_device,
-    as_devices,
-    device_of,
-    place,
-    stream_of,
-)
-from dpkit.nested import module_tensors, tensors_in
+from dpkit import lanes, tracing
+from dpkit.context import NO_SCOPE, Scope, current_scope, within
+from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices, device_of
+from dpkit.nested import tensors_in
 from dpkit.tracing import Phase
 
 
@@ -88,9 +84,102 @@ def get_a_var(obj: Any) -> torch.Tensor | None:
     return found[0] if found else None
 
 
-# How often a waiting caller wakes up: a join without a limit would hold back a
-# KeyboardInterrupt delivered by _thread.interrupt_main() until every worker finished.
-_POLL_SECONDS = 0.05
+def parallel_apply(
+    modules: Sequence[nn.Module],
+    inputs: Sequence[Any],
+    kwargs_tup: Sequence[dict[str, Any]] | None = None,
+    devices: Sequence[DeviceLike | None] | None = None,
+    *,
+    timeout: float | None = None,
+) -> list[Any]:
+    """Apply ``modules[i]`` to ``inputs[i]`` (and ``kwargs_tup[i]``) on ``devices[i]``.
+
+    Each input is either the single argument or a tuple/list of positional arguments. With
+    ``devices=None`` each replica runs where its first input tensor lives. With ``timeout``
+    (seconds), replicas still running after it raise ``TimeoutError`` (see the module
+    docstring for what happens to their threads).
+    """
+    # dpkit: the lengths as torch checks them, and the types and timeout=, with clearer errors
+    _check_arguments(modules, inputs, kwargs_tup, devices, timeout)
+    if kwargs_tup is None:
+        kwargs_tup = ({},) * len(modules)
+    if devices is None:
+        devices = [None] * len(modules)
+    # dpkit: a missing device is found from its input here, before any replica runs (torch:
+    # in the worker), and every device becomes a dpkit Device (a lane, an accelerator, the host)
+    devices = _resolve_devices(devices, inputs)
+    # dpkit: a GPU lane runs on a stream of its own, which must first wait for the caller's
+    streams, caller_stream = lanes.lane_streams(devices)
+    lock = threading.Lock()
+    results: dict[int, Any] = {}
+    # dpkit: autocast per device type, with its dtype (torch: one flag)
+    grad_enabled, autocast_state = torch.is_grad_enabled(), _autocast_state()
+    # dpkit: thread-local in torch too, so carried as well: inference mode, intra-op threads
+    inference_mode, num_threads = torch.is_inference_mode_enabled(), torch.get_num_threads()
+    scope = current_scope()  # dpkit: the traces recording the caller, to record its workers too
+
+    def _worker(
+        i: int,
+        module: nn.Module,
+        input: Any,
+        kwargs: dict[str, Any],
+        device: Device,
+        stream: Any | None,
+    ) -> None:
+        torch.set_grad_enabled(grad_enabled)
+        _set_num_threads(num_threads)  # dpkit: the caller's intra-op thread count
+        _set_current_device(device)  # dpkit: what dpkit.current_device() says in the forward
+        try:
+            with (
+                _within(scope),  # dpkit: the caller's traces record this replica too
+                _device_and_stream(device, stream, caller_stream),  # dpkit: a lane's stream waits
+                _autocast(device, autocast_state),  # dpkit: the caller's state for this device type
+                torch.inference_mode() if inference_mode else nullcontext(),  # dpkit: carried
+            ):
+                # this also avoids accidental slicing of `input` if it is a Tensor
+                if not isinstance(input, (list, tuple)):
+                    input = (input,)
+                # dpkit: on a GPU lane, what the replica reads is recorded on the lane's stream
+                lanes.record_reads(module, input, kwargs, stream, caller_stream)
+                with tracing.span(Phase.APPLY, device, replica=i):  # dpkit: a trace's apply span
+                    output = module(*input, **kwargs)
+            # dpkit: the tensors the forward made are tagged with its lane
+            lanes.tag_new_outputs(output, device, module, input, kwargs, caller_stream)
+            with lock:
+                results[i] = output
+        except BaseException:  # dpkit: SystemExit and KeyboardInterrupt too (torch: Exception)
+            with lock:
+                results[i] = _ReplicaFailure(where=f"in replica {i} on device {device}")
+        finally:
+            _set_current_device(None)
+
+    work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, devices, streams))
+    with _profiler_range():  # dpkit: while tracing, a "dpkit.apply" range for torch's profiler
+        if len(modules) > 1 or timeout is not None:  # dpkit: timeout= needs a thread, even for one
+            # dpkit: daemon threads, so a stuck replica cannot keep the process from exiting
+            threads = [threading.Thread(target=_worker, args=args, daemon=True) for args in work]
+            for thread in threads:
+                thread.start()
+            _join(threads, work, timeout)  # dpkit: short joins (Ctrl-C gets through), timeout=
+        else:
+            _worker(*work[0])
+
+    if tracing.enabled():  # dpkit: outputs, activations, backward timers: after the workers
+        tracing.after_apply(work, results)
+    # dpkit: the caller's stream waits for the lanes' and records their outputs
+    lanes.lanes_done(streams, caller_stream, results)
+
+    outputs = []
+    for i in range(len(inputs)):
+        output = results[i]
+        if isinstance(output, ExceptionWrapper):
+            output.reraise()
+        outputs.append(output)
+    return outputs
+
+
+# --------------------------------------------------------------------------------------
+# dpkit's additions, in the order parallel_apply calls them. Clearer errors first.
 
 _WHAT_TO_PASS = {
     "modules": "the replicas, e.g. dpkit.replicate(model, devices)",
@@ -100,7 +189,12 @@ _WHAT_TO_PASS = {
 }
 
 
-def _check_sequences(**arguments: Any) -> None:
+def _check_arguments(
+    modules: Any, inputs: Any, kwargs_tup: Any, devices: Any, timeout: float | None
+) -> None:
+    """torch's length checks, after checking that each argument is a sequence at all and
+    that ``timeout`` is a number of seconds a thread can wait."""
+    arguments = dict(modules=modules, inputs=inputs, kwargs_tup=kwargs_tup, devices=devices)
     for name, value in arguments.items():
         if value is None and name in ("kwargs_tup", "devices"):
             continue
@@ -110,6 +204,13 @@ def _check_sequences(**arguments: Any) -> None:
             raise TypeError(
                 f"{name} must be a list or tuple, got a {type(value).__name__}; pass "
                 f"{_WHAT_TO_PASS[name]} (a generator can be turned into one with list(...))"
+            )
+    check_timeout(timeout)
+    for name, other in (("inputs", inputs), ("kwargs_tup", kwargs_tup), ("devices", devices)):
+        if other is not None and len(other) != len(modules):
+            raise ValueError(
+                f"parallel_apply got {len(modules)} modules but {len(other)} {name}; pass one "
+                f"entry of {name} per replica (e.g. from dpkit.scatter_kwargs)"
             )
 
 
@@ -137,13 +238,24 @@ def check_timeout(timeout: float | None) -> float | None:
     return timeout
 
 
-def _check_lengths(modules, inputs, kwargs_tup, devices) -> None:
-    for name, other in (("inputs", inputs), ("kwargs_tup", kwargs_tup), ("devices", devices)):
-        if other is not None and len(other) != len(modules):
-            raise ValueError(
-                f"parallel_apply got {len(modules)} modules but {len(other)} {name}; pass one "
-                f"entry of {name} per replica (e.g. from dpkit.scatter_kwargs)"
-            )
+def _resolve_devices(devices: Sequence[DeviceLike | None], inputs: Sequence[Any]) -> list[Device]:
+    """torch's ``_get_device_index`` for each device, in the caller: a missing one is where
+    the replica's first input tensor lives (a clear error if it has none)."""
+    found = []
+    for i, (input, device) in enumerate(zip(inputs, devices)):
+        if device is None:
+            tensor = get_a_var(input)
+            if tensor is None:
+                raise ValueError(
+                    f"in replica {i}, no device was given and no tensor input was found, so "
+                    "the device cannot be resolved; pass devices=[...] to parallel_apply"
+                )
+            device = device_of(tensor)
+        found.append(device)
+    return as_devices(found, argument="devices")
+
+
+# Modes torch keeps per thread, carried into the workers beyond torch's grad mode.
 
 
 def _autocast_state() -> dict[str, tuple[bool, torch.dtype]]:
@@ -161,27 +273,80 @@ def _autocast_state() -> dict[str, tuple[bool, torch.dtype]]:
     return states
 
 
-def _streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
-    """The stream each replica runs on (None on CPU), and the caller's stream when lanes
-    share one GPU (else None). Called in the caller's thread, whose streams these are."""
-    first = devices[0]
-    if first.device_type == "cpu":
-        return [None] * len(devices), None
-    module = torch.get_device_module(first.device_type)
-    if first.has_own_stream:
-        return [stream_of(device) for device in devices], module.current_stream(first.torch_device)
-    # Real devices: the caller's current stream on each, as torch does; in a worker thread
-    # current_stream would give the device's default stream instead.
-    return [module.current_stream(device.torch_device) for device in devices], None
+def _set_num_threads(num_threads: int) -> None:
+    """Give this worker thread the caller's intra-op thread count (see the module docstring:
+    a new thread would otherwise start with OpenMP's default team)."""
+    if torch.get_num_threads() != num_threads:
+        torch.set_num_threads(num_threads)
 
 
-def _record_reads(module: nn.Module, input: Any, kwargs: dict[str, Any], stream: Any) -> None:
-    """Record on a lane's stream the CUDA tensors its replica reads that were made on the
-    caller's stream (see the module docstring)."""
-    comm.record_use(module_tensors(module), stream)
-    comm.record_use(tensors_in(input), stream)
-    if kwargs:
-        comm.record_use(tensors_in(kwargs), stream)
+def _within(scope: Scope) -> AbstractContextManager[Any]:
+    """Work in the caller's trace scope, unless the caller is in none."""
+    return nullcontext() if scope is NO_SCOPE else within(scope)
+
+
+def _device_and_stream(
+    device: Device, stream: Any | None, caller_stream: Any | None
+) -> AbstractContextManager[Any]:
+    """torch's ``device_index(device), stream`` (nothing on CPU); a GPU lane's stream first
+    waits for the caller's, where scatter and replicate queued the lane's inputs."""
+    if stream is None:
+        return nullcontext()
+    module = torch.get_device_module(device.device_type)
+    with ExitStack() as stack:
+        stack.enter_context(module.device(device.torch_device))
+        if caller_stream is not None:
+            stream.wait_stream(caller_stream)
+        stack.enter_context(module.stream(stream))
+        return stack.pop_all()
+
+
+def _autocast(
+    device: Device, autocast_state: dict[str, tuple[bool, torch.dtype]]
+) -> AbstractContextManager[Any]:
+    """torch's ``autocast(device_type, enabled=...)``, at the caller's dtype for the device's
+    type (CPU's for a device type without its own autocast state)."""
+    autocast_type = device.device_type if device.device_type in autocast_state else "cpu"
+    enabled, dtype = autocast_state[autocast_type]
+    return torch.autocast(autocast_type, dtype=dtype, enabled=enabled)
+
+
+def _profiler_range() -> AbstractContextManager[Any]:
+    """A "dpkit.apply" range in the caller's thread, which torch's profiler follows (it does
+    not follow the workers), while a trace records under the profiler."""
+    if tracing.enabled() and torch.autograd._profiler_enabled():
+        return torch.autograd.profiler.record_function("dpkit.apply")
+    return nullcontext()
+
+
+# No hang without a way out.
+
+# How often a waiting caller wakes up: a join without a limit would hold back a
+# KeyboardInterrupt delivered by _thread.interrupt_main() until every worker finished.
+_POLL_SECONDS = 0.05
+
+
+def _join(
+    threads: list[threading.Thread], work: list[tuple[Any, ...]], timeout: float | None
+) -> None:
+    """torch's ``thread.join()`` for each thread, in short joins, so that Ctrl-C gets
+    through, and up to ``timeout`` seconds in all (``TimeoutError`` naming who still runs)."""
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    for thread in threads:
+        while thread.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                running = [(args[0], args[4]) for t, args in zip(threads, work) if t.is_alive()]
+                which = ", ".join(f"replica {index} on {device}" for index, device in running)
+                raise TimeoutError(
+                    f"parallel_apply: {which} still running after timeout={timeout} s. Python "
+                    "cannot stop a thread: each keeps running in the background until its "
+                    "forward returns, and its result is dropped (the threads are daemon "
+                    "threads, so the process can still exit). Look for what the replica waits "
+                    "on (a lock, a queue, another replica), or raise timeout if the work is "
+                    "just slow"
+                )
+            thread.join(min(left, _POLL_SECONDS))
 
 
 class _ReplicaFailure(ExceptionWrapper):
@@ -199,199 +364,3 @@ class _ReplicaFailure(ExceptionWrapper):
             exception.code = self.code
             raise exception
         super().reraise()
-
-
-def _tensor_ids_before(module: nn.Module, input: Any, kwargs: dict[str, Any]) -> set[int]:
-    """The tensors a replica could return without making them: its inputs, and its
-    modules' buffers and tensor attributes (a replica's parameters are attributes too)."""
-    ids = {id(t) for t in tensors_in(input)}
-    if kwargs:
-        ids.update(id(t) for t in tensors_in(kwargs))
-    stack = [module]
-    while stack:
-        submodule = stack.pop()
-        stack.extend(child for child in submodule._modules.values() if child is not None)
-        ids.update(id(v) for v in submodule.__dict__.values() if isinstance(v, torch.Tensor))
-        ids.update(id(t) for t in submodule._buffers.values() if t is not None)
-    return ids
-
-
-def _place_new(
-    tensors: list[torch.Tensor], device: Device, module: nn.Module, input: Any, kwargs: Any
-) -> None:
-    """Tag with ``device`` the output tensors the replica's forward made. Tensors on a lane
-    already keep their lane; a parameter or a tensor that existed before the forward is the
-    user's (or another replica's), and tagging it would move it to this lane for good."""
-    if not device.is_virtual:  # only virtual lanes are tags
-        return
-    new = [
-        t
-        for t in tensors
-        if getattr(t, _LANE_ATTRIBUTE, None) is None and not isinstance(t, nn.Parameter)
-    ]
-    # An output with a grad_fn was made by autograd in this forward; a leaf may be older.
-    if any(t.grad_fn is None for t in new):
-        before = _tensor_ids_before(module, input, kwargs)
-        new = [t for t in new if t.grad_fn is not None or id(t) not in before]
-    for tensor in new:
-        place(tensor, device)
-
-
-def _worker_context(
-    stack: ExitStack,
-    device: Device,
-    stream: Any | None,
-    caller_stream: Any | None,
-    autocast: dict[str, tuple[bool, torch.dtype]],
-    inference_mode: bool,
-) -> None:
-    device_type = device.device_type
-    if stream is not None:
-        module = torch.get_device_module(device_type)
-        stack.enter_context(module.device(device.torch_device))
-        if caller_stream is not None:
-            stream.wait_stream(caller_stream)  # the lane's inputs were copied on the caller's
-        stack.enter_context(module.stream(stream))
-    autocast_type = device_type if device_type in autocast else "cpu"
-    enabled, dtype = autocast[autocast_type]
-    stack.enter_context(torch.autocast(autocast_type, dtype=dtype, enabled=enabled))
-    if inference_mode:
-        stack.enter_context(torch.inference_mode())
-
-
-def parallel_apply(
-    modules: Sequence[nn.Module],
-    inputs: Sequence[Any],
-    kwargs_tup: Sequence[dict[str, Any]] | None = None,
-    devices: Sequence[DeviceLike | None] | None = None,
-    *,
-    timeout: float | None = None,
-) -> list[Any]:
-    """Apply ``modules[i]`` to ``inputs[i]`` (and ``kwargs_tup[i]``) on ``devices[i]``.
-
-    Each input is either the single argument or a tuple/list of positional arguments. With
-    ``devices=None`` each replica runs where its first input tensor lives. With ``timeout``
-    (seconds), replicas still running after it raise ``TimeoutError`` (see the module
-    docstring for what happens to their threads).
-    """
-    _check_sequences(modules=modules, inputs=inputs, kwargs_tup=kwargs_tup, devices=devices)
-    check_timeout(timeout)
-    _check_lengths(modules, inputs, kwargs_tup, devices)
-    kwargs_tup = kwargs_tup if kwargs_tup is not None else ({},) * len(modules)
-    devices = devices if devices is not None else [None] * len(modules)
-    devices = [
-        _device_of_input(i, input) if device is None else device
-        for i, (input, device) in enumerate(zip(inputs, devices))
-    ]
-    resolved = as_devices(devices, argument="devices")
-    streams, caller_stream = _streams(resolved)
-    lock = threading.Lock()
-    results: dict[int, Any] = {}
-    # These modes are thread-local in torch, so each worker must be told the caller's.
-    grad_enabled, autocast = torch.is_grad_enabled(), _autocast_state()
-    inference_mode = torch.is_inference_mode_enabled()
-    num_threads = torch.get_num_threads()
-    scope = current_scope()  # the traces recording the caller: its workers' work too
-
-    def worker(
-        index: int,
-        module: nn.Module,
-        input: Any,
-        kwargs: dict[str, Any],
-        device: Device,
-        stream: Any | None,
-    ):
-        torch.set_grad_enabled(grad_enabled)
-        if torch.get_num_threads() != num_threads:
-            torch.set_num_threads(num_threads)
-        _set_current_device(device)
-        try:
-            with ExitStack() as stack:
-                if scope is not NO_SCOPE:
-                    stack.enter_context(within(scope))
-                _worker_context(stack, device, stream, caller_stream, autocast, inference_mode)
-                # Wrapping a lone tensor avoids unpacking it into rows.
-                if not isinstance(input, (list, tuple)):
-                    input = (input,)
-                if caller_stream is not None:
-                    _record_reads(module, input, kwargs, stream)
-                with tracing.span(Phase.APPLY, device, replica=index):
-                    output = module(*input, **kwargs)
-            tensors = tensors_in(output)
-            if caller_stream is not None:  # a GPU lane's CPU tensors (a count, say) are the host's
-                tensors = [t for t in tensors if t.device == device.torch_device]
-            _place_new(tensors, device, module, input, kwargs)
-            with lock:
-                results[index] = output
-        except BaseException:  # SystemExit and KeyboardInterrupt too: the caller re-raises them
-            with lock:
-                results[index] = _ReplicaFailure(where=f"in replica {index} on device {device}")
-        finally:
-            _set_current_device(None)
-
-    work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, resolved, streams))
-    with (
-        torch.autograd.profiler.record_function("dpkit.apply")
-        if tracing.enabled() and torch.autograd._profiler_enabled()
-        else nullcontext()
-    ):
-        _run_workers(worker, work, timeout)
-
-    if tracing.enabled():  # outputs, activations, backward timers: after the workers
-        tracing.after_apply(work, results)
-
-    if caller_stream is not None:
-        for stream in streams:
-            caller_stream.wait_stream(stream)
-        # Made on a lane's stream, used on the caller's: keep the allocator from reusing it.
-        comm.record_use(tensors_in(list(results.values())), caller_stream)
-
-    outputs = []
-    for index in range(len(inputs)):
-        output = results[index]
-        if isinstance(output, ExceptionWrapper):
-            output.reraise()
-        outputs.append(output)
-    return outputs
-
-
-def _run_workers(worker: Any, work: list[tuple[Any, ...]], timeout: float | None) -> None:
-    """One thread per replica; a single replica runs in the calling thread, as in torch,
-    unless there is a timeout to keep. Waits in short joins, so that Ctrl-C gets through."""
-    if len(work) == 1 and timeout is None:
-        worker(*work[0])
-        return
-    threads = [threading.Thread(target=worker, args=args, daemon=True) for args in work]
-    for thread in threads:
-        thread.start()
-    deadline = math.inf if timeout is None else time.monotonic() + timeout
-    for thread in threads:
-        while thread.is_alive():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _timed_out(threads, work, timeout)
-            thread.join(min(left, _POLL_SECONDS))
-
-
-def _timed_out(
-    threads: list[threading.Thread], work: list[tuple[Any, ...]], timeout: float | None
-) -> TimeoutError:
-    running = [(args[0], args[4]) for thread, args in zip(threads, work) if thread.is_alive()]
-    which = ", ".join(f"replica {index} on {device}" for index, device in running)
-    return TimeoutError(
-        f"parallel_apply: {which} still running after timeout={timeout} s. Python cannot stop "
-        "a thread: each keeps running in the background until its forward returns, and its "
-        "result is dropped (the threads are daemon threads, so the process can still exit). "
-        "Look for what the replica waits on (a lock, a queue, another replica), or raise "
-        "timeout if the work is just slow"
-    )
-
-
-def _device_of_input(index: int, input: Any) -> Device:
-    tensor = get_a_var(input)
-    if tensor is None:
-        raise ValueError(
-            f"in replica {index}, no device was given and no tensor input was found, so the "
-            "device cannot be resolved; pass devices=[...] to parallel_apply"
-        )
-    return device_of(tensor)

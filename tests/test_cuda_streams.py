@@ -29,8 +29,8 @@ from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_GPU, Device
 from dpkit.tracing import backward as trace_backward
 from dpkit.tracing import clock as trace_clock
 
-# The module, which dpkit.parallel_apply (the function) hides.
-parallel_apply_module = importlib.import_module("dpkit.parallel_apply")
+# Where parallel_apply picks each replica's stream (dpkit.lanes, not hidden by any function).
+lanes_module = importlib.import_module("dpkit.lanes")
 
 
 class FakeStream(torch.Stream):
@@ -180,7 +180,7 @@ def gpu(monkeypatch) -> FakeGpu:
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "current_stream", fake.current_stream)
     # Lanes' streams and clock origins come from the fake, and stay out of dpkit's caches.
-    for module in (parallel_apply_module, comm, trace_backward):
+    for module in (lanes_module, comm, trace_backward):
         monkeypatch.setattr(module, "stream_of", fake.stream_of)
     monkeypatch.setattr(trace_clock, "_cuda_origins", {})
     monkeypatch.setattr(trace_clock, "_pending", [])
