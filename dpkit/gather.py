@@ -14,6 +14,9 @@ The surprises first, as in ``torch.nn.parallel.gather``:
   ``None`` whatever the others return, and fails with a ``KeyError``, ``AttributeError`` or
   ``zip()`` error on dicts with other keys, a tensor against a tuple, or tuples of other
   lengths; dpkit raises one ``ValueError`` naming the replicas and what each returned.
+
+``gather`` reads line for line against torch's; each dpkit addition is a helper called where
+it applies, with a ``# dpkit:`` comment saying what it adds, defined after the function.
 """
 
 from __future__ import annotations
@@ -27,6 +30,48 @@ from dpkit._functions import Gather
 from dpkit.devices import Device, DeviceLike, as_device, device_of
 from dpkit.parallel_apply import get_a_var
 from dpkit.scatter import _is_namedtuple, check_dim
+
+
+def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> Any:
+    """Gather one output per replica into a single output on ``target_device``."""
+    check_dim(dim)  # dpkit: clear errors for a bad dim or no outputs
+    if len(outputs) == 0:
+        raise ValueError("outputs is empty; pass one output per replica")
+    # dpkit: a dpkit Device (a lane, an accelerator, the host); an int is of the outputs' kind
+    destination = _target(target_device, outputs)
+
+    def gather_map(outputs: Sequence[Any], path: tuple[Any, ...] = ()) -> Any:
+        # dpkit: one clear error if the replicas returned different structures; ``path`` says
+        # where (torch checks only that dicts have as many keys)
+        _same_structure(outputs, path)
+        out = outputs[0]
+        if isinstance(out, torch.Tensor):
+            _check_gatherable(out, dim)  # dpkit: a clear error for a dim out of range
+            # dpkit: the device each piece came from, where backward sends its gradient
+            input_devices = tuple(device_of(t) for t in outputs)
+            return Gather.apply(destination, dim, input_devices, *outputs)
+        if out is None:
+            return None
+        if isinstance(out, dict):
+            return type(out)((k, gather_map([d[k] for d in outputs], (*path, k))) for k in out)
+        if isinstance(out, (list, tuple)):  # dpkit: torch also maps over any other type
+            gathered = [gather_map(items, (*path, i)) for i, items in enumerate(zip(*outputs))]
+            if _is_namedtuple(out):
+                return type(out)._make(gathered)
+            return type(out)(gathered)
+        raise _cannot_gather(out)  # dpkit: what cannot be combined, and what to return instead
+
+    # Recursive function calls like this create reference cycles.
+    # Setting the function to None clears the refcycle.
+    try:
+        res = gather_map(outputs)
+    finally:
+        gather_map = None  # type: ignore[assignment]
+    return res
+
+
+# --------------------------------------------------------------------------------------
+# dpkit's additions, in the order gather calls them.
 
 
 def _target(target_device: DeviceLike, outputs: Sequence[Any]) -> Device:
@@ -105,33 +150,3 @@ def _check_gatherable(output: torch.Tensor, dim: int) -> None:
             f"dim={dim} is out of range for replica outputs of shape {tuple(output.shape)}; "
             f"use a dim between {-output.dim()} and {output.dim() - 1}"
         )
-
-
-def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> Any:
-    """Gather one output per replica into a single output on ``target_device``."""
-    check_dim(dim)
-    if len(outputs) == 0:
-        raise ValueError("outputs is empty; pass one output per replica")
-    destination = _target(target_device, outputs)
-
-    def gather_map(outputs: Sequence[Any], path: tuple[Any, ...] = ()) -> Any:
-        _same_structure(outputs, path)
-        out = outputs[0]
-        if isinstance(out, torch.Tensor):
-            _check_gatherable(out, dim)
-            input_devices = tuple(device_of(t) for t in outputs)
-            return Gather.apply(destination, dim, input_devices, *outputs)
-        if out is None:
-            return None
-        if isinstance(out, dict):
-            return type(out)((k, gather_map([d[k] for d in outputs], (*path, k))) for k in out)
-        if isinstance(out, (list, tuple)):
-            gathered = [gather_map(items, (*path, i)) for i, items in enumerate(zip(*outputs))]
-            return type(out)._make(gathered) if _is_namedtuple(out) else type(out)(gathered)
-        raise _cannot_gather(out)
-
-    # gather_map refers to itself; clearing it breaks the reference cycle (as torch does).
-    try:
-        return gather_map(outputs)
-    finally:
-        gather_map = None  # type: ignore[assignment]
