@@ -59,6 +59,7 @@ CORE_FILES = (
     "dpkit/_functions.py",
     "dpkit/replicate.py",
     "dpkit/parallel_apply.py",
+    "dpkit/lanes.py",
     "dpkit/data_parallel.py",
     "dpkit/devices.py",
     "dpkit/tracing/recorder.py",

@@ -33,6 +33,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,22 @@ def _configuration(name: str) -> contextlib.ExitStack:
     return stack
 
 
+class _InlineThread:
+    """A thread that runs its target when started, in the starting thread, and is then done."""
+
+    def __init__(self, target: Callable[..., Any], args: tuple = (), daemon: bool = False):
+        self._target, self._args = target, args
+
+    def start(self) -> None:
+        self._target(*self._args)
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
 def _count_inside_callgrind(steps: int, devices: int, batch: int) -> None:
     """Runs under callgrind: count each configuration's steps into its own dump."""
     import torch
@@ -77,7 +95,10 @@ def _count_inside_callgrind(steps: int, devices: int, batch: int) -> None:
 
     torch.set_num_threads(1)
     parallel_apply = importlib.import_module("dpkit.parallel_apply")
-    parallel_apply._run_workers = lambda worker, work, *_: [worker(*args) for args in work]
+    # the replicas one after another in this thread (callgrind counts the thread it follows)
+    parallel_apply.threading = types.SimpleNamespace(
+        Thread=_InlineThread, Lock=threading.Lock, TIMEOUT_MAX=threading.TIMEOUT_MAX
+    )
     step: Callable[[], None] = make_step(devices, batch)
     for _ in range(3):  # warm up every path (first calls build caches)
         for name in CONFIGURATIONS:

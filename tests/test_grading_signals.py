@@ -23,7 +23,7 @@ import pytest
 from dpkit import grading
 from dpkit.grading import apart
 
-# Two class runs of 7 task-1 submissions: 144 s beside other work on two cores.
+# Two class runs of 7 task-1 submissions (one per setting, shared by every test).
 pytestmark = pytest.mark.slow
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -77,23 +77,27 @@ def submission(prelude: str, bystander: int) -> str:
     return SOLUTION1.replace(IMPORTS, f"{pids}{prelude}{IMPORTS}", 1)
 
 
-@pytest.fixture(params=["namespaces", "DPKIT_GRADE_NAMESPACES=0"])
-def graded(request, tmp_path, monkeypatch):
-    """The attacks graded as one class (task 1), and whether the bystander lived."""
-    if request.param != "namespaces":
-        monkeypatch.setenv("DPKIT_GRADE_NAMESPACES", "0")
-    apart.available.cache_clear()
-    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        for student, prelude in {**ATTACKS, "own": OWN}.items():
-            (tmp_path / "class" / student).mkdir(parents=True)
-            (tmp_path / "class" / student / NAMES[1]).write_text(submission(prelude, bystander.pid))
-        rows = grading.grade_submissions(tmp_path / "class", [1], timeout=30, jobs=2)
-        alive = bystander.poll() is None
-    finally:
-        bystander.send_signal(signal.SIGKILL)
-        bystander.wait()
+@pytest.fixture(scope="module", params=["namespaces", "DPKIT_GRADE_NAMESPACES=0"])
+def graded(request, tmp_path_factory):
+    """The attacks graded as one class (task 1), once per setting for every test of it,
+    and whether the bystander lived."""
+    folder = tmp_path_factory.mktemp("signals")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if request.param != "namespaces":
+            monkeypatch.setenv("DPKIT_GRADE_NAMESPACES", "0")
         apart.available.cache_clear()
+        bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        try:
+            for student, prelude in {**ATTACKS, "own": OWN}.items():
+                (folder / "class" / student).mkdir(parents=True)
+                text = submission(prelude, bystander.pid)
+                (folder / "class" / student / NAMES[1]).write_text(text)
+            rows = grading.grade_submissions(folder / "class", [1], timeout=30, jobs=2)
+            alive = bystander.poll() is None
+        finally:
+            bystander.send_signal(signal.SIGKILL)
+            bystander.wait()
+            apart.available.cache_clear()
     by: dict[str, list[grading.CheckResult]] = {}
     for student, result in rows:
         by.setdefault(student, []).append(result)
