@@ -23,6 +23,7 @@ import dataclasses
 import json
 import platform
 import statistics
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -128,8 +129,6 @@ def measure(model: nn.Module, row: torch.Tensor, batch: int, amp: torch.dtype | 
             times.append(start.elapsed_time(end) / 1e3)
             optimizer.step()  # untimed: its state (momentum) is in the memory, not the time
         else:
-            import time
-
             began = time.perf_counter()
             step()
             times.append(time.perf_counter() - began)

@@ -63,9 +63,9 @@ def tag_new_outputs(
     """Tag with its lane ``device`` the output tensors the replica's forward made. Tensors on
     a lane already keep their lane; a parameter or a tensor that existed before the forward
     is the user's (or another replica's), and tagging it would move it to this lane for good."""
-    tensors = tensors_in(output)
-    if not device.is_virtual:  # only virtual lanes are tags
+    if not device.is_virtual:  # only virtual lanes are tags: nothing to walk on a real GPU
         return
+    tensors = tensors_in(output)
     if caller_stream is not None:  # a GPU lane's CPU tensors (a count, say) are the host's
         tensors = [t for t in tensors if t.device == device.torch_device]
     new = [

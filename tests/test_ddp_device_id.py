@@ -28,7 +28,11 @@ def calls(monkeypatch):
 
     monkeypatch.setattr(rank_module.dist, "init_process_group", init_process_group)
     monkeypatch.setattr(rank_module, "import_what_ddp_imports", lambda: None)
-    monkeypatch.setattr(torch, "manual_seed", lambda seed: (_ for _ in ()).throw(Joined()))
+
+    def stop_after_joining(seed):
+        raise Joined
+
+    monkeypatch.setattr(torch, "manual_seed", stop_after_joining)
     return seen
 
 

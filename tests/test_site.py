@@ -5,7 +5,6 @@ without a text alternative reported."""
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
 import pytest
@@ -76,4 +75,3 @@ def test_an_address_that_is_not_on_github_is_refused_before_anything_is_written(
 )
 def test_images_without_a_text_alternative_are_counted(tag, missing):
     assert site.images_without_alt(f"<p>{tag}</p>") == missing
-    assert re.search("<img", tag)
