@@ -23,12 +23,13 @@ NBVAL_ARGS ?= --nbval --nbval-current-env --nbval-sanitize-with notebooks/saniti
               --nbval-cell-timeout=300 -p no:cacheprovider
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test-tools test check-notebooks grade image handout site notebooks lab lint format clean distclean mutation
+.PHONY: help venv test-tools test test-guide check-notebooks grade image handout site notebooks lab lint format clean distclean mutation
 
 help:
 	@echo "make lab        set up $(VENV) and open the course in JupyterLab"
 	@echo "make test-tools install the test tools (requirements/test.txt) into $(VENV)"
 	@echo "make test       set up $(VENV), run ruff, every test, and nbval over notebooks/ (PYTEST_ARGS='-m \"not slow\"' to filter)"
+	@echo "make test-guide the instructor's guide followed in a clone of the last commit, then its whole make test (10-20 min)"
 	@echo "make check-notebooks  nbval over notebooks/ alone"
 	@echo "make grade      grade every exercise (dpkit grade --all)"
 	@echo "make image      build the grading container image dpkit-course (podman or docker)"
@@ -103,6 +104,15 @@ test: venv test-tools
 	  [ $$status -ne 0 ] || status=$$nbval; \
 	fi; \
 	exit $$status
+
+# docs/instructors.md followed to the end in a clone of the last commit: a notebook and an
+# exercise added and committed as it says, then the whole make test there must pass
+# (tests/test_guide_end_to_end.py, skipped without DPKIT_SLOW=1). As long as make test and one
+# notebook's run, so it is in neither make test nor CI. GUIDE_LOG=FILE keeps the clone's output.
+GUIDE_LOG ?=
+test-guide: venv test-tools
+	DPKIT_SLOW=1 $(if $(GUIDE_LOG),DPKIT_GUIDE_LOG="$(abspath $(GUIDE_LOG))") \
+	  $(BIN)/python -m pytest -p no:cacheprovider -s -rA tests/test_guide_end_to_end.py
 
 # nbval alone: what a student's hand-out runs in its CI (make handout), the course unchanged.
 check-notebooks: venv test-tools

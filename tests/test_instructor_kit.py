@@ -260,6 +260,57 @@ def test_the_notebook_template_is_clean_and_outside_the_course():
 
 
 # ----------------------------------------------------------------------------------------
+# Placeholders: a notebook copied from the template keeps none of them.
+
+# A span in italics (single asterisks, not bold), and the template's placeholder words.
+ITALIC = re.compile(r"(?<![*\w])\*(?![*\s])(.+?)(?<![*\s])\*(?![*\w])", re.S)
+PLACEHOLDER_WORDS = re.compile(r"\bNN\b|\bNUMBER\b|\btaskN\b|\btask N\b|Instructor template")
+
+
+def markdown_text(path: Path) -> str:
+    """The notebook's markdown cells, whitespace folded to single spaces."""
+    cells = json.loads(path.read_text())["cells"]
+    text = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return " ".join(text.split())
+
+
+def template_placeholders() -> list[str]:
+    """What the template asks an instructor to replace: each span in italics, the title's
+    NN, the issue's NUMBER, task N and the comment to instructors."""
+    text = markdown_text(NOTEBOOK_TEMPLATE)
+    return [f"*{span}*" for span in ITALIC.findall(text)] + sorted(
+        set(PLACEHOLDER_WORDS.findall(text))
+    )
+
+
+def placeholders_left(path: Path) -> list[str]:
+    """The template's placeholders still in a notebook's markdown."""
+    text = markdown_text(path)
+    spans = [p for p in template_placeholders() if p.startswith("*") and p[1:-1] in text]
+    return spans + sorted(set(PLACEHOLDER_WORDS.findall(text)))
+
+
+def test_the_template_names_its_placeholders_and_an_untouched_copy_is_caught():
+    placeholders = template_placeholders()
+    assert "*One or two sentences on the question.*" in placeholders
+    assert {"NN", "NUMBER", "Instructor template"} <= set(placeholders)
+    assert placeholders_left(NOTEBOOK_TEMPLATE) == placeholders  # all of them, by name
+
+
+def test_no_course_notebook_keeps_a_placeholder_of_the_template():
+    left = {
+        path.name: found
+        for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+        if (found := placeholders_left(path))
+    }
+    assert not left, "\n".join(
+        f"{name} keeps the template's placeholders, replace them (docs/instructors.md, "
+        f"'Write it'): {', '.join(found)}"
+        for name, found in left.items()
+    )
+
+
+# ----------------------------------------------------------------------------------------
 # The guide followed in a fresh clone.
 
 
