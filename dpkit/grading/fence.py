@@ -2,33 +2,45 @@
 
 The surprise first: Python's audit hooks (:mod:`dpkit.grading.warden`) see ``os.kill`` and
 ``os.killpg``, but ``os.pidfd_open`` and ``signal.pidfd_send_signal`` raise no audit event
-at all, so a submission could open the grader's pid (or any process of the instructor's
-user, where there are no namespaces) and send it SIGKILL with nothing Python could refuse.
-So before any student code runs, the grading process installs a seccomp filter, which it
-and every process it starts keep for good (the kernel offers no way to remove one):
+at all, and native code (an extension module a submission writes and imports, or machine
+code written through ``/proc/self/mem``) makes system calls no Python rule sees. So before
+any student code runs, the grading process installs a seccomp filter, which it and every
+process it starts keep for good (the kernel offers no way to remove one):
 
-- ``pidfd_open`` and ``pidfd_send_signal`` fail with EPERM (the harness and the graders
-  never use them);
+- ``pidfd_open``, ``pidfd_send_signal`` and ``pidfd_getfd`` fail with EPERM (the harness
+  and the graders never use them);
 - ``kill`` with a negative pid (``os.kill(-1, ...)``: every process of the user;
   ``os.killpg``: a whole process group) fails with EPERM; ``kill(0, ...)``, the run's own
   group, and a positive pid pass to the audit hook, which allows only the run's own
   process tree;
-- ``tkill``, ``rt_sigqueueinfo`` and ``rt_tgsigqueueinfo`` (a signal to a thread or a
-  queued signal anywhere; Python offers none of them) fail with EPERM;
-- on x86-64, system calls of the x32 ABI fail too (the same calls under other numbers).
+- ``tgkill`` (a signal to one thread of a process) passes only when its process is the one
+  that installed the filter: ``signal.pthread_kill``, ``raise`` and ``abort`` send it to
+  their own process's threads, and native code can no longer aim it at any other;
+- ``tkill``, ``rt_sigqueueinfo`` and ``rt_tgsigqueueinfo`` (a signal to any thread, a
+  queued signal; Python offers none of them) fail with EPERM;
+- ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` (another process's memory)
+  fail with EPERM: without Yama, nothing else stops them between processes of one user;
+- a system call of another ABI fails too: on x86-64 a 64-bit process can still make
+  32-bit calls (``int 0x80``, other numbers, another ``arch`` in the filter's view), and
+  x32 calls (the same calls under other numbers).
 
-``tgkill`` stays allowed (``signal.pthread_kill`` and ``raise`` use it on the process's own
-threads); a filter cannot compare its pid with the caller's across forks, so only native
-code could misuse it, and native code (ctypes, a built extension) is the container's to stop.
+The limit of the ``tgkill`` rule: a filter sees a call's number and arguments, never who
+makes it, so the process that installs it writes its own pid in as a constant, and a
+process it forks inherits that constant. There, ``raise`` and ``signal.pthread_kill`` fail
+with EPERM (``abort`` still ends the process, through the fault glibc provokes next);
+``os.kill(os.getpid(), ...)`` still works (``kill``, checked by the audit hook). No
+grader forks, and a run in its own PID namespace could not reach outside it either way.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import platform
 import struct
 import sys
+from typing import NamedTuple
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
@@ -37,11 +49,21 @@ RET_ALLOW = 0x7FFF0000
 RET_EPERM = 0x00050000 | errno.EPERM
 X32_BIT = 0x40000000
 
-# arch token, then kill, tkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal,
-# pidfd_open (from the kernel's syscall tables)
+
+class Arch(NamedTuple):
+    """An architecture's audit token and the numbers of the calls the filter looks at
+    (from the kernel's syscall tables)."""
+
+    token: int
+    kill: int
+    tgkill: int
+    refused: tuple[int, ...]  # tkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal,
+    # pidfd_open, pidfd_getfd, ptrace, process_vm_readv, process_vm_writev
+
+
 ARCHES = {
-    "x86_64": (0xC000003E, 62, 200, 129, 297, 424, 434),
-    "aarch64": (0xC00000B7, 129, 130, 138, 240, 424, 434),
+    "x86_64": Arch(0xC000003E, 62, 234, (200, 129, 297, 424, 434, 438, 101, 310, 311)),
+    "aarch64": Arch(0xC00000B7, 129, 131, (130, 138, 240, 424, 434, 438, 117, 270, 271)),
 }
 
 # Classic BPF opcodes (linux/filter.h)
@@ -50,35 +72,48 @@ JEQ_K = 0x15
 JGE_K = 0x35
 JSET_K = 0x45
 RET_K = 0x06
+ARCH, NR, ARG0_LOW = 4, 0, 16  # offsets in struct seccomp_data (arg0's low half: little-endian)
 
 
-def _program(arch: str) -> list[tuple[int, int, int, int]]:
-    """The filter for ``arch``: (code, jump if true, jump if false, k) per instruction, the
-    jumps as labels first ("allow", "deny"), then as the offsets BPF wants."""
-    token, kill, *refused = ARCHES[arch]
-    labelled: list[tuple[int, object, object, int]] = [
-        (LD_W_ABS, 0, 0, 4),  # the call's architecture
-        (JEQ_K, 0, "allow", token),  # another one (a 32-bit program): not ours to judge
-        (LD_W_ABS, 0, 0, 0),  # the call's number
+def _program(arch: str, own_pid: int) -> list[tuple[int, int, int, int]]:
+    """The filter for ``arch`` in the process ``own_pid``: (code, jump if true, jump if
+    false, k) per instruction, the jumps as labels first, then as the offsets BPF wants."""
+    numbers = ARCHES[arch]
+    labelled: list[tuple[int, object, object, int] | str] = [
+        (LD_W_ABS, 0, 0, ARCH),
+        (JEQ_K, 0, "deny", numbers.token),  # another ABI: int 0x80 on x86-64
+        (LD_W_ABS, 0, 0, NR),
     ]
     if arch == "x86_64":
         labelled.append((JGE_K, "deny", 0, X32_BIT))
-    labelled += [(JEQ_K, "deny", 0, number) for number in refused]
+    labelled += [(JEQ_K, "deny", 0, number) for number in numbers.refused]
     labelled += [
-        (JEQ_K, 0, "allow", kill),
-        (LD_W_ABS, 0, 0, 16),  # kill's pid: the low 32 bits of its first argument
+        (JEQ_K, "tgkill", 0, numbers.tgkill),
+        (JEQ_K, 0, "allow", numbers.kill),
+        (LD_W_ABS, 0, 0, ARG0_LOW),  # kill's pid: the kernel reads the low 32 bits
         (JSET_K, "deny", "allow", 0x80000000),  # negative: -1 or a process group
+        "tgkill",
+        (LD_W_ABS, 0, 0, ARG0_LOW),  # tgkill's process
+        (JEQ_K, "allow", "deny", own_pid & 0xFFFFFFFF),
+        "allow",
         (RET_K, 0, 0, RET_ALLOW),
+        "deny",
         (RET_K, 0, 0, RET_EPERM),
     ]
-    where = {"allow": len(labelled) - 2, "deny": len(labelled) - 1}
+    where: dict[str, int] = {}
+    instructions: list[tuple[int, object, object, int]] = []
+    for entry in labelled:
+        if isinstance(entry, str):
+            where[entry] = len(instructions)
+        else:
+            instructions.append(entry)
 
     def offset(jump: object, index: int) -> int:
         return where[jump] - index - 1 if isinstance(jump, str) else int(jump)  # type: ignore[call-overload]
 
     return [
         (code, offset(true, i), offset(false, i), k)
-        for i, (code, true, false, k) in enumerate(labelled)
+        for i, (code, true, false, k) in enumerate(instructions)
     ]
 
 
@@ -93,7 +128,7 @@ def install() -> str | None:
         return f"no seccomp filter for {sys.platform} {arch}"
     if installed:
         return None
-    program = _program(arch)
+    program = _program(arch, os.getpid())
     raw = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
     buffer = ctypes.create_string_buffer(raw, len(raw))
 
