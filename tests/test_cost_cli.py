@@ -19,8 +19,6 @@ import dpkit.cost.cli as predict_cli
 from dpkit.cli import main
 from dpkit.cost.models import course_model, sample_input
 
-tomllib = predict_cli._toml_module("tests")  # tomllib, or tomli on Python 3.10
-
 
 def dpkit(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
     env = {key: value for key, value in os.environ.items() if key != "DPKIT_DEBUG"}
@@ -221,32 +219,32 @@ def same_machine(a: cost.Hardware, b: cost.Hardware) -> bool:
     return all(close(getattr(a, f.name), getattr(b, f.name)) for f in fields(cost.Hardware))
 
 
-@pytest.mark.parametrize("name", list(cost.presets()))
-def test_a_printed_preset_loads_back_as_the_preset(predict_here, tmp_path, name):
-    status, template, err = predict_here("--print-hardware", name)
-    assert status == 0, err
-    assert template.startswith(f"# {name}: a machine for dpkit's cost model")
+def whole_machine_toml(machine: cost.Hardware, **changes: object) -> str:
+    """Every field of ``machine`` as a hardware file writes it (links and tables as sections)."""
+    values = {f.name: getattr(machine, f.name) for f in fields(cost.Hardware)} | changes
+    values["allreduce_bandwidth"] = values["allreduce_bandwidth"] or "none"
+    plain = {k: v for k, v in values.items() if not isinstance(v, (dict, cost.Link))}
+    lines = [f"{key} = {json.dumps(value)}" for key, value in plain.items()]
+    for key, value in values.items():
+        if isinstance(value, cost.Link):
+            value = {"bandwidth": value.bandwidth, "latency": value.latency, "source": value.source}
+        if isinstance(value, dict):
+            lines += [f"[{key}]", *(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "machine",
+    [
+        cost.preset("T4-PCIe3"),
+        replace(cost.preset("8xH100-SXM-NVLink"), allreduce_bandwidth=None,
+                op_seconds={"aten.addmm": ((1e6, 2.5e-6), (1.5e9, 1.23456789012e-3))}),
+    ],
+)  # fmt: skip
+def test_a_whole_machine_file_loads_as_the_machine(tmp_path, machine):
     path = tmp_path / "machine.toml"
-    path.write_text(template)
-    loaded = predict_cli.load_hardware_file(path)
-    assert same_machine(loaded, cost.preset(name))
-    assert predict_cli.hardware_toml(loaded, f"dpkit predict --print-hardware {name}") == template
-
-
-def test_a_template_keeps_12_digits_op_seconds_and_no_allreduce_bandwidth(tmp_path):
-    odd = replace(
-        cost.preset("8xH100-SXM-NVLink"),
-        name="odd",
-        memory_bandwidth=1234.56789012e9,
-        matmul_efficiency=0.123456789012,
-        step_overhead=1.23456789012e-4,
-        allreduce_bandwidth=None,
-        op_seconds={"aten.addmm": ((1e6, 2.5e-6), (1.5e9, 1.23456789012e-3))},
-    )
-    path = tmp_path / "odd.toml"
-    path.write_text(predict_cli.hardware_toml(odd))
-    assert 'allreduce_bandwidth = "none"' in path.read_text()
-    assert same_machine(predict_cli.load_hardware_file(path), odd)
+    path.write_text(whole_machine_toml(machine))
+    assert same_machine(predict_cli.load_hardware_file(path), machine)
 
 
 def test_whole_counts_written_as_floats_are_counts(predict_here, spy, tmp_path):
@@ -262,8 +260,7 @@ def test_whole_counts_written_as_floats_are_counts(predict_here, spy, tmp_path):
 
 def test_a_toml_hardware_file_predicts_like_its_preset(predict_here, spy, tmp_path):
     path = tmp_path / "mine.toml"
-    status, template, _ = predict_here("--print-hardware", "8xA100-SXM-NVLink")
-    path.write_text(template.replace('name = "8xA100-SXM-NVLink"', 'name = "my A100 box"'))
+    path.write_text(whole_machine_toml(cost.preset("8xA100-SXM-NVLink"), name="my A100 box"))
     outs = []
     for hardware in (["--hardware-file", str(path)], ["--hardware", "8xA100-SXM-NVLink"]):
         status, out, err = predict_here(*hardware, "--model", "cnn", "--devices", "8")
@@ -276,13 +273,10 @@ def test_a_toml_hardware_file_predicts_like_its_preset(predict_here, spy, tmp_pa
     assert mine.memory_per_device == preset.memory_per_device
 
 
-def test_a_json_what_if_changes_only_what_it_names(predict_here, spy, tmp_path):
-    path = tmp_path / "slow_network.json"
-    path.write_text(json.dumps({
-        "base": "2x8xA100-100GbE",
-        "node_to_node": {"bandwidth": 1.25e9},
-        "peak_flops": {"float32": 20e12},
-    }))  # fmt: skip
+def test_a_what_if_changes_only_what_it_names(predict_here, spy, tmp_path):
+    path = tmp_path / "slow_network.toml"
+    path.write_text('base = "2x8xA100-100GbE"\n[node_to_node]\nbandwidth = 1.25e9\n'
+                    "[peak_flops]\nfloat32 = 20e12\n")  # fmt: skip
     status, out, err = predict_here("--hardware-file", str(path), "--strategy", "ddp",
                                     "--devices", "16", "--model", "cnn")  # fmt: skip
     assert status == 0, err
@@ -290,7 +284,7 @@ def test_a_json_what_if_changes_only_what_it_names(predict_here, spy, tmp_path):
     assert machine.name == "slow_network" and "slow_network" in out
     assert machine.node_to_node.bandwidth == 1.25e9
     assert machine.node_to_node.latency == base.node_to_node.latency
-    assert "slow_network.json" in machine.node_to_node.source  # not the base's citation
+    assert "slow_network.toml" in machine.node_to_node.source  # not the base's citation
     assert machine.peak_flops == {**base.peak_flops, "float32": 20e12}
     assert machine.device_to_device == base.device_to_device
     assert machine.memory_capacity == base.memory_capacity
@@ -326,7 +320,7 @@ def test_the_doc_example_file_loads():
         ('base = "8xA100-SXM-NVLink"\n[tensor_core_efficiency]\nfloat16 = 40\n',
          ["tensor_core_efficiency['float16']=40", "fraction in (0, 1]"]),
         ('base = "A100"\n', ["base:", "is not a preset", "8xA100-SXM-NVLink"]),
-        ('name = "half"\nnodes = 1\n', ["missing description", "--print-hardware", "base ="]),
+        ('name = "half"\nnodes = 1\n', ["missing description", "base =", "my_machine.toml"]),
         ("base = \n", ["not valid TOML"]),
     ],
 )  # fmt: skip
@@ -338,27 +332,16 @@ def test_a_bad_hardware_file_is_refused_naming_the_field(predict_here, tmp_path,
     one_line_error(err, f"--hardware-file {path}", *needles)
 
 
-def test_a_bad_json_file_names_the_path_and_the_place(predict_here, tmp_path):
-    path = tmp_path / "bad.json"
-    path.write_text('{"base": "8xA100-SXM-NVLink",\n "nodes": }')
-    status, _, err = predict_here("--hardware-file", str(path))
+def test_a_missing_file_is_named(predict_here, tmp_path):
+    status, _, err = predict_here("--hardware-file", str(tmp_path / "missing.toml"))
     assert status == 2
-    one_line_error(err, f"--hardware-file {path}: not valid JSON", "line 2")
+    one_line_error(err, f"--hardware-file {tmp_path / 'missing.toml'}", "no such file")
 
 
-@pytest.mark.parametrize(
-    "name, needle", [("missing.toml", "no such file"), ("machine.yaml", "name it .toml or .json")]
-)
-def test_a_missing_or_misnamed_file_is_named(predict_here, tmp_path, name, needle):
-    status, _, err = predict_here("--hardware-file", str(tmp_path / name))
-    assert status == 2
-    one_line_error(err, f"--hardware-file {tmp_path / name}", needle)
-
-
-def test_without_a_toml_reader_the_error_says_to_use_json_or_install_tomli(monkeypatch):
+def test_without_a_toml_reader_the_error_says_to_install_tomli(monkeypatch):
     monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.10 without tomli
     monkeypatch.setitem(sys.modules, "tomli", None)
-    with pytest.raises(ValueError, match="pip install tomli.*as a .json file"):
+    with pytest.raises(ValueError, match="pip install tomli"):
         predict_cli.load_hardware_file(
             Path(__file__).resolve().parents[1] / "docs" / "examples" / "my_machine.toml"
         )
@@ -370,25 +353,6 @@ def test_hardware_and_hardware_file_together_are_refused(predict_here, tmp_path)
     status, _, err = predict_here("--hardware-file", str(path), "--hardware", "T4-PCIe3")
     assert status == 2
     one_line_error(err, "--hardware and --hardware-file", 'base = "T4-PCIe3"')
-
-
-def test_print_hardware_name_and_another_hardware_are_refused(predict_here):
-    status, out, err = predict_here("--print-hardware", "T4-PCIe3", "--hardware", "4xA100-PCIe4")
-    assert status == 2 and out == ""
-    one_line_error(err, "--print-hardware NAME and --hardware name two machines")
-
-
-def test_print_hardware_without_a_name_prints_the_machine_a_file_makes(predict_here, tmp_path):
-    path = tmp_path / "fast_network.toml"
-    path.write_text('base = "2x8xA100-100GbE"\nnics_per_node = 8\n')
-    status, template, err = predict_here("--hardware-file", str(path), "--print-hardware")
-    assert status == 0, err
-    data = tomllib.loads(template)
-    assert data["name"] == "fast_network" and data["nics_per_node"] == 8
-    assert (
-        data["node_to_node"]
-        == tomllib.loads(predict_cli.hardware_toml(cost.preset("2x8xA100-100GbE")))["node_to_node"]
-    )
 
 
 # -- clean errors: --out, dp across nodes ---------------------------------------------------
