@@ -18,6 +18,7 @@ clone's own dpkit comes first on ``PYTHONPATH``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -57,6 +59,20 @@ def insert_row(table_file: Path, row: str, last_row: str) -> None:
     at = max(i for i, line in enumerate(lines) if re.match(last_row, line))
     lines.insert(at + 1, row)
     table_file.write_text("\n".join(lines) + "\n")
+
+
+def clone_module(path: Path) -> ModuleType:
+    """A test module of the clone, imported under a name of its own (registered, as its
+    dataclasses need)."""
+    spec = importlib.util.spec_from_file_location(f"clone_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
 
 
 def write_notebook(path: Path, placeholders: list[str], number: str) -> None:
@@ -131,14 +147,11 @@ def test_the_guide_followed_in_a_clone_keeps_make_test_green(tmp_path):
     notebook_row = guide_step(guide, r"``(\| `NN_topic` \| [^`]*\|)``")
     insert_row(clone / "notebooks" / "README.md", notebook_row.replace("NN_topic", name),
                r"\| `\d\d_")  # fmt: skip
-    kit = (clone / "tests" / "test_instructor_kit.py").read_text()
-    namespace: dict[str, object] = {"__name__": "clone_kit", "__file__": str(clone / "tests" / "x")}
-    exec(compile(kit, "test_instructor_kit.py", "exec"), namespace)  # its placeholder finder
+    kit = clone_module(clone / "tests" / "test_instructor_kit.py")  # its placeholder finder
     notebook = clone / "notebooks" / f"{name}.ipynb"
-    placeholders = namespace["template_placeholders"]()
-    assert namespace["placeholders_left"](notebook), "the template's placeholders went unnoticed"
-    write_notebook(notebook, placeholders, name[:2])
-    assert namespace["placeholders_left"](notebook) == []
+    assert kit.placeholders_left(notebook), "the template's placeholders went unnoticed"
+    write_notebook(notebook, kit.template_placeholders(), name[:2])
+    assert kit.placeholders_left(notebook) == []
     make_notebook = guide_step(guide, r"`(make notebooks NOTEBOOKS=notebooks/NN_topic\.ipynb)`")
     started = time.monotonic()
     run([*make, *make_notebook.replace("NN_topic", name).split()[1:]])
