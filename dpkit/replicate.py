@@ -12,6 +12,9 @@ The surprises first, all as in ``torch.nn.parallel.replicate``:
   the broadcast, whose backward reduce-adds them onto the source device.
 - Buffers that require grad go through autograd too; the others are detached copies.
 - With ``detach=True`` (DataParallel uses it when grad mode is off) nothing is tracked.
+
+``replicate`` reads line for line against torch's; each dpkit addition is marked
+``# dpkit:`` where it applies and defined after the function.
 """
 
 from __future__ import annotations
@@ -29,6 +32,87 @@ from dpkit.devices import Device, DeviceLike, as_devices
 from dpkit.tracing import Phase
 
 T = TypeVar("T", bound=nn.Module)
+
+
+def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -> list[T]:
+    """One replica of ``network`` per device; replica 0 shares storage with ``network``."""
+    # dpkit: torch's check that no Python module hides under a ScriptModule, and clear errors
+    # for what torch would fail on later (no module, a lazy parameter, a compiled module)
+    _check_replicable(network)
+
+    # dpkit: dpkit Devices (lanes too); no devices is an error, where torch returns []
+    devices = as_devices(devices)
+    num_replicas = len(devices)
+
+    params = list(network.parameters())
+    param_indices = {param: idx for idx, param in enumerate(params)}
+    param_copies = _broadcast_coalesced_reshape(params, devices, detach)
+
+    buffers = list(network.buffers())
+    buffers_rg = [buf for buf in buffers if buf.requires_grad and not detach]
+    buffers_not_rg = [buf for buf in buffers if not (buf.requires_grad and not detach)]
+
+    buffer_indices_rg = {buf: idx for idx, buf in enumerate(buffers_rg)}
+    buffer_indices_not_rg = {buf: idx for idx, buf in enumerate(buffers_not_rg)}
+
+    buffer_copies_rg = _broadcast_coalesced_reshape(buffers_rg, devices, detach=detach)
+    buffer_copies_not_rg = _broadcast_coalesced_reshape(buffers_not_rg, devices, detach=True)
+
+    modules = list(network.modules())
+    module_copies: list[list[nn.Module]] = [[] for _ in devices]
+    module_indices: dict[nn.Module, int] = {}
+
+    # dpkit: the tensor copies above are traced per device by comm; building the module
+    # objects is Python in this thread, every replica's at once: traced on the source device
+    with tracing.host_span(Phase.REPLICATE, devices[0], what="modules", modules=len(modules)):
+        for i, module in enumerate(modules):
+            module_indices[module] = i
+            for j in range(num_replicas):
+                replica = module._replicate_for_data_parallel()
+                # DDP reads replicated parameters from here (torch PR #33907 hid them).
+                replica._former_parameters = OrderedDict()
+                module_copies[j].append(replica)
+
+        # torch's loops, each with its test for an absent entry inside the loop over replicas
+        for i, module in enumerate(modules):
+            for key, child in module._modules.items():
+                for j in range(num_replicas):
+                    replica = module_copies[j][i]
+                    if child is None:
+                        replica._modules[key] = None
+                    else:
+                        setattr(replica, key, module_copies[j][module_indices[child]])
+            for key, param in module._parameters.items():
+                for j in range(num_replicas):
+                    replica = module_copies[j][i]
+                    if param is None:
+                        replica._parameters[key] = None
+                    else:
+                        param_copy = param_copies[j][param_indices[param]]
+                        # parameters in replicas are no longer leaves,
+                        # so setattr them as non-parameter attributes
+                        setattr(replica, key, param_copy)
+                        # expose the parameter for DDP
+                        replica._former_parameters[key] = param_copy
+            for key, buf in module._buffers.items():
+                for j in range(num_replicas):
+                    replica = module_copies[j][i]
+                    if buf is None:
+                        replica._buffers[key] = None
+                    elif buf.requires_grad and not detach:
+                        setattr(replica, key, buffer_copies_rg[j][buffer_indices_rg[buf]])
+                    else:
+                        setattr(replica, key, buffer_copies_not_rg[j][buffer_indices_not_rg[buf]])
+
+    replicas = [module_copies[j][0] for j in range(num_replicas)]
+    if tracing.enabled():  # dpkit: what each replica holds, known here: the trace need not walk it
+        held = [p + b + c for p, b, c in zip(param_copies, buffer_copies_rg, buffer_copies_not_rg)]
+        tracing.replicated(replicas, held)
+    return replicas  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------
+# dpkit's additions, in the order replicate calls them.
 
 
 def check_not_compiled(module: nn.Module, where: str = "module") -> None:
@@ -56,6 +140,8 @@ def _check_replicable(network: nn.Module) -> None:
                 f"module has an uninitialised (lazy) parameter {name!r}; run one forward on a "
                 "single device first (e.g. model(x[:1])) so its shape is known, then replicate"
             )
+    for module in network.modules():
+        check_not_compiled(module, "module" if module is network else "a submodule of module")
     try:  # torch's check that no Python module hides under a ScriptModule (private API)
         from torch.nn.parallel.replicate import _replicatable_module
     except ImportError:  # pragma: no cover - depends on the torch version
@@ -66,79 +152,17 @@ def _check_replicable(network: nn.Module) -> None:
         )
 
 
-def _broadcast(
+def _broadcast_coalesced_reshape(
     tensors: Sequence[torch.Tensor], devices: Sequence[Device], detach: bool
 ) -> list[list[torch.Tensor]]:
+    """torch's helper of the same name: one list of copies per device, through the Broadcast
+    function (tracked by autograd) or, with ``detach``, comm's broadcast (not tracked). dpkit
+    copies each tensor as it is, not coalesced, and gives empty lists for no tensors (torch:
+    [])."""
     if len(tensors) == 0:
         return [[] for _ in devices]
     if detach:
         return comm.broadcast(tensors, devices)
-    copies = Broadcast.apply(devices, *tensors)
-    return [list(copies[i : i + len(tensors)]) for i in range(0, len(copies), len(tensors))]
-
-
-def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -> list[T]:
-    """One replica of ``network`` per device; replica 0 shares storage with ``network``."""
-    _check_replicable(network)
-    devices = as_devices(devices)
-
-    params = list(network.parameters())
-    param_indices = {param: index for index, param in enumerate(params)}
-    param_copies = _broadcast(params, devices, detach)
-
-    buffers = list(network.buffers())
-    buffers_rg = [b for b in buffers if b.requires_grad and not detach]
-    buffers_not_rg = [b for b in buffers if not (b.requires_grad and not detach)]
-    buffer_indices_rg = {buf: index for index, buf in enumerate(buffers_rg)}
-    buffer_indices_not_rg = {buf: index for index, buf in enumerate(buffers_not_rg)}
-    buffer_copies_rg = _broadcast(buffers_rg, devices, detach)
-    buffer_copies_not_rg = _broadcast(buffers_not_rg, devices, detach=True)
-
-    modules = list(network.modules())
-    for module in modules:
-        check_not_compiled(module, "module" if module is network else "a submodule of module")
-    # The tensor copies above are traced per device. Building the module objects is Python in
-    # this thread, every replica's at once (in torch's loop order): traced on the source.
-    with tracing.host_span(Phase.REPLICATE, devices[0], what="modules", modules=len(modules)):
-        module_copies: list[list[nn.Module]] = [[] for _ in devices]
-        module_indices: dict[nn.Module, int] = {}
-        for index, module in enumerate(modules):
-            module_indices[module] = index
-            for copies in module_copies:
-                replica = module._replicate_for_data_parallel()
-                # DDP reads replicated parameters from here (torch PR #33907 hid them).
-                replica._former_parameters = OrderedDict()
-                copies.append(replica)
-
-        for index, module in enumerate(modules):
-            for key, child in module._modules.items():
-                for copies in module_copies:
-                    if child is None:
-                        copies[index]._modules[key] = None
-                    else:
-                        setattr(copies[index], key, copies[module_indices[child]])
-            for key, param in module._parameters.items():
-                for replica_index, copies in enumerate(module_copies):
-                    if param is None:
-                        copies[index]._parameters[key] = None
-                        continue
-                    param_copy = param_copies[replica_index][param_indices[param]]
-                    # Replica parameters are no longer leaves: set them as plain attributes.
-                    setattr(copies[index], key, param_copy)
-                    copies[index]._former_parameters[key] = param_copy
-            for key, buf in module._buffers.items():
-                for replica_index, copies in enumerate(module_copies):
-                    if buf is None:
-                        copies[index]._buffers[key] = None
-                    elif buf.requires_grad and not detach:
-                        copy = buffer_copies_rg[replica_index][buffer_indices_rg[buf]]
-                        setattr(copies[index], key, copy)
-                    else:
-                        copy = buffer_copies_not_rg[replica_index][buffer_indices_not_rg[buf]]
-                        setattr(copies[index], key, copy)
-
-    replicas = [copies[0] for copies in module_copies]
-    if tracing.enabled():  # what each replica holds, known here: the trace need not walk it
-        held = [p + b + c for p, b, c in zip(param_copies, buffer_copies_rg, buffer_copies_not_rg)]
-        tracing.replicated(replicas, held)
-    return replicas  # type: ignore[return-value]
+    tensor_copies = Broadcast.apply(devices, *tensors)
+    n = len(tensors)
+    return [list(tensor_copies[i : i + n]) for i in range(0, len(tensor_copies), n)]

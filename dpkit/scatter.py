@@ -16,6 +16,10 @@ Where torch gives a silent wrong result, dpkit raises (a documented difference):
 tensor split by one call onto several devices, positional and keyword alike, must have the
 same size along ``dim`` (torch zips chunks of different batches, dropping rows, or hands a
 replica a short keyword tensor that broadcasts). Sparse and nested tensors get a clear error.
+
+``scatter`` and ``scatter_kwargs`` read line for line against torch's; each dpkit addition is
+called where it applies, with a ``# dpkit:`` comment saying what it adds, and defined after
+them (how each tensor is split: :class:`_Split`; the chunk plans; the checks).
 """
 
 from __future__ import annotations
@@ -27,9 +31,118 @@ from typing import Any
 import torch
 
 from dpkit._functions import Scatter
-from dpkit.devices import DeviceLike, _check_count, as_devices
+from dpkit.devices import Device, DeviceLike, _check_count, as_devices
 
 ChunkSizes = str | Sequence[int] | Callable[[int, int], Sequence[int]] | None
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    # Check if type was created from collections.namedtuple or a typing.NamedTuple.
+    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
+
+
+def scatter(
+    inputs: Any, target_gpus: Sequence[DeviceLike], dim: int = 0, chunk_sizes: ChunkSizes = None
+) -> Any:
+    """Split tensors in ``inputs`` into chunks on ``target_gpus``; share other objects.
+
+    Returns a tuple of chunks for a tensor, else a list with one entry per used device,
+    exactly as ``torch.nn.parallel.scatter``. Every tensor split must have the same size
+    along ``dim`` (torch would zip chunks of different batches, dropping rows; see the
+    module docstring). ``target_gpus`` keeps torch's name; any devices will do, virtual
+    lanes included.
+    """
+    # dpkit: clear errors for dim and target_gpus, which become dpkit Devices (lanes too),
+    # and each tensor's chunks planned and checked by one _Split (scatter_kwargs' if given)
+    split = _Split.of(chunk_sizes, target_gpus, dim, inputs=inputs)
+    target_gpus = split.devices
+
+    def scatter_map(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            # dpkit: the devices used and the chunk sizes (torch: all, and torch.chunk's)
+            devices, sizes = split(obj)
+            return Scatter.apply(devices, sizes, dim, None, obj)
+        if _is_namedtuple(obj):
+            return [type(obj)(*args) for args in zip(*map(scatter_map, obj))]
+        if isinstance(obj, tuple) and len(obj) > 0:
+            return list(zip(*map(scatter_map, obj)))
+        if isinstance(obj, list) and len(obj) > 0:
+            return [list(i) for i in zip(*map(scatter_map, obj))]
+        if isinstance(obj, dict) and len(obj) > 0:
+            return [type(obj)(i) for i in zip(*map(scatter_map, obj.items()))]
+        return [obj for _ in target_gpus]
+
+    # scatter_map refers to itself; clearing it breaks the reference cycle (as torch does).
+    try:
+        res = scatter_map(inputs)
+    finally:
+        scatter_map = None  # type: ignore[assignment]
+    return res
+
+
+def scatter_kwargs(
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    target_gpus: Sequence[DeviceLike],
+    dim: int = 0,
+    chunk_sizes: ChunkSizes = None,
+) -> tuple[tuple[Any, ...], tuple[dict[str, Any], ...]]:
+    """Scatter positional and keyword inputs; pad the shorter side as torch does.
+
+    Positional and keyword tensors must have one batch size. Padding copies torch's rule
+    literally, including its comparison of the keyword chunks with ``len(inputs)`` (the number
+    of positional arguments, not of their chunks): with a batch of 2 rows on 4 devices and a
+    keyword flag, devices 2 and 3 get the flag and no input, as in torch.
+    """
+    # dpkit: one _Split for both calls, so that positional and keyword tensors have one batch
+    chunk_sizes = _Split.of(chunk_sizes, target_gpus, dim, inputs=inputs, kwargs=kwargs)
+    scattered_inputs = scatter(inputs, target_gpus, dim, chunk_sizes) if inputs else []
+    scattered_kwargs = scatter(kwargs, target_gpus, dim, chunk_sizes) if kwargs else []
+    if len(scattered_inputs) < len(scattered_kwargs):
+        scattered_inputs.extend(() for _ in range(len(scattered_kwargs) - len(scattered_inputs)))
+    elif len(scattered_kwargs) < len(inputs):
+        scattered_kwargs.extend({} for _ in range(len(scattered_inputs) - len(scattered_kwargs)))
+    return tuple(scattered_inputs), tuple(scattered_kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# dpkit's additions: how each tensor is split, the chunk plans, the checks.
+
+
+class _Split:
+    """How one scatter (or both of scatter_kwargs') splits each tensor: checked that it can
+    be split and that it has the size along ``dim`` of the first one (the batch), then cut
+    into ``plan_chunks``' sizes on the first devices. Onto one device nothing is split, so
+    tensors of any sizes go whole, as in torch. ``named``: what the caller was given, which
+    the error for two batch sizes lists."""
+
+    def __init__(
+        self, target_gpus: Sequence[DeviceLike], dim: int, chunk_sizes: ChunkSizes, **named: Any
+    ) -> None:
+        self.dim = check_dim(dim)
+        self.devices = as_devices(target_gpus, argument="target_gpus")
+        self.chunk_sizes = chunk_sizes
+        self.named = named
+        self.batch: int | None = None
+
+    @classmethod
+    def of(
+        cls, chunk_sizes: ChunkSizes | _Split, target_gpus: Any, dim: int, **named: Any
+    ) -> _Split:
+        """``chunk_sizes`` itself when scatter_kwargs made it a _Split, else a new one."""
+        if isinstance(chunk_sizes, _Split):
+            return chunk_sizes
+        return cls(target_gpus, dim, chunk_sizes, **named)
+
+    def __call__(self, tensor: torch.Tensor) -> tuple[list[Device], list[int]]:
+        _check_splittable(tensor, self.dim)
+        size = tensor.shape[self.dim]
+        if self.batch is None:
+            self.batch = size
+        elif size != self.batch and len(self.devices) > 1:
+            raise _batch_mismatch(self.dim, **self.named)
+        sizes = plan_chunks(size, len(self.devices), self.chunk_sizes)
+        return self.devices[: len(sizes)], sizes
 
 
 def check_dim(dim: Any) -> int:
@@ -135,10 +248,6 @@ def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> 
     return sizes
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
-
-
 def _check_splittable(tensor: torch.Tensor, dim: int) -> None:
     if tensor.is_nested:
         raise TypeError(
@@ -183,11 +292,6 @@ def _sizes_along(obj: Any, dim: int, path: str) -> list[tuple[str, int]]:
     return [found for key, item in items for found in _sizes_along(item, dim, f"{path}[{key!r}]")]
 
 
-class _BatchMismatch(Exception):
-    """Raised inside _scatter at the first tensor of another batch size; the caller turns it
-    into the ValueError of _batch_mismatch, naming every tensor it was given."""
-
-
 def _batch_mismatch(dim: int, **named: Any) -> ValueError:
     sizes = [found for name, obj in named.items() for found in _sizes_along(obj, dim, name)]
     listed = ", ".join(f"{path} has {size}" for path, size in sizes)
@@ -198,87 +302,3 @@ def _batch_mismatch(dim: int, **named: Any) -> ValueError:
         "keep a tensor that every replica needs whole in the module (e.g. "
         "module.register_buffer), which replicate copies to every device"
     )
-
-
-def _scatter(
-    inputs: Any, devices: list, dim: int, chunk_sizes: ChunkSizes, batch: list[int]
-) -> Any:
-    """scatter, with ``batch`` holding the size along ``dim`` of the first tensor split (shared
-    by the positional and keyword calls of scatter_kwargs). Onto one device nothing is split,
-    so tensors of any sizes go whole, as in torch."""
-    splits = len(devices) > 1
-
-    def scatter_map(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            _check_splittable(obj, dim)
-            size = obj.shape[dim]
-            if not batch:
-                batch.append(size)
-            elif size != batch[0] and splits:
-                raise _BatchMismatch
-            sizes = plan_chunks(size, len(devices), chunk_sizes)
-            used = devices[: len(sizes)]
-            return Scatter.apply(used, sizes, dim, None, obj)
-        if _is_namedtuple(obj):
-            return [type(obj)(*args) for args in zip(*map(scatter_map, obj))]
-        if isinstance(obj, tuple) and len(obj) > 0:
-            return list(zip(*map(scatter_map, obj)))
-        if isinstance(obj, list) and len(obj) > 0:
-            return [list(i) for i in zip(*map(scatter_map, obj))]
-        if isinstance(obj, dict) and len(obj) > 0:
-            return [type(obj)(i) for i in zip(*map(scatter_map, obj.items()))]
-        return [obj for _ in devices]
-
-    # scatter_map refers to itself; clearing it breaks the reference cycle (as torch does).
-    try:
-        return scatter_map(inputs)
-    finally:
-        scatter_map = None  # type: ignore[assignment]
-
-
-def scatter(
-    inputs: Any, target_gpus: Sequence[DeviceLike], dim: int = 0, chunk_sizes: ChunkSizes = None
-) -> Any:
-    """Split tensors in ``inputs`` into chunks on ``target_gpus``; share other objects.
-
-    Returns a tuple of chunks for a tensor, else a list with one entry per used device,
-    exactly as ``torch.nn.parallel.scatter``. Every tensor split must have the same size
-    along ``dim`` (torch would zip chunks of different batches, dropping rows; see the
-    module docstring). ``target_gpus`` keeps torch's name; any devices will do, virtual
-    lanes included.
-    """
-    check_dim(dim)
-    devices = as_devices(target_gpus, argument="target_gpus")
-    try:
-        return _scatter(inputs, devices, dim, chunk_sizes, [])
-    except _BatchMismatch:
-        raise _batch_mismatch(dim, inputs=inputs) from None
-
-
-def scatter_kwargs(
-    inputs: tuple[Any, ...],
-    kwargs: dict[str, Any] | None,
-    target_gpus: Sequence[DeviceLike],
-    dim: int = 0,
-    chunk_sizes: ChunkSizes = None,
-) -> tuple[tuple[Any, ...], tuple[dict[str, Any], ...]]:
-    """Scatter positional and keyword inputs; pad the shorter side as torch does.
-
-    Positional and keyword tensors must have one batch size. Padding copies torch's rule
-    literally, including its comparison of the keyword chunks with ``len(inputs)`` (the number
-    of positional arguments, not of their chunks): with a batch of 2 rows on 4 devices and a
-    keyword flag, devices 2 and 3 get the flag and no input, as in torch.
-    """
-    check_dim(dim)
-    devices = as_devices(target_gpus, argument="target_gpus")
-    batch: list[int] = []
-    try:
-        scattered_inputs = _scatter(inputs, devices, dim, chunk_sizes, batch) if inputs else []
-        scattered_kwargs = _scatter(kwargs, devices, dim, chunk_sizes, batch) if kwargs else []
-    except _BatchMismatch:
-        raise _batch_mismatch(dim, inputs=inputs, kwargs=kwargs) from None
-    if len(scattered_inputs) < len(scattered_kwargs):
-        scattered_inputs.extend(() for _ in range(len(scattered_kwargs) - len(scattered_inputs)))
-    elif len(scattered_kwargs) < len(inputs):
-        scattered_kwargs.extend({} for _ in range(len(scattered_inputs) - len(scattered_kwargs)))
-    return tuple(scattered_inputs), tuple(scattered_kwargs)
