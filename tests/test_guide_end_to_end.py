@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from types import ModuleType
@@ -173,8 +174,8 @@ def test_the_guide_followed_in_a_clone_keeps_make_test_green(tmp_path):
     assert end, "tests/test_exercises_wrong_answers.py has no WRONG list"
     entry = "\n".join(line[2:] if line.startswith("  ") else line for line in wrong.splitlines())
     wrong_file.write_text(source[: end.end() - 2] + entry + "\n" + source[end.end() - 2 :])
-    commit = guide_step(guide, r"```bash\n(git add .*?git commit .*?)```")
-    run(commit)
+    commit = guide_step(guide, r"```bash\n( *git add [^\n]*\n *git commit [^\n]*\n) *```")
+    run(textwrap.dedent(commit))
     status = run(["git", "status", "--porcelain"]).stdout
     assert status == "", f"the guide's commit left files out:\n{status}"
     assert f"task{task}_{topic}.py" in run(["git", "show", "--stat", "HEAD"]).stdout
