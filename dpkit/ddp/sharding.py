@@ -19,6 +19,17 @@ over the ``n`` ranks (Rajbhandari et al., "ZeRO", SC 2020):
 it trains a few Adam steps under one engine and returns the bytes it holds, by category,
 counted from the tensors themselves (a sharded parameter's local shard, the optimizer's
 state tensors); :func:`predicted_bytes` is the ZeRO paper's arithmetic for the same.
+
+Each step is recorded in the format of DDP's traces (:mod:`dpkit.ddp.record`): every
+collective an engine calls from Python (FSDP's all-gathers and reduce-scatters, ZeRO-1's
+broadcasts, DDP's all-reduces through torch's own ``allreduce_hook``) becomes an event on
+its rank's track, named as the process group names it (``allgather``, ``reduce_scatter``,
+``broadcast``, ``allreduce``), with its payload's bytes, its start and its end; beside them
+the calls the rank made: ``apply`` (the forward), ``backward`` (``loss.backward()``) and
+``optimizer`` (``optimizer.step()``), each a whole call, so the collectives it waited for
+are inside it. :func:`traces` turns the rows into one :class:`~dpkit.tracing.Trace` per
+engine; :func:`measure_link` times the same gloo ring the engines use, for
+:func:`predicted_collective_seconds` (``dpkit.cost``'s ring formulas) to predict each event.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import contextlib
 import datetime
 import gc
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -88,23 +100,68 @@ def _payload(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     return 0 if tensor is None else tensor.numel() * tensor.element_size()
 
 
+# The phase each collective's event gets: the name torch's ProcessGroup gives the operation
+# (ProcessGroup.allgather, .reduce_scatter, .broadcast, .allreduce), as DDP's traces already
+# call theirs "allreduce".
+PHASES = {"all_gather_single": "allgather", "all_gather_into_tensor": "allgather",
+          "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+          "broadcast": "broadcast", "all_reduce": "allreduce"}  # fmt: skip
+COLLECTIVE_PHASES = tuple(dict.fromkeys(PHASES.values()))
+# An event: phase, start, end (perf_counter seconds: one clock for every rank, see
+# dpkit.ddp.record), bytes, step, details; as dpkit.ddp.record.RankRun.events holds them.
+EventTuple = tuple[str, float, float, int, int, dict[str, Any]]
+
+
+class StepRecorder:
+    """One rank's events, in :class:`dpkit.ddp.record.RankRun`'s format, step by step."""
+
+    def __init__(self) -> None:
+        self.events: list[EventTuple] = []
+        self.step = 0
+
+    def add(self, phase: str, start: float, end: float, nbytes: int, details: dict) -> None:
+        self.events.append((phase, start, end, nbytes, self.step, details))  # atomic: any thread
+
+    @contextlib.contextmanager
+    def call(self, phase: str) -> Iterator[None]:
+        """Time what runs inside as one ``phase`` event of the current step."""
+        start = time.perf_counter()
+        yield
+        self.add(phase, start, time.perf_counter(), 0, {})
+
+
 @contextlib.contextmanager
-def counted_collectives(counts: Counter[str]) -> Iterator[None]:
-    """Add the bytes each Python-level collective call sends from this rank to ``counts``,
-    by collective (ring arithmetic, :data:`RING_SHARE`), while inside."""
+def traced_collectives(recorder: StepRecorder) -> Iterator[None]:
+    """Record each Python-level collective call as an event of ``recorder`` while inside:
+    from the call to the collective's end (a synchronous call's return; an asynchronous
+    one's future completing, in gloo's own thread, as DDP's recorded all-reduce times its
+    buckets), its payload's bytes, and in ``details`` the bytes a ring sends from this
+    rank (:data:`RING_SHARE`) and torch's function."""
     world = dist.get_world_size()
     saved = {name: getattr(dist, name) for name in RING_SHARE if hasattr(dist, name)}
 
-    def counting(name: str, original: Any) -> Any:
+    def traced(name: str, original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            share = RING_SHARE[name] * (world - 1) / world
-            counts[COLLECTIVE_NAMES[name]] += round(share * _payload(name, args, kwargs))
-            return original(*args, **kwargs)
+            payload = _payload(name, args, kwargs)
+            sent = round(RING_SHARE[name] * (world - 1) / world * payload)
+            details = {"ring_sent_bytes": sent, "function": f"torch.distributed.{name}"}
+            step, start = recorder.step, time.perf_counter()
+            work = original(*args, **kwargs)
+
+            def done(*_: Any) -> None:
+                end = time.perf_counter()
+                recorder.events.append((PHASES[name], start, end, payload, step, details))
+
+            if work is None:  # a synchronous call: it has finished
+                done()
+            else:
+                work.get_future().then(done)
+            return work
 
         return call
 
     for name, original in saved.items():
-        setattr(dist, name, counting(name, original))
+        setattr(dist, name, traced(name, original))
     try:
         yield
     finally:
@@ -112,9 +169,20 @@ def counted_collectives(counts: Counter[str]) -> Iterator[None]:
             setattr(dist, name, original)
 
 
+def sent_in_step(events: Sequence[EventTuple], step: int) -> dict[str, int]:
+    """Bytes a ring sends from this rank in ``step``, by collective (:data:`COLLECTIVE_NAMES`)."""
+    sent: Counter[str] = Counter()
+    names = {PHASES[name]: COLLECTIVE_NAMES[name] for name in PHASES}
+    for phase, _, _, _, at, details in events:
+        if at == step and phase in names:
+            sent[names[phase]] += details["ring_sent_bytes"]
+    return dict(sent)
+
+
 def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, Any]:
     """A few Adam steps of :func:`wide_mlp` under ``engine`` on this rank's rows; the bytes
-    it then holds, and the bytes its collectives sent from this rank in the last step."""
+    it then holds, every step's events (:class:`StepRecorder`), and the bytes its
+    collectives sent from this rank in the last step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = wide_mlp(width=width, hidden=2)
@@ -129,7 +197,7 @@ def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, A
     if engine != "fsdp":
         trained = nn.parallel.DistributedDataParallel(model)
         # torch's own all-reduce hook: the same all-reduce as DDP's built-in one (which its
-        # C++ Reducer calls), called from Python, where counted_collectives sees it
+        # C++ Reducer calls), called from Python, where traced_collectives sees it
         trained.register_comm_hook(None, default_hooks.allreduce_hook)
         if engine == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -142,18 +210,27 @@ def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, A
     generator = torch.Generator().manual_seed(rank)
     images = torch.randn(batch // world, 1, 28, 28, generator=generator)
     labels = torch.randint(0, 10, (batch // world,), generator=generator)
-    sent: Counter[str] = Counter()  # the last step's: the first ones also set things up
-    for step in range(steps):
-        with counted_collectives(sent) if step == steps - 1 else contextlib.nullcontext():
+    recorder = StepRecorder()
+    for step in range(1, steps + 1):
+        recorder.step = step
+        dist.barrier()  # every rank starts the step together (the barrier is not traced)
+        with traced_collectives(recorder):
             optimizer.zero_grad(set_to_none=False)  # keep the gradients to count them
-            nn.functional.cross_entropy(trained(images), labels).backward()
-            optimizer.step()
-    return {"rank": rank, "engine": engine, **held(model, optimizer), "sent": dict(sent)}
+            with recorder.call("apply"):
+                loss = nn.functional.cross_entropy(trained(images), labels)
+            with recorder.call("backward"):
+                loss.backward()
+            with recorder.call("optimizer"):
+                optimizer.step()
+    events = sorted(recorder.events, key=lambda event: event[1])
+    return {"rank": rank, "engine": engine, **held(model, optimizer),
+            "sent": sent_in_step(events, steps), "events": events}  # fmt: skip
 
 
 def sharding_main(argv: Sequence[str]) -> list[dict[str, Any]]:
-    """One rank: each of ``--engines`` in turn (a fresh model each); the bytes it held
-    after the last step under each, one dict per engine."""
+    """One rank: the gloo link measured (:func:`measure_link`), then each of ``--engines``
+    in turn (a fresh model each); the bytes it held after the last step under each, its
+    events and the link, one dict per engine."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--init-method", required=True)
@@ -166,8 +243,9 @@ def sharding_main(argv: Sequence[str]) -> list[dict[str, Any]]:
         "gloo", init_method=args.init_method, rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
+    link = measure_link()
     results = [
-        train_engine(engine, args.width, args.batch, args.steps)
+        {**train_engine(engine, args.width, args.batch, args.steps), "link": link}
         for engine in args.engines.split(",")
     ]
     gc.collect()  # DDP's reducers before the group (see dpkit.ddp.rank.free_reducers)
@@ -175,12 +253,17 @@ def sharding_main(argv: Sequence[str]) -> list[dict[str, Any]]:
     return results
 
 
-def measure(ranks: int = 2, width: int = 512) -> list[dict[str, Any]]:
+def measure(
+    ranks: int = 2, width: int = 512, steps: int = 2, batch: int = 16
+) -> list[dict[str, Any]]:
     """Rows of bytes per rank under each engine, measured on ``ranks`` gloo ranks (one
-    launch), with the model's size and what :func:`predicted_bytes` predicts."""
+    launch), with the model's size and what :func:`predicted_bytes` predicts; each row's
+    ``events`` are its rank's steps (:func:`traces` draws them), ``link`` the measured
+    gloo ring's (bandwidth, latency)."""
     from dpkit.ddp.script import run_main
 
-    argv = ["--init-method", "{store}", "--width", str(width)]
+    argv = ["--init-method", "{store}", "--width", str(width), "--steps", str(steps),
+            "--batch", str(batch)]  # fmt: skip
     per_rank = run_main(sharding_main, argv, nproc=ranks)
     model_bytes = sum(p.numel() * p.element_size() for p in wide_mlp(width, 2).parameters())
     rows = []
@@ -203,3 +286,116 @@ def predicted_bytes(parameter_bytes: int, ranks: int, engine: str, state_copies:
         "gradients": parameter_bytes // split[1],
         "optimizer state": state // split[2],
     }
+
+
+def measure_link(sizes: tuple[int, int] = (1 << 16, 1 << 22), repeats: int = 5) -> tuple:
+    """This rank's gloo ring, measured as the cost model describes a link: ``(bandwidth,
+    latency)`` from the fastest of ``repeats`` all-reduces of each of two ``sizes`` (bytes),
+    solved for ``t = 2 (n - 1) / n * S / B + 2 (n - 1) * alpha`` (dpkit.cost's ring
+    all-reduce). Every rank must call it; each returns its own reading."""
+    world = dist.get_world_size()
+    fastest = []
+    for size in sizes:
+        tensor = torch.ones(size // 4)
+        best = float("inf")
+        for _ in range(repeats):
+            dist.barrier()  # both ranks start together: the fastest repeat is the ring's
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            best = min(best, time.perf_counter() - start)
+        fastest.append(best)
+    share = 2 * (world - 1) / world
+    bandwidth = share * (sizes[1] - sizes[0]) / max(fastest[1] - fastest[0], 1e-9)
+    latency = (fastest[0] - share * sizes[0] / bandwidth) / (2 * (world - 1))
+    return bandwidth, max(latency, 1e-7)  # a negative intercept: noise, floored at 0.1 us
+
+
+def predicted_collective_seconds(phase: str, nbytes: int, ranks: int, link: Any) -> float:
+    """``dpkit.cost``'s time for one collective of ``nbytes`` (its payload) over ``ranks``
+    on ``link`` (a :class:`dpkit.cost.Link`): a ring all-reduce; an all-gather or
+    reduce-scatter, one half of it (the ring's ``n - 1`` steps of ``1/n``); a broadcast
+    pipelined down the ring."""
+    import dpkit.cost as cost
+
+    if phase == "broadcast":
+        return cost.broadcast(nbytes, ranks, link)
+    ring = cost.ring_allreduce(nbytes, ranks, link)
+    return ring if phase == "allreduce" else ring / 2
+
+
+def link_of(rows: Sequence[dict[str, Any]]) -> Any:
+    """The gloo ring rank 0 measured (:func:`measure_link`), as a :class:`dpkit.cost.Link`."""
+    import dpkit.cost as cost
+
+    bandwidth, latency = next(row["link"] for row in rows if row["rank"] == 0)
+    return cost.Link(bandwidth, latency, "measured: gloo all-reduces on this machine's loopback")
+
+
+def traces(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One :class:`~dpkit.tracing.Trace` per engine of ``rows`` (from :func:`measure`): a
+    track per rank (``rank:0 (cpu)``, ...) with its calls and collectives, step by step, and
+    the bytes it held after the last step; the format of :func:`dpkit.ddp.run_ddp`'s."""
+    from dpkit.ddp.record import RankRun
+    from dpkit.ddp.run import merged_trace
+
+    by_engine: dict[str, list[RankRun]] = {}
+    for row in rows:
+        last = max(event[4] for event in row["events"])
+        memory = [(c, row[c], last) for c in ("parameters", "gradients", "optimizer state")]
+        by_engine.setdefault(row["engine"], []).append(
+            RankRun(
+                rank=row["rank"],
+                device="cpu",
+                pid=0,
+                bucket_cap_mb=None,
+                parameter_bytes=row["parameters"],
+                events=list(row["events"]),
+                memory=memory,
+            )  # fmt: skip
+        )
+    return {engine: merged_trace(runs) for engine, runs in by_engine.items()}
+
+
+def step_seconds(trace: Any, step: int | None = None) -> float:
+    """How long ``step`` (default: the last) took: from the first rank's first event to
+    the last rank's last."""
+    events = trace.events
+    step = max(e.step for e in events) if step is None else step
+    chosen = [e for e in events if e.step == step]
+    return max(e.end for e in chosen) - min(e.start for e in chosen)
+
+
+def typical_step(trace: Any) -> int:
+    """The step of median length among all but the first (which sets the engine up: DDP
+    builds its buckets, Adam its state), the lower one of an even count."""
+    steps = sorted({e.step for e in trace.events})
+    later = steps[1:] or steps
+    ranked = sorted(later, key=lambda number: step_seconds(trace, number))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def predicted_step_seconds(
+    width: int, batch: int, ranks: int, link: Any, optimizer: str = "adam"
+) -> dict[str, float]:
+    """``dpkit.cost``'s step time for each engine on ``ranks`` of this machine joined by
+    ``link``: DDP's from :func:`dpkit.cost.predict` (this machine's documented preset, its
+    devices' link replaced by ``link``); ZeRO-1's, DDP's plus the broadcast of the updated
+    parameters; FSDP's, DDP's plus one more ring all-gather of them (a ring all-reduce is a
+    reduce-scatter and an all-gather; FSDP adds the backward's second all-gather). Overlap
+    with computation is DDP's as predicted; FSDP's is not modelled."""
+    import dataclasses
+
+    import dpkit.cost as cost
+
+    model = wide_mlp(width=width, hidden=2)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    machine = dataclasses.replace(cost.preset("this-machine"), device_to_device=link)
+    sample = torch.randn(1, 1, 28, 28)
+    ddp = cost.predict(model, sample, batch, ranks, machine, strategy="ddp", optimizer=optimizer)
+    return {
+        "ddp": ddp.step_time,
+        "zero1": ddp.step_time + predicted_collective_seconds(
+            "broadcast", parameter_bytes, ranks, link),
+        "fsdp": ddp.step_time + predicted_collective_seconds(
+            "allgather", parameter_bytes, ranks, link),
+    }  # fmt: skip
