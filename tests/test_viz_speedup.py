@@ -75,7 +75,8 @@ def _backward_notes(figure) -> list[str]:
 
 
 def _hatched(figure) -> int:
-    return sum(1 for c in figure.axes[0].collections if c.get_hatch())
+    """How many bars are drawn hatched (a collection may hold several)."""
+    return sum(len(c.get_paths()) for c in figure.axes[0].collections if c.get_hatch())
 
 
 def test_backwards_one_cpu_thread_ran_are_drawn_hatched_and_said_so():

@@ -33,6 +33,7 @@ from dpkit.viz.figures import (
     MEASURED_COLOR,
     _legend_outside,
     _phase_order,
+    add_bars,
     device_order,
     draw_timeline,
     hardware_title,
@@ -105,13 +106,14 @@ def draw_waiting(ax: Any, events: Sequence[Any]) -> None:
     row = {name: i for i, name in enumerate(devices)}
     step_start = min(e.start for e in events)
     offset, height = MAIN_BAND  # a rank that waits has all-reduces: its row is split
+    bars = []
     for event in events:
         waiting = event.details.get("waiting_s", 0.0) if event.phase == "backward" else 0.0
         if waiting > 0:
             start_ms = (event.end - step_start) * 1e3
-            ax.broken_barh(
-                [(start_ms, waiting * 1e3)], (row[event.device] + offset, height), **WAITING
-            )
+            bars.append(((start_ms, waiting * 1e3), (row[event.device] + offset, height)))
+    if bars:  # one artist for all of them: hatching is drawn per bar either way
+        add_bars(ax, bars, **WAITING)
 
 
 def traffic_and_memory(comparison: Any) -> Figure:
