@@ -13,13 +13,17 @@ function           forward                     backward
 
 They take what the maths needs, as torch's do, with one addition: where a piece comes from
 is an argument when a tensor cannot say it (a virtual lane is not a tensor's
-``torch.device``, and gradients carry no lane tag). A backward runs under the step of the
-forward that made it (:func:`dpkit.context.backward_of`), so its copies are filed as that
-step's gradients, and in its scope: the traces that recorded the forward record them too.
+``torch.device``, and gradients carry no lane tag). They read line for line against torch's,
+in torch's order, and say nothing of tracing: the one dpkit addition every Function shares is
+its class decorator, :func:`_backward_in_step_of_forward`, by which a backward runs under the
+step of the forward that made it (:func:`dpkit.context.backward_of`), so its copies are filed
+as that step's gradients, and in its scope: the traces that recorded the forward record them
+too.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from itertools import chain
 
@@ -30,62 +34,63 @@ from dpkit.context import backward_of, current_scope, current_step
 from dpkit.devices import device_of
 
 
+def _backward_in_step_of_forward(function: type[Function]) -> type[Function]:
+    """dpkit: ``function``'s forward notes the step and the trace scope it runs in (as
+    torch's note ``ctx.input_device``), and its backward runs under them, in whatever thread
+    autograd runs it (see :mod:`dpkit.context`)."""
+    forward, backward = function.forward, function.backward
+
+    @functools.wraps(forward)
+    def forward_in_step(ctx, *args):
+        ctx.step, ctx.scope = current_step(), current_scope()
+        return forward(ctx, *args)
+
+    @functools.wraps(backward)
+    def backward_in_step(ctx, *grad_outputs):
+        with backward_of(ctx.step, ctx.scope):
+            return backward(ctx, *grad_outputs)
+
+    function.forward = staticmethod(forward_in_step)
+    function.backward = staticmethod(backward_in_step)
+    return function
+
+
+@_backward_in_step_of_forward
 class Broadcast(Function):
     @staticmethod
     def forward(ctx, target_devices, *inputs):
         ctx.target_devices = target_devices
-        ctx.step, ctx.scope = current_step(), current_scope()
         if len(inputs) == 0:
             return ()
         ctx.num_inputs = len(inputs)
         outputs = comm.broadcast(inputs, target_devices)
         non_differentiables = []
-        for index, input_requires_grad in enumerate(ctx.needs_input_grad[1:]):
+        for idx, input_requires_grad in enumerate(ctx.needs_input_grad[1:]):
             if not input_requires_grad:
-                non_differentiables.extend(output[index] for output in outputs)
+                non_differentiables.extend(output[idx] for output in outputs)
         ctx.mark_non_differentiable(*non_differentiables)
         return tuple(chain.from_iterable(outputs))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        with backward_of(ctx.step, ctx.scope):
-            grads = ReduceAddCoalesced.apply(ctx.target_devices, ctx.num_inputs, *grad_outputs)
+        grads = ReduceAddCoalesced.apply(ctx.target_devices, ctx.num_inputs, *grad_outputs)
         return (None,) + grads
 
 
+@_backward_in_step_of_forward
 class ReduceAddCoalesced(Function):
     @staticmethod
     def forward(ctx, source_devices, num_inputs, *grads):
-        # Grads arrive in groups of num_inputs, one group per device of source_devices; the
-        # sum lands on source_devices[0].
+        # Grads arrive in groups of num_inputs, one group per device of source_devices (torch
+        # reads each group's device off its grads, which carry no lane); the sum lands on
+        # source_devices[0].
         ctx.source_devices = source_devices
-        ctx.step, ctx.scope = current_step(), current_scope()
-        per_device = [grads[i : i + num_inputs] for i in range(0, len(grads), num_inputs)]
-        return tuple(comm.reduce_add(per_device, source_devices[0], source_devices))
+        grads_ = [grads[i : i + num_inputs] for i in range(0, len(grads), num_inputs)]
+        return tuple(comm.reduce_add(grads_, source_devices[0], source_devices))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        with backward_of(ctx.step, ctx.scope):
-            copies = Broadcast.apply(ctx.source_devices, *grad_outputs)
-        return (None, None) + copies
-
-
-class Scatter(Function):
-    @staticmethod
-    def forward(ctx, target_devices, chunk_sizes, dim, source, input):
-        # source: where input is, None to read it off the input (a gradient cannot say).
-        ctx.target_devices = target_devices
-        ctx.dim = dim
-        ctx.source = device_of(input) if source is None else source
-        ctx.step, ctx.scope = current_step(), current_scope()
-        return comm.scatter(input, target_devices, chunk_sizes, dim, ctx.source)
-
-    @staticmethod
-    def backward(ctx, *grad_output):
-        devices = ctx.target_devices[: len(grad_output)]
-        with backward_of(ctx.step, ctx.scope):
-            gathered = Gather.apply(ctx.source, ctx.dim, devices, *grad_output)
-        return None, None, None, None, gathered
+        return (None, None) + Broadcast.apply(ctx.source_devices, *grad_outputs)
 
 
 _SCALAR_WARNING = (
@@ -94,30 +99,46 @@ _SCALAR_WARNING = (
 )
 
 
+@_backward_in_step_of_forward
 class Gather(Function):
     @staticmethod
     def forward(ctx, target_device, dim, input_devices, *inputs):
         # input_devices[i] holds inputs[i]: the backward scatters each gradient slice back to
-        # its own lane, which a gradient's tensor cannot name.
+        # its own lane, which a gradient's tensor cannot name (torch: each input's device).
         ctx.target_device = target_device
         ctx.dim = dim
         ctx.input_devices = input_devices
-        ctx.step, ctx.scope = current_step(), current_scope()
         if all(t.dim() == 0 for t in inputs) and dim == 0:
             inputs = tuple(t.view(1) for t in inputs)
             warnings.warn(_SCALAR_WARNING, stacklevel=2)
             ctx.unsqueezed_scalar = True
         else:
             ctx.unsqueezed_scalar = False
-        ctx.input_sizes = tuple(t.size(ctx.dim) for t in inputs)
+        ctx.input_sizes = tuple(i.size(ctx.dim) for i in inputs)
         return comm.gather(inputs, ctx.dim, target_device, input_devices)
 
     @staticmethod
     def backward(ctx, grad_output):
-        with backward_of(ctx.step, ctx.scope):
-            scattered = Scatter.apply(
-                ctx.input_devices, ctx.input_sizes, ctx.dim, ctx.target_device, grad_output
-            )
+        scattered_grads = Scatter.apply(
+            ctx.input_devices, ctx.input_sizes, ctx.dim, ctx.target_device, grad_output
+        )
         if ctx.unsqueezed_scalar:
-            scattered = tuple(g[0] for g in scattered)
-        return (None, None, None) + tuple(scattered)
+            scattered_grads = tuple(g[0] for g in scattered_grads)
+        return (None, None, None) + tuple(scattered_grads)
+
+
+@_backward_in_step_of_forward
+class Scatter(Function):
+    @staticmethod
+    def forward(ctx, target_devices, chunk_sizes, dim, source, input):
+        # source: where input is, None to read it off the input (a gradient cannot say).
+        ctx.target_devices = target_devices
+        ctx.dim = dim
+        ctx.input_device = device_of(input) if source is None else source
+        return comm.scatter(input, target_devices, chunk_sizes, ctx.dim, ctx.input_device)
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        devices = ctx.target_devices[: len(grad_output)]
+        gathered = Gather.apply(ctx.input_device, ctx.dim, devices, *grad_output)
+        return None, None, None, None, gathered
