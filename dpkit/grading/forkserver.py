@@ -192,7 +192,7 @@ class Server:
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            try:
+            try:  # not waited for yet: its pid, its group's id, is still its own
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
@@ -346,8 +346,8 @@ def _supervise(request: dict, fds: list[int]) -> int:
                 pass
             return 0
         if control.fileno() in ready:  # "kill", or the grader went away
-            try:
-                os.kill(pid, signal.SIGKILL)
+            try:  # through the pidfd held since the fork: never a later holder of the pid
+                signal.pidfd_send_signal(run, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             poller.unregister(control)
@@ -373,7 +373,9 @@ def _children() -> list[int]:
 
 def _kill_children() -> None:
     """Kill and wait for every child until none is left: as each dies, its own children
-    become this subreaper's, and are killed in the next round."""
+    become this subreaper's, and are killed in the next round. Killed by number, safely:
+    a child's pid cannot go to another process until its parent waits for it, and this
+    thread waits only after each round's kills."""
     for _ in range(1000):
         children = _children()
         if not children:

@@ -268,25 +268,63 @@ class _Reader:
         return bool(ready)
 
 
-def _pids_marked(marker: str) -> list[int]:
-    needle = f"{RUN_MARKER}={marker}".encode()
+def _carries(pid: int, needle: bytes) -> bool:
+    """Whether process ``pid`` has ``needle`` in its environment (False when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as file:
+            return needle in file.read()
+    except OSError:  # gone, or not ours
+        return False
+
+
+def _pids_marked(needle: bytes) -> list[int]:
     found = []
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                with open(f"/proc/{entry.name}/environ", "rb") as file:
-                    if needle in file.read():
-                        found.append(int(entry.name))
-            except OSError:  # gone, or not ours
-                pass
+            if _carries(int(entry.name), needle):
+                found.append(int(entry.name))
     return found
+
+
+def _signal_if_marked(pid: int, needle: bytes, signum: int) -> None:
+    """Send ``signum`` to ``pid`` if that process carries ``needle``.
+
+    The pid was read from ``/proc`` a moment ago; since then that process may have ended
+    and its number gone to a new process of the user (the grader's, another student's
+    run). So the process is pinned first: a pidfd names one process for good, never a later
+    holder of its number. Then it is checked, then signalled through the pidfd; if it ended
+    in between, the signal reaches no one. Without pidfds (Linux before 5.3, macOS, where
+    there is no ``/proc`` to find pids in anyway) it is checked and killed by number, which
+    leaves the window between the two open.
+    """
+    try:
+        pinned: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfds here
+        pinned = None
+    try:
+        if not _carries(pid, needle):
+            return
+        if pinned is None:
+            os.kill(pid, signum)
+        else:
+            signal.pidfd_send_signal(pinned, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+    finally:
+        if pinned is not None:
+            os.close(pinned)
 
 
 def kill_run(process: subprocess.Popen | forkserver.Run, marker: str) -> None:
     """Kill the grading process, its session and every process that carries ``marker``.
 
     A run from the fork server is the first process of its PID namespace: killing it ends
-    every process in there, the ones that left its session included."""
+    every process in there, the ones that left its session included. A started run's group
+    is killed by number only while the run has not been waited for: until then its pid,
+    and so its group's id, cannot be given to another process; after, the marker finds
+    what is left (:func:`_signal_if_marked`)."""
     if isinstance(process, forkserver.Run):
         process.kill()
         try:
@@ -294,24 +332,34 @@ def kill_run(process: subprocess.Popen | forkserver.Run, marker: str) -> None:
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
             pass
         return
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (AttributeError, ProcessLookupError, PermissionError):  # no process groups
-        process.kill()
+    if process.returncode is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (AttributeError, ProcessLookupError, PermissionError):  # no process groups
+            process.kill()
+    needle = f"{RUN_MARKER}={marker}".encode()
     for _ in range(100):  # a fork loop may make new ones while we kill: kill until none
-        pids = _pids_marked(marker)
+        pids = _pids_marked(needle)
         if not pids:
             break
         for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _signal_if_marked(pid, needle, signal.SIGKILL)
         time.sleep(0.01)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
         pass
+
+
+def _running(process: subprocess.Popen | forkserver.Run) -> bool:
+    """Whether the run goes on. A started run that ended is not waited for here: until
+    :func:`kill_run` has killed its group, its pid (the group's id) must stay its own."""
+    if isinstance(process, subprocess.Popen) and process.returncode is None:
+        try:  # WNOWAIT: seen as ended, left a zombie
+            return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except (AttributeError, ChildProcessError):  # no waitid (Windows)
+            pass
+    return process.poll() is None
 
 
 def _describe_exit(code: int | None) -> str:
@@ -414,7 +462,7 @@ def _run_once(
         stopped = None
         try:
             task_started, current, parsed = time.monotonic(), None, -1
-            while process.poll() is None:
+            while _running(process):
                 if len(reader.results) != parsed:  # new results: which task runs now
                     parsed = len(reader.results)
                     so_far = _verified(bytes(reader.results).split(b"\n"), key)
