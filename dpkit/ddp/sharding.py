@@ -399,3 +399,34 @@ def predicted_step_seconds(
         "fsdp": ddp.step_time + predicted_collective_seconds(
             "allgather", parameter_bytes, ranks, link),
     }  # fmt: skip
+
+
+def step_table(
+    traces: dict[str, Any], steps: dict[str, int], predicted_s: dict[str, float], link: Any
+) -> Any:
+    """A row per engine and collective of ``steps`` (by engine): calls, payload bytes, and
+    rank 0's time in them measured and predicted (:func:`predicted_collective_seconds` over
+    ``link``), after a row for the whole step (measured: :func:`step_seconds`; predicted:
+    ``predicted_s``)."""
+    from dpkit.ddp.compare import Table
+
+    table = Table()
+    for engine, trace in traces.items():
+        step = steps[engine]
+        table.append({"engine": engine, "step": step, "what": "the step", "calls": 1,
+                      "bytes": 0, "measured_ms": step_seconds(trace, step) * 1e3,
+                      "predicted_ms": predicted_s[engine] * 1e3})  # fmt: skip
+        ranks = len({e.device for e in trace.events})
+        found: dict[str, list] = {}
+        for e in trace.events:
+            if e.step == step and e.device.startswith("rank:0 ") and e.phase in PHASES.values():
+                into = found.setdefault(e.phase, [0, 0, 0.0, 0.0])
+                into[0] += 1
+                into[1] += e.nbytes
+                into[2] += e.duration
+                into[3] += predicted_collective_seconds(e.phase, e.nbytes, ranks, link)
+        for phase, (calls, nbytes, measured, guess) in found.items():
+            table.append({"engine": engine, "step": step, "what": f"rank 0's {phase}",
+                          "calls": calls, "bytes": nbytes, "measured_ms": measured * 1e3,
+                          "predicted_ms": guess * 1e3})  # fmt: skip
+    return table
