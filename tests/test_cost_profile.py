@@ -21,7 +21,6 @@ from dpkit.cost.profile import (
     OpCost,
     PassCost,
     _attention_flops,
-    _dot,
     fit_rows,
     op_kind,
     output_tensors,
@@ -485,7 +484,7 @@ def test_the_estimates_know_their_shapes():
     # hand-computed: B * H * (2 L S E + 2 L S Ev)
     assert _attention_flops(q, k, v, backward=False) == 6 * (2 * 5 * 7 * 4 + 70 * 6)
     assert _attention_flops(q, k, v, backward=True) == 6 * 2 * 5 * 7 * (12 + 12)
-    assert math.isclose(_dot((torch.empty(9), torch.empty(9)), {}), 18)
+    assert math.isclose(ESTIMATES["aten.dot"]((torch.empty(9), torch.empty(9)), {}), 18)
 
 
 def test_multihead_attentions_fast_path_estimate_is_its_slow_paths_count():

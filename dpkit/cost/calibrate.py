@@ -3,27 +3,13 @@
 The surprise first: on CPU lanes the "hardware" is mostly software. A copy between lanes is
 a memcpy plus dpkit's Python around it, a replica's forward is kernels plus Python that the
 replicas' threads take turns running (the GIL), and all the lanes share a couple of cores.
-So calibration times raw kernels for the machine's op rates, and dpkit's own primitives
-(traced) and training steps (untraced, as a learner runs them) for the few host terms of
-:class:`~dpkit.cost.Hardware`, which are the same for every model: nothing here is fitted
-per model. About 4 s with ``quick=True``, about 10 s without; every timing is the fastest
-of its repeats (see :func:`_fastest`).
-
-What is measured, in order (each function says how):
-
-1. copies: the link's bandwidth and latency, copies from sources out of the caches as a
-   step's are (:func:`measure_link`);
-2. cores: ``compute_units``, the most of three moments (:func:`measure_cores`);
-3. ops: ``op_seconds``, seconds against work per aten op of generic probes and of
-   ``models`` (:func:`measure_ops`), and the roofline for ops never timed
-   (:func:`measure_rates`);
-4. primitives: ``thread_start`` and ``module_overhead`` from traced ``parallel_apply`` and
-   ``replicate`` calls;
-5. steps: untraced DataParallel training steps of ``models`` on 1, 2 and all lanes
-   (:func:`measure_steps`), which the rest of the host terms (:data:`FITTED`) are fitted to
-   through :func:`~dpkit.cost.predict` itself (:func:`fit_host_terms`). One-lane steps pin
-   the per-op terms (no threads, no copies but the batch's), the calls of steps on more
-   lanes the others.
+So calibration times, in order: (1) copies between lanes, the link; (2) ``compute_units``;
+(3) every aten op of generic probes and of ``models``, ``op_seconds``, and the roofline for
+ops never timed; (4) traced ``parallel_apply`` and ``replicate`` calls, ``thread_start`` and
+``module_overhead``; (5) untraced DataParallel training steps on 1, 2 and all lanes, to which
+the other host terms (:data:`FITTED`) are fitted through :func:`~dpkit.cost.predict` itself.
+Nothing is fitted per model. Every timing is the fastest of its repeats; about 4 s with
+``quick=True``, 10 s without.
 """
 
 from __future__ import annotations
@@ -60,10 +46,9 @@ Measured = tuple[nn.Module, torch.Tensor, int, int, dict[str, float]]
 
 
 def _fastest(work: Callable[[], Any], repeats: int, on: Sequence[Device] = ()) -> float:
-    """The fastest of ``repeats`` timed runs: on a machine shared with other work the
-    fastest run is the repeatable one (as Python's timeit documentation advises). On GPU
-    lanes (``on``) each reading waits for their GPU first (:func:`dpkit.host_clock.now`):
-    the time of the work, not of its launch."""
+    """The fastest of ``repeats`` runs: on a shared machine the fastest is the repeatable
+    one (as timeit's documentation advises). On GPU lanes (``on``) each reading waits for
+    their GPU first: the time of the work, not of its launch."""
     best = math.inf
     for _ in range(repeats):
         start = host_clock.now(on)
@@ -74,7 +59,7 @@ def _fastest(work: Callable[[], Any], repeats: int, on: Sequence[Device] = ()) -
 
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
-    """A progress bar over the calibration's steps (tqdm where installed, else nothing)."""
+    """A tqdm bar over the calibration's steps, where installed."""
     bar = None
     if enabled:
         with contextlib.suppress(ImportError):
@@ -88,9 +73,6 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
             bar.close()
 
 
-# --- 1. copies, 2. cores ------------------------------------------------------------------
-
-
 # Bytes written between two timed copies of measure_link: more than the last-level cache
 # of the machines the course runs on (32 MiB on its 2-core VM, an AMD EPYC), so that every
 # copy reads its source from memory as a step's copies do.
@@ -100,12 +82,10 @@ EVICT_BYTES = 64 * 2**20
 def evict_caches(buffer: torch.Tensor) -> None:
     """Push the CPU caches' contents out by writing ``buffer`` (:data:`EVICT_BYTES`).
 
-    Why: in a training step a lane's copies read tensors that the step's own work has
-    pushed out of the caches since they were written (the batch, behind the previous
-    step's backward; the outputs, behind the forwards), so they run at memory's speed. A
-    scatter of one tensor again and again reads it from the cache: on the course's VM a
-    1.6 MB chunk took 52 us that way and 208 us after the caches were pushed out (31
-    against 7.7 GB/s), and the steps' scatters took 200-320 us."""
+    Why: a step's copies read tensors its own work pushed out of the caches (the batch,
+    behind the previous backward), at memory's speed. A tensor scattered again and again
+    is read from the cache: on the course's VM a 1.6 MB chunk took 52 us that way and
+    208 us after eviction (31 against 7.7 GB/s); the steps' scatters took 200-320 us."""
     buffer.add_(1.0)
 
 
@@ -113,12 +93,10 @@ def measure_link(
     lanes: Sequence[Device], repeats: int, sizes: Sequence[int],
     evict: Callable[[], None] | None = None,
 ) -> Link:  # fmt: skip
-    """The link between lanes from traced scatters, each from a source out of the caches
-    (``evict`` before each; default :func:`evict_caches` on CPU lanes, nothing on GPU
-    lanes): per chunk size, each lane's fastest copy, the median over lanes; the bandwidth
-    is the slope between the smallest and the largest (two fastest points: one slow copy
-    would tilt a least-squares line), the latency a lone clone of 16 floats (dpkit's Python
-    around a copy is ``copy_overhead``)."""
+    """The link between lanes from traced scatters, each after ``evict`` (default on CPU
+    lanes: :func:`evict_caches`): per size, the median over lanes of their fastest copy;
+    the bandwidth is the slope between the smallest and the largest size (one slow copy
+    would tilt a least-squares line), the latency a lone clone of 16 floats."""
     if evict is None and lanes[0].torch_device.type == "cpu":
         buffer = torch.zeros(EVICT_BYTES // 4)
         evict = lambda: evict_caches(buffer)  # noqa: E731
@@ -145,10 +123,8 @@ def measure_link(
 
 def measure_cores(lanes: int, repeats: int) -> float:
     """Threads that compute at full speed at once: ``lanes`` times one thread's matmuls'
-    time over ``lanes`` threads' doing the same each (between 1 and ``lanes``), each the
-    fastest of ``repeats``; the one thread is started as the many are (its start and join
-    cost the same). Another tenant's process running now takes a core and reads as fewer:
-    :func:`calibrate` measures it at three moments and keeps the most."""
+    time over ``lanes`` threads' doing the same each, between 1 and ``lanes``. Another
+    tenant's process takes a core and reads as fewer: calibrate keeps the most of three."""
     x = torch.randn(256, 256)
 
     def work() -> None:
@@ -167,13 +143,9 @@ def measure_cores(lanes: int, repeats: int) -> float:
     return min(float(lanes), max(1.0, lanes * alone / at_once))
 
 
-# --- 3. ops, 4. passes ---------------------------------------------------------------------
-
-
 def probes(quick: bool) -> list[tuple[nn.Module, torch.Tensor]]:
-    """Generic modules whose ops calibration times: linear layers of two widths, two
-    convolutions (3 and 16 channels in) with pooling, layer norm, GELU, softmax and an
-    attention block. None is a course model; ``quick`` keeps the first two."""
+    """Generic modules whose ops calibration times (no course model): linear layers,
+    convolutions with pooling; without ``quick``, layer norm, GELU, softmax, attention."""
     torch.manual_seed(0)
     found = [
         (nn.Sequential(nn.Linear(200, 512), nn.ReLU(), nn.Linear(512, 64), nn.ReLU(),
@@ -193,9 +165,8 @@ def probes(quick: bool) -> list[tuple[nn.Module, torch.Tensor]]:
 
 
 def op_curve(points: Sequence[tuple[float, float]], ratio: float = 1.3) -> OpSamples:
-    """One op's ``(work, seconds)`` points as a curve for :func:`~dpkit.cost.compute.op_time`:
-    points within ``ratio`` of each other's work merged (the median of each), sorted by
-    work, then made non-decreasing (pool-adjacent-violators): more work never takes less."""
+    """One op's ``(work, seconds)`` points as a curve: points within ``ratio`` of each
+    other's work merged (medians), then made non-decreasing (pool-adjacent-violators)."""
     groups: list[list[tuple[float, float]]] = []
     for work, seconds in sorted(points):
         if groups and work <= groups[-1][0][0] * ratio:
@@ -215,10 +186,9 @@ def op_curve(points: Sequence[tuple[float, float]], ratio: float = 1.3) -> OpSam
 def measure_ops(
     modules: Sequence[tuple[nn.Module, torch.Tensor]], rows_list: Sequence[int], repeats: int
 ) -> dict[str, OpSamples]:
-    """Each aten op of ``modules`` timed alone at each of ``rows_list`` rows, forward and
-    backward: the fastest whole pass's op times (each op's own fastest would add up to less
-    than any pass took), less the recorder's own cost per op, as ``(work, seconds)`` per
-    op name, then :func:`op_curve`."""
+    """Each aten op of ``modules`` at each of ``rows_list`` rows, forward and backward: the
+    fastest whole pass's op times (each op's own fastest would add up to less than any pass
+    took), less the recorder's own cost, as an :func:`op_curve` per op name."""
     points: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for module, sample in modules:
         cost = profile(module, sample)
@@ -246,9 +216,8 @@ def measure_ops(
 
 
 def measure_rates(repeats: int, lanes: Sequence[Device] = ()) -> tuple[float, float]:
-    """A float32 matmul's FLOP/s and an add's bytes/s (read two, write one) on the lanes'
-    device: the roofline for ops never timed. On a CPU 512x512 and 16 MB; on a GPU, where
-    those take microseconds and time the launch, 4096x4096 and 1 GB."""
+    """A float32 matmul's FLOP/s and an add's bytes/s on the lanes' device: the roofline for
+    ops never timed (on a GPU large enough not to time the launch)."""
     on = lanes[0].torch_device if lanes else torch.device("cpu")
     side, floats = (512, 1 << 22) if on.type == "cpu" else (4096, 1 << 28)
     a, b = torch.ones(floats, device=on), torch.ones(floats, device=on)
@@ -257,12 +226,8 @@ def measure_rates(repeats: int, lanes: Sequence[Device] = ()) -> tuple[float, fl
     return 2 * side**3 / _fastest(lambda: x.mm(x), repeats, lanes), bandwidth
 
 
-# --- 5. primitives -------------------------------------------------------------------------
-
-
 def measure_thread_start(lanes: Sequence[Device], repeats: int) -> float:
-    """The median stagger between parallel_apply's threads' starts, modules doing nothing:
-    the fastest of ``repeats`` traced calls."""
+    """The median stagger of parallel_apply's threads' starts (the fastest of ``repeats``)."""
     inputs = [torch.ones(1, 8, device=lane.torch_device) for lane in lanes]
     staggers = []
     for _ in range(repeats):
@@ -274,8 +239,7 @@ def measure_thread_start(lanes: Sequence[Device], repeats: int) -> float:
 
 
 def measure_module_overhead(lanes: Sequence[Device], repeats: int) -> float:
-    """Seconds replicate takes per module object per replica (a traced replicate of the
-    course's transformer, 25 modules: its ``"modules"`` event)."""
+    """Seconds replicate takes per module per replica (the course's transformer)."""
     module = course_model("transformer").to(lanes[0].torch_device)
     best = math.inf
     for _ in range(repeats):
@@ -284,9 +248,6 @@ def measure_module_overhead(lanes: Sequence[Device], repeats: int) -> float:
         built = next(e for e in recorded.events if e.details.get("what") == "modules")
         best = min(best, built.duration / (built.details["modules"] * len(lanes)))
     return max(best, FLOOR)
-
-
-# --- 6. steps ------------------------------------------------------------------------------
 
 
 # DataParallel's four steps, each timed as a call in an untraced step (:class:`_Timed`)
@@ -298,8 +259,7 @@ ONE_LANE_SEGMENTS = ("step", "forward_call", "backward_call")
 
 
 class _Timed(dpkit.DataParallel):
-    """DataParallel whose four steps note their wall times in ``self.took`` (a
-    ``perf_counter`` pair per call: nothing else differs from what a learner runs)."""
+    """DataParallel whose four steps note their wall times in ``self.took``."""
 
     took: dict[str, float]
 
@@ -324,19 +284,13 @@ def measure_steps(
     modules: Sequence[tuple[nn.Module, torch.Tensor]], lanes: Sequence[Device],
     counts: Sequence[int], rows_per_lane: Sequence[int], repeats: int,
 ) -> list[Measured]:  # fmt: skip
-    """Untraced DataParallel training steps (forward, cross-entropy, backward), as a
-    learner's loop runs them, of each module on the first ``n`` lanes for each of
-    ``counts``, ``rows`` rows per lane for each of ``rows_per_lane``, ``repeats`` of each
-    in two rounds through them all, each after one to warm up: the fastest step's wall time
-    (``"step"``), of ``loss.backward()`` (``"backward_call"``: the gradient's scatter, the
-    backward, the reduce) and, on one lane, of the forward (``"forward_call"``: one-lane
-    steps tell the forward's host work from the backward's), on more, of each of
-    DataParallel's calls (``"scatter"``, ``"replicate"``, ``"apply"``: ``parallel_apply``
-    with its threads' starts and joins, ``"gather"``).
+    """Untraced DataParallel training steps (forward, cross-entropy, backward) of each
+    module on ``counts`` lanes with ``rows_per_lane``, ``repeats`` of each in two rounds,
+    each round after one to warm up: the fastest wall time of the step, of
+    ``loss.backward()``, and of the forward (one lane) or each of DataParallel's calls.
 
-    Why untraced: a ``dpkit.trace()`` walks each replica's graph after the forwards (no term
-    of the model has it, and a learner's loop has no trace), and its phases time the copies
-    and forwards themselves, not the Python around them that a step pays too (the scatter
+    Why untraced: a trace walks each replica's graph (a learner's loop does not), and its
+    phases time the copies, not the Python around them that a step pays too (the scatter
     call of 32 rows of the MLP on 2 lanes took 64 us, its traced copies 25 us)."""
     configs = []  # (module, sample, parallel, inputs, labels, times)
     for module, sample in modules:
@@ -369,23 +323,12 @@ def measure_steps(
                     else:
                         for name, seconds in parallel.took.items():
                             times["apply" if name == "parallel_apply" else name].append(seconds)
-    return [
-        (
-            module,
-            sample,
-            len(labels),
-            len(parallel.device_ids),
-            {k: min(v) for k, v in times.items()},
-        )
-        for module, sample, parallel, _, labels, times in configs
-    ]
+    return [(module, sample, len(labels), len(parallel.device_ids), {k: min(v) for k, v in
+             times.items()}) for module, sample, parallel, _, labels, times in configs]  # fmt: skip
 
 
 def predicted_segments(predicted: Any) -> dict[str, float]:
-    """A predicted trace's times by what :func:`measure_steps` measures: each phase (first
-    start to last end), ``"step"``, ``"backward_call"`` (the gradient's scatter, the
-    backward and the reduce, one after another on the host of virtual lanes) and
-    ``"forward_call"`` (the scatter, the replicas and their forwards, the gather)."""
+    """A predicted trace's times by what :func:`measure_steps` measures."""
     phases = {row["phase"]: row["time_s"] for row in predicted.summary()}
     phases["step"] = predicted.step_time
     phases["forward_call"] = sum(phases.get(p, 0.0) for p in ("scatter", "replicate", "apply",
@@ -396,8 +339,7 @@ def predicted_segments(predicted: Any) -> dict[str, float]:
 
 
 def _relative_errors(hardware: Hardware, steps: Sequence[Measured]) -> np.ndarray:
-    """Predicted over measured less one, for every step's wall time and each of its
-    measured segments (:func:`predicted_segments`)."""
+    """Predicted over measured less one, for every measured time of every step."""
     from dpkit.cost.predict import predict
 
     errors = []
@@ -410,11 +352,10 @@ def _relative_errors(hardware: Hardware, steps: Sequence[Measured]) -> np.ndarra
 def fit_host_terms(
     hardware: Hardware, steps: Sequence[Measured], names: Sequence[str] = FITTED, rounds: int = 4
 ) -> Hardware:
-    """``hardware`` with the host terms ``names`` set so that :func:`~dpkit.cost.predict`
-    meets the measured ``steps`` (wall times and phases): least squares of the relative
-    errors, Gauss-Newton with each term's effect by finite differences through ``predict``
-    itself (so the fit follows the model's formulas wherever they change), never below
-    :data:`FLOOR`. A term no measured time depends on keeps its value."""
+    """``hardware`` with the host terms ``names`` fitted to the measured ``steps``: least
+    squares of the relative errors, Gauss-Newton with finite differences through
+    ``predict`` itself (so the fit follows the model's formulas), never below :data:`FLOOR`.
+    A term no measured time depends on keeps its value."""
     for _ in range(rounds):
         errors = _relative_errors(hardware, steps)
         columns = []
@@ -432,9 +373,6 @@ def fit_host_terms(
     return hardware
 
 
-# --- calibrate -----------------------------------------------------------------------------
-
-
 def calibrate(
     devices: int | Sequence[Device] | None = None,
     *,
@@ -445,13 +383,10 @@ def calibrate(
 ) -> Hardware:
     """Measure this machine's virtual CPU lanes (default: 4) into a Hardware.
 
-    ``models`` are the models whose ops and steps are timed besides the generic probes
-    (names of the course's models, or modules that take ``sample``, default a 1x28x28
-    image); ``quick`` measures fewer probes, sizes and repeats (about 4 s instead of about
-    10); ``progress`` shows a tqdm bar where installed. Calibrate in the process and with the
-    torch threads the measurement will use (``OMP_NUM_THREADS=1`` set before torch starts,
-    for one thread per lane): the numbers hold for this machine as it is loaded now.
-    """
+    ``models``: course model names, or modules taking ``sample`` (default a 1x28x28 image),
+    timed besides the probes; ``quick``: fewer probes, sizes and repeats. Calibrate with the
+    torch threads the measurement will use (``OMP_NUM_THREADS=1`` for one per lane): the
+    numbers hold for this machine as it is loaded now."""
     lanes = (
         devices if isinstance(devices, Sequence) else dpkit.virtual_devices(devices or 4, on="cpu")
     )

@@ -1,19 +1,16 @@
 """How long communication takes: the operation torch really issues, each a formula of a line.
 
 The surprise first: on GPUs, DataParallel and DDP move about the same bytes per step.
-torch's DataParallel does *not* copy the model to each GPU one after another: ``replicate``
-calls ``comm.broadcast_coalesced`` (an NCCL broadcast, pipelined down a ring, in 10 MiB
-buffers) and backward calls ``comm.reduce_add_coalesced`` (an NCCL reduce onto device 0),
-each about ``S / B``. DDP's ring all-reduce moves ``2 (n - 1) / n * S / B``. What makes
-DataParallel slower is not its bytes but *when* it moves them (every step, and the reduce
-only after the whole backward) and device 0's extra work (the gather, the loss, the
-memory). dpkit's virtual lanes are another path: there the host copies each tensor to each
-lane itself (:func:`through_device0`).
+DataParallel's ``replicate`` is an NCCL broadcast (``comm.broadcast_coalesced``, 10 MiB
+buffers) and its backward an NCCL reduce (``comm.reduce_add_coalesced``), each about
+``S / B``; DDP's ring all-reduce moves ``2 (n - 1) / n * S / B``. DataParallel is slower for
+*when* it moves them (every step; the reduce after the whole backward) and for device 0's
+extra work. On dpkit's virtual lanes the host copies each tensor itself
+(:func:`through_device0`).
 
 Notation: ``S`` bytes, ``n`` devices, ``B`` a link's bandwidth (bytes/s one way), ``alpha``
-its latency per message. nccl-tests reports *bus bandwidth*, ``busbw = S / t`` for
-broadcast and reduce and ``S / t * 2 (n - 1) / n`` for all-reduce (its doc/PERFORMANCE.md),
-which is the ``B`` below: a link measured by nccl-tests goes straight in.
+its latency. ``B`` is nccl-tests' *bus bandwidth* (``S / t`` for broadcast and reduce,
+``S / t * 2 (n - 1) / n`` for all-reduce, its doc/PERFORMANCE.md): a measurement goes in.
 """
 
 from __future__ import annotations
@@ -27,19 +24,19 @@ COALESCE_BYTES = 10 * 1024 * 1024
 
 
 def transfer(nbytes: float, link: Link) -> float:
-    """One message of ``nbytes`` over ``link``: ``alpha + S / B``."""
+    """One message: ``alpha + S / B``."""
     return link.time(nbytes)
 
 
 def through_device0(sizes: Sequence[float], link: Link) -> float:
-    """dpkit's virtual lanes: the host copies ``sizes[i]`` bytes between device 0 and each
-    other device ``i``, one after another (entry 0 stays put): the sum."""
+    """dpkit's lanes: the host copies ``sizes[i]`` bytes between device 0 and each device
+    ``i`` one after another (entry 0 stays put)."""
     return sum(transfer(size, link) for size in sizes[1:])
 
 
 def messages(tensor_sizes: Sequence[int], buffer_bytes: int = COALESCE_BYTES) -> int:
-    """How many NCCL calls ``*_coalesced`` makes for these tensors: torch's ``take_tensors``
-    packs tensors into buffers of up to ``buffer_bytes``, a larger tensor alone."""
+    """NCCL calls ``*_coalesced`` makes: ``take_tensors`` packs tensors into buffers of up
+    to ``buffer_bytes``, a larger tensor alone."""
     count, filled = 0, 0
     for size in tensor_sizes:
         if filled and filled + size > buffer_bytes:
@@ -49,16 +46,14 @@ def messages(tensor_sizes: Sequence[int], buffer_bytes: int = COALESCE_BYTES) ->
 
 
 def broadcast(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
-    """NCCL broadcast of ``nbytes`` from one device to ``n`` (pipelined down a ring):
-    ``S / B + calls * (n - 1) * alpha``; DataParallel's replicate."""
+    """NCCL broadcast, pipelined down a ring: ``S / B + calls * (n - 1) * alpha``."""
     if n <= 1:
         return 0.0
     return nbytes / link.bandwidth + calls * (n - 1) * link.latency
 
 
 def reduce(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
-    """NCCL reduce of ``nbytes`` from ``n`` devices onto one: as a broadcast, reversed;
-    DataParallel's reduce-add of the gradients."""
+    """NCCL reduce onto one device: a broadcast, reversed."""
     return broadcast(nbytes, n, link, calls)
 
 
@@ -70,15 +65,14 @@ def ring_allreduce(nbytes: float, n: int, link: Link) -> float:
 
 
 def ring_bytes_sent(nbytes: float, n: int) -> int:
-    """Bytes each device sends in a ring all-reduce of ``nbytes``: ``2 (n - 1) / n * S``."""
+    """Bytes each device sends in a ring all-reduce: ``2 (n - 1) / n * S``."""
     return 0 if n <= 1 else round(2 * (n - 1) * nbytes / n)
 
 
 def allreduce_link(hardware: Hardware, n: int) -> Link:
     """The link a ring all-reduce over ``n`` devices runs at: inside a node the device link;
-    across nodes NCCL's rings cross the network once per node each, a ring per port, so the
-    slower of the node's links and its ports together bounds the bus bandwidth, and every
-    step waits for the network's latency."""
+    across nodes the slower of it and the node's ports together (a ring per port), at the
+    network's latency."""
     inside = hardware.device_link()
     if n <= hardware.devices_per_node:
         return inside
@@ -90,11 +84,9 @@ def allreduce_link(hardware: Hardware, n: int) -> Link:
 
 
 def allreduce(nbytes: float, n: int, hardware: Hardware) -> float:
-    """All-reduce of ``nbytes`` over ``n`` devices of ``hardware`` (DDP's gradients): a ring
-    at :func:`allreduce_link`'s bandwidth, devices filling node after node. Inside a node
-    with NVLink SHARP (``Hardware.allreduce_bandwidth``) NCCL takes the faster of the ring
-    and the switch's own reduction, where each device sends its ``S`` bytes once and gets
-    the sum once: ``S / A`` (a bus bandwidth of ``A * 2 (n - 1) / n``)."""
+    """All-reduce over ``n`` devices filling node after node: a ring at
+    :func:`allreduce_link`; inside a node with NVLink SHARP (``allreduce_bandwidth`` A) the
+    faster of the ring and the switch's reduction, ``S / A``."""
     link = allreduce_link(hardware, n)
     ring = ring_allreduce(nbytes, n, link)
     if hardware.allreduce_bandwidth is None or n > hardware.devices_per_node or n <= 1:
@@ -103,6 +95,5 @@ def allreduce(nbytes: float, n: int, hardware: Hardware) -> float:
 
 
 def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:
-    """nccl-tests' bus bandwidth of an all-reduce of ``nbytes`` that took ``seconds`` on ``n``
-    devices: ``S / t * 2 (n - 1) / n``, comparable across ``n`` and with link speeds."""
+    """nccl-tests' bus bandwidth of an all-reduce: ``S / t * 2 (n - 1) / n``."""
     return nbytes / seconds * 2 * (n - 1) / n

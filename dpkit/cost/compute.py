@@ -2,16 +2,11 @@
 
 The surprise first: which units an op runs on is torch's choice, not the model's. In
 float32 a matmul runs on an NVIDIA GPU's CUDA cores (``torch.backends.cuda.matmul.allow_tf32``
-is False by default), a convolution in TF32 on its tensor cores
-(``torch.backends.cudnn.allow_tf32`` is True by default), eight times faster on an A100;
-under ``torch.autocast`` both run in float16 or bfloat16 on tensor cores, and the ops around
-them stay memory-bound. So each op takes the longer of its FLOPs at the rate of the units
-it runs on and its bytes at the memory's achieved bandwidth (the roofline of Williams,
-Waterman and Patterson, CACM 2009); the host pays an overhead per op on top.
-
-On a calibrated machine (:func:`dpkit.cost.calibrate`) measured seconds replace the
-roofline for every kind of op that was measured: ``Hardware.op_seconds`` holds, per aten op,
-how long it took for how much work, interpolated on a log-log scale.
+is False by default), a convolution in TF32 on its tensor cores (``cudnn.allow_tf32`` is
+True), eight times faster on an A100; under autocast both run on tensor cores. Each op takes
+the longer of its FLOPs at its units' rate and its bytes at the memory's achieved bandwidth
+(the roofline, Williams et al., CACM 2009), or, on a calibrated machine, what
+``Hardware.op_seconds`` measured for it (log-log interpolated); the host pays per op on top.
 """
 
 from __future__ import annotations
@@ -28,18 +23,15 @@ from dpkit.cost.profile import OpCost, PassCost
 
 @dataclass(frozen=True)
 class PassTime:
-    """One pass on one device: ``host`` seconds of launching (Python, dispatcher, autograd
-    engine) and ``device`` seconds of the ops' own work."""
+    """One pass on one device: ``host`` seconds of launching, ``device`` seconds of work."""
 
     host: float
     device: float
 
 
 def rate_key(op: OpCost, hardware: Hardware) -> str:
-    """Which of ``hardware.peak_flops`` an op's FLOPs run at, as torch decides on a GPU:
-    its dtype, except float32 matmuls in TF32 where ``allow_tf32`` says so (convolutions by
-    default, matmuls after ``torch.backends.cuda.matmul.allow_tf32 = True``). A T4 has no
-    bfloat16 units: predicting bf16 autocast there is an error, as it should be."""
+    """Which of ``hardware.peak_flops`` an op runs at: its dtype, or TF32 for float32
+    convolutions and matmuls where torch's ``allow_tf32`` flags say so."""
     dtype, kind = op.dtype, op.kind
     if dtype == "float32" and "tfloat32" in hardware.peak_flops:
         if kind == "conv" and torch.backends.cudnn.allow_tf32:
@@ -50,9 +42,8 @@ def rate_key(op: OpCost, hardware: Hardware) -> str:
 
 
 def interpolate(samples: OpSamples, work: float) -> float:
-    """Seconds for ``work`` from measured ``(work, seconds)`` samples (sorted by work): the
-    log-log line between the two samples around it; below the first, the first's time (a
-    small op costs its fixed overhead); beyond the last, the last's rate."""
+    """Seconds for ``work`` from sorted ``(work, seconds)`` samples: log-log between the two
+    around it; below the first, its time (a fixed cost); beyond the last, its rate."""
     if work <= samples[0][0]:
         return samples[0][1]
     works = [w for w, _ in samples]
@@ -68,8 +59,7 @@ def interpolate(samples: OpSamples, work: float) -> float:
 
 
 def op_time(op: OpCost, rows: int, hardware: Hardware) -> float:
-    """Device seconds of one op at ``rows`` rows: measured if its kind was calibrated, else
-    ``max(FLOPs / achieved FLOP/s of its units, bytes / achieved memory bandwidth)``."""
+    """Device seconds of one op at ``rows`` rows: measured, else the roofline."""
     flops, nbytes = op.flops_at(rows), op.bytes_at(rows)
     samples = hardware.op_seconds.get(op.name)
     if samples:
@@ -79,9 +69,8 @@ def op_time(op: OpCost, rows: int, hardware: Hardware) -> float:
 
 
 def pass_time(cost: PassCost, rows: int, hardware: Hardware, backward: bool) -> PassTime:
-    """Host and device seconds of a forward (``backward=False``) or backward of ``rows``: the
-    host pays ``op_overhead`` per call the forward's Python makes into torch, and
-    ``backward_op_overhead`` per op autograd runs."""
+    """A forward's or backward's seconds: the host pays ``op_overhead`` per call the
+    forward's Python makes into torch, ``backward_op_overhead`` per op autograd runs."""
     device = sum(op_time(op, rows, hardware) for op in cost.ops)
     if backward:
         return PassTime(host=len(cost) * hardware.backward_op_overhead, device=device)
@@ -89,14 +78,12 @@ def pass_time(cost: PassCost, rows: int, hardware: Hardware, backward: bool) -> 
 
 
 def host_calls(cost: PassCost) -> int:
-    """Calls the host makes for a forward: its Python's calls into torch where profiled,
-    else one per aten op."""
+    """A forward's calls into torch where profiled, else one per aten op."""
     return len(cost) if cost.calls is None else cost.calls
 
 
 def ready_times(cost: PassCost, rows: int, hardware: Hardware) -> list[float]:
-    """Device seconds from the start of a backward to the end of each of its ops: when a
-    gradient that op produces is ready (DDP's buckets wait for these)."""
+    """Seconds from a backward's start to the end of each op (when its gradients are ready)."""
     elapsed, ends = 0.0, []
     for op in cost.ops:
         elapsed += op_time(op, rows, hardware) + hardware.backward_op_overhead

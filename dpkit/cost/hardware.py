@@ -4,11 +4,11 @@ The surprise first: a spec sheet's peak is never what a step gets. An A100's mat
 float32 run on its CUDA cores (19.5 TFLOP/s) unless TF32 is switched on, its convolutions
 run in TF32 by default (156 TFLOP/s), and under autocast both run on tensor cores (312).
 Real kernels reach a fraction of each peak, so a Hardware keeps the peaks (cited in
-:mod:`dpkit.cost.presets`) and one achieved fraction, and the model only ever uses their
-product. Link bandwidths are stored achieved (what nccl-tests reports as bus bandwidth, or
-a spec sheet times a stated fraction), since that is what published measurements give.
+:mod:`dpkit.cost.presets`) and the fractions, and the model only ever uses their product.
+Link bandwidths are stored achieved (nccl-tests' bus bandwidth, or a spec sheet times a
+stated fraction), since that is what published measurements give.
 
-How each field is used, in one place (:mod:`dpkit.cost.predict` is the rest):
+How each field is used (:mod:`dpkit.cost.predict` is the rest):
 
 - an op takes ``max(FLOPs / (peak[dtype] * efficiency[dtype]), bytes / (memory_bandwidth *
   memory_efficiency))`` on its device (``efficiency``: ``tensor_core_efficiency`` where it
@@ -20,10 +20,9 @@ How each field is used, in one place (:mod:`dpkit.cost.predict` is the rest):
 - ``virtual_lanes``: dpkit's CPU lanes, where the host makes every copy itself, through
   device 0, the lanes' threads share ``compute_units`` cores and autograd runs every
   replica's backward in one thread; False: GPUs, where the host queues work and runs ahead;
-- the host pays a few named overheads (the last group of fields), the same for every model.
+- the host pays a few named overheads (the fields in seconds), the same for every model.
 
-Each field declares its unit and a line about it: :func:`check` refuses what the unit is
-not, and a hardware file's comments (``dpkit predict --print-hardware``) print the line.
+Each field declares its unit, which :func:`check` enforces, and a line about it.
 """
 
 from __future__ import annotations
@@ -48,9 +47,8 @@ EXAMPLES = {
 
 
 def check(owner: str, name: str, value: object, unit: str) -> None:
-    """Refuse ``value`` unless it is what ``unit`` says: text, ``"true/false"`` a bool, a
-    ``"whole number"`` above 0, a ``"fraction"`` in (0, 1], any other unit a finite number
-    above 0."""
+    """Refuse ``value`` unless it is what ``unit`` says: text, a bool, or a finite number
+    above 0 (a whole number for counts, at most 1 for a fraction)."""
     if unit == "text" and not isinstance(value, str):
         raise TypeError(f"{owner}: {name}={value!r} must be text, in quotes")
     if unit == "true/false" and not isinstance(value, bool):
@@ -77,22 +75,15 @@ def _about(unit: str, about: str, **default: Any) -> Any:
 
 
 def _is_dtype(name: object) -> bool:
-    """Whether ``name`` is a dtype as peak_flops names them: torch's, or ``"tfloat32"``."""
     return name == "tfloat32" or isinstance(getattr(torch, str(name), None), torch.dtype)
 
 
-def _op_samples(samples: object) -> bool:
-    """Whether ``samples`` are one op's measured ``(work, seconds)`` pairs: finite numbers,
-    0 or more, work being FLOPs or bytes."""
+def _is_pair(pair: object) -> bool:
+    """A measured ``(work, seconds)``: two finite numbers, 0 or more."""
     return (
-        isinstance(samples, (tuple, list))
-        and len(samples) > 0
-        and all(
-            isinstance(pair, (tuple, list))
-            and len(pair) == 2
-            and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in pair)
-            for pair in samples
-        )
+        isinstance(pair, (tuple, list))
+        and len(pair) == 2
+        and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in pair)
     )
 
 
@@ -110,12 +101,11 @@ class Link:
             check("Link", spec.name, getattr(self, spec.name), spec.metadata["unit"])
 
     def time(self, nbytes: float) -> float:
-        """Seconds to move ``nbytes`` over this link, one message."""
         return self.latency + nbytes / self.bandwidth
 
 
-# Op samples: for one kind of op (an aten op such as "aten.addmm"), measured (work, seconds)
-# pairs, work being the op's FLOPs where it has any, else the bytes it reads and writes.
+# Op samples: for one aten op ("aten.addmm"), measured (work, seconds) pairs, work being the
+# op's FLOPs where it has any, else the bytes it reads and writes.
 OpSamples = tuple[tuple[float, float], ...]
 TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds")  # one entry per dtype or op
 
@@ -123,9 +113,8 @@ TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds")  # one entry per
 @dataclass(frozen=True)
 class Hardware:
     """A machine as the cost model sees it: peaks and the fractions of them kernels reach,
-    links, topology and a few host terms, each field with its unit and a line about it (the
-    module's docstring says how the model uses them; :mod:`dpkit.cost.presets` cites where
-    every preset's numbers come from)."""
+    links, topology and a few host terms (the module's docstring says how each is used;
+    :mod:`dpkit.cost.presets` cites every preset's numbers)."""
 
     name: str = _about("text", "what the outputs call the machine")
     description: str = _about("text", "one line about it")
@@ -134,21 +123,15 @@ class Hardware:
     # Compute, per device. Which of peak_flops an op gets follows torch's defaults
     # (dpkit.cost.compute.rate_key): float32 on CUDA cores, tfloat32, bfloat16 and float16 on
     # tensor cores, at tensor_core_efficiency where it names the dtype, else matmul_efficiency.
-    peak_flops: Mapping[str, float] = _about(
-        "FLOP/s", "spec-sheet peak by the dtype an op computes in; float32 needed"
-    )
-    matmul_efficiency: float = _about(
-        "fraction", "of peak_flops that matmuls and convolutions reach"
-    )
+    peak_flops: Mapping[str, float] = _about("FLOP/s", "spec-sheet peak by dtype; float32 needed")
+    matmul_efficiency: float = _about("fraction", "of peak_flops matmuls and convolutions reach")
     memory_bandwidth: float = _about("bytes/s", "spec-sheet bandwidth of a device's memory")
-    memory_efficiency: float = _about("fraction", "of memory_bandwidth that elementwise ops reach")
+    memory_efficiency: float = _about("fraction", "of memory_bandwidth elementwise ops reach")
     memory_capacity: float = _about("bytes", "one device's memory: what 'does it fit' checks")
     compute_units: float = _about("count", "devices of a node that compute at full speed at once")
     # Links, and how the devices are laid out
     host_to_device: Link = _about("link", "host memory to a device (PCIe)")
-    device_to_device: Link = _about(
-        "link", "two devices of a node (NVLink or PCIe), NCCL's bus bandwidth"
-    )
+    device_to_device: Link = _about("link", "two devices of a node, NCCL's bus bandwidth")
     node_to_node: Link = _about("link", "one network port between nodes")
     devices_per_node: int = _about("whole number", "devices in one node")
     nodes: int = _about("whole number", "nodes as named (DDP on more devices assumes more)")
@@ -205,12 +188,11 @@ class Hardware:
                 raise ValueError(f"{owner}: tensor_core_efficiency[{dtype!r}] must be of a "
                                  "dtype that peak_flops names")  # fmt: skip
         for op, samples in self.op_seconds.items():
-            if not _op_samples(samples):
+            if not (isinstance(samples, (tuple, list)) and samples and all(map(_is_pair, samples))):
                 raise ValueError(f"{owner}: op_seconds[{op!r}] must be (work, seconds) pairs")
 
     @property
     def max_devices(self) -> int:
-        """Devices in the system as named (``nodes * devices_per_node``)."""
         return self.nodes * self.devices_per_node
 
     def flops_per_second(self, rate: torch.dtype | str) -> float:
@@ -226,7 +208,6 @@ class Hardware:
 
     @property
     def achieved_memory_bandwidth(self) -> float:
-        """Bytes/s that memory-bound ops reach: ``memory_bandwidth * memory_efficiency``."""
         return self.memory_bandwidth * self.memory_efficiency
 
     def device_link(self) -> Link:

@@ -1,29 +1,16 @@
 """What each device holds during a step: the memory half of a prediction.
 
 The surprise first: in DataParallel device 0 runs out of memory first, and not because of
-its replica. It holds the caller's whole batch (its chunk is a view of it), the gathered
-outputs and their gradient, the loss, the module's ``.grad`` *and* its own replica's
-gradients until the reduce, the 10 MiB buffers the reduce flattens into, and the
-optimizer's state (the optimizer steps the module on device 0 only). DDP's ranks are even,
-but each holds its gradients twice, once as ``.grad`` and once in the buckets the
-all-reduce runs on, unless ``gradient_as_bucket_view=True`` makes one a view of the other:
-about three times the parameters' bytes with plain SGD, five with Adam.
+its replica. It holds the caller's whole batch, the gathered outputs and their gradient,
+the module's ``.grad`` *and* its replica's gradients until the reduce, the reduce's 10 MiB
+buffers and the optimizer's state. DDP's ranks are even, but each holds its gradients twice
+(``.grad`` and the buckets) unless ``gradient_as_bucket_view=True``: about three times the
+parameters' bytes with plain SGD, five with Adam.
 
-Bytes by category, per device, as :func:`dp_memory` and :func:`ddp_memory` return them:
-
-- ``parameters``: parameters and buffers (replicas too: broadcast every step);
-- ``gradients``: ``.grad`` (device 0 in DataParallel; every rank in DDP), plus each
-  replica's own gradients, held until DataParallel's reduce;
-- ``optimizer``: SGD with momentum keeps one buffer per parameter, Adam(W) two;
-- ``input``: the chunk each device computes on (on GPUs DataParallel's device 0 holds the
-  whole batch, its chunk a view of it);
-- ``activations``: what autograd saves for the backward; ``outputs``: each replica's output;
-- ``gathered`` and ``output gradient``: DataParallel's output on device 0, and the loss's
-  gradient of it;
-- ``buckets``: DDP's gradient buckets (none with ``gradient_as_bucket_view=True``);
-- ``reduce buffers``: the flat buffers ``reduce_add_coalesced`` packs gradients into (GPUs);
-- ``cuBLAS workspaces``: on GPUs, for a model with matrix products, the scratch memory torch
-  gives cuBLAS per thread and stream that runs them (:func:`blas_workspaces`).
+Categories, per device: ``parameters`` (and buffers), ``gradients``, ``optimizer``,
+``input``, ``activations`` (what autograd saves), ``outputs``, ``gathered`` and ``output
+gradient`` (DataParallel's device 0), ``buckets`` (DDP), ``reduce buffers`` (GPUs) and
+``cuBLAS workspaces`` (GPUs, :func:`blas_workspaces`).
 """
 
 from __future__ import annotations
@@ -53,7 +40,7 @@ THREADS_WITH_MATMULS = 2
 
 
 def optimizer_copies(optimizer: str) -> int:
-    """Copies of the gradients an optimizer keeps as state; a clear error for other names."""
+    """Copies of the gradients an optimizer keeps as state."""
     try:
         return OPTIMIZER_COPIES[optimizer.lower()]
     except (KeyError, AttributeError):
@@ -84,9 +71,8 @@ def dp_memory(
     model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool, workspace: int = 0
 ) -> list[Held]:
     """Bytes per category on each device of a DataParallel step with chunks of ``sizes``
-    rows. ``gpu``: torch's path (device 0 holds the whole batch; NCCL reduce buffers);
-    else dpkit's virtual lanes (each lane its chunk; the host reduces tensor by tensor).
-    ``workspace``: each device's cuBLAS workspaces (:func:`blas_workspaces`)."""
+    rows; ``gpu``: torch's path (device 0 holds the batch; NCCL reduce buffers), else
+    dpkit's lanes (each its chunk; the host reduces tensor by tensor)."""
     gradients = model.gradient_bytes
     held = [_replica(model, rows) for rows in sizes]
     for device in held[1:] if len(sizes) > 1 else []:
@@ -120,7 +106,7 @@ def ddp_memory(
     gradient_as_bucket_view: bool,
     workspace: int = 0,
 ) -> list[Held]:
-    """Bytes per category on each rank of a DDP step: even, apart from uneven chunks."""
+    """Bytes per category on each rank of a DDP step."""
     gradients = model.gradient_bytes
     held = []
     for rows in sizes:

@@ -1,13 +1,10 @@
 """The course's models by name, for ``dpkit predict`` and calibration: the demo's MLP, CNN and
-transformer (:func:`dpkit.demo.build_model`), all on 1x28x28 images, so that ``dpkit demo``
-and ``dpkit predict`` run the same models. :class:`TinyTransformer`, one encoder block, is
-a model calibration never sees (``benchmarks/heldout_models.py``).
+transformer (:func:`dpkit.demo.build_model`) on 1x28x28 images. :class:`TinyTransformer` is a
+model calibration never sees (``benchmarks/heldout_models.py``).
 
-The course's models are tiny (tens of kilobytes of parameters), so on GPUs their steps are
-all host overhead. ``"wide-mlp"`` (784 -> 4096 -> 4096 -> 1024 -> 10, 24.2 M parameters,
-about ResNet-50's 25.6 M) is there for predictions only: it moves as many gradient bytes as
-a real vision model, so that links and bandwidth show (its FLOPs per image are far fewer
-than ResNet-50's 4 G, so its communication weighs more than a ResNet-50's would).
+The course's models are tiny, so on GPUs their steps are all host overhead. ``"wide-mlp"``
+(24.2 M parameters, about ResNet-50's 25.6 M, with far fewer FLOPs) is for predictions: it
+moves as many gradient bytes as a real vision model, so that links and bandwidth show.
 """
 
 from __future__ import annotations
@@ -37,10 +34,8 @@ class TinyTransformer(nn.Module):
 
 
 def wide_mlp() -> nn.Module:
-    """784 -> 4096 -> 4096 -> 1024 -> 10 with ReLUs: 24.2 M parameters (97 MB of float32).
-
-    Its weights are zeros, not a random initialisation (which takes a second for 24 M
-    numbers): a prediction needs its shapes, FLOPs and bytes, never its values."""
+    """784 -> 4096 -> 4096 -> 1024 -> 10 with ReLUs. Its weights are zeros (a random
+    initialisation takes a second): a prediction needs its shapes, never its values."""
     widths = (28 * 28, 4096, 4096, 1024, demo.CLASSES)
     layers: list[nn.Module] = [nn.Flatten()]
     for width_in, width_out in zip(widths, widths[1:]):

@@ -1,33 +1,25 @@
 """predict: a training step on hardware you may not have, as a Trace marked predicted.
 
-The surprise first: the prediction *is* a trace. It has the phases, bytes, steps and memory
-records a measured ``dpkit.trace()`` of the same model, batch and device count has (the
-bytes exactly, since they follow from the model's tensors), and only its times come from
-the cost model. Every summary, export and figure works on it, and says "predicted".
+The surprise first: the prediction *is* a trace, with the phases, bytes (exact: they follow
+from the model's tensors), steps and memory records a measured ``dpkit.trace()`` has; only
+its times come from the cost model. Every summary, export and figure works on it.
 
-Each strategy runs as torch runs it, on two kinds of machine:
+``"dp"`` on GPUs (``nn.DataParallel``: one process, one node): scatter copies each chunk
+    from device 0; replicate is an NCCL broadcast (``comm.broadcast_coalesced``), then the
+    replica modules built in Python; a thread per replica launches its forward (their
+    Python takes turns with the GIL); gather copies the outputs onto device 0; the loss runs
+    there; backward scatters its gradient, each GPU runs its replica's backward, and once
+    *all* are done an NCCL reduce (``comm.reduce_add_coalesced``) sums the gradients.
+``"dp"`` on virtual lanes (dpkit's CPU lanes): the same phases, but the host makes every
+    copy itself, through device 0, the threads share the cores, and autograd runs all
+    replicas' backward in one thread.
+``"ddp"`` (``DistributedDataParallel``, a process per device, any number of nodes): the
+    buffers broadcast at each forward, a forward and a backward per rank, the gradients
+    copied into buckets (25 MiB, the first 1 MiB) and each bucket all-reduced once its last
+    gradient is ready, overlapping the rest of the backward; then back into ``.grad``.
 
-``"dp"`` on GPUs (torch's ``nn.DataParallel``, one process, one node): scatter copies each
-    chunk from device 0 on the devices' own streams; replicate is one NCCL broadcast of the
-    parameters (``comm.broadcast_coalesced``), then the replica modules built in Python;
-    a thread per replica launches its forward (their Python takes turns with the GIL, the
-    GPUs compute at once); gather copies every output onto device 0; the loss runs there;
-    backward scatters the output's gradient, each GPU runs its replica's backward in its
-    own autograd thread, and only when *all* are done one NCCL reduce
-    (``comm.reduce_add_coalesced``) sums the gradients onto device 0.
-``"dp"`` on virtual lanes (dpkit's CPU lanes): the same phases, but the host does every
-    copy itself, tensor by tensor, through device 0, the threads share the cores, and
-    autograd runs all replicas' backward in one thread.
-``"ddp"`` (``DistributedDataParallel``, one process per device, any number of nodes): the
-    buffers broadcast from rank 0 at each forward, a forward and a backward per rank, and
-    the gradients all-reduced in buckets (25 MiB, the first 1 MiB), each bucket's all-reduce
-    starting once the backward has produced its last gradient, overlapping the rest;
-    each gradient is copied into its bucket as it is produced and, after the last
-    all-reduce, back into ``.grad`` (one rank too: DDP's cost where there is nothing to
-    communicate).
-
-A step is forward and backward (the optimizer's step is not in it; its state is in the
-memory). Times come from two clocks, the host's and each device's queue.
+A step is forward and backward (the optimizer's state is in the memory, its step is not).
+Times come from two clocks, the host's and each device's queue.
 """
 
 from __future__ import annotations
@@ -69,9 +61,8 @@ LOSS_OPS = 6
 
 
 class PredictedTrace(Trace):
-    """A :class:`~dpkit.tracing.Trace` made by the cost model: events of kind "predicted",
-    a title that names the hardware (``.machine``) and the strategy, and the memory each
-    device holds (``.held``, by category, as :mod:`dpkit.cost.memory` counts it)."""
+    """A :class:`~dpkit.tracing.Trace` of kind "predicted" on ``.machine``, with the bytes
+    each device holds by category (``.held``, :mod:`dpkit.cost.memory`)."""
 
     def __init__(self, machine: Hardware, strategy: str, batch_size: int, devices: int):
         super().__init__()
@@ -84,25 +75,21 @@ class PredictedTrace(Trace):
         self.held: list[Held] = []
 
     @property
-    def hardware(self) -> str:
-        """What the figures' titles say: "predicted devices (cost model): <name>, dp"."""
+    def hardware(self) -> str:  # the figures' titles: "predicted devices (cost model): <name>, dp"
         return f"{KIND_LABELS[PREDICTED]}: {self.machine.name}, {self.strategy}"
 
     @property
     def step_time(self) -> float:
-        """Predicted seconds of one step: forward and backward, phases and the Python
-        around them, as a wall clock around them would read on a warm machine."""
+        """Predicted seconds of the last step, as a wall clock around it would read."""
         begins, ends = self.step_bounds[max(self.step_bounds)]
         return ends - begins
 
     @property
-    def memory_per_device(self) -> list[int]:
-        """Predicted bytes each device holds at its peak (the sum of its categories)."""
+    def memory_per_device(self) -> list[int]:  # predicted bytes at each device's peak
         return [sum(device.values()) for device in self.held]
 
     @property
     def fits(self) -> bool:
-        """Whether every device's predicted bytes fit its ``memory_capacity``."""
         return max(self.memory_per_device) <= self.machine.memory_capacity
 
 
@@ -141,8 +128,8 @@ class _Step:
 
     def collective(self, hardware: Hardware, phase: Phase, calls: int, took: float,
                    nbytes: int, **details: Any) -> None:  # fmt: skip
-        """``calls`` NCCL calls on every GPU at once, once all are free, ``took`` seconds in
-        all, ``nbytes`` into each device but device 0."""
+        """``calls`` NCCL calls on every GPU at once, once all are free: ``took`` seconds,
+        ``nbytes`` into each device but device 0."""
         self.host += hardware.copy_overhead + calls * hardware.op_overhead
         start = max(self.host, *self.device)
         for index in range(len(self.device)):
@@ -158,11 +145,10 @@ class _Step:
 
 def _threads(starts: list[float], calls: int, python: list[float], kernel: list[float],
              units: float) -> list[float]:  # fmt: skip
-    """When threads end that each make ``calls`` calls into torch, each call ``python[i]``
-    seconds of Python (holding the GIL) then ``kernel[i]`` seconds of kernel (torch lets the
-    GIL go around an op's work), on ``units`` cores shared fairly: the GIL passes from thread
-    to thread in the order they ask, so a thread whose kernel is done waits while another
-    runs its Python. Processes (DDP's ranks) share no GIL: ``python`` 0, one call each."""
+    """When threads end that each make ``calls`` calls, each ``python[i]`` seconds holding
+    the GIL then ``kernel[i]`` without it (torch lets it go around an op's work), on
+    ``units`` cores shared fairly; the GIL goes to threads in the order they ask.
+    Processes (DDP's ranks) share no GIL: ``python`` 0, one call each."""
     if not any(kernel):  # GPU launches: the GIL alone, a queue served in turn (fast)
         return _gil_queue(starts, calls, python)
     n = len(starts)
@@ -208,8 +194,7 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
 
 
 def _gil_queue(starts: list[float], calls: int, python: list[float]) -> list[float]:
-    """:func:`_threads` without kernels: each thread's calls wait in one first-come queue
-    for the GIL, a thread asking again behind those already waiting."""
+    """:func:`_threads` without kernels: calls wait for the GIL in one first-come queue."""
     pending = deque(sorted(range(len(starts)), key=starts.__getitem__))
     waiting: deque[int] = deque()
     left, ends = [calls] * len(starts), [0.0] * len(starts)
@@ -251,11 +236,9 @@ def _loss(step: _Step, hardware: Hardware, output_bytes: int) -> None:
 def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
             tensors: int = 1, **details: Any) -> list[float]:  # fmt: skip
     """Copies between device 0 and each device (``sizes[i]`` bytes; entry 0 is device 0's
-    own): when each device has its copy. On virtual lanes the host makes each, tensor by
-    tensor, one after another. On GPUs the copies out of device 0 (scatter) run at once on
-    the devices' streams and share device 0's link; the copies into it (gather) run one
-    after another on its stream, each once its device is done. Gather also copies device
-    0's own piece into the result, within its memory."""
+    own), returning when each is done. Virtual lanes: the host makes each, one after
+    another. GPUs: the copies out of device 0 run at once, sharing its link; those into it
+    (gather) one after another on its stream, its own piece copied within its memory."""
     link, done = hardware.device_link(), []
     local = phase is Phase.GATHER
     outward = phase in (Phase.SCATTER, Phase.GRAD_SCATTER, Phase.REPLICATE)
@@ -319,9 +302,8 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
 
 
 def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
-    """The parameters, then the buffers, from device 0 to every device; then the replica
-    modules, built by the host. GPUs: one NCCL broadcast per 10 MiB of tensors; virtual
-    lanes: a copy per tensor per lane."""
+    """The parameters, then the buffers, to every device (GPUs: an NCCL broadcast per
+    10 MiB; lanes: a copy per tensor); then the replica modules, built by the host."""
     for sizes in (model.parameter_sizes, model.buffer_sizes):
         if not sizes:
             continue
@@ -360,9 +342,8 @@ def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
 
 
 def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
-    """Every replica's gradients summed onto device 0, after every backward. GPUs: NCCL
-    reduce per 10 MiB (each device flattens its gradients, device 0 unflattens the sum);
-    virtual lanes: each gradient copied to lane 0 and added there, tensor by tensor."""
+    """The gradients summed onto device 0 after every backward. GPUs: an NCCL reduce per
+    10 MiB (flattened, then unflattened); lanes: each copied to lane 0 and added there."""
     sizes = model.gradient_sizes
     total = sum(sizes)
     if hardware.virtual_lanes:
@@ -383,10 +364,9 @@ def ddp_buckets(
     bucket_bytes: int = DDP_BUCKET_BYTES,
     first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
 ) -> list[list[int]]:
-    """DDP's gradient buckets: parameter indices in the order gradients become ready (the
-    reverse of ``parameters()``), a bucket closed once it holds at least its cap (1 MiB for
-    the first, then 25 MiB), as torch's ``_compute_bucket_assignment_by_size`` does: the
-    gradient is added, then the bucket closes (a 1.5 MiB cap can give a 2.1 MB bucket)."""
+    """DDP's gradient buckets: parameter indices from the last (whose gradient is ready
+    first), a bucket closed once it holds at least its cap, as torch's
+    ``_compute_bucket_assignment_by_size`` (a 1.5 MiB cap can give a 2.1 MB bucket)."""
     buckets: list[list[int]] = []
     current: list[int] = []
     filled, limit = 0, first_bucket_bytes
@@ -408,10 +388,8 @@ def allreduce_schedule(
     hardware: Hardware,
     bucket_bytes: int = DDP_BUCKET_BYTES,
 ) -> list[tuple[list[int], float, float, int]]:
-    """DDP's bucketed all-reduces: ``(parameter indices, start, end, bytes)`` per bucket,
-    ``ready_at[i]`` being when parameter ``i``'s gradient is ready. A bucket's all-reduce
-    starts once its last gradient is ready and the one before it is done (one
-    communication stream), overlapping the rest of the backward."""
+    """DDP's all-reduces, ``(parameter indices, start, end, bytes)`` per bucket: each
+    starts once its gradients are ready (``ready_at``) and the one before it is done."""
     schedule, free = [], 0.0
     for bucket in ddp_buckets(parameter_sizes, bucket_bytes):
         nbytes = sum(parameter_sizes[i] for i in bucket)
@@ -422,21 +400,18 @@ def allreduce_schedule(
 
 
 def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]:
-    """Seconds after the backward starts at which each gradient (``Profile.gradient_sizes``) is
-    ready: at the end of the backward op that produced it, as the profile saw (by the
-    backward's work, not by the parameters' bytes: VGG's fully connected layers hold 89 %
-    of its bytes and take under 1 % of its work); an unused one at the end."""
+    """Seconds into the backward at which each gradient is ready: the end of the op that
+    produced it (by work, not bytes: VGG's fully connected layers hold 89 % of its bytes,
+    under 1 % of its work); an unused one at the end."""
     ends = ready_times(model.backward, rows, hardware)
     last = ends[-1] if ends else 0.0
     return [ends[i] if 0 <= i < len(ends) else last for i in model.gradient_ops]
 
 
 def _bucket_copies(model: Profile, hardware: Hardware) -> PassTime:
-    """DDP's reducer copying every gradient into its bucket as autograd produces it (one op
-    per gradient, dividing by the world size on the way: ``Reducer::copy_grad_to_bucket``),
-    and, after the all-reduces, back into ``.grad`` (``finalize_bucket_dense``): on every
-    rank, one rank too. With ``gradient_as_bucket_view`` the first is an in-place divide
-    and the second does not happen."""
+    """DDP's reducer copying each gradient into its bucket (``copy_grad_to_bucket``), and
+    after the all-reduces back into ``.grad`` (``finalize_bucket_dense``), one rank too;
+    ``gradient_as_bucket_view`` skips the copy back."""
     return PassTime(
         host=len(model.gradient_sizes) * hardware.backward_op_overhead,
         device=elementwise_time(2 * model.gradient_bytes, hardware),
@@ -499,8 +474,7 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
 
 
 def _record_memory(trace: PredictedTrace, names: list[str], step: int, model: Profile) -> None:
-    """The memory records of one step, as a measured trace notes them: the parameters and
-    the buffers apart (each broadcast's tensors), no record for nothing."""
+    """One step's memory records, as measured traces note them (buffers apart)."""
     for index, held in enumerate(trace.held):
         for category, nbytes in held.items():
             parts = [nbytes]
@@ -536,20 +510,15 @@ def predict(
     gradient_as_bucket_view: bool = False,
     bucket_cap_mb: float = 25,
 ) -> PredictedTrace:
-    """A predicted trace of ``steps`` training steps of ``model`` on a batch of ``batch_size``
-    rows like ``sample_input`` (a tensor, or a tuple of positional inputs; ``sample_kwargs``
-    for keyword inputs), split over ``devices`` (a count, or a list of devices) of
-    ``hardware`` (a :class:`~dpkit.cost.Hardware` or a preset's name), with ``strategy``
-    ``"dp"`` (DataParallel: one node) or ``"ddp"`` (DistributedDataParallel).
+    """A predicted trace of ``steps`` training steps of ``model`` on ``batch_size`` rows like
+    ``sample_input`` (a tensor, or a tuple of inputs; ``sample_kwargs`` keyword inputs), on
+    ``devices`` (a count or a list) of ``hardware`` (a Hardware or a preset's name), with
+    ``strategy`` ``"dp"`` (DataParallel: one node) or ``"ddp"``.
 
-    ``amp``: ``torch.bfloat16``/``"bf16"`` or ``torch.float16``/``"fp16"`` predicts the step
-    under ``torch.autocast``; ``optimizer`` (``"sgd"``, ``"momentum"``, ``"adam"``,
-    ``"adamw"``) sets the state in the memory; ``gradient_as_bucket_view`` and
-    ``bucket_cap_mb`` are DDP's settings of the same names.
-
-    ``tr.step_time`` is the predicted seconds per step; ``tr.held`` the bytes per category on
-    each device, ``tr.memory_per_device`` their sums, ``tr.fits`` whether they fit.
-    """
+    ``amp`` (``"bf16"``, ``"fp16"`` or their dtypes): under ``torch.autocast``; ``optimizer``
+    (sgd, momentum, adam, adamw) sets the state in the memory; ``gradient_as_bucket_view``
+    and ``bucket_cap_mb`` are DDP's. ``tr.step_time``: seconds per step; ``tr.held``: bytes
+    by category per device, ``tr.memory_per_device`` their sums, ``tr.fits``."""
     if isinstance(hardware, str):
         hardware = preset(hardware)
     if not isinstance(hardware, Hardware):

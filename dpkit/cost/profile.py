@@ -2,35 +2,22 @@
 
 The surprise first: nothing here is a hand formula, except where torch counts nothing. The
 FLOPs are what ``torch.utils.flop_counter.FlopCounterMode`` counts for each aten op the
-module really runs, in forward and in backward; the bytes each op reads and writes are the
-sizes of its actual tensors; the activations are what autograd really saved, walked exactly
-as the trace walks a replica's graph (:mod:`dpkit.tracing.replica_graph`).
+module really runs, forward and backward; the bytes are the sizes of each op's tensors; the
+activations are what autograd really saved (:mod:`dpkit.tracing.replica_graph`).
 
-Where torch counts 0 FLOPs for an op that does a matmul's work, a silent zero would make
-the model look memory-bound. On a CPU that is the attention of ``nn.MultiheadAttention``
-and ``nn.TransformerEncoderLayer`` (``aten._scaled_dot_product_flash_attention_for_cpu``
-and its backward; in eval mode without gradients the whole layer, ``_native_multi_head_
-attention`` or ``_transformer_encoder_layer_fwd``) and ``nn.LSTM``
-(``aten.mkldnn_rnn_layer`` and its backward). Those ops get an estimate from their maths
-and their tensors' shapes (:data:`ESTIMATES`, marked ``OpCost.estimated``); any other
-compute-heavy op with no count (a linear-algebra kernel, an FFT, a custom op) makes
-:func:`profile` warn, naming the op and its share of the pass's bytes.
+Where torch counts 0 FLOPs for an op that does a matmul's work (attention, ``nn.LSTM``, the
+fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``), the op gets an
+estimate from its maths and shapes (:data:`ESTIMATES`, ``OpCost.estimated``); any other
+compute-heavy op without a count makes :func:`profile` warn, naming the op and its share of
+the pass's bytes. numpy inside a custom autograd Function runs no aten op: no dispatch mode
+sees it, and its work is missing without a warning.
 
-What no dispatch mode sees cannot be counted: numpy (or any C code outside torch) inside a
-custom ``torch.autograd.Function`` runs no aten op, so its work is missing from the
-profile, and the prediction under-estimates that model's compute without a warning.
-
-The module runs on 2, 3, 4 and 5 rows copied from the sample. Each count is fitted as
-``a + b * rows + c * rows**2`` through 2, 3 and 4 rows, which is exact for the layers of
-the course's models (a matmul's FLOPs grow with its rows, a weight's bytes do not) and for
-work that grows with the batch squared (a contrastive loss's ``x @ x.T`` inside the
-model); 5 rows checks the curve, and a count that is no quadratic in rows (a reshape into
-pairs, say) is fitted as the line through 2 and 5 rows instead. If the runs ran different
-ops, every count is the largest run's scaled by rows.
-
-Profiles are cached per module, input shapes, train/eval mode and trainable parameters, so
-a widget sweeping batch sizes and device counts profiles once and then predicts in
-milliseconds.
+The module runs on 2, 3, 4 and 5 rows. Each count is fitted as ``a + b * rows + c * rows**2``
+through 2, 3 and 4 rows (exact for layers, whose work grows with rows, and for work growing
+with the batch squared, such as ``x @ x.T``); 5 rows checks the curve, and a count that is no
+quadratic is the line through 2 and 5 rows. If the runs ran different ops, every count is
+the largest run's scaled by rows. Profiles are cached per module, input shapes, train/eval
+mode and trainable parameters: a widget sweeping batch sizes profiles once.
 """
 
 from __future__ import annotations
@@ -68,18 +55,15 @@ Coefficients = tuple[float, float, float]
 
 
 def _evaluate(coefficients: Sequence[float], rows: int) -> float:
-    """``a + b * rows + c * rows**2`` (a shorter tuple is a line or a constant)."""
+    """``a + b * rows + c * rows**2`` (a shorter tuple is a line or a constant), at least 0."""
     return max(0.0, sum(c * rows**power for power, c in enumerate(coefficients)))
 
 
 @dataclass(frozen=True)
 class OpCost:
-    """One aten op of a pass: ``flops`` and ``nbytes`` (read + written) as ``(a, b, c)``,
-    the cost at ``rows`` rows being ``a + b * rows + c * rows**2``. A view moves no bytes.
-
-    ``kind`` is ``"matmul"``, ``"conv"`` or ``"memory"`` (the rest); ``dtype`` the dtype it
-    computes in (``"bfloat16"`` for a matmul under autocast); ``estimated`` says the FLOPs
-    are dpkit's estimate from the op's shapes, FlopCounterMode counting none for it."""
+    """One aten op of a pass: ``flops`` and ``nbytes`` (read + written; 0 for a view) as
+    ``(a, b, c)`` of rows; ``kind`` ``"matmul"``, ``"conv"`` or ``"memory"``; ``dtype`` the
+    one it computes in; ``estimated``: the FLOPs are dpkit's estimate (:data:`ESTIMATES`)."""
 
     name: str
     flops: Coefficients
@@ -118,19 +102,12 @@ class PassCost:
 class Profile:
     """What one replica's step costs, per row of its chunk and per model.
 
-    ``parameter_sizes`` and ``buffer_sizes`` are the bytes of each tensor in
-    ``module.parameters()`` / ``module.buffers()`` order (what replicate broadcasts),
-    ``gradient_sizes`` those of the parameters that require grad, in the same order (what
-    reduce sums: a frozen parameter is broadcast but gets no gradient); ``modules`` counts
-    ``module.modules()`` (what replicate builds per replica); ``input_row_bytes`` and
-    ``output_row_bytes`` the bytes of one row of all inputs and of all outputs;
-    ``output_tensors`` how many tensors a replica returns (gather copies each);
-    ``activations`` the bytes autograd saves, ``(a, b, c)`` as in :class:`OpCost`.
-    ``dtype`` is the parameters' dtype, ``amp`` the autocast dtype the passes ran under
-    (``None``: none; each op's own dtype is in its :class:`OpCost`). ``gradient_ops``: for
-    each entry of ``gradient_sizes``, the index of the backward op after which its gradient
-    is ready (-1: never, an unused parameter).
-    """
+    ``parameter_sizes``/``buffer_sizes``: bytes per tensor in ``parameters()``/``buffers()``
+    order (what replicate broadcasts); ``gradient_sizes``: those of the parameters that
+    require grad (what reduce sums); ``modules``: what replicate builds per replica;
+    ``output_tensors``: what gather copies; ``activations``: the bytes autograd saves, as
+    ``(a, b, c)``; ``amp``: autocast's dtype or None; ``gradient_ops``: per gradient, the
+    backward op after which it is ready (-1: never, an unused parameter)."""
 
     dtype: torch.dtype
     forward: PassCost
@@ -168,8 +145,6 @@ class Profile:
         return round(_evaluate(self.activations, rows))
 
 
-# --- what kind of work an op does -----------------------------------------------------------
-
 MATMUL_OPS = frozenset(
     f"aten.{name}"
     for name in (
@@ -194,7 +169,6 @@ _HEAVY_UNCOUNTED = re.compile(
 
 @functools.cache  # a few hundred names, looked up once per op run
 def op_kind(name: str) -> str:
-    """``"matmul"``, ``"conv"`` or ``"memory"`` for an aten op's name (``"aten.addmm"``)."""
     if name in MATMUL_OPS or _ATTENTION_OR_RNN.search(name):
         return "matmul"
     if _CONV.search(name):
@@ -203,8 +177,8 @@ def op_kind(name: str) -> str:
 
 
 def _compute_heavy(name: str, kind: str) -> bool:
-    """Whether 0 FLOPs for this op is a missing count: a matmul or convolution, a known
-    compute-heavy kernel, or an op outside aten whose work dpkit cannot know (a custom op)."""
+    """Whether 0 FLOPs is a missing count: a matmul or convolution, a known heavy kernel,
+    or an op outside aten whose work dpkit cannot know (a custom op)."""
     namespace = name.split(".", 1)[0]
     return kind != "memory" or bool(_HEAVY_UNCOUNTED.search(name)) or namespace not in (
         "aten", "prims", "prim",
@@ -216,15 +190,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
-    """The dtype an op computes in: its first floating-point input's (a matmul under
-    autocast reads bfloat16), else its first tensor's, else float32."""
+    """Its first floating-point tensor's dtype (a matmul under autocast reads bfloat16)."""
     for tensor in (*inputs, *outputs):
         if tensor.is_floating_point() or tensor.is_complex():
             return _dtype_name(tensor.dtype)
     return _dtype_name(inputs[0].dtype) if inputs else "float32"
 
-
-# --- estimates for ops FlopCounterMode counts 0 FLOPs for ---------------------------------
 
 Estimate = Callable[[tuple, dict], float]  # the op's args and kwargs -> FLOPs
 
@@ -235,11 +206,9 @@ def _tokens(tensor: torch.Tensor) -> int:
 
 
 def _attention_flops(query: Any, key: Any, value: Any, backward: bool) -> float:
-    """Scaled dot-product attention's two matmuls, ``Q @ K^T`` and ``P @ V``: 2 * L * S * E
-    FLOPs each per batch and head. Backward recomputes ``Q @ K^T`` and runs four more
-    (``dP``, ``dV``, ``dQ``, ``dK``): 2.5 times the forward for E == Ev, as torch's own
-    formula for the CUDA kernels (``flop_counter.sdpa_backward_flop_count``) has it. A mask
-    or ``is_causal`` is not taken off, as torch does not."""
+    """Attention's ``Q @ K^T`` and ``P @ V``, 2 * L * S * E FLOPs each per batch and head;
+    backward recomputes ``Q @ K^T`` and runs ``dP``, ``dV``, ``dQ``, ``dK`` (2.5 times the
+    forward, as torch's ``sdpa_backward_flop_count`` for CUDA). Masks are not taken off."""
     length, width = query.shape[-2], query.shape[-1]
     sources, value_width = key.shape[-2], value.shape[-1]
     batch_heads = math.prod(query.shape[:-2])
@@ -249,25 +218,16 @@ def _attention_flops(query: Any, key: Any, value: Any, backward: bool) -> float:
     return 2.0 * batch_heads * length * sources * (scores + weighted)
 
 
-def _sdpa(args: tuple, kwargs: dict) -> float:
-    return _attention_flops(args[0], args[1], args[2], backward=False)
-
-
-def _sdpa_backward(args: tuple, kwargs: dict) -> float:
-    return _attention_flops(args[1], args[2], args[3], backward=True)  # args[0]: grad_out
-
-
 def _native_mha(args: tuple, kwargs: dict) -> float:
     """``nn.MultiheadAttention``'s fast path (eval, no gradients): the q, k, v and output
-    projections (``embed_dim`` squared each) and the attention over all heads."""
+    projections and the attention over all heads."""
     query, key, value, embed_dim = args[0], args[1], args[2], args[3]
     projections = 2.0 * embed_dim * embed_dim * (2 * _tokens(query) + _tokens(key) + _tokens(value))
     return projections + 4.0 * _tokens(query) * key.shape[-2] * embed_dim
 
 
 def _encoder_layer(args: tuple, kwargs: dict) -> float:
-    """``nn.TransformerEncoderLayer``'s fast path: its four weight matmuls over every token
-    (in projection, out projection, the two feed-forward layers) and the attention."""
+    """``nn.TransformerEncoderLayer``'s fast path: its four weight matmuls and attention."""
     src, embed_dim = args[0], args[1]
     weights = (args[3], args[5], args[14], args[16])  # qkv, proj, ffn 1, ffn 2
     matmuls = 2.0 * _tokens(src) * sum(w.numel() for w in weights)
@@ -275,44 +235,25 @@ def _encoder_layer(args: tuple, kwargs: dict) -> float:
 
 
 def _mkldnn_rnn_layer(args: tuple, kwargs: dict) -> float:
-    """One layer and direction of ``nn.LSTM`` on a CPU: every token's input and hidden state
-    times the gate weights, ``2 * 4H * (I + H)`` FLOPs a token (weights ``(4H, I)`` and
-    ``(4H, H)``); the gates' elementwise work is left out."""
+    """One layer and direction of ``nn.LSTM`` on a CPU: ``2 * 4H * (I + H)`` FLOPs a token
+    (the gate weights); the gates' elementwise work is left out."""
     return 2.0 * _tokens(args[0]) * (args[1].numel() + args[2].numel())
 
 
 def _cudnn_rnn(args: tuple, kwargs: dict) -> float:
-    """A whole ``nn.LSTM``/``GRU``/``RNN`` on a GPU: each layer and direction's matrices
-    over every token (``args[1]`` lists them all, biases too, which are left out)."""
+    """A whole ``nn.LSTM``/``GRU``/``RNN`` on a GPU: every weight matrix over every token."""
     return 2.0 * _tokens(args[0]) * sum(w.numel() for w in args[1] if w.dim() == 2)
 
 
 def _twice(forward: Estimate) -> Estimate:
-    """A recurrent layer's backward: twice its forward, the gradients of the inputs and of
-    the weights each a matmul of the forward's size (oneDNN computes the input's even where
-    nothing needs it)."""
+    """A recurrent layer's backward: the input's and the weights' gradients, each a matmul
+    of the forward's size (oneDNN computes the input's even where nothing needs it)."""
     return lambda args, kwargs: 2.0 * forward(args, kwargs)
 
 
-def _matrix_vector(args: tuple, kwargs: dict) -> float:
-    matrix = args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]
-    return 2.0 * matrix.numel()  # addmv(self, mat, vec) or mv(mat, vec)
-
-
-def _dot(args: tuple, kwargs: dict) -> float:
-    return 2.0 * args[0].numel()
-
-
-def _batched_or_fused_mm(args: tuple, kwargs: dict) -> float:
-    """``addbmm(self, (B, n, m), (B, m, p))`` and ``_addmm_activation(self, (n, m), (m, p))``:
-    2 FLOPs per element of the first times the second's last dim."""
-    return 2.0 * args[1].numel() * args[2].shape[-1]
-
-
 def _trilinear(args: tuple, kwargs: dict) -> float:
-    """``nn.Bilinear``'s kernel: three tensors, each with ``expand`` dims inserted, multiplied
-    over their broadcast shape and summed: 2 FLOPs per element of that shape
-    (``2 * B * out * in1 * in2`` for a Bilinear)."""
+    """``nn.Bilinear``'s kernel: three tensors, ``expand`` dims inserted, multiplied and
+    summed over their broadcast shape: 2 FLOPs per element of it."""
     shapes = []
     for tensor, expand in zip(args[:3], args[3:6]):
         shape = list(tensor.shape)
@@ -322,11 +263,26 @@ def _trilinear(args: tuple, kwargs: dict) -> float:
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
+def _sdpa(first: int) -> Estimate:  # forward: (query, key, value, ...); backward: grad first
+    return lambda args, kwargs: _attention_flops(*args[first : first + 3], backward=first > 0)
+
+
+# (addmv, mv, dot, addbmm and _addmm_activation have no formula in FlopCounterMode)
+def _matrix_vector(args: tuple, kwargs: dict) -> float:
+    return 2.0 * (args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]).numel()
+
+
+def _batched_or_fused_mm(args: tuple, kwargs: dict) -> float:  # (self, (B, n, m), (B, m, p))
+    return 2.0 * args[1].numel() * args[2].shape[-1]
+
+
+# FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name. An estimate
+# that fails (a nested tensor's shape, say) is no estimate, and profile() warns.
 ESTIMATES: dict[str, Estimate] = {
-    "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa,
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_backward,
-    "aten._scaled_dot_product_fused_attention_overrideable": _sdpa,
-    "aten._scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
+    "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa(0),
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa(1),
+    "aten._scaled_dot_product_fused_attention_overrideable": _sdpa(0),
+    "aten._scaled_dot_product_fused_attention_overrideable_backward": _sdpa(1),
     "aten._native_multi_head_attention": _native_mha,
     "aten._transformer_encoder_layer_fwd": _encoder_layer,
     "aten.mkldnn_rnn_layer": _mkldnn_rnn_layer,
@@ -337,15 +293,12 @@ ESTIMATES: dict[str, Estimate] = {
     "aten.miopen_rnn_backward": _twice(_cudnn_rnn),
     "aten.addmv": _matrix_vector,
     "aten.mv": _matrix_vector,
-    "aten.dot": _dot,
-    "aten.vdot": _dot,
+    "aten.dot": lambda args, kwargs: 2.0 * args[0].numel(),
+    "aten.vdot": lambda args, kwargs: 2.0 * args[0].numel(),
     "aten.addbmm": _batched_or_fused_mm,
     "aten._addmm_activation": _batched_or_fused_mm,
     "aten._trilinear": _trilinear,
 }
-"""FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name: each
-takes the op's ``args`` and ``kwargs``. An estimate that fails (a nested tensor's shape,
-say) is no estimate, and :func:`profile` warns."""
 
 
 def _estimate(name: str, args: tuple, kwargs: dict) -> float | None:
@@ -358,17 +311,10 @@ def _estimate(name: str, args: tuple, kwargs: dict) -> float | None:
         return None
 
 
-# --- recording the passes -------------------------------------------------------------------
-
-
 class OpRecorder(TorchDispatchMode):
-    """Notes every aten op that runs inside it: its name, the FLOPs ``counter`` (an enclosing
-    FlopCounterMode) counted for it, the bytes of its tensors, and, with ``timed``, the
-    seconds it took (calibration uses that without a counter, so that counting costs no
-    time); then its kind, its dtype, and whether its FLOPs are an estimate (with a counter,
-    an op it counted 0 for that :data:`ESTIMATES` knows).
-
-    ``ops`` holds ``(name, flops, bytes, seconds, kind, dtype, estimated)`` tuples."""
+    """Notes every aten op run inside it in ``ops``, as ``(name, flops, bytes, seconds, kind,
+    dtype, estimated)``: the FLOPs ``counter`` (an enclosing FlopCounterMode) counted, else
+    an estimate; with ``timed``, the seconds (calibration times ops without a counter)."""
 
     def __init__(self, counter: FlopCounterMode | None = None, timed: bool = False) -> None:
         super().__init__()
@@ -412,15 +358,12 @@ def _distinct_nbytes(tensors: Sequence[torch.Tensor]) -> int:
 
 
 def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
-    """A batch of ``rows`` rows made of the sample's first row (real values, fresh memory, no
-    autograd history): row ``i`` is that row's values rotated by an amount of its own. Any
-    dtype: token ids stay valid ids, a padding mask stays a mask of the same count.
+    """``rows`` rows made of the sample's first row, each rotated by its own amount (fresh
+    memory, no autograd history; token ids stay ids, a mask keeps its count).
 
-    The rows must differ. Max-pooling ran twice as fast on a batch of one row repeated as on
-    distinct rows (its comparisons go the same way every time, and the CPU's branch
-    predictor learns them): calibrating on repeated rows made the course CNN's forward a
-    third faster than the learner's random images take.
-    """
+    Why rotated: max-pooling ran twice as fast on one row repeated as on distinct rows (the
+    branch predictor learns its comparisons), which made the course CNN's calibrated
+    forward a third faster than a learner's random images take."""
     first = sample.detach()[:1].reshape(-1)
     size = first.numel()
     batch = first.new_empty((rows, size))  # made from the sample: on its device, or lane
@@ -433,9 +376,8 @@ def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def batch_like(inputs: Any, rows: int) -> Any:
-    """``inputs`` (a tensor, or tuples, lists, namedtuples and dicts holding them) with every
-    tensor replaced by :func:`rows_like` of it: what DataParallel's scatter hands one
-    replica, all tensors cut along dim 0, everything else passed as it is."""
+    """``inputs`` with every tensor (in tuples, lists, namedtuples, dicts) replaced by
+    :func:`rows_like` of it, as DataParallel's scatter cuts them, the rest as it is."""
     if isinstance(inputs, torch.Tensor):
         return rows_like(inputs, rows)
     if isinstance(inputs, tuple) and hasattr(inputs, "_fields"):
@@ -448,8 +390,7 @@ def batch_like(inputs: Any, rows: int) -> Any:
 
 
 def output_tensors(output: Any) -> list[torch.Tensor]:
-    """Every tensor a module returned: in tensors, tuples (namedtuples too), lists, dicts and
-    dataclasses, nested as deep as they go."""
+    """Every tensor in ``output``: in tuples, lists, dicts and dataclasses, nested."""
     if dataclasses.is_dataclass(output) and not isinstance(output, type):
         fields = [getattr(output, field.name) for field in dataclasses.fields(output)]
         return [t for item in fields for t in output_tensors(item)]
@@ -461,7 +402,6 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
 
 
 def _autocast(amp: torch.dtype | None, tensors: Sequence[torch.Tensor]) -> Any:
-    """Autocast to ``amp`` on the inputs' device type (CPU, CUDA, ...), or nothing."""
     if amp is None:
         return nullcontext()
     device_type = tensors[0].device.type if tensors else "cpu"
@@ -478,19 +418,15 @@ def run_passes(
     ready: list[int] | None = None,
     calls: list[int] | None = None,
 ) -> tuple[list[tuple], list[tuple], Any, int]:
-    """One forward and one backward of ``module`` on ``inputs`` (a tensor, or a tuple or list
-    of positional inputs) and ``kwargs``, recorded op by op: the forward's ops, the
-    backward's ops, the output and the activations' bytes.
+    """A forward (under autocast to ``amp``, if given) and a backward of ``module`` on
+    ``inputs`` (a tensor, or positional inputs) and ``kwargs``, recorded op by op: the
+    forward's ops, the backward's, the output and the activations' bytes.
 
-    The forward runs under ``torch.autocast`` to ``amp`` if given; the backward outside it,
-    as torch recommends (its ops run in the dtypes the forward saved). The backward starts
-    from every floating-point output that requires grad, with a gradient of ones, and stops
-    at the parameters that require grad (``torch.autograd.grad``): exactly what a replica's
-    backward runs, no loss and no accumulation into ``.grad``. ``ready``, if given, gets for
-    each parameter that requires grad how many backward ops had run when its gradient was
-    ready (DDP's buckets wait for that, not for a share of the bytes). ``calls``, if given,
-    gets how many of torch's functions the forward's Python called (:func:`python_calls`).
-    """
+    The backward is what a replica's runs: from every floating output that requires grad,
+    seeded with ones, to the trainable parameters (``torch.autograd.grad``, outside
+    autocast, as torch recommends). ``ready`` gets, per trainable parameter, how many
+    backward ops had run when its gradient was ready; ``calls`` the forward's
+    :func:`python_calls`."""
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     kwargs = kwargs or {}
     given_inputs = tensors_in([args, kwargs])
@@ -528,17 +464,14 @@ def run_passes(
 # What Python asks of torch without work behind it: the tracer's and __torch_function__'s
 # checks on every call, and a tensor's shape.
 _QUERIES = ("_get_tracing_state", "_has_torch_function", "dim", "size", "is_", "__len__")
-
-
 # Code that runs *because* of a call, not the model's: a TorchFunctionMode's handler (dpkit's
 # placement check follows every torch call with one) calls torch again for each call.
 _HANDLERS = ("placement_check.py", "overrides.py", "_python_dispatch.py")
 
 
 def python_calls(work: Any) -> tuple[Any, int]:
-    """``work()``'s result, and how many of torch's C functions its Python called (a call
-    into ``torch``, or a tensor's method, that is not a query of shape or state): the host
-    work an eager forward does per call, read with ``sys.setprofile``."""
+    """``work()``'s result, and how many of torch's C functions (not queries of shape or
+    state) its Python called: an eager forward's host work, read with ``sys.setprofile``."""
     count = 0
 
     def note(frame: Any, event: str, function: Any) -> None:
@@ -564,13 +497,9 @@ def _note_ready(ready: list[int], index: int, ops: list, gradient: torch.Tensor)
     ready[index] = len(ops)
 
 
-# --- fitting counts to rows -----------------------------------------------------------------
-
-
 def _quadratic(values: Sequence[float]) -> Coefficients | None:
-    """``(a, b, c)`` with ``a + b*r + c*r**2`` through ``values`` at :data:`PROFILE_ROWS`,
-    if it also meets the value at :data:`CHECK_ROWS`; ``None`` if not. Exact in floats for
-    integer counts: the rows' differences are 1 and 2."""
+    """``(a, b, c)`` through ``values`` at :data:`PROFILE_ROWS` if it meets the value at
+    :data:`CHECK_ROWS`, else None (exact in floats for integer counts)."""
     (r1, r2, r3), (v1, v2, v3, check) = PROFILE_ROWS, values
     slope_low, slope_high = (v2 - v1) / (r2 - r1), (v3 - v2) / (r3 - r2)
     c = (slope_high - slope_low) / (r3 - r1)
@@ -581,9 +510,9 @@ def _quadratic(values: Sequence[float]) -> Coefficients | None:
 
 
 def fit_rows(values: Sequence[float]) -> Coefficients:
-    """``values`` measured at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)``:
-    the quadratic through the first three if it meets the fourth, else the line through
-    the smallest and the largest."""
+    """``values`` at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)``: the
+    quadratic through the first three if it meets the fourth, else the line through the
+    first and the last."""
     quadratic = _quadratic(values)
     if quadratic is not None:
         return quadratic
@@ -592,19 +521,14 @@ def fit_rows(values: Sequence[float]) -> Coefficients:
     return (values[0] - slope * low, slope, 0.0)
 
 
-def _scaled_by_rows(values: Sequence[float]) -> Coefficients:
-    return (0.0, values[-1] / CHECK_ROWS, 0.0)
-
-
 def _fit(runs: Sequence[list[tuple]]) -> PassCost:
-    """Each op's FLOPs and bytes fitted to rows (:func:`fit_rows`) from ``runs`` of one pass
-    at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS`; if the runs ran different ops, the
-    largest run's costs scaled by rows."""
+    """Each op's FLOPs and bytes fitted to rows from ``runs`` of one pass; if the runs ran
+    different ops, the largest run's costs scaled by rows."""
     largest = runs[-1]
     if all([op[0] for op in run] == [op[0] for op in largest] for run in runs):
         fit, columns = fit_rows, list(zip(*runs))
     else:  # the largest run's counts, as if they grew with rows from nothing
-        fit, columns = _scaled_by_rows, [[op] for op in largest]
+        fit, columns = lambda values: (0.0, values[-1] / CHECK_ROWS, 0.0), [[op] for op in largest]
     return PassCost(tuple(
         OpCost(ops[-1][0], fit([op[1] for op in ops]), fit([op[2] for op in ops]), *ops[-1][4:])
         for ops in columns
@@ -612,8 +536,7 @@ def _fit(runs: Sequence[list[tuple]]) -> PassCost:
 
 
 def _warn_uncounted(cost: PassCost, which: str) -> None:
-    """Warns once per op name for compute-heavy ops with neither a FLOP count nor an
-    estimate, with their share of the pass's bytes (all the prediction sees of them)."""
+    """Warns once per compute-heavy op with no FLOP count and no estimate."""
     rows = CHECK_ROWS
     total = cost.nbytes(rows) or 1.0
     shares: dict[str, float] = {}
@@ -629,8 +552,6 @@ def _warn_uncounted(cost: PassCost, which: str) -> None:
             stacklevel=3,
         )
 
-
-# --- the profile and its cache --------------------------------------------------------------
 
 _cache: weakref.WeakKeyDictionary[nn.Module, dict[tuple, Profile]] = weakref.WeakKeyDictionary()
 
@@ -664,8 +585,7 @@ def _key(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) 
 def _check_inputs(
     module: Any, sample_input: Any, sample_kwargs: Any, amp: Any
 ) -> tuple[tuple, dict[str, Any], torch.dtype | None]:
-    """The positional and keyword inputs and autocast's dtype, after the checks a learner
-    needs named."""
+    """The positional and keyword inputs and autocast's dtype, checked."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     args = tuple(sample_input) if isinstance(sample_input, (tuple, list)) else (sample_input,)
@@ -694,18 +614,11 @@ def profile(
 ) -> Profile:
     """FLOPs, bytes and activations of ``module`` per row of its inputs (cached).
 
-    ``sample_input`` is a batch (rows along dim 0) of the kind the module takes, or a tuple
-    or list of its positional inputs; ``sample_kwargs`` its keyword inputs. As in
-    DataParallel's scatter, every tensor among them is a batch along dim 0 (token ids and
-    masks too) and anything else is passed as it is; their values are used, their batch
-    size is not. ``amp`` (``torch.bfloat16`` or ``"bf16"``, ``torch.float16`` or ``"fp16"``)
-    runs the forward under ``torch.autocast``, so that each op's dtype and bytes are what
-    autocast runs.
-
-    The module itself is left untouched: a copy runs (BatchNorm's running statistics, say,
-    stay as they were). Warns if a compute-heavy op got no FLOP count and no estimate (see
-    the module's doc); cannot see numpy inside a custom autograd Function.
-    """
+    ``sample_input``: a batch (rows along dim 0), or a tuple of positional inputs;
+    ``sample_kwargs``: keyword inputs. As in DataParallel's scatter, every tensor is a batch
+    along dim 0 and anything else is passed as it is; their batch size does not matter.
+    ``amp`` (``torch.bfloat16``/``"bf16"``, ``torch.float16``/``"fp16"``) runs the forward
+    under ``torch.autocast``. A copy of the module runs: BatchNorm's statistics stay."""
     args, kwargs, amp = _check_inputs(module, sample_input, sample_kwargs, amp)
     key = _key(module, args, kwargs, amp)
     cached = _cache.setdefault(module, {})
