@@ -1,13 +1,15 @@
 """The one place where bytes move between devices, and the one place a move is reported.
 
 Four collectives, named and behaving as in ``torch.nn.parallel.comm``: :func:`scatter`,
-:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Every copy they make goes through
-:func:`copy_to` (gather's copies straight into its result's slices too), so the bytes are
-counted in one place: for transfer listeners (:func:`add_transfer_listener`) and for the
-trace, which times each collective on each device (:func:`dpkit.tracing.copy_span`: the
-phase follows from the collective and the pass, ``scatter`` in forward, ``grad_scatter``
-in backward). A tensor already on its target is used as it is, never copied, exactly as
-torch does for the chunk or parameter that already sits on the target GPU.
+:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Every copy they make is reported to
+the transfer listeners (:func:`add_transfer_listener`) by :func:`copy_to`, or, for gather's
+copies straight into its result's slices, as copy_to would. The trace is told in one seam,
+:func:`_copy_group`: each group of copies for one device is one span (phase from the
+collective and the pass, ``scatter`` in forward, ``grad_scatter`` in backward; see
+:func:`dpkit.tracing.copy_span`) with the bytes actually copied, then what the copies leave
+on the device (gather, whose copies fill slices, records the same three things itself). A
+tensor already on its target is used as it is, never copied, exactly as torch does for the
+chunk or parameter that already sits on the target GPU.
 
 On CPU lanes, a copy of 1 MiB or more goes into a block the lane reuses
 (:mod:`dpkit.lane_memory`, like CUDA's caching allocator): fresh memory faults in each page
@@ -122,13 +124,26 @@ def copy_to(
     return place(_copy_data(tensor, destination), destination)
 
 
-def _moved_nbytes(originals: Sequence[torch.Tensor], results: Sequence[torch.Tensor]) -> int:
-    """Bytes :func:`copy_to` copied to turn ``originals`` into ``results``: it hands back
-    the original itself when no copy was needed."""
-    try:
-        return sum(o.nbytes for o, r in zip(originals, results) if r is not o)
-    except RuntimeError:  # a sparse tensor among them: count its values and indices
-        return sum(tensor_nbytes(o) for o, r in zip(originals, results) if r is not o)
+def _copy_group(
+    collective: Collective,
+    device: Device,
+    group: Sequence[torch.Tensor],
+    destination: Device,
+    source: Device | None = None,
+    /,
+    **details: Any,
+) -> list[torch.Tensor]:
+    """The collectives' one recording seam: ``group`` copied to ``destination`` by
+    :func:`copy_to`, timed as one span of ``collective`` on ``device`` (its phase follows
+    from the pass) with the bytes actually copied (:func:`copy_to` hands back a tensor that
+    needed no copy), then what the group leaves on ``destination`` (:func:`tracing.holds`:
+    a forward scatter's ``input``, a broadcast's ``parameters``)."""
+    with tracing.copy_span(collective, device, **details) as span:
+        copies = [copy_to(t, destination, collective, source) for t in group]
+        if span is not None:
+            span.nbytes = sum(tensor_nbytes(t) for t, c in zip(group, copies) if c is not t)
+    tracing.holds(collective, (destination,), group)
+    return copies
 
 
 # --------------------------------------------------------------------------------------
@@ -195,15 +210,12 @@ def scatter(
     """
     results = []
     for chunk, device in zip(tensor.split(list(chunk_sizes), dim), devices, strict=True):
-        with tracing.copy_span(
-            Collective.SCATTER, device, rows=chunk.shape[dim], shape=tuple(chunk.shape)
-        ) as span:
-            moved = copy_to(chunk, device, Collective.SCATTER, source)
-            if span is not None and moved is not chunk:  # tracing, and a copy was made
-                span.nbytes = tensor_nbytes(chunk)
-            # A new view: tagging one that stays home touches no caller's object.
-            results.append(place(moved, device))
-        tracing.holds(Collective.SCATTER, (device,), (chunk,))
+        (moved,) = _copy_group(
+            Collective.SCATTER, device, (chunk,), device, source,
+            rows=chunk.shape[dim], shape=tuple(chunk.shape),
+        )  # fmt: skip
+        # A new view: tagging one that stays home touches no caller's object.
+        results.append(place(moved, device))
     if _gradients_on_lane_streams(devices):  # a lane's backward reads its chunk on its stream
         for chunk, device in zip(results, devices):
             record_use((chunk,), stream_of(device))
@@ -223,14 +235,11 @@ def broadcast(
                 f"broadcast source must be on devices[0] ({devices[0]}), found a tensor on "
                 f"{device_of(tensor)}; move the module to devices[0] first"
             )
-    copies = []
     with torch.no_grad():
-        for device in devices:
-            with tracing.copy_span(Collective.BROADCAST, device, tensors=len(tensors)) as span:
-                copies.append([copy_to(t, device, Collective.BROADCAST) for t in tensors])
-                if span is not None:
-                    span.nbytes = _moved_nbytes(tensors, copies[-1])
-    tracing.holds(Collective.BROADCAST, devices, tensors)
+        copies = [
+            _copy_group(Collective.BROADCAST, device, tensors, device, tensors=len(tensors))
+            for device in devices
+        ]
     if _gradients_on_lane_streams(devices):  # double backward: read on each lane's stream
         for device_copies, device in zip(copies, devices):
             record_use(device_copies, stream_of(device))
@@ -253,12 +262,8 @@ def reduce_add(
     reduce = Collective.REDUCE
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
-        with tracing.copy_span(
-            reduce, device, tensors=len(tensors), destination=destination.name
-        ) as span:
-            on_destination.append([copy_to(t, destination, reduce, device) for t in tensors])
-            if span is not None:
-                span.nbytes = _moved_nbytes(tensors, on_destination[-1])
+        details = dict(tensors=len(tensors), destination=destination.name)
+        on_destination.append(_copy_group(reduce, device, tensors, destination, device, **details))
     root = next((j for j, d in enumerate(devices) if d == destination), 0)
     order = [root] + [j for j in range(len(devices)) if j != root]
     results = []

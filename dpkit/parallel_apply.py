@@ -260,17 +260,10 @@ def _resolve_devices(devices: Sequence[DeviceLike | None], inputs: Sequence[Any]
 
 def _autocast_state() -> dict[str, tuple[bool, torch.dtype]]:
     """Whether autocast is on, and at which dtype, for each device type, in this thread."""
-    states = {}
-    for device_type in ("cpu", "cuda"):
-        try:
-            enabled = torch.is_autocast_enabled(device_type)
-            dtype = torch.get_autocast_dtype(device_type)
-        except (TypeError, AttributeError):  # torch < 2.4 spelled these per device type
-            cpu = device_type == "cpu"
-            enabled = torch.is_autocast_cpu_enabled() if cpu else torch.is_autocast_enabled()
-            dtype = torch.get_autocast_cpu_dtype() if cpu else torch.get_autocast_gpu_dtype()
-        states[device_type] = (enabled, dtype)
-    return states
+    return {
+        device_type: (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        for device_type in ("cpu", "cuda")
+    }
 
 
 def _set_num_threads(num_threads: int) -> None:
