@@ -1,32 +1,43 @@
 """Several "nodes" on this one machine: one ``torchrun`` per node, as on a real cluster.
 
-The surprise first: nothing here is simulated. Each node is its own ``torchrun`` (``python
--m torch.distributed.run``) with ``--nnodes``, its own ``--node_rank`` and the same
-``--master_addr``/``--master_port``: the commands one types on each machine of a cluster,
-here all pointing at 127.0.0.1. ``torchrun`` on node 0 hosts the rendezvous; the ranks
-(``RANK = node_rank * nproc_per_node + LOCAL_RANK``) then train over gloo. What is not a
-cluster: the "network" between the nodes is this machine's loopback interface.
+The surprise first: nothing here is simulated. Each node is its own ``torchrun``
+(``torch.distributed.run``'s ``main``, which the ``torchrun`` command runs) with
+``--nnodes``, its own ``--node_rank`` and the same ``--master_addr``/``--master_port``: the
+commands one types on each machine of a cluster, here all pointing at 127.0.0.1.
+``torchrun`` on node 0 hosts the rendezvous; the ranks (``RANK = node_rank *
+nproc_per_node + LOCAL_RANK``) then train over gloo. What is not a cluster: the "network"
+between the nodes is this machine's loopback interface.
 
 Safety: torchrun's rendezvous store is torch's TCPStore, which listens on every network
-interface whatever ``--master_addr`` says (torch has no bind address for it); the ranks'
-own gloo connections are kept on the loopback interface (``GLOO_SOCKET_IFNAME``). Every
-launch runs in a session of its own and is stopped, with everything it started, after
-``limit_s`` seconds or when the caller is interrupted; on Linux each ``torchrun`` also gets
-SIGTERM when the process that started it dies (even by SIGKILL), and stops its ranks.
+interface whatever ``--master_addr`` says: torch 2.13 has no bind address for it, and
+torchrun none to pass. So each node runs torchrun's ``main`` through :func:`main`
+(:data:`LAUNCHER`), which on node 0 first opens the store's port on 127.0.0.1 alone and
+hosts the store's server on that socket (:func:`loopback_store`: TCPStore's
+``master_listen_fd``); torchrun's static rendezvous then asks for a ``multi_tenant`` store
+on the same port and gets that server (torch shares one server per port in a process).
+The ranks' own gloo connections are kept on the loopback interface
+(``GLOO_SOCKET_IFNAME``). Every launch runs in a session of its own and is stopped, with
+everything it started, after ``limit_s`` seconds or when the caller is interrupted; on
+Linux each ``torchrun`` also gets SIGTERM when the process that started it dies (even by
+SIGKILL), and stops its ranks.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import datetime
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dpkit.ddp import checks
 from dpkit.tracing import Event, Trace
@@ -47,13 +58,19 @@ class NodesRun:
         return all(status == 0 for status in self.statuses)
 
 
+# What each node's process runs: torchrun's main through main() below. Its comment names
+# torchrun's module, so that ``ps`` (and whoever looks for torchrun's processes) sees it.
+LAUNCHER = "from dpkit.ddp.nodes import main; main()  # torch.distributed.run, store on loopback"
+
+
 def node_command(
     script: Sequence[str], node_rank: int, nnodes: int, nproc_per_node: int, port: int
 ) -> list[str]:
     """The ``torchrun`` command of node ``node_rank`` (``script``: a path and its options,
-    or ``["-m", "module", ...]``)."""
+    or ``["-m", "module", ...]``): torchrun's own ``main`` run by :func:`main`, which keeps
+    node 0's store on 127.0.0.1; ``command[3:]`` is what follows ``torchrun``."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-c", LAUNCHER,
         f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}", f"--node_rank={node_rank}",
         "--master_addr=127.0.0.1", f"--master_port={port}", *script,
     ]  # fmt: skip
@@ -182,3 +199,68 @@ def read_trace(path: str | Path) -> Trace:
     trace._events = sorted(events, key=lambda e: e.start)  # as dpkit.ddp.run.merged_trace does
     trace.origin = min((e.start for e in events), default=0.0)
     return trace
+
+
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost")
+
+
+def loopback_store(port: int, address: str = "127.0.0.1") -> tuple[socket.socket, Any]:
+    """A TCPStore server listening on ``address``:``port`` alone (a socket bound there and
+    handed to TCPStore as ``master_listen_fd``), shared with every later ``multi_tenant``
+    TCPStore on that port in this process; the socket and the store, both to keep open for
+    as long as the store serves. torch's own server binds every interface (its C++ server
+    binds the IPv6 and IPv4 wildcards); given a listening socket, it serves that one."""
+    import torch.distributed as dist
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does
+    try:
+        listener.bind((address, port))
+        listener.listen(socket.SOMAXCONN)
+        store = dist.TCPStore(
+            address, port, is_master=True, multi_tenant=True, wait_for_workers=False,
+            master_listen_fd=listener.fileno(), timeout=datetime.timedelta(seconds=900),
+        )  # fmt: skip
+    except BaseException:
+        listener.close()
+        raise
+    return listener, store
+
+
+def _options(argv: Sequence[str]) -> argparse.Namespace:
+    """The torchrun options that decide who hosts the store, in either of torchrun's
+    spellings; everything else is torchrun's to read."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=0)
+    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1")
+    parser.add_argument("--master-port", "--master_port", type=int, default=None)
+    parser.add_argument("--rdzv-backend", "--rdzv_backend", default="static")
+    parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="")
+    parser.add_argument("--standalone", action="store_true")
+    return parser.parse_known_args(list(argv))[0]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m dpkit.ddp.nodes TORCHRUN-OPTIONS SCRIPT ...`` (or :data:`LAUNCHER`): torchrun
+    (``torch.distributed.run.main``), whose store on node 0 listens on 127.0.0.1 only when
+    ``--master_addr`` is a loopback address and the rendezvous is torchrun's static one
+    (the default with ``--master_port``); otherwise torchrun exactly as it is."""
+    from torch.distributed import run
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    options = _options(argv)
+    held = None
+    if (
+        options.node_rank == 0 and options.master_addr in LOOPBACK_ADDRESSES
+        and options.master_port is not None and options.rdzv_backend == "static"
+        and not options.rdzv_endpoint and not options.standalone
+    ):  # fmt: skip
+        held = loopback_store(options.master_port, options.master_addr)
+    try:
+        run.main(argv)
+    finally:
+        del held  # the store's server closes with the last TCPStore that holds it
+
+
+if __name__ == "__main__":
+    main()
