@@ -12,21 +12,10 @@ a spec sheet or a published measurement (:func:`presets`, every number cited)::
     here = cost.calibrate()                               # this machine's virtual CPU lanes
     cost.predict(model, x[:1], 256, 4, here).step_time    # seconds, to set beside a measurement
 
-=================  =====================================================================
-``hardware``       :class:`Hardware` and :class:`Link`: every field documented
-``presets``        named machines, from a T4 to two nodes of 8 A100 over 10 GbE, cited
-``profile``        FLOPs (``FlopCounterMode``), bytes and activations of the real module
-``collectives``    what torch issues: NCCL broadcast, reduce, ring all-reduce; lane copies
-``compute``        one pass on one device: the roofline per op and dtype, or measured ops
-``memory``         what each device holds: parameters to DDP's buckets
-``predict``        the step, simulated on the host's and the devices' clocks, as a Trace
-``calibrate``      this machine measured into a Hardware
-``models``         the course's models by name (the demo's, a small transformer, wide-mlp)
-``cli``            ``dpkit predict``
-=================  =====================================================================
-
-How accurate it is, on this machine and against published measurements:
-``benchmarks/cost_accuracy.py`` and ``benchmarks/README.md``.
+Its parts, a file each: ``hardware`` (what a machine is), ``presets`` (named machines,
+cited), ``profile`` (a model's FLOPs and bytes), ``collectives`` and ``compute`` (the
+formulas), ``memory``, ``predict`` (the step), ``calibrate`` (this machine), ``models`` and
+``cli`` (``dpkit predict``). How accurate it is: ``benchmarks/README.md``.
 """
 
 from dpkit.cost.calibrate import calibrate
@@ -45,24 +34,7 @@ from dpkit.cost.predict import PredictedTrace, allreduce_schedule, ddp_buckets, 
 from dpkit.cost.presets import preset, presets
 from dpkit.cost.profile import Profile, profile
 
-__all__ = [
-    "Hardware",
-    "Link",
-    "PredictedTrace",
-    "Profile",
-    "allreduce",
-    "allreduce_schedule",
-    "broadcast",
-    "bus_bandwidth",
-    "calibrate",
-    "ddp_buckets",
-    "predict",
-    "preset",
-    "presets",
-    "profile",
-    "reduce",
-    "ring_allreduce",
-    "ring_bytes_sent",
-    "through_device0",
-    "transfer",
-]
+__all__ = ["Hardware", "Link", "PredictedTrace", "Profile", "allreduce", "allreduce_schedule",
+           "broadcast", "bus_bandwidth", "calibrate", "ddp_buckets", "predict", "preset",
+           "presets", "profile", "reduce", "ring_allreduce", "ring_bytes_sent",
+           "through_device0", "transfer"]  # fmt: skip

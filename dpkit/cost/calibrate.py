@@ -373,14 +373,10 @@ def fit_host_terms(
     return hardware
 
 
-def calibrate(
-    devices: int | Sequence[Device] | None = None,
-    *,
-    models: Sequence[nn.Module | str] = COURSE_MODELS,
-    sample: torch.Tensor | None = None,
-    quick: bool = False,
-    progress: bool = True,
-) -> Hardware:
+def calibrate(devices: int | Sequence[Device] | None = None, *,
+              models: Sequence[nn.Module | str] = COURSE_MODELS,
+              sample: torch.Tensor | None = None, quick: bool = False,
+              progress: bool = True) -> Hardware:  # fmt: skip
     """Measure this machine's virtual CPU lanes (default: 4) into a Hardware.
 
     ``models``: course model names, or modules taking ``sample`` (default a 1x28x28 image),

@@ -99,13 +99,8 @@ def _with_workspace(held: list[Held], workspace: int) -> list[Held]:
     return held
 
 
-def ddp_memory(
-    model: Profile,
-    sizes: Sequence[int],
-    optimizer: str,
-    gradient_as_bucket_view: bool,
-    workspace: int = 0,
-) -> list[Held]:
+def ddp_memory(model: Profile, sizes: Sequence[int], optimizer: str,
+               gradient_as_bucket_view: bool, workspace: int = 0) -> list[Held]:  # fmt: skip
     """Bytes per category on each rank of a DDP step."""
     gradients = model.gradient_bytes
     held = []

@@ -32,14 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpkit.cost.collectives import (
-    allreduce,
-    allreduce_link,
-    broadcast,
-    messages,
-    reduce,
-    ring_bytes_sent,
-)
+from dpkit.cost import collectives
 from dpkit.cost.compute import PassTime, elementwise_time, host_calls, pass_time, ready_times
 from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, blas_workspaces, ddp_memory, dp_memory, optimizer_copies
@@ -311,8 +304,8 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
             _copies(step, hardware, Phase.REPLICATE, [0] + [sum(sizes)] * (n - 1),
                     tensors=len(sizes))  # fmt: skip
             continue
-        calls = messages(sizes)
-        took = broadcast(sum(sizes), n, hardware.device_link(), calls)
+        calls = collectives.messages(sizes)
+        took = collectives.broadcast(sum(sizes), n, hardware.device_link(), calls)
         step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), tensors=len(sizes))
     start, end = step.busy(hardware.module_overhead * model.modules * n)
     step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
@@ -353,17 +346,14 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
         start, end = step.busy(adds)
         step.event(Phase.REDUCE, 0, start, end, what="sum", tensors=len(sizes))
         return
-    calls = messages(sizes)
+    calls = collectives.messages(sizes)
     flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
-    took = 2 * flatten + reduce(total, n, hardware.device_link(), calls)
+    took = 2 * flatten + collectives.reduce(total, n, hardware.device_link(), calls)
     step.collective(hardware, Phase.REDUCE, calls, took, total, tensors=len(sizes))
 
 
-def ddp_buckets(
-    sizes: Sequence[int],
-    bucket_bytes: int = DDP_BUCKET_BYTES,
-    first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
-) -> list[list[int]]:
+def ddp_buckets(sizes: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES,
+                first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[list[int]]:  # fmt: skip
     """DDP's gradient buckets: parameter indices from the last (whose gradient is ready
     first), a bucket closed once it holds at least its cap, as torch's
     ``_compute_bucket_assignment_by_size`` (a 1.5 MiB cap can give a 2.1 MB bucket)."""
@@ -381,20 +371,16 @@ def ddp_buckets(
     return buckets
 
 
-def allreduce_schedule(
-    parameter_sizes: Sequence[int],
-    ready_at: Sequence[float],
-    n: int,
-    hardware: Hardware,
-    bucket_bytes: int = DDP_BUCKET_BYTES,
-) -> list[tuple[list[int], float, float, int]]:
+def allreduce_schedule(parameter_sizes: Sequence[int], ready_at: Sequence[float], n: int,
+                       hardware: Hardware, bucket_bytes: int = DDP_BUCKET_BYTES,
+                       ) -> list[tuple[list[int], float, float, int]]:  # fmt: skip
     """DDP's all-reduces, ``(parameter indices, start, end, bytes)`` per bucket: each
     starts once its gradients are ready (``ready_at``) and the one before it is done."""
     schedule, free = [], 0.0
     for bucket in ddp_buckets(parameter_sizes, bucket_bytes):
         nbytes = sum(parameter_sizes[i] for i in bucket)
         start = max(free, max(ready_at[i] for i in bucket))
-        free = start + allreduce(nbytes, n, hardware)
+        free = start + collectives.allreduce(nbytes, n, hardware)
         schedule.append((bucket, start, free, nbytes))
     return schedule
 
@@ -424,8 +410,11 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
     n = len(sizes)
     start = step.host + hardware.step_overhead / 4
     if model.buffer_sizes and n > 1:  # broadcast_buffers=True: rank 0's, every forward
-        link = allreduce_link(hardware, n)
-        took = broadcast(model.buffer_bytes, n, link, messages(model.buffer_sizes))
+        link, calls = (
+            collectives.allreduce_link(hardware, n),
+            collectives.messages(model.buffer_sizes),
+        )
+        took = collectives.broadcast(model.buffer_bytes, n, link, calls)
         for index in range(n):
             moved = model.buffer_bytes if index else 0
             step.event(Phase.REPLICATE, index, start, start + took, moved, what="buffers")
@@ -453,19 +442,17 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
     end = max(backward_ends)
     if n > 1:
         slowest = max(range(n), key=backward_ends.__getitem__)
-        stretch = (backward_ends[slowest] - backward_starts[slowest]) / max(
-            backward[slowest].device + backward[slowest].host, 1e-12
-        )  # a rank sharing cores with others runs its backward slower
-        ready = [
-            backward_starts[slowest] + t * stretch
-            for t in gradient_ready(model, sizes[slowest], hardware)
-        ]
+        # a rank sharing cores with others runs its backward slower
+        alone = max(backward[slowest].device + backward[slowest].host, 1e-12)
+        stretch = (backward_ends[slowest] - backward_starts[slowest]) / alone
+        ready = [backward_starts[slowest] + t * stretch
+                 for t in gradient_ready(model, sizes[slowest], hardware)]  # fmt: skip
         schedule = allreduce_schedule(model.gradient_sizes, ready, n, hardware, bucket_bytes)
         for number, (bucket, bucket_start, bucket_end, nbytes) in enumerate(schedule):
             for index in range(n):
-                step.event(Phase.ALLREDUCE, index, bucket_start, bucket_end,
-                           ring_bytes_sent(nbytes, n), bucket=number, bucket_bytes=nbytes,
-                           tensors=len(bucket))  # fmt: skip
+                sent = collectives.ring_bytes_sent(nbytes, n)
+                step.event(Phase.ALLREDUCE, index, bucket_start, bucket_end, sent, bucket=number,
+                           bucket_bytes=nbytes, tensors=len(bucket))  # fmt: skip
             end = max(end, bucket_end)
     if not bucket_view:  # the sums back into .grad once the last bucket is in: autograd's
         end += _lasts(copies, hardware)  # final callback, no phase of its own
@@ -495,21 +482,12 @@ def _count(devices: int | Sequence[Device]) -> int:
     return count
 
 
-def predict(
-    model: nn.Module,
-    sample_input: Any,
-    batch_size: int,
-    devices: int | Sequence[Device],
-    hardware: Hardware | str,
-    strategy: str = "dp",
-    steps: int = 1,
-    *,
-    sample_kwargs: Mapping[str, Any] | None = None,
-    amp: torch.dtype | str | None = None,
-    optimizer: str = "sgd",
-    gradient_as_bucket_view: bool = False,
-    bucket_cap_mb: float = 25,
-) -> PredictedTrace:
+def predict(model: nn.Module, sample_input: Any, batch_size: int,
+            devices: int | Sequence[Device], hardware: Hardware | str, strategy: str = "dp",
+            steps: int = 1, *, sample_kwargs: Mapping[str, Any] | None = None,
+            amp: torch.dtype | str | None = None, optimizer: str = "sgd",
+            gradient_as_bucket_view: bool = False,
+            bucket_cap_mb: float = 25) -> PredictedTrace:  # fmt: skip
     """A predicted trace of ``steps`` training steps of ``model`` on ``batch_size`` rows like
     ``sample_input`` (a tensor, or a tuple of inputs; ``sample_kwargs`` keyword inputs), on
     ``devices`` (a count or a list) of ``hardware`` (a Hardware or a preset's name), with

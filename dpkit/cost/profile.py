@@ -408,16 +408,11 @@ def _autocast(amp: torch.dtype | None, tensors: Sequence[torch.Tensor]) -> Any:
     return torch.autocast(device_type, dtype=amp)
 
 
-def run_passes(
-    module: nn.Module,
-    inputs: torch.Tensor | tuple | list,
-    counter: FlopCounterMode | None,
-    timed: bool,
-    kwargs: dict[str, Any] | None = None,
-    amp: torch.dtype | None = None,
-    ready: list[int] | None = None,
-    calls: list[int] | None = None,
-) -> tuple[list[tuple], list[tuple], Any, int]:
+def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
+               counter: FlopCounterMode | None, timed: bool,
+               kwargs: dict[str, Any] | None = None, amp: torch.dtype | None = None,
+               ready: list[int] | None = None, calls: list[int] | None = None,
+               ) -> tuple[list[tuple], list[tuple], Any, int]:  # fmt: skip
     """A forward (under autocast to ``amp``, if given) and a backward of ``module`` on
     ``inputs`` (a tensor, or positional inputs) and ``kwargs``, recorded op by op: the
     forward's ops, the backward's, the output and the activations' bytes.
@@ -606,12 +601,9 @@ def _check_inputs(
     return args, kwargs, amp
 
 
-def profile(
-    module: nn.Module,
-    sample_input: torch.Tensor | tuple | list,
-    sample_kwargs: dict[str, Any] | None = None,
-    amp: torch.dtype | str | None = None,
-) -> Profile:
+def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
+            sample_kwargs: dict[str, Any] | None = None,
+            amp: torch.dtype | str | None = None) -> Profile:  # fmt: skip
     """FLOPs, bytes and activations of ``module`` per row of its inputs (cached).
 
     ``sample_input``: a batch (rows along dim 0), or a tuple of positional inputs;
