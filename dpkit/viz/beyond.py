@@ -76,9 +76,9 @@ def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None
     height = max(1.2 + 0.42 * rows + 0.7 * len(chosen), 0.8 + 0.19 * entries)
     figure, axes = _figure(height, len(chosen), 1)
     for (name, trace, number, events), ax in zip(chosen, axes[:, 0]):
-        took = draw_timeline(ax, events, span_ms=max(lengths))
+        # No legend of its own (it would run into the next one's title): one for all, below.
+        took = draw_timeline(ax, events, span_ms=max(lengths), legend=False)
         draw_waiting(ax, events)
-        ax.get_legend().remove()  # each timeline's own would run into the next one's title
         title = hardware_title(trace, f"{name}, step {number}: {took:.1f} ms")
         if one_device_note(events) and any(e.phase == "scatter" for e in events):
             # DataParallel on one device: the module's own call is none of its phases

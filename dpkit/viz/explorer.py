@@ -46,6 +46,9 @@ from dpkit.viz.alt_text import alt_text_html, figure_alt_text
 # zlib level 1: the image is a few tens of KB either way; level 6 (the default) costs more
 # time for a few percent fewer bytes.
 PNG_OPTIONS = {"compress_level": 1}
+# Canvases an explorer keeps, one per figure size (a renderer of a 7 x 5 inch figure at 90 dpi
+# holds 1.1 MB of pixels): as many sizes as a device slider's usual stops.
+CANVASES_KEPT = 8
 
 
 def figure_png(figure: Figure, canvas: FigureCanvasAgg | None = None) -> bytes:
@@ -251,7 +254,7 @@ class Explorer:
         self._compute, self._draw, self._describe = compute, draw, marker
         self._busy = busy  # what the marker says while a long computation runs, if anything
         self.layouts = LayoutMemory() if reuse_layout else None
-        self._canvas = FigureCanvasAgg(Figure())
+        self._canvases: dict[tuple[float, float, float], FigureCanvasAgg] = {}
         self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
         self.marker = widgets.Label(layout=widgets.Layout(width="auto"))
         self.marker.add_class("dpkit-marker")
@@ -282,7 +285,7 @@ class Explorer:
             self._frozen = True
             _freeze_what_is_alive()
         self.last_figure = self._draw(self.last_data)
-        self.last_png = render(self.last_figure, self._canvas, self.layouts)
+        self.last_png = render(self.last_figure, self._canvas_for(self.last_figure), self.layouts)
         # Shown at its own size: stretched to the cell's width it would blur.
         self.image.layout.width = (
             f"{round(self.last_figure.get_figwidth() * self.last_figure.dpi)}px"
@@ -291,6 +294,17 @@ class Explorer:
         self.alt_text = figure_alt_text(self.last_figure)
         self.description.value = alt_text_html(self.alt_text)
         self.marker.value = self._describe(self.last_data, values)
+
+    def _canvas_for(self, figure: Figure) -> FigureCanvasAgg:
+        """A canvas kept for figures of this size: its renderer lives on, and with it
+        matplotlib's measurements of texts, which it keeps per renderer (a canvas makes a new
+        renderer whenever the figure's size changes, as a device count does)."""
+        size = (*figure.get_size_inches(), figure.dpi)
+        if size not in self._canvases:
+            if len(self._canvases) >= CANVASES_KEPT:
+                self._canvases.pop(next(iter(self._canvases)))  # the oldest
+            self._canvases[size] = FigureCanvasAgg(Figure())
+        return self._canvases[size]
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = self.widget._repr_mimebundle_(**kwargs)

@@ -241,10 +241,13 @@ def timeline(trace: TraceLike, step: int | None = None) -> Figure:
     return figure
 
 
-def draw_timeline(axes: Any, events: Sequence[Event], span_ms: float | None = None) -> float:
+def draw_timeline(
+    axes: Any, events: Sequence[Event], span_ms: float | None = None, legend: bool = True
+) -> float:
     """Draw one step's ``events`` into ``axes`` as :func:`timeline` does (no title); the
     step's length in ms. ``span_ms``: the x-axis length, to put several timelines on one
-    clock (default: this step's own length)."""
+    clock (default: this step's own length); ``legend=False``: no legend of the phases beside
+    it (a figure of several timelines gives one for all)."""
     devices = device_order(e.device for e in events)
     row = {name: i for i, name in enumerate(devices)}
     step_start = min(e.start for e in events)
@@ -320,8 +323,9 @@ def draw_timeline(axes: Any, events: Sequence[Event], span_ms: float | None = No
         f"are drawn at that width{hatched}"
     )
     axes.grid(axis="x", alpha=0.3)
-    phases = _phase_order(e.phase for e in events)
-    _legend_outside(axes, "phase", [Patch(color=phase_color(p), label=p) for p in phases])
+    if legend:
+        phases = _phase_order(e.phase for e in events)
+        _legend_outside(axes, "phase", [Patch(color=phase_color(p), label=p) for p in phases])
     return step_ms
 
 
