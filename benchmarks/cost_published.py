@@ -23,13 +23,17 @@ How the rows are compared:
   time). It is the same on both sides of most ratios, so it matters little.
 - **nccl-tests rows compare bus bandwidth directly**: ``dpkit.cost.allreduce`` for the
   seconds, ``dpkit.cost.bus_bandwidth`` for nccl-tests' busbw.
+- **Copy rows** (held out: no preset number was set from them) compare one copy between
+  two GPUs, as the model prices DataParallel's (``latency + S / bandwidth`` over the device
+  link), with CUDA's ``p2pBandwidthLatencyTest`` and DeepSeek's NVLink figure.
 - **Flagged rows** (``preset is the measurement``): the preset's number was set from this
   very measurement (or its source), so agreement there checks the formula, not the number.
   The summary gives the statistics with and without them.
 - Nothing in ``dpkit/cost`` is tuned here. Machines that are not presets (two TITAN RTX,
   H200, H800, H100 PCIe, an RTX 5090 box) are built from a preset with ``dataclasses.
-  replace`` and spec-sheet numbers, each cited in its row; where a spec is assumed, the
-  row says so.
+  replace`` and spec-sheet numbers or another machine's measurement, each cited in its
+  row; where a spec is assumed, the row says so, and where the only measurement of a link
+  is the row itself (the bridged H100 PCIe pair), the row is flagged.
 
 Profiling on this CPU: ResNet-50 at 224x224 is profiled once in float32 and once under
 float16 autocast (the profile is cached per model object, so every prediction reuses it).
@@ -195,24 +199,40 @@ H100_PCIE_URL = (
 )
 
 
+TU102_NVLINK_URL = "https://github.com/NVIDIA/nccl-tests/issues/44"
+NCCL_TOPO_URL = "https://github.com/NVIDIA/nccl/blob/master/src/graph/topo.h"
+
+
 def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
     """Two TITAN RTX joined by an NVLink bridge (NV2), as in Hugging Face's DP/DDP runs.
 
     From the 8xV100-NVLink preset (a GPU box: its host overheads, its memory's 0.8; its units at the
     assumed 0.7, not V100's measured fractions), with the TITAN RTX's spec sheet: FP32 16.3 TFLOP/s,
-    tensor 130 TFLOP/s, GDDR6 672 GB/s, 24 GB [Tom's Hardware, NVIDIA's launch specs]; NVLink: two
-    x8 links of 25 GB/s per direction, "up to 100 GB/s in total" both ways [NVIDIA forum answer;
-    TechPowerUp], so 50 GB/s one way, times the V100 preset's assumed 0.8 = 40 GB/s; PCIe 3.0 x16
-    (TU102's Quadro RTX 8000 sheet; the T4 preset's PCIe 3 link, 0.8 of 15.75 GB/s, assumed).
-    ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL goes through host memory, which the model
-    prices as PCIe down and up (half the PCIe link)."""
+    tensor 130 TFLOP/s, GDDR6 672 GB/s, 24 GB [Tom's Hardware, NVIDIA's launch specs]; PCIe 3.0
+    x16 (TU102's Quadro RTX 8000 sheet; the T4 preset's PCIe 3 link, 0.8 of 15.75 GB/s, assumed).
+
+    The NVLink is measured, not spec x a fraction: two RTX 2080 Ti, the TITAN RTX's die (TU102)
+    with the same two NVLinks, reached 21.4 GB/s of all-reduce bus bandwidth over a bridge at
+    64 MiB (nccl-tests#44), where the spec's 2 x 25 GB/s x the V100 preset's 0.8 would say 40.
+
+    ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL's SHM transport through host memory,
+    measured at 3.9 GB/s all-reduce bus bandwidth on PCIe 3 (nccl#384, the T4-PCIe3 preset's
+    ``device_to_device``). ``Hardware.device_link()`` would price it as PCIe down and up
+    (``host_to_device`` / 2 = 6.3 GB/s, for copies and NCCL alike); DDP's only use of the device
+    link is NCCL's all-reduce, so the pair is given the measured NCCL link as its device link
+    (and ``peer_to_peer=True`` so that the link is read): what
+    ``results/cost_published_proposal.md`` proposes the model do for NCCL."""
     v100 = cost.preset("8xV100-NVLink")
+    t4 = cost.preset("T4-PCIe3")
+    nvlink = Link(21.4 * GB, 2 * US, "measured: 2 RTX 2080 Ti (TU102) on a bridge, nccl-tests#44")
     return replace(
         v100,
         name="2xTITAN-RTX-NVLink" if peer_to_peer else "2xTITAN-RTX-no-P2P",
-        description="two TITAN RTX 24 GB on an NVLink bridge (NV2), PCIe 3 x16",
+        description="two TITAN RTX 24 GB on an NVLink bridge (NV2), PCIe 3 x16"
+        if peer_to_peer
+        else "two TITAN RTX 24 GB, NCCL_P2P_DISABLE=1: NCCL through host memory (SHM)",
         device_name="TITAN RTX",
-        source=f"{TITAN_SPEC_URL}; {TITAN_NVLINK_URL}; {TURING_NVLINK_URL}",
+        source=f"{TITAN_SPEC_URL}; {TITAN_NVLINK_URL}; {TURING_NVLINK_URL}; {TU102_NVLINK_URL}",
         peak_flops={"float32": 16.3 * TFLOPS, "float16": 130 * TFLOPS},
         # No published TITAN RTX step to read its units' fractions from: the presets'
         # assumed 0.7, not V100's fractions (read from another GPU's convolutions)
@@ -220,12 +240,12 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
         tensor_core_efficiency={},
         memory_bandwidth=672 * GB,
         memory_capacity=24 * GIB,
-        host_to_device=cost.preset("T4-PCIe3").host_to_device,
-        device_to_device=Link(50 * GB * 0.8, 2 * US, "NVLink 2 x 25 GB/s one way x 0.8, assumed"),
+        host_to_device=t4.host_to_device,
+        device_to_device=nvlink if peer_to_peer else t4.device_to_device,
         devices_per_node=2,
         nodes=1,
         nics_per_node=1,
-        peer_to_peer=peer_to_peer,
+        peer_to_peer=True,  # see the docstring: False would ignore the measured NCCL link
         compute_units=2,
     )
 
@@ -633,18 +653,23 @@ def communication_rows() -> list[Row]:
         "large-message peak)",
     ))  # fmt: skip
     m = BY_KEY["h100pcie_2gpu_nvlink_bridge_allreduce_4gib"]
+    spec = 370 * GB * 12 / 18  # three bridges: 12 of H100 SXM's 18 links
     bridge = replace(
         h100, name="2xH100-PCIe-bridge", devices_per_node=2, allreduce_bandwidth=None,
-        device_to_device=Link(370 * GB * 600 / 900, 2 * US, "H100's ring x 600/900"),
+        device_to_device=Link(116.26 * GB, 2 * US, "measured: this pair, nccl#1161"),
     )  # fmt: skip
     rows.append(comm_row(
         m, "all-reduce, one node", 4 * GIB, 2, bridge,
-        f"H100 SXM's ring 370 GB/s (#212) x 600/900: the H100 PCIe product brief's NVLink "
-        f"600 GB/s with its three bridges ({H100_PCIE_URL}); how many bridges this machine "
-        "has is not stated (assumed all three)",
-        "off by 2x: the user's bridged pair gets 116 GB/s (NCCL P2P/direct pointer), half "
-        "of 600 GB/s's share; a bridge fitted per pair is not the NVSwitch's fabric, and "
-        "with one or two bridges the spec would be 200 or 400 GB/s",
+        "device link 116.26 GB/s, this very run (nccl#1161): no other measurement of a "
+        "bridged H100 PCIe pair was found, and the thread does not say how many bridges "
+        f"it has. From the spec it would be {spec / GB:.0f} GB/s: the H100 PCIe product "
+        f"brief's NVLink 600 GB/s both ways with three bridges ({H100_PCIE_URL}), 12 links "
+        "x the 20.6 GB/s NCCL plans per H100 link (src/graph/topo.h)",
+        f"agrees by construction; the spec would predict {spec / GB:.0f} GB/s "
+        f"({spec / GB / m.value - 1:+.0%}). Per-link shares of H100's ring hold where they "
+        "were checked against measurements not used here (a 4-GPU board's 6 direct links, "
+        "-5 %; H800's 8 links, +3 %: the copy rows), so this pair's 116 GB/s (5.6 links' "
+        "worth, not 4, 8 or 12 of three 4-link bridges) is unexplained by the model",
     ))  # fmt: skip
     m = BY_KEY["rtx5090_8gpu_pcie5_allreduce"]
     rtx = replace(
@@ -658,6 +683,24 @@ def communication_rows() -> list[Row]:
         "only how busbw changes from 4 to 8 GPUs",
         "busbw is one number for any n in the model; on PCIe the CPU and its memory are "
         "shared, so 8 GPUs get 28 GB/s where 4 got 35",
+    ))  # fmt: skip
+    m = BY_KEY["tu102_2gpu_nvlink_bridge_allreduce"]
+    rows.append(comm_row(
+        m, "all-reduce, one node", 64 * 1024 * 1024, 2, titan_rtx_pair(True),
+        "the TITAN RTX pair's NVLink, 21.4 GB/s, set from this run (nccl-tests#44: TU102, "
+        "the same die and two links)",
+        "agrees by construction; the spec's 2 x 25 GB/s x 0.8 (40 GB/s), used before, is "
+        "1.9x this measurement",
+    ))  # fmt: skip
+    m = BY_KEY["pcie3_2gpu_shm_allreduce"]
+    t4 = cost.preset("T4-PCIe3")
+    rows.append(comm_row(
+        m, "all-reduce, one node", 1 * GIB, 2, titan_rtx_pair(False),
+        "T4-PCIe3's NCCL-through-host link, 3.9 GB/s, set from this run (nccl#384); "
+        f"Hardware.device_link() reads {t4.device_link().bandwidth / GB:.1f} GB/s "
+        "(host_to_device / 2) for it today",
+        "agrees by construction (size not stated: 1 GiB assumed); one channel "
+        "(NCCL_MAX_NCHANNELS=1), so NCCL's default may do better on some hosts",
     ))  # fmt: skip
     m = BY_KEY["a100_3x8_ib_hdr_allreduce_127mib"]
     three = replace(cost.preset("2x8xA100-IB-HDR"), nodes=3, nics_per_node=4)
@@ -691,6 +734,75 @@ def communication_rows() -> list[Row]:
         "is checked: the ring at the slower of NVLink and one port, 30 steps x 25 us",
     ))  # fmt: skip
     return rows
+
+
+P2P_TEST_BYTES = 40_000_000 * 4  # p2pBandwidthLatencyTest copies 40M ints
+
+
+def copy_rate(link: Link, nbytes: float = P2P_TEST_BYTES) -> float:
+    """GB/s of one copy of ``nbytes`` over ``link`` as the model prices a copy between two
+    devices (DataParallel's): ``S / (latency + S / bandwidth)``."""
+    return nbytes / (link.latency + nbytes / link.bandwidth) / GB
+
+
+def copy_rows() -> list[Row]:
+    """Copies between two GPUs, from p2pBandwidthLatencyTest matrices and DeepSeek's
+    NVLink figure: none of them set a preset's number (held out). They check the link a
+    DataParallel copy is priced at, and the per-link shares of H100's ring that the H800
+    and H100 PCIe rows use."""
+    h100 = cost.preset("8xH100-SXM-NVLink")
+    per_link = h100.device_to_device.bandwidth / 18  # H100 SXM: 18 NVLink 4 links
+    group = "copies between GPUs (held out)"
+    rows = []
+    m = BY_KEY["h100_nvswitch_p2p_copy"]
+    rows.append(row_from(
+        m, group, copy_rate(h100.device_link()),
+        "8xH100-SXM-NVLink's device link, 370 GB/s: NVIDIA's ring figure (nccl-tests#212), "
+        "not this run",
+        "agrees: a copy engine's one-way copy over NVSwitch and NCCL's ring reach the same "
+        "~370 GB/s of NVLink 4's 450",
+    ))  # fmt: skip
+    m = BY_KEY["h100_no_p2p_copy"]
+    off = replace(h100, peer_to_peer=False)
+    rows.append(row_from(
+        m, group, copy_rate(off.device_link()),
+        "8xH100-SXM-NVLink with peer_to_peer=False: host_to_device (PCIe 5 x16, 63 GB/s x "
+        "0.8, assumed) / 2, down and up",
+        "the model halves PCIe for a copy through host memory; CUDA stages it in chunks, "
+        "down and up at once, and gets 37 of PCIe 5's 63 GB/s (0.59): neither the halving "
+        "(25 GB/s) nor one PCIe hop (50) is right",
+    ))  # fmt: skip
+    m = BY_KEY["h100_4gpu_nv6_p2p_bidirectional"]
+    rows.append(row_from(
+        m, group, 2 * copy_rate(Link(6 * per_link, h100.device_to_device.latency, "")),
+        "6 NVLink 4 links x H100's ring per link (370 GB/s / 18 = 20.6, the figure NCCL "
+        "plans per link in src/graph/topo.h), one way, x 2 for both ways (links are full "
+        "duplex: the spec's 300 GB/s is 150 each way)",
+        "agrees within 6 %: direct links without NVSwitch reach H100's per-link share",
+    ))  # fmt: skip
+    m = BY_KEY["h800_nvlink_copy_deepseek"]
+    rows.append(row_from(
+        m, group, copy_rate(Link(8 * per_link, h100.device_to_device.latency, "")),
+        "8 NVLink 4 links (H800's 400 GB/s both ways) x H100's ring per link (370 / 18), the "
+        "share the h800 all-reduce row uses",
+        "agrees within 3 %: DeepSeek's own kernels, not NCCL, reach the same per-link rate",
+    ))  # fmt: skip
+    return rows
+
+
+def copy_groups(rows: list[Row]) -> list[dict[str, Any]]:
+    """One way, fastest first: NVSwitch, H800's 8 links, 6 direct links, through host."""
+    by = {row.key: row for row in rows}
+    keys = {"H100 NVSwitch": ("h100_nvswitch_p2p_copy", 1),
+            "H800, 8 links": ("h800_nvlink_copy_deepseek", 1),
+            "H100, 6 direct links (half of both ways)": ("h100_4gpu_nv6_p2p_bidirectional", 2),
+            "H100 through host memory": ("h100_no_p2p_copy", 1)}  # fmt: skip
+    return [
+        ranking({label: by[k].published / d for label, (k, d) in keys.items()},
+                {label: by[k].predicted / d for label, (k, d) in keys.items()})
+        | {"group": "one-way copy bandwidth between two GPUs (held out): NVSwitch > H800 > "
+                    "6 direct links > through host"},
+    ]  # fmt: skip
 
 
 def resnet_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
@@ -912,9 +1024,10 @@ def gpt2_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     single = cost.predict(models.gpt2, models.tokens, 4, 1, nvlink, "ddp").step_time + extra
     numbers = (
         "two TITAN RTX built from 8xV100-NVLink (titan_rtx_pair): FP32 16.3 TFLOP/s, 672 "
-        "GB/s (spec sheet) x assumed 0.7/0.8; NVLink 2 x 25 GB/s one way x 0.8 (assumed); "
-        "no P2P: PCIe 3 x16 x 0.8 / 2 through host memory; GPT-2 profiled at 64/128/256 "
-        "tokens, stretched to 1024; + AdamW, clipping and zero_grad estimated"
+        "GB/s (spec sheet) x assumed 0.7/0.8; NVLink 21.4 GB/s measured on TU102's bridge "
+        "(nccl-tests#44); no P2P: NCCL through host memory at 3.9 GB/s measured on PCIe 3 "
+        "(nccl#384, the T4-PCIe3 preset's link); GPT-2 profiled at 32/64/128 tokens, "
+        "stretched to 1024; + AdamW, clipping and zero_grad estimated"
     )
     detail = {"ddp nvlink s/step": ddp, "dp nvlink s/step": dp, "ddp no-p2p s/step": ddp_off,
               "1 GPU s/step (batch 4)": single, "optimizer s (estimate)": extra}  # fmt: skip
@@ -1017,16 +1130,18 @@ def explain(rows: list[Row]) -> None:
                 f"predicted {d['ddp nvlink s/step']:.3f} s/step with NVLink (measured 0.509), "
                 f"{d['ddp no-p2p s/step']:.3f} without (measured 0.657): the model hides all "
                 "but the last bucket (176 MB, the tied embedding, ready at the backward's "
-                "end) at 6.3 GB/s; the measured 148 ms more implies NCCL's host-memory path "
-                "reached ~1.5 GB/s, not PCIe 3 x16 x 0.8 / 2"
+                "end), 45 ms at NCCL's measured 3.9 GB/s through host memory; the measured "
+                "148 ms more is what the whole 498 MB all-reduce takes at 3.9 GB/s (128 ms), "
+                "as if nothing overlapped the backward: no source found says why "
+                "(cost_published_proposal.md, 2)"
             )
         elif row.key == "hf_gpt2_2gpu_dp_over_ddp":
             row.off = (
                 f"predicted DP {d['dp nvlink s/step']:.3f} s/step (measured 0.553): the "
                 "model's DataParallel runs a loss over every gathered output on device 0 "
-                "(1.6 GB of logits: 18 ms) and scatters a gradient for every output (823 MB: "
-                "21 ms); HF computes the loss inside the replicas, so the logits are gathered "
-                "but never differentiated"
+                "(1.6 GB of logits: 18 ms) and scatters a gradient for every output (823 MB "
+                "over NVLink: 38 ms at 21.4 GB/s); HF computes the loss inside the replicas, "
+                "so the logits are gathered but never differentiated"
             )
         elif row.key == "rn50_t4_inference_amp_over_fp32":
             row.off = (
@@ -1062,7 +1177,8 @@ def markdown(rows: list[Row], groups: list[dict[str, Any]], result: dict[str, An
         "and published (sources and verbatim quotes in `benchmarks/published_measurements."
         "py`), beside what `dpkit.cost` predicts from its presets, or from a preset varied "
         "with `dataclasses.replace` to the measured machine. Throughputs are compared as "
-        "ratios (both sides made of two runs); nccl-tests rows as bus bandwidth. error = "
+        "ratios (both sides made of two runs); nccl-tests rows as bus bandwidth; copy rows "
+        "(held out) as one copy's GB/s. error = "
         "predicted / published - 1. **flag**: the preset's number was set from this "
         "measurement, so the row checks the formula, not the number. Step times are "
         "forward + backward (`step_time`) plus an estimate of the optimizer's step "
@@ -1156,8 +1272,9 @@ def markdown(rows: list[Row], groups: list[dict[str, Any]], result: dict[str, An
 def run(check_stretch: bool = False, cache: Path | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     models = load_models(check=check_stretch, cache=cache)
-    rows = communication_rows()
-    groups = communication_groups(rows)
+    rows, copies = communication_rows(), copy_rows()
+    groups = communication_groups(rows) + copy_groups(copies)
+    rows += copies
     with prepared(models.profiles):
         for make in (resnet_rows, ddp_bench_rows, gpt2_rows):
             more, more_groups = make(models)

@@ -20,6 +20,10 @@ it. The rows were chosen thus:
   machine gets wrong: where the source prints the ratio it is a row of its own, otherwise
   both raw rows are here and the ratio is left to the reader.
 
+Copy bandwidths (``copy_bandwidth``) are CUDA's ``p2pBandwidthLatencyTest`` matrices or a
+vendor's own copy benchmark: one GPU's bytes to another per second, one way unless ``what``
+says both ways (the two directions at once, summed).
+
 Bus bandwidth (busbw) is nccl-tests' number: algbw x 2(n-1)/n for all-reduce, algbw for
 broadcast and reduce, in GB/s (1e9 bytes/s). With NVLink SHARP (NVLS) the all-reduce busbw
 is the ring-equivalent bandwidth, not the bandwidth on any wire.
@@ -30,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 KINDS = (
-    "allreduce_busbw", "broadcast_busbw", "reduce_busbw", "throughput", "speedup", "ratio",
+    "allreduce_busbw", "broadcast_busbw", "reduce_busbw", "copy_bandwidth", "throughput",
+    "speedup", "ratio",
 )  # fmt: skip
 
 
@@ -57,6 +62,8 @@ GiB = 1 << 30
 # Sources, each used by several rows.
 _NCCL_TESTS = "https://github.com/NVIDIA/nccl-tests/issues/"
 _NCCL = "https://github.com/NVIDIA/nccl/issues/"
+_CUDA_SAMPLES = "https://github.com/NVIDIA/cuda-samples/issues/"
+_DEEPEP = "https://github.com/deepseek-ai/DeepEP/issues/"
 _DLE_RN50 = (
     "https://github.com/NVIDIA/DeepLearningExamples/blob/"
     "291f0d02e815b148fa5c2b81bf07aa3552142895/"
@@ -390,6 +397,125 @@ MEASUREMENTS: list[Measurement] = [
         quote="4294967296    1073741824     float     sum      -1    36943  116.26  116.26",
         note="For 2 GPUs busbw = algbw. In-place 116.34.",
     ),
+    Measurement(
+        key="tu102_2gpu_nvlink_bridge_allreduce",
+        what="2 RTX 2080 Ti (TU102, 2 NVLinks) on an NVLink bridge, all-reduce bus bandwidth",
+        kind="allreduce_busbw",
+        value=21.40,
+        unit="GB/s",
+        conditions=dict(
+            gpu="GeForce RTX 2080 Ti",
+            gpus=2,
+            nodes=1,
+            interconnect="NVLink bridge (TU102: two links); each GPU on PCIe 3.0 x8",
+            bytes=64 * 1024 * 1024,
+            algorithm=None,
+            op_mode="out-of-place",
+            nccl="2.6.4",
+            command="all_reduce_perf -b 8 -e 128M -f 2 -g 2",
+        ),
+        source="NVIDIA/nccl-tests#44 (= nccl#340), user's run",
+        url=_NCCL_TESTS + "44",
+        quote="67108864       8388608   float   1568.3   21.40   21.40",
+        note="The largest sizes read 20.05 (16 MiB), 20.51, 21.40 (64 MiB), 20.34 (128 MiB) "
+        "out of place, 21.86 in place at 128 MiB. Each GPU sits on PCIe 3.0 x8 (7.9 GB/s a "
+        "direction), so 21 GB/s is the bridge. TU102 is the TITAN RTX's die with the same "
+        "two NVLinks: the source of the TITAN RTX pair's NVLink in cost_published.py, so "
+        "its row checks the formula only.",
+    ),
+    # --- copies between two GPUs (held out: no preset number comes from these) ------------
+    Measurement(
+        key="h100_nvswitch_p2p_copy",
+        what="H100 SXM to H100 SXM through NVSwitch, one way (p2pBandwidthLatencyTest, P2P "
+        "writes, GPU 0 to GPU 1)",
+        kind="copy_bandwidth",
+        value=371.02,
+        unit="GB/s",
+        conditions=dict(
+            gpu="H100 80GB HBM3 (SXM5)",
+            gpus=8,
+            nodes=1,
+            interconnect="NVSwitch (NV18)",
+            p2p=True,
+            direction="one way",
+            cuda="12.4",
+            driver="550.54.15",
+        ),
+        source="NVIDIA/nccl#1264 (user's run)",
+        url=_NCCL + "1264",
+        quote="0 2494.76 371.02 376.65 376.60 376.82 375.59 375.94",
+        note="Row 0 of 'Unidirectional P2P=Enabled Bandwidth (P2P Writes) Matrix (GB/s)' on a "
+        "Supermicro 8xH100 SXM server; GPU 0's other peers read 375.6-376.8. The thread's "
+        "title: 'Only ~783GByte/s out of theoretical 900GB/s' (both ways).",
+    ),
+    Measurement(
+        key="h100_no_p2p_copy",
+        what="H100 SXM to H100 SXM with peer-to-peer off (staged through host memory over "
+        "PCIe 5), one way (p2pBandwidthLatencyTest, GPU 0 to GPU 1)",
+        kind="copy_bandwidth",
+        value=37.19,
+        unit="GB/s",
+        conditions=dict(
+            gpu="H100 80GB HBM3 (SXM5)",
+            gpus=8,
+            nodes=1,
+            interconnect="PCIe 5 through host",
+            p2p=False,
+            direction="one way",
+            cuda="12.4",
+            driver="550.54.15",
+        ),
+        source="NVIDIA/nccl#1264 (user's run)",
+        url=_NCCL + "1264",
+        quote="0 2474.76  37.19  37.20  36.91  37.06  37.16  37.28  37.24",
+        note="Row 0 of 'Unidirectional P2P=Disabled Bandwidth Matrix (GB/s)', the same "
+        "machine as h100_nvswitch_p2p_copy: CUDA stages the copy through host memory.",
+    ),
+    Measurement(
+        key="h100_4gpu_nv6_p2p_bidirectional",
+        what="H100 to H100 over direct NVLinks (a 4-GPU board, no NVSwitch), both ways at "
+        "once (p2pBandwidthLatencyTest, GPU 0 and GPU 1)",
+        kind="copy_bandwidth",
+        value=260.89,
+        unit="GB/s",
+        conditions=dict(
+            gpu="H100-80GB",
+            gpus=4,
+            nodes=1,
+            interconnect="direct NVLink 4 (6 links a pair)",
+            p2p=True,
+            direction="both ways",
+        ),
+        source="NVIDIA/cuda-samples#392 (user's run)",
+        url=_CUDA_SAMPLES + "392",
+        quote="GPU0-GPU1 = 260.89 (GB/s)",
+        note="The user: 'The spec says GPU0-GPU1 NVlink bandwidth is 300 GB/s', i.e. 6 NVLink "
+        "4 links of 50 GB/s both ways (25 each way): a 4-GPU HGX board's pair.",
+    ),
+    Measurement(
+        key="h800_nvlink_copy_deepseek",
+        what="H800 to H800 over NVLink (8 links, 200 GB/s a direction nominal), one way, "
+        "peak achievable",
+        kind="copy_bandwidth",
+        value=160.0,
+        unit="GB/s",
+        conditions=dict(
+            gpu="H800",
+            gpus=8,
+            nodes=1,
+            interconnect="NVSwitch (NVLink 4, 8 links)",
+            p2p=True,
+            direction="one way",
+        ),
+        source="deepseek-ai/DeepEP#16, DeepSeek's answer",
+        url=_DEEPEP + "16",
+        quote="H800 GPU servers are equipped with a reduced configuration of NVLink, featuring "
+        "a nominal bandwidth of 200GB/s. Our benchmarks show that the actual achievable "
+        "bandwidth peaks at approximately 160GB/s.",
+        note="DeepSeek's own kernels (DeepEP), not NCCL; the DeepSeek-V3 report's 'NVLink "
+        "offers a bandwidth of 160 GB/s' is the same figure (deepseek-ai/DeepSeek-V3#28: "
+        "'our unidirectional measurement').",
+    ),
     # --- all-reduce on PCIe without NVLink -------------------------------------------------
     Measurement(
         key="rtx5090_8gpu_pcie5_allreduce",
@@ -432,6 +558,33 @@ MEASUREMENTS: list[Measurement] = [
         source="NVIDIA/nccl#1639 (user's run)",
         url=_NCCL + "1639",
         quote="4GPU max performance : bwbus  35GB/s",
+    ),
+    Measurement(
+        key="pcie3_2gpu_shm_allreduce",
+        what="2 GPUs on PCIe 3 x16, NCCL peer-to-peer off (SHM: through host memory), one "
+        "channel, all-reduce bus bandwidth",
+        kind="allreduce_busbw",
+        value=3.9,
+        unit="GB/s",
+        conditions=dict(
+            gpu=None,
+            gpus=2,
+            nodes=1,
+            interconnect="PCIe Gen3 x16, NCCL_P2P_DISABLE=1 (SHM transport)",
+            bytes=None,
+            algorithm=None,
+            op_mode=None,
+            nccl="2.4.8",
+            env="NCCL_MAX_NCHANNELS=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=0",
+        ),
+        source="NVIDIA/nccl#384 (user's run; NVIDIA's answer)",
+        url=_NCCL + "384",
+        quote="Allreduce: 3.9GB/s",
+        note="Broadcast 10.31 and Reduce 9.62 GB/s on the same machine. S. Jeaugey: 'On 2 "
+        "GPUs, Broadcast and Reduce are unidirectional [...] Some components (in particular "
+        "some CPUs) do not handle bidirectional traffic well'. GPU model and sizes not "
+        "stated; one channel (NCCL_MAX_NCHANNELS=1). The source of the T4-PCIe3 preset's "
+        "host-memory NCCL link, so its row checks the formula only.",
     ),
     # --- all-reduce across nodes -----------------------------------------------------------
     Measurement(

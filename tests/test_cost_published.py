@@ -127,10 +127,13 @@ def test_the_optimizer_estimate_is_the_longer_of_its_bytes_and_its_launches():
     assert published.optimizer_seconds(hardware, profile, "sgd_momentum") == pytest.approx(expected)
 
 
-def test_the_titan_rtx_pair_without_peer_to_peer_goes_through_host_memory():
+def test_the_titan_rtx_pair_s_links_are_the_measured_ones():
+    """NVLink: TU102's bridge in nccl-tests#44; without peer to peer, NCCL through host
+    memory as the T4-PCIe3 preset holds it (nccl#384), not PCIe 3 / 2."""
     nvlink, off = published.titan_rtx_pair(True), published.titan_rtx_pair(False)
-    assert nvlink.device_link().bandwidth == pytest.approx(40e9)
-    assert off.device_link().bandwidth == pytest.approx(off.host_to_device.bandwidth / 2)
+    assert nvlink.device_link().bandwidth == pytest.approx(21.4e9)
+    assert off.device_link() == cost.preset("T4-PCIe3").device_to_device
+    assert off.device_link().bandwidth == pytest.approx(3.9e9)
     assert nvlink.peak_flops["float32"] == pytest.approx(16.3e12)
 
 

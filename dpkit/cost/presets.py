@@ -17,9 +17,11 @@ Sources, cited by key below:
 - [T4] NVIDIA T4 datasheet: FP32 8.1 TFLOP/s, FP16 tensor 65; GDDR6 320 GB/s; 16 GB.
 - [PCIe] PCI-SIG: x16 Gen3 15.75 GB/s per direction, Gen4 31.5, Gen5 63 (128b/130b).
 - [nccl-175] github.com/NVIDIA/nccl-tests/issues/175 (8 A100, ``-e 4G``: 232.54 GB/s) and
-  [nccl-149] .../issues/149 (S. Jeaugey, NVIDIA: 8 A100-SXM4 on NVSwitch "should reach
-  230 GB/s" at 8 GiB): ``all_reduce_perf`` bus bandwidth about 230 GB/s at large sizes.
+  [nccl-149]: ``all_reduce_perf`` bus bandwidth about 230 GB/s at large sizes.
   (nccl-tests#178's 208 GB/s is a 2-GPU run over an NVLink bridge, not 8 on NVSwitch.)
+- [nccl-149] github.com/NVIDIA/nccl-tests/issues/149, S. Jeaugey (NVIDIA): 8 A100-SXM4 on
+  NVSwitch "should reach 230 GB/s" at 8 GiB; an NVLink's "line rate of 25GB/s" gives
+  "~20GB/s effective" (0.8).
 - [nccl-212] github.com/NVIDIA/nccl-tests/issues/212, S. Jeaugey (NVIDIA): 8 H100, about
   370 GB/s with the ring, about 480 GB/s with NVLink SHARP (NVLS, NCCL's default there).
 - [nccl-119] github.com/NVIDIA/nccl-tests/issues/119: 3 nodes of 8 A100, 4 HDR ports each
@@ -30,6 +32,19 @@ Sources, cited by key below:
   usually determined by the bandwidth your CPU and memory can deliver".
 - [nccl-398] github.com/NVIDIA/nccl/issues/398: 2 AWS p3dn nodes (8 V100 each), 100 Gb/s
   over TCP sockets: about 6 GB/s bus bandwidth (48 % of line rate).
+- [nccl-384] github.com/NVIDIA/nccl/issues/384: 2 GPUs on PCIe Gen3 x16 with peer to peer
+  off (NCCL_P2P_DISABLE=1: NCCL's SHM transport, through host memory), one channel:
+  "Allreduce: 3.9GB/s" (posted by a user; broadcast, one way, 10.3). S. Jeaugey (NVIDIA):
+  "Some components (in particular some CPUs) do not handle bidirectional traffic well".
+- [nccl-406] github.com/NVIDIA/nccl/issues/406, S. Jeaugey, of GPUs on two CPU sockets: with
+  a NIC per PCI switch "you would always stay within the PCI switch and achieve 12GB/s
+  instead of 9 or 6" through SHM (host memory), one way, on PCIe 3.
+- [nccl-src] NCCL's own topology model, src/graph/topo.h (github.com/NVIDIA/nccl): the
+  bandwidth NCCL plans per NVLink, one way: 20.0 GB/s on V100 and A100 (``SM70_NVLINK_BW``,
+  ``SM80_NVLINK_BW``), 20.6 on H100 (``SM90_NVLINK_BW``); ``PCI_BW 12.0 // PCI Gen3 x16``.
+  Times the links: V100's 6 give 120 GB/s (the V100 preset's 150 x 0.8), A100's 12 give 240
+  ([nccl-149]: "240GB/s on A100 [...] limits it to ~230"), H100's 18 give 371 ([nccl-212]:
+  370).
 - [DGX] NVIDIA DGX A100 / H100 user guides: eight compute ports per node, one per GPU
   (HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on DGX H100).
 - [ddp-bench] pytorch/pytorch benchmarks/distributed/ddp/README.md: DGX-1 nodes with 4 x
@@ -127,7 +142,13 @@ def _presets() -> list[Hardware]:
             memory_bandwidth=320 * GB,
             memory_capacity=15 * GIB,  # 16 GB GDDR6, 15,360 MiB usable
             host_to_device=_PCIE3,
-            device_to_device=_PCIE3,  # unused: peer_to_peer=False goes through the host
+            # NCCL through host memory (SHM), measured [nccl-384]. Not read yet:
+            # Hardware.device_link() prices peer_to_peer=False as host_to_device / 2 (6.3
+            # GB/s) for NCCL and copies alike; benchmarks/results/cost_published_proposal.md
+            # proposes reading this link for NCCL there.
+            device_to_device=Link(
+                3.9 * GB, 10 * US, "measured: NCCL through host memory, PCIe 3 [nccl-384]"
+            ),
             node_to_node=Link(6.25 * GB * 0.5, 30 * US, "50 Gb/s port x 0.5, as [nccl-398]"),
             devices_per_node=4,
             nics_per_node=1,
@@ -160,8 +181,9 @@ def _presets() -> list[Hardware]:
             memory_bandwidth=900 * GB,
             memory_capacity=32 * GIB,
             host_to_device=_PCIE3,
-            # [nccl-149]: an NVLink "line rate of 25GB/s ... ~20GB/s effective" (0.8); no DGX-1
-            # all-reduce measurement found, so 150 GB/s x 0.8 stays an assumption
+            # [nccl-149]: an NVLink "line rate of 25GB/s ... ~20GB/s effective" (0.8), and
+            # NCCL plans 20 GB/s per V100 link itself [nccl-src]; no DGX-1 all-reduce
+            # measurement found, so 150 GB/s x 0.8 stays an assumption
             device_to_device=Link(
                 150 * GB * 0.8, 2 * US, "[V100] 150 GB/s x 0.8 [nccl-149], assumed"
             ),
@@ -185,6 +207,7 @@ def _presets() -> list[Hardware]:
             memory_bandwidth=3350 * GB,
             memory_capacity=80 * GIB,
             host_to_device=_PCIE5,
+            # 370 GB/s = 18 NVLinks x the 20.6 GB/s NCCL plans per H100 link [nccl-src]
             device_to_device=Link(370 * GB, 2 * US, "measured: ring, 8 H100 [nccl-212]"),
             # NVLS's algorithm bandwidth: "~480 GB/s busbw, ~275 algbw" on 8 GPUs [nccl-212]
             allreduce_bandwidth=275 * GB,
