@@ -23,7 +23,6 @@ too.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from itertools import chain
 
@@ -40,12 +39,10 @@ def _backward_in_step_of_forward(function: type[Function]) -> type[Function]:
     autograd runs it (see :mod:`dpkit.context`)."""
     forward, backward = function.forward, function.backward
 
-    @functools.wraps(forward)
     def forward_in_step(ctx, *args):
         ctx.step, ctx.scope = current_step(), current_scope()
         return forward(ctx, *args)
 
-    @functools.wraps(backward)
     def backward_in_step(ctx, *grad_outputs):
         with backward_of(ctx.step, ctx.scope):
             return backward(ctx, *grad_outputs)

@@ -72,7 +72,7 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit import lanes, tracing
-from dpkit.context import NO_SCOPE, Scope, current_scope, within
+from dpkit.context import current_scope, within
 from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices, device_of
 from dpkit.nested import tensors_in
 from dpkit.tracing import Phase
@@ -131,7 +131,7 @@ def parallel_apply(
         _set_current_device(device)  # dpkit: what dpkit.current_device() says in the forward
         try:
             with (
-                _within(scope),  # dpkit: the caller's traces record this replica too
+                within(scope),  # dpkit: the caller's traces record this replica too
                 _device_and_stream(device, stream, caller_stream),  # dpkit: a lane's stream waits
                 _autocast(device, autocast_state),  # dpkit: the caller's state for this device type
                 torch.inference_mode() if inference_mode else nullcontext(),  # dpkit: carried
@@ -271,11 +271,6 @@ def _set_num_threads(num_threads: int) -> None:
     a new thread would otherwise start with OpenMP's default team)."""
     if torch.get_num_threads() != num_threads:
         torch.set_num_threads(num_threads)
-
-
-def _within(scope: Scope) -> AbstractContextManager[Any]:
-    """Work in the caller's trace scope, unless the caller is in none."""
-    return nullcontext() if scope is NO_SCOPE else within(scope)
 
 
 def _device_and_stream(

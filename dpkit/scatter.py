@@ -54,7 +54,9 @@ def scatter(
     """
     # dpkit: clear errors for dim and target_gpus, which become dpkit Devices (lanes too),
     # and each tensor's chunks planned and checked by one _Split (scatter_kwargs' if given)
-    split = _Split.of(chunk_sizes, target_gpus, dim, inputs=inputs)
+    split = chunk_sizes
+    if not isinstance(split, _Split):
+        split = _Split(target_gpus, dim, chunk_sizes, inputs=inputs)
     target_gpus = split.devices
 
     def scatter_map(obj: Any) -> Any:
@@ -95,7 +97,7 @@ def scatter_kwargs(
     keyword flag, devices 2 and 3 get the flag and no input, as in torch.
     """
     # dpkit: one _Split for both calls, so that positional and keyword tensors have one batch
-    chunk_sizes = _Split.of(chunk_sizes, target_gpus, dim, inputs=inputs, kwargs=kwargs)
+    chunk_sizes = _Split(target_gpus, dim, chunk_sizes, inputs=inputs, kwargs=kwargs)
     scattered_inputs = scatter(inputs, target_gpus, dim, chunk_sizes) if inputs else []
     scattered_kwargs = scatter(kwargs, target_gpus, dim, chunk_sizes) if kwargs else []
     if len(scattered_inputs) < len(scattered_kwargs):
@@ -124,15 +126,6 @@ class _Split:
         self.chunk_sizes = chunk_sizes
         self.named = named
         self.batch: int | None = None
-
-    @classmethod
-    def of(
-        cls, chunk_sizes: ChunkSizes | _Split, target_gpus: Any, dim: int, **named: Any
-    ) -> _Split:
-        """``chunk_sizes`` itself when scatter_kwargs made it a _Split, else a new one."""
-        if isinstance(chunk_sizes, _Split):
-            return chunk_sizes
-        return cls(target_gpus, dim, chunk_sizes, **named)
 
     def __call__(self, tensor: torch.Tensor) -> tuple[list[Device], list[int]]:
         _check_splittable(tensor, self.dim)
