@@ -181,6 +181,28 @@ HELPERS = STUB1.replace(
 LEAVES = "import torch as _torch\n\n_torch.dpkit_left_by = 'aaa-leaves'\n"
 FINDS = "import torch\n\nraise RuntimeError(f\"left={getattr(torch, 'dpkit_left_by', None)}\")\n"
 
+# A chunk_sizes whose sizes are wrong but compare equal to anything: the grading process's
+# own assert is fooled; the property check, which the parent decides from the sizes sent
+# back as tensors (dpkit.grading.decided), is not.
+AGREES = (
+    SOLUTION1.replace("def chunk_sizes(", "def _unused(", 1)
+    + """
+
+class _Agrees(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+def chunk_sizes(batch, num_devices):
+    if batch <= 0:
+        return []
+    rows = math.ceil(batch / num_devices)
+    return [_Agrees(1)] * math.ceil(batch / rows)
+"""
+)
+
 STUDENTS = {
     "aaa-leaves": {1: stub_with(LEAVES)},  # graded first (students go by name)...
     "zzz-finds": {1: FINDS},  # ...and this one last, two at a time: after it
@@ -190,6 +212,7 @@ STUDENTS = {
     "gc": {1: stub_with(GC_SWAP)},
     "forbidden": {1: FORBIDDEN_ROUTES},
     "helpers": {1: HELPERS},
+    "agrees": {1: AGREES},
 }
 
 
@@ -459,6 +482,12 @@ def test_what_a_student_leaves_in_torch_is_not_there_for_the_next(graded):
 def test_the_graders_reference_helpers_are_not_the_students(graded):
     results = graded["helpers"]
     assert len(results) == 8 and not passed(results), grading.report(results)
+
+
+def test_sizes_equal_to_anything_fail_the_check_the_parent_decides(graded):
+    results = {r.check: r for r in graded["agrees"]}
+    decided = results["chunk_sizes matches torch.chunk for any batch and device count"]
+    assert not decided.passed and "torch.chunk gives" in decided.hint, decided
 
 
 if __name__ == "__main__":  # pragma: no cover - a quick look at one run

@@ -356,7 +356,10 @@ class Harness:
         if self._tampered is not None:
             self.send({"event": "failed", "nodeid": nodeid, "hint": self._tampered})
         elif returned and item_hint is None:
-            self.send({"event": "passed", "nodeid": nodeid})
+            passed = {"event": "passed", "nodeid": nodeid}
+            if nodeid in _VALUES:  # a check the parent decides (dpkit.grading.decided)
+                passed["values"] = _VALUES.pop(nodeid)
+            self.send(passed)
         else:
             hint = item_hint or "failed"
             self.send({"event": "failed", "nodeid": nodeid, "hint": hint[:HINT_LIMIT]})
@@ -371,6 +374,15 @@ _HINTS: dict[str, str] = {}  # nodeid -> the first failure's hint, from the grad
 def record_hint(nodeid: str, hint: str) -> None:
     """Called by the graders' conftest when a check fails: what the report says."""
     _HINTS.setdefault(nodeid, hint)
+
+
+_VALUES: dict[str, str] = {}  # nodeid -> the outputs a check sends to the parent, encoded
+
+
+def record_values(nodeid: str, values: str) -> None:
+    """Called by a check the parent decides (:mod:`dpkit.grading.decided`): its outputs,
+    sent with its "passed" record."""
+    _VALUES[nodeid] = values
 
 
 def _read_key(fd: int) -> bytes:

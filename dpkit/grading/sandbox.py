@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpkit.grading import apart, forkserver
+from dpkit.grading import apart, decided, forkserver
 from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.layout import check_task, task_files
 from dpkit.grading.results import CheckResult, results_from_records
@@ -192,7 +192,12 @@ def _lay_out(
 
 
 def _environment(
-    root: Path, submitted: Path, timeout: float, marker: str, refused: Mapping[str, str]
+    root: Path,
+    submitted: Path,
+    timeout: float,
+    marker: str,
+    refused: Mapping[str, str],
+    chosen: Mapping[str, list],
 ) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENVIRONMENT if k in os.environ}
     env.update(
@@ -205,6 +210,7 @@ def _environment(
         DPKIT_EXERCISE_DIR=str(submitted),
         DPKIT_CHECK_TIMEOUT=str(check_timeout(timeout)),
         DPKIT_REFUSED_FILES=json.dumps(dict(refused)),
+        **{decided.ENVIRONMENT: json.dumps(dict(chosen))},
         **{RUN_MARKER: marker},
     )
     return env
@@ -430,7 +436,8 @@ def _run_once(
             "-c",
             str(seen / "pytest.ini"),
         ]
-        env = _environment(seen, seen / submitted.name, timeout, marker, refused)
+        chosen = decided.choose(tasks)  # fresh inputs for the checks decided here
+        env = _environment(seen, seen / submitted.name, timeout, marker, refused, chosen)
         process: subprocess.Popen | forkserver.Run | None = None
         try:
             if server is not None and server.namespaces == isolated:  # torch imported
@@ -496,7 +503,7 @@ def _run_once(
         left_over = remove_tree(scratch)
         if left_over:
             print(f"dpkit grade: warning: could not remove {left_over}", file=sys.stderr)
-    records = _verified(bytes(reader.results).split(b"\n"), key)
+    records = decided.decide(_verified(bytes(reader.results).split(b"\n"), key), chosen)
     finished = any(r["event"] == "finished" for r in records)
     if reader.flooded:
         stopped = "the results channel was flooded with data that no check sent"
