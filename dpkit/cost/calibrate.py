@@ -331,10 +331,10 @@ def predicted_segments(predicted: Any) -> dict[str, float]:
     """A predicted trace's times by what :func:`measure_steps` measures."""
     phases = {row["phase"]: row["time_s"] for row in predicted.summary()}
     phases["step"] = predicted.step_time
-    phases["forward_call"] = sum(phases.get(p, 0.0) for p in ("scatter", "replicate", "apply",
-                                                               "gather"))  # fmt: skip
-    phases["backward_call"] = sum(phases.get(p, 0.0) for p in ("grad_scatter", "backward",
-                                                                "reduce"))  # fmt: skip
+    forward = ("scatter", "replicate", "apply", "gather")
+    backward = ("grad_scatter", "backward", "reduce")
+    phases["forward_call"] = sum(phases.get(p, 0.0) for p in forward)
+    phases["backward_call"] = sum(phases.get(p, 0.0) for p in backward)
     return phases
 
 

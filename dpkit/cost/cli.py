@@ -308,9 +308,8 @@ def choose_hardware(args: argparse.Namespace) -> Hardware:
             f'from a preset, write base = "{args.hardware}" in it'
         )
     if args.calibrate:
-        if args.hardware_file is not None or (args.hardware or "this-machine").lower() != (
-            "this-machine"
-        ):
+        named = (args.hardware or "this-machine").lower()
+        if args.hardware_file is not None or named != "this-machine":
             raise ValueError("--calibrate measures this machine: use --hardware this-machine")
         from dpkit.cost.calibrate import calibrate
 
@@ -322,7 +321,7 @@ def choose_hardware(args: argparse.Namespace) -> Hardware:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
-        print(list_presets())
+        print("\n".join(hardware.summary() for hardware in presets().values()))
         return 0
     hardware = choose_hardware(args)
     out = _out_folder(args.out)
@@ -339,11 +338,6 @@ def run(args: argparse.Namespace) -> int:
             settings.append("gradient_as_bucket_view")
     print(report(trace, args.model, _write_files(trace, out), "; ".join(settings)))
     return 0
-
-
-def list_presets() -> str:
-    """What ``dpkit predict --list`` prints: a line per machine, its name first."""
-    return "\n".join(hardware.summary() for hardware in presets().values())
 
 
 def _megabytes(text: str) -> float:

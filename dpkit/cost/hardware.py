@@ -35,15 +35,9 @@ from typing import Any
 import torch
 
 # What a plain number of each unit looks like, for errors (hardware files are written by hand)
-EXAMPLES = {
-    "bytes": "80e9 for 80 GB, 85899345920 for 80 GiB",
-    "bytes/s": "25e9 for 25 GB/s, 12.5e9 for 100 Gb/s",
-    "seconds": "5e-6 for 5 us",
-    "FLOP/s": "312e12 for 312 TFLOP/s",
-    "fraction": "0.7",
-    "count": "8",
-    "whole number": "8",
-}
+EXAMPLES = {"bytes": "80e9 for 80 GB, 85899345920 for 80 GiB", "seconds": "5e-6 for 5 us",
+            "bytes/s": "25e9 for 25 GB/s, 12.5e9 for 100 Gb/s", "FLOP/s": "312e12 for 312 TFLOP/s",
+            "fraction": "0.7", "count": "8", "whole number": "8"}  # fmt: skip
 
 
 def check(owner: str, name: str, value: object, unit: str) -> None:

@@ -500,10 +500,8 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     if isinstance(hardware, str):
         hardware = preset(hardware)
     if not isinstance(hardware, Hardware):
-        raise TypeError(
-            "hardware must be a dpkit.cost.Hardware or a preset name, got "
-            f"{type(hardware).__name__}"
-        )
+        kind = type(hardware).__name__
+        raise TypeError(f"hardware must be a dpkit.cost.Hardware or a preset name, got {kind}")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not known; use 'dp' or 'ddp'")
     for name, value in (("batch_size", batch_size), ("steps", steps)):

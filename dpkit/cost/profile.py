@@ -179,10 +179,8 @@ def op_kind(name: str) -> str:
 def _compute_heavy(name: str, kind: str) -> bool:
     """Whether 0 FLOPs is a missing count: a matmul or convolution, a known heavy kernel,
     or an op outside aten whose work dpkit cannot know (a custom op)."""
-    namespace = name.split(".", 1)[0]
-    return kind != "memory" or bool(_HEAVY_UNCOUNTED.search(name)) or namespace not in (
-        "aten", "prims", "prim",
-    )  # fmt: skip
+    custom = name.split(".", 1)[0] not in ("aten", "prims", "prim")
+    return kind != "memory" or bool(_HEAVY_UNCOUNTED.search(name)) or custom
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -577,10 +575,16 @@ def _key(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) 
     return (_structure(args), _structure(kwargs), parameters, modes, amp)
 
 
-def _check_inputs(
-    module: Any, sample_input: Any, sample_kwargs: Any, amp: Any
-) -> tuple[tuple, dict[str, Any], torch.dtype | None]:
-    """The positional and keyword inputs and autocast's dtype, checked."""
+def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
+            sample_kwargs: dict[str, Any] | None = None,
+            amp: torch.dtype | str | None = None) -> Profile:  # fmt: skip
+    """FLOPs, bytes and activations of ``module`` per row of its inputs (cached).
+
+    ``sample_input``: a batch (rows along dim 0), or a tuple of positional inputs;
+    ``sample_kwargs``: keyword inputs. As in DataParallel's scatter, every tensor is a batch
+    along dim 0 and anything else is passed as it is; their batch size does not matter.
+    ``amp`` (``torch.bfloat16``/``"bf16"``, ``torch.float16``/``"fp16"``) runs the forward
+    under ``torch.autocast``. A copy of the module runs: BatchNorm's statistics stay."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     args = tuple(sample_input) if isinstance(sample_input, (tuple, list)) else (sample_input,)
@@ -598,20 +602,6 @@ def _check_inputs(
     if amp is not None and amp not in AMP_DTYPES.values():
         raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 ('bf16') or "
                          "torch.float16 ('fp16'); None for no autocast")  # fmt: skip
-    return args, kwargs, amp
-
-
-def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
-            sample_kwargs: dict[str, Any] | None = None,
-            amp: torch.dtype | str | None = None) -> Profile:  # fmt: skip
-    """FLOPs, bytes and activations of ``module`` per row of its inputs (cached).
-
-    ``sample_input``: a batch (rows along dim 0), or a tuple of positional inputs;
-    ``sample_kwargs``: keyword inputs. As in DataParallel's scatter, every tensor is a batch
-    along dim 0 and anything else is passed as it is; their batch size does not matter.
-    ``amp`` (``torch.bfloat16``/``"bf16"``, ``torch.float16``/``"fp16"``) runs the forward
-    under ``torch.autocast``. A copy of the module runs: BatchNorm's statistics stay."""
-    args, kwargs, amp = _check_inputs(module, sample_input, sample_kwargs, amp)
     key = _key(module, args, kwargs, amp)
     cached = _cache.setdefault(module, {})
     if key not in cached:
