@@ -30,9 +30,10 @@ Files: ``layout`` (where the tasks and a class's files are), ``sandbox`` (one ru
 processes, the signed channel, a fresh process after a crash), ``apart`` (a class's runs in
 namespaces), ``forkserver`` (a class's runs forked with torch imported), ``cleanup``
 (removing a run's folder), ``harness`` (the grading process), ``warden`` (its one-way audit
-hook), ``fence`` (its seccomp filter: no signals outside the run), ``rules`` (each task's
-forbidden calls), ``checks`` (helpers for graders), ``results`` (report, CSVs, feedback),
-``similarity`` (copied code), ``command`` (the CLI).
+hook), ``fence`` (its seccomp filter: no signals, tracing or memory access outside the
+run), ``decided`` (checks the parent decides from the outputs sent back), ``rules`` (each
+task's forbidden calls), ``checks`` (helpers for graders), ``results`` (report, CSVs,
+feedback), ``similarity`` (copied code), ``command`` (the CLI).
 The threat model is in ``docs/instructors.md``.
 """
 
