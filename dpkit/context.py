@@ -9,13 +9,14 @@ runs it. So a trace records the work started under it, and nothing another threa
 meanwhile. A thread outside every trace is in the shared scope :data:`NO_SCOPE`, which
 records into nothing.
 
-DataParallel's forward begins a step (:func:`begin_step`). An autograd function notes the
-step in its forward (``ctx.step = current_step()``, as torch's note ``ctx.input_device``)
-and runs its backward under it (``with backward_of(ctx.step, ctx.scope):``): so a copy
-made in a backward knows it moves gradients, and of which step, without an argument
-threaded through every call. comm reads :func:`in_backward` (on GPU lanes a gradient read
-or made on a lane's own stream is recorded for torch's allocator); the trace reads both to
-name a copy's phase (``scatter`` or ``grad_scatter``) and file it under its step.
+DataParallel's forward begins a step (:func:`begin_step`). Each of dpkit's autograd
+functions notes the step and scope in its forward (as torch's note ``ctx.input_device``)
+and runs its backward under them with :func:`backward_of`, both done by one class decorator
+in :mod:`dpkit._functions`: so a copy made in a backward knows it moves gradients, and of
+which step, without an argument threaded through every call. comm reads
+:func:`in_backward` (on GPU lanes a gradient read or made on a lane's own stream is
+recorded for torch's allocator); the trace reads both to name a copy's phase (``scatter``
+or ``grad_scatter``) and file it under its step.
 """
 
 from __future__ import annotations
