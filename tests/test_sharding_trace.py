@@ -120,3 +120,15 @@ def test_the_predicted_collectives_are_the_ring_formulas(rows):
     assert sharding.predicted_collective_seconds("broadcast", size, n, link) == pytest.approx(
         size / 1e9 + (n - 1) * 1e-4
     )
+
+
+def test_activations_are_measured_and_no_engine_divides_them(rows):
+    """Each rank keeps the activations of its own rows whatever the engine: what autograd
+    saved in the forward, each storage once, parameters (FSDP's gathered ones) and the
+    input left out: 3 ReLU outputs, log_softmax's output, the labels and nll_loss's
+    total weight (0-d, float32)."""
+    per_rank, width = 16 // RANKS, 256
+    expected = 3 * per_rank * width * 4 + per_rank * 10 * 4 + per_rank * 8 + 4
+    assert {(r["engine"], r["activations"]) for r in rows} == {
+        (engine, expected) for engine in ISSUED
+    }

@@ -179,10 +179,32 @@ def sent_in_step(events: Sequence[EventTuple], step: int) -> dict[str, int]:
     return dict(sent)
 
 
+@contextlib.contextmanager
+def saved_activations(model: nn.Module, inputs: torch.Tensor, into: list[int]) -> Iterator[None]:
+    """Append to ``into`` the bytes autograd saves for backward while inside (each storage
+    once), but for the parameters (FSDP's gathered ones included: the module's parameters
+    when the tensor is saved) and ``inputs``: the activations a rank holds between its
+    forward and its backward."""
+    seen: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = _local(tensor).untyped_storage()
+        known = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+        known.add(inputs.untyped_storage().data_ptr())
+        if storage.data_ptr() not in known | seen:
+            seen.add(storage.data_ptr())
+            into.append(storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield
+
+
 def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, Any]:
     """A few Adam steps of :func:`wide_mlp` under ``engine`` on this rank's rows; the bytes
-    it then holds, every step's events (:class:`StepRecorder`), and the bytes its
-    collectives sent from this rank in the last step."""
+    it then holds, the activations its last forward saved (:func:`saved_activations`),
+    every step's events (:class:`StepRecorder`), and the bytes its collectives sent from
+    this rank in the last step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = wide_mlp(width=width, hidden=2)
@@ -216,14 +238,15 @@ def train_engine(engine: str, width: int, batch: int, steps: int) -> dict[str, A
         dist.barrier()  # every rank starts the step together (the barrier is not traced)
         with traced_collectives(recorder):
             optimizer.zero_grad(set_to_none=False)  # keep the gradients to count them
-            with recorder.call("apply"):
+            saved: list[int] = []
+            with recorder.call("apply"), saved_activations(model, images, saved):
                 loss = nn.functional.cross_entropy(trained(images), labels)
             with recorder.call("backward"):
                 loss.backward()
             with recorder.call("optimizer"):
                 optimizer.step()
     events = sorted(recorder.events, key=lambda event: event[1])
-    return {"rank": rank, "engine": engine, **held(model, optimizer),
+    return {"rank": rank, "engine": engine, **held(model, optimizer), "activations": sum(saved),
             "sent": sent_in_step(events, steps), "events": events}  # fmt: skip
 
 
@@ -374,31 +397,34 @@ def typical_step(trace: Any) -> int:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def predicted_step_seconds(
-    width: int, batch: int, ranks: int, link: Any, optimizer: str = "adam"
-) -> dict[str, float]:
-    """``dpkit.cost``'s step time for each engine on ``ranks`` of this machine joined by
-    ``link``: DDP's from :func:`dpkit.cost.predict` (this machine's documented preset, its
-    devices' link replaced by ``link``); ZeRO-1's, DDP's plus the broadcast of the updated
-    parameters; FSDP's, DDP's plus one more ring all-gather of them (a ring all-reduce is a
-    reduce-scatter and an all-gather; FSDP adds the backward's second all-gather). Overlap
-    with computation is DDP's as predicted; FSDP's is not modelled."""
+def ddp_prediction(width: int, batch: int, ranks: int, link: Any, optimizer: str = "adam") -> Any:
+    """:func:`dpkit.cost.predict`'s DDP step of :func:`wide_mlp` on ``ranks`` of this
+    machine (its documented preset, the devices' link replaced by ``link``): a
+    :class:`dpkit.cost.PredictedTrace`, its ``step_time`` and what each device ``held``."""
     import dataclasses
 
     import dpkit.cost as cost
 
     model = wide_mlp(width=width, hidden=2)
-    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     machine = dataclasses.replace(cost.preset("this-machine"), device_to_device=link)
     sample = torch.randn(1, 1, 28, 28)
-    ddp = cost.predict(model, sample, batch, ranks, machine, strategy="ddp", optimizer=optimizer)
-    return {
-        "ddp": ddp.step_time,
-        "zero1": ddp.step_time + predicted_collective_seconds(
-            "broadcast", parameter_bytes, ranks, link),
-        "fsdp": ddp.step_time + predicted_collective_seconds(
-            "allgather", parameter_bytes, ranks, link),
-    }  # fmt: skip
+    return cost.predict(model, sample, batch, ranks, machine, strategy="ddp", optimizer=optimizer)
+
+
+def predicted_step_seconds(
+    ddp: Any, parameter_bytes: int, ranks: int, link: Any
+) -> dict[str, float]:
+    """Each engine's step time from ``ddp`` (:func:`ddp_prediction`): DDP's as predicted;
+    ZeRO-1's, DDP's plus the broadcast of the updated parameters (``parameter_bytes``) over
+    ``link``; FSDP's, DDP's plus one more ring all-gather of them (a ring all-reduce is a
+    reduce-scatter and an all-gather; FSDP adds the backward's second all-gather). Overlap
+    with computation is DDP's as predicted; FSDP's is not modelled."""
+    extra = {
+        "ddp": 0.0,
+        "zero1": predicted_collective_seconds("broadcast", parameter_bytes, ranks, link),
+        "fsdp": predicted_collective_seconds("allgather", parameter_bytes, ranks, link),
+    }
+    return {engine: ddp.step_time + seconds for engine, seconds in extra.items()}
 
 
 def step_table(
