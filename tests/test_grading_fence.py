@@ -33,9 +33,9 @@ spec = importlib.util.spec_from_file_location("fence", sys.argv[1])
 fence = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fence)
 bystander = int(sys.argv[2])
-# From the kernel's tables, not the filter's: gettid, tgkill, ptrace, process_vm_readv
-NUMBERS = {"x86_64": (186, 234, 101, 310), "aarch64": (178, 131, 117, 270)}
-GETTID, TGKILL, PTRACE, READV = NUMBERS[platform.machine()]
+# From the kernel's tables, not the filter's: gettid, tgkill, tkill, ptrace, process_vm_readv
+NUMBERS = {"x86_64": (186, 234, 200, 101, 310), "aarch64": (178, 131, 130, 117, 270)}
+GETTID, TGKILL, TKILL, PTRACE, READV = NUMBERS[platform.machine()]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
@@ -67,6 +67,7 @@ if why is not None:
     print(json.dumps({"not_installed": why}))
     sys.exit(0)
 out["tgkill_bystander"] = call(TGKILL, bystander, bystander, 0)
+out["tkill_bystander"] = call(TKILL, bystander, 0)
 out["tgkill_own"] = call(TGKILL, os.getpid(), libc.syscall(GETTID), 0)
 out["ptrace_bystander"] = call(PTRACE, -1, bystander, 0, 0)  # an unknown request
 out["readv_bystander"] = call(READV, bystander, 0, 0, 0, 0, 0)  # nothing to read
@@ -106,8 +107,9 @@ def probed() -> dict:
     return result
 
 
-def test_tgkill_to_another_process_is_refused(probed):
+def test_a_thread_signal_to_another_process_is_refused(probed):
     assert probed["tgkill_bystander"] == "EPERM"
+    assert probed["tkill_bystander"] == "EPERM"
 
 
 def test_the_runs_own_thread_signals_still_work(probed):
