@@ -2,7 +2,9 @@
 job runs, rank 0 lists every listening TCP socket of its node's processes (torchrun and the
 rank) from /proc/net/tcp and tcp6, and tries the store's port on this
 machine's other addresses. torchrun alone listens on every interface (torch's TCPStore binds
-the wildcard addresses); the ranks import no torch, so the launch costs the torchruns only."""
+the wildcard addresses). One node of one rank: node 0 hosts the store however many nodes
+join (test_ddp_nodes and test_ddp_cli launch two through the same command), and the rank
+imports no torch, so the launch costs one torchrun."""
 
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ def test_the_store_listens_on_loopback_only(tmp_path):
     script, report = tmp_path / "listening.py", tmp_path / "listening.json"
     script.write_text(LISTENING)
     others = other_addresses()
-    run = nodes.launch_nodes([str(script), str(report), *others], nnodes=2, nproc_per_node=1,
+    run = nodes.launch_nodes([str(script), str(report), *others], nnodes=1, nproc_per_node=1,
                              limit_s=120)  # fmt: skip
     assert run.ok, "\n".join(run.logs)
     found = json.loads(report.read_text())
