@@ -144,16 +144,12 @@ class Hardware:
     copy_overhead: float = _about("seconds", "host time of one copy or collective call")
     step_overhead: float = _about("seconds", "one step outside its phases")
     # NVLink SHARP on an H100 NVSwitch: the switch sums, each device sends and receives its
-    # bytes once, at this *algorithm* bandwidth. None: the ring only.
-    allreduce_bandwidth: float | None = _about(
-        "bytes/s", "NCCL's NVLS all-reduce in a node; \"none\": the ring's", default=None
-    )
-    op_seconds: Mapping[str, OpSamples] = _about(
-        "[work, seconds] pairs", "measured per aten op by --calibrate", default_factory=dict
-    )
-    tensor_core_efficiency: Mapping[str, float] = _about(
-        "fraction", "of peak_flops[dtype] on tensor cores (else matmul's)", default_factory=dict
-    )
+    # bytes once, at this *algorithm* bandwidth. None: the ring only. op_seconds: measured
+    # per aten op by calibrate(). tensor_core_efficiency: of peak_flops[dtype] on tensor
+    # cores, where a dtype has its own (else matmul_efficiency).
+    allreduce_bandwidth: float | None = _about("bytes/s", "NVLS all-reduce", default=None)
+    op_seconds: Mapping[str, OpSamples] = _about("[work, seconds] pairs", "", default_factory=dict)
+    tensor_core_efficiency: Mapping[str, float] = _about("fraction", "", default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware {self.name!r}"
