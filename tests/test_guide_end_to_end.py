@@ -12,8 +12,8 @@ of the notebook template, its row in ``notebooks/README.md``, ``make notebooks
 NOTEBOOKS=...``, the commands that fill in the exercise templates, the exercise's row, the
 ``Wrong`` entry, and the commit. Only "write it" is the test's own: each placeholder the
 template names is replaced by a sentence. The clone is of the last commit, and it shares this
-interpreter's environment (``VENV``; make is told its install stamps are up to date, and the
-clone's own dpkit comes first on ``PYTHONPATH``).
+interpreter's environment (``.venv`` is a link to it, left as up to date as in the checkout,
+and the clone's own dpkit comes first on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def environment(work: Path) -> dict[str, str]:
     """This environment without what would point the clone's tests elsewhere or make them
     recurse into this test, with the clone's dpkit first and a git identity to commit with
     (the variables win over any git configuration)."""
+    # (MAKEFLAGS would hand make test-guide's variables and options to every make in the clone)
     dropped = ("PYTEST_", "DPKIT_SLOW", "DPKIT_BROWSER_NOTEBOOKS", "DPKIT_EXERCISE_",
-               "DPKIT_GRADE_RESULTS", "PYTHONPATH")  # fmt: skip
+               "DPKIT_GRADE_RESULTS", "PYTHONPATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     env.update(
         PYTHONPATH=str(work / "dpkit"),
@@ -124,9 +125,21 @@ def test_the_guide_followed_in_a_clone_keeps_make_test_green(tmp_path):
     clone = tmp_path / "dpkit"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=300)
     env = environment(tmp_path)
-    # make, with this environment: its install stamps are up to date, nothing is reinstalled.
-    stamps = [f"{venv}/.dpkit-installed", f"{venv}/.dpkit-test-tools-installed"]
-    make = ["make", "--no-print-directory", f"VENV={venv}", "-o", stamps[0], "-o", stamps[1]]
+    # The clone's .venv is this environment, as up to date as in the checkout: its install
+    # stamps stay newer than the clone's requirement files, so no make in it (nor any a test
+    # starts) reinstalls; .venv is a link, which .gitignore's `.venv/` does not cover.
+    (clone / ".venv").symlink_to(venv, target_is_directory=True)
+    with (clone / ".git" / "info" / "exclude").open("a") as exclude:
+        exclude.write(".venv\n")
+    for name in ("pyproject.toml", *(p.name for p in (ROOT / "requirements").glob("*.txt"))):
+        original = ROOT / name if name == "pyproject.toml" else ROOT / "requirements" / name
+        copied = clone / original.relative_to(ROOT)
+        if copied.exists():
+            os.utime(copied, (original.stat().st_atime, original.stat().st_mtime))
+    make = ["make", "--no-print-directory"]
+    planned = subprocess.run([*make, "-n", "test"], cwd=clone, env=env, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert "pip install" not in planned.stdout, f"make would reinstall .venv:\n{planned.stdout}"
 
     def run(command: str | list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
         shell = isinstance(command, str)

@@ -407,9 +407,10 @@ class GuideRun:
 
 def make_command(venv: Path, *targets: str) -> list[str]:
     # The clone shares this interpreter's environment: VENV names it, and -o keeps make from
-    # reinstalling it (the clone's requirements are newer than its install stamp).
-    stamp = f"{venv}/.dpkit-installed"
-    return ["make", "--no-print-directory", "-o", stamp, f"VENV={venv}", *targets]
+    # reinstalling it (the clone's requirements are newer than its install stamps).
+    stamps = [f"{venv}/.dpkit-installed", f"{venv}/.dpkit-test-tools-installed"]
+    return ["make", "--no-print-directory", "-o", stamps[0], "-o", stamps[1], f"VENV={venv}",
+            *targets]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
