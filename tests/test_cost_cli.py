@@ -290,11 +290,17 @@ def test_a_what_if_changes_only_what_it_names(predict_here, spy, tmp_path):
     assert machine.memory_capacity == base.memory_capacity
 
 
-def test_the_doc_example_file_loads():
+def test_the_doc_example_file_predicts_through_hardware_file(predict_here, spy):
     root = Path(__file__).resolve().parents[1]
-    machine = predict_cli.load_hardware_file(root / "docs" / "examples" / "my_machine.toml")
+    example = root / "docs" / "examples" / "my_machine.toml"
+    status, out, err = predict_here("--hardware-file", str(example), "--devices", "16",
+                                    "--strategy", "ddp", "--model", "cnn")  # fmt: skip
+    assert status == 0, err
+    machine = spy[0]["trace"].machine
     assert machine.name == "2x8xA100-40GB-2x100GbE" and machine.nics_per_node == 2
     assert machine.node_to_node.latency == cost.preset("2x8xA100-100GbE").node_to_node.latency
+    assert out.startswith("PREDICTED by dpkit's cost model, not measured: 2x8xA100-40GB-2x100GbE")
+    assert "of 40.00 GiB" in out  # the file's memory_capacity, in the memory verdict
 
 
 @pytest.mark.parametrize(
