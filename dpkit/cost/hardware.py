@@ -1,12 +1,9 @@
 """What the cost model knows about a machine: a :class:`Hardware` made of :class:`Link` objects.
 
-The surprise first: a spec sheet's peak is never what a step gets. An A100's matmuls in
-float32 run on its CUDA cores (19.5 TFLOP/s) unless TF32 is switched on, its convolutions
-run in TF32 by default (156 TFLOP/s), and under autocast both run on tensor cores (312).
-Real kernels reach a fraction of each peak, so a Hardware keeps the peaks (cited in
-:mod:`dpkit.cost.presets`) and the fractions, and the model only ever uses their product.
-Link bandwidths are stored achieved (nccl-tests' bus bandwidth, or a spec sheet times a
-stated fraction), since that is what published measurements give.
+The surprise first: a spec sheet's peak is never what a step gets. Real kernels reach a
+fraction of it, so a Hardware keeps the peaks (cited in :mod:`dpkit.cost.presets`) and the
+fractions, and the model only ever uses their product. Link bandwidths are stored achieved
+(nccl-tests' bus bandwidth, or a spec sheet times a stated fraction).
 
 How each field is used (:mod:`dpkit.cost.predict` is the rest):
 

@@ -5,11 +5,11 @@ from the model's tensors), steps and memory records a measured ``dpkit.trace()``
 its times come from the cost model. Every summary, export and figure works on it.
 
 ``"dp"`` on GPUs (``nn.DataParallel``: one process, one node): scatter copies each chunk
-    from device 0; replicate is an NCCL broadcast (``comm.broadcast_coalesced``), then the
-    replica modules built in Python; a thread per replica launches its forward (their
-    Python takes turns with the GIL); gather copies the outputs onto device 0; the loss runs
-    there; backward scatters its gradient, each GPU runs its replica's backward, and once
-    *all* are done an NCCL reduce (``comm.reduce_add_coalesced``) sums the gradients.
+    from device 0; replicate is an NCCL broadcast, then the replica modules built in Python;
+    a thread per replica launches its forward (their Python takes turns with the GIL);
+    gather copies the outputs onto device 0; the loss runs there; backward scatters its
+    gradient, each GPU runs its replica's backward, and once *all* are done an NCCL reduce
+    sums the gradients (:mod:`dpkit.cost.collectives`).
 ``"dp"`` on virtual lanes (dpkit's CPU lanes): the same phases, but the host makes every
     copy itself, through device 0, the threads share the cores, and autograd runs all
     replicas' backward in one thread.
