@@ -115,6 +115,7 @@ def legend_width(legend: Any, renderer: Any, figure: Figure) -> float:
         _text_key(legend.get_title()) if legend.get_title().get_visible() else None,
         tuple(type(h).__name__ for h in legend.legend_handles),
         legend._ncols,
+        legend._mode,  # "expand" spans the plot's width
         legend._fontsize,
         legend.handlelength,
         legend.handletextpad,
