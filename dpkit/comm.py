@@ -19,29 +19,29 @@ reused only once no tensor uses it, so nothing anyone holds is ever overwritten.
 Copies run on the caller's current stream. Lanes on one GPU do their *compute* on their
 own streams (see ``parallel_apply``), which wait for these copies before they start. A
 tensor made on one stream and read on another must also be *recorded* on the reader's
-stream (:func:`record_use`), or torch's caching allocator may hand its memory to new work on
-the maker's stream while the reader's kernels are still queued: ``parallel_apply`` records
-what each lane's forward reads, and in backward, where no ``parallel_apply`` runs, these
-functions record the gradients they hand to lanes or take from them.
+stream, or torch's caching allocator may hand its memory to new work on the maker's stream
+while the reader's kernels are still queued: ``parallel_apply`` records what each lane's
+forward reads, and in backward, where no ``parallel_apply`` runs, these functions have
+:mod:`dpkit.lanes` record the gradients they hand to lanes or take from them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from dpkit import lane_memory, tracing
+from dpkit import lane_memory, lanes, tracing
 from dpkit.context import in_backward
-from dpkit.devices import Device, device_of, place, resides_on, stream_of
+from dpkit.devices import Device, device_of, place, resides_on
 from dpkit.nested import tensor_nbytes
 from dpkit.tracing import Collective, Phase
 
-__all__ = ["Transfer", "add_transfer_listener", "tensor_nbytes", "copy_to", "record_use"]
+__all__ = ["Transfer", "add_transfer_listener", "copy_to"]
 
 
 @dataclass(frozen=True)
@@ -147,53 +147,6 @@ def _copy_group(
 
 
 # --------------------------------------------------------------------------------------
-# Streams: what a lane reads or made on its own stream is recorded for the allocator.
-
-
-def record_use(tensors: Iterable[torch.Tensor], stream: Any) -> None:
-    """Tell torch's caching allocator that work queued on ``stream`` reads ``tensors``.
-
-    The allocator gives a freed block back to the stream that allocated it at once; a block
-    another stream still reads must first wait for that stream's queued work, which
-    ``Tensor.record_stream`` arranges (torch's own scatter does the same for its copy
-    streams). Only CUDA memory has such blocks: other tensors are skipped, and a sparse
-    tensor, which has no storage of its own (``record_stream`` refuses it), is recorded
-    through the dense tensors it is made of.
-    """
-    for tensor in tensors:
-        if tensor.is_cuda:
-            for part in _dense_parts(tensor):
-                part.record_stream(stream)
-
-
-def _dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The strided tensors holding ``tensor``'s memory: itself, or a sparse layout's parts."""
-    layout = tensor.layout
-    if layout is torch.sparse_coo:
-        return tensor._indices(), tensor._values()
-    if layout in (torch.sparse_csr, torch.sparse_bsr):
-        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
-    if layout in (torch.sparse_csc, torch.sparse_bsc):
-        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
-    return (tensor,)
-
-
-def _gradients_on_lane_streams(devices: Sequence[Device]) -> bool:
-    """Whether this copy moves gradients to or from lanes with streams of their own, which
-    the lanes' autograd nodes read or made on those streams (see the module docstring)."""
-    return devices[0].has_own_stream and in_backward()
-
-
-def _record_on_current_stream(per_device: Iterable[Sequence[torch.Tensor]], lane: Device) -> None:
-    """Record tensors the lanes made on their streams as read on this thread's current stream
-    of their GPU, where the copies and sums that read them are queued (a copy into CPU
-    memory too)."""
-    stream = torch.get_device_module(lane.device_type).current_stream(lane.torch_device)
-    for tensors in per_device:
-        record_use(tensors, stream)
-
-
-# --------------------------------------------------------------------------------------
 # The collectives
 
 
@@ -216,9 +169,7 @@ def scatter(
         )  # fmt: skip
         # A new view: tagging one that stays home touches no caller's object.
         results.append(place(moved, device))
-    if _gradients_on_lane_streams(devices):  # a lane's backward reads its chunk on its stream
-        for chunk, device in zip(results, devices):
-            record_use((chunk,), stream_of(device))
+    lanes.read_on_lane_streams([(chunk,) for chunk in results], devices)  # a lane's backward
     return tuple(results)
 
 
@@ -240,9 +191,7 @@ def broadcast(
             _copy_group(Collective.BROADCAST, device, tensors, device, tensors=len(tensors))
             for device in devices
         ]
-    if _gradients_on_lane_streams(devices):  # double backward: read on each lane's stream
-        for device_copies, device in zip(copies, devices):
-            record_use(device_copies, stream_of(device))
+    lanes.read_on_lane_streams(copies, devices)  # double backward
     return copies
 
 
@@ -257,8 +206,7 @@ def reduce_add(
     ``destination`` (those already there are not), then summed in device order starting
     from the one on ``destination``, as torch does.
     """
-    if _gradients_on_lane_streams(devices):  # the lanes made these gradients on their streams
-        _record_on_current_stream(per_device, devices[0])
+    lanes.made_on_lane_streams(per_device, devices)  # the lanes' gradients
     reduce = Collective.REDUCE
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
@@ -300,8 +248,7 @@ def gather(
                 f"gather: output {position} has shape {tuple(tensor.shape)} but output 0 has "
                 f"{tuple(first.shape)}; replica outputs may differ only along dim={dim}"
             )
-    if _gradients_on_lane_streams(sources):  # the lanes made these gradients on their streams
-        _record_on_current_stream((tensors,), sources[0])
+    lanes.made_on_lane_streams((tensors,), sources)  # the lanes' gradients
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
     result = lane_memory.empty(shape, first.dtype, destination)  # torch.empty, reused blocks

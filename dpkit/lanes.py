@@ -10,17 +10,21 @@ why each is needed):
 - :func:`record_reads`, in a GPU lane's worker: what it reads, recorded on its stream;
 - :func:`tag_new_outputs`, in a lane's worker: the outputs its forward made, tagged;
 - :func:`lanes_done`, in the caller: its stream waits for the lanes' and records the outputs.
+
+In backward, where no ``parallel_apply`` runs, :mod:`dpkit.comm` has the gradients it hands
+to GPU lanes, or takes from them, recorded on the stream that reads them
+(:func:`read_on_lane_streams`, :func:`made_on_lane_streams`); :func:`record_use` says how.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpkit import comm
+from dpkit.context import in_backward
 from dpkit.devices import _LANE_ATTRIBUTE, Device, place, stream_of
 from dpkit.nested import module_tensors, tensors_in
 
@@ -46,10 +50,10 @@ def record_reads(
     tensors its replica reads that were made on the caller's stream."""
     if caller_stream is None:
         return
-    comm.record_use(module_tensors(module), stream)
-    comm.record_use(tensors_in(input), stream)
+    record_use(module_tensors(module), stream)
+    record_use(tensors_in(input), stream)
     if kwargs:
-        comm.record_use(tensors_in(kwargs), stream)
+        record_use(tensors_in(kwargs), stream)
 
 
 def tag_new_outputs(
@@ -104,4 +108,59 @@ def lanes_done(streams: Sequence[Any], caller_stream: Any, results: dict[int, An
         return
     for stream in streams:
         caller_stream.wait_stream(stream)
-    comm.record_use(tensors_in(list(results.values())), caller_stream)
+    record_use(tensors_in(list(results.values())), caller_stream)
+
+
+# --------------------------------------------------------------------------------------
+# Streams: what a lane reads or made on its own stream is recorded for torch's allocator.
+
+
+def record_use(tensors: Iterable[torch.Tensor], stream: Any) -> None:
+    """Tell torch's caching allocator that work queued on ``stream`` reads ``tensors``.
+
+    The allocator gives a freed block back to the stream that allocated it at once; a block
+    another stream still reads must first wait for that stream's queued work, which
+    ``Tensor.record_stream`` arranges (torch's own scatter does the same for its copy
+    streams). Only CUDA memory has such blocks: other tensors are skipped, and a sparse
+    tensor, which has no storage of its own (``record_stream`` refuses it), is recorded
+    through the dense tensors it is made of.
+    """
+    for tensor in tensors:
+        if tensor.is_cuda:
+            for part in _dense_parts(tensor):
+                part.record_stream(stream)
+
+
+def _dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The strided tensors holding ``tensor``'s memory: itself, or a sparse layout's parts."""
+    layout = tensor.layout
+    if layout is torch.sparse_coo:
+        return tensor._indices(), tensor._values()
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return tensor.crow_indices(), tensor.col_indices(), tensor.values()
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return tensor.ccol_indices(), tensor.row_indices(), tensor.values()
+    return (tensor,)
+
+
+def read_on_lane_streams(
+    per_device: Sequence[Sequence[torch.Tensor]], devices: Sequence[Device]
+) -> None:
+    """In a backward on GPU lanes: record ``per_device[j]``, copies comm made on this
+    thread's stream for ``devices[j]``, on that lane's stream, where its backward reads them."""
+    if devices[0].has_own_stream and in_backward():
+        for tensors, device in zip(per_device, devices):
+            record_use(tensors, stream_of(device))
+
+
+def made_on_lane_streams(
+    per_device: Iterable[Sequence[torch.Tensor]], devices: Sequence[Device]
+) -> None:
+    """In a backward on GPU lanes: record gradients the lanes made on their streams as read
+    on this thread's current stream of their GPU, where comm queues the copies and sums that
+    read them (a copy into CPU memory too)."""
+    if devices[0].has_own_stream and in_backward():
+        lane = devices[0]
+        stream = torch.get_device_module(lane.device_type).current_stream(lane.torch_device)
+        for tensors in per_device:
+            record_use(tensors, stream)

@@ -180,7 +180,7 @@ def gpu(monkeypatch) -> FakeGpu:
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "current_stream", fake.current_stream)
     # Lanes' streams and clock origins come from the fake, and stay out of dpkit's caches.
-    for module in (lanes_module, comm, trace_backward):
+    for module in (lanes_module, trace_backward):
         monkeypatch.setattr(module, "stream_of", fake.stream_of)
     monkeypatch.setattr(trace_clock, "_cuda_origins", {})
     monkeypatch.setattr(trace_clock, "_pending", [])

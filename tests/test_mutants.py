@@ -26,6 +26,7 @@ from torch import nn
 
 import dpkit
 from dpkit import comm, tracing
+from dpkit import lanes as lanes_module
 from dpkit.context import backward_of
 from dpkit.devices import place, resides_on
 from dpkit.nested import module_tensors
@@ -311,7 +312,7 @@ def test_record_use_records_dense_and_sparse_cuda_tensors_and_skips_the_rest():
         _FakeCudaTensor(torch.sparse_bsc, log, "bsc"),
         torch.ones(2),
     ]
-    comm.record_use(tensors, "lane stream")
+    lanes_module.record_use(tensors, "lane stream")
     assert log == [
         (name, "lane stream")
         for name in [
@@ -338,8 +339,10 @@ def test_in_backward_gradients_on_gpu_lanes_are_recorded_on_the_stream_that_read
     on CPU memory, with the streams replaced by names."""
     gpu_lanes = [dpkit.Device(i, devices_module.VIRTUAL_GPU, torch.device("cpu")) for i in range(3)]
     recorded, asked = [], []
-    monkeypatch.setattr(comm, "record_use", lambda ts, stream: recorded.append((list(ts), stream)))
-    monkeypatch.setattr(comm, "stream_of", lambda device: f"lane {device.index}")
+    monkeypatch.setattr(
+        lanes_module, "record_use", lambda ts, stream: recorded.append((list(ts), stream))
+    )
+    monkeypatch.setattr(lanes_module, "stream_of", lambda device: f"lane {device.index}")
 
     def current_stream(device):
         asked.append(device)
