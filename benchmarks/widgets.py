@@ -23,7 +23,8 @@ lands on all three alike:
               constrained-layout figure twice (a layout pass, then the paint) and compresses
               at zlib level 6.
 ``once``      :func:`dpkit.viz.explorer.figure_png`: painted once, on a canvas the explorer
-              keeps, zlib level 1; the layout is computed in that single pass.
+              keeps for figures of that size, zlib level 1; the layout is computed in that
+              single pass.
 ``shipped``   ``once`` plus the remembered layout (:class:`dpkit.viz.explorer.LayoutMemory`):
               a figure with the same decorations as one laid out before takes its positions
               and skips the layout.

@@ -10,7 +10,8 @@ Under the image, a collapsed "Text description of the figure" holds its text alt
 The surprise first: a redraw's time goes into matplotlib, not into the PNG encoder.
 ``savefig`` draws a constrained-layout figure twice (once to lay it out, once to paint it),
 and the layout alone, which measures every tick label and title, costs as much as the
-painting. So an explorer paints each figure once, on a canvas it keeps, and remembers the
+painting. So an explorer paints each figure once, on a canvas it keeps for figures of that
+size (with its renderer, which holds matplotlib's text measurements), and remembers the
 layout it computed: the next figure with the same decorations (the same size, titles, legend
 entries and tick-label lengths; a batch slider moved, say) takes the remembered positions
 instead of laying itself out again. ``benchmarks/widgets.py`` measures what each step saves.
