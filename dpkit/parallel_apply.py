@@ -154,7 +154,9 @@ def parallel_apply(
             _set_current_device(None)
 
     work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, devices, streams))
-    with _profiler_range():  # dpkit: while tracing, a "dpkit.apply" range for torch's profiler
+    # dpkit: while tracing, a "dpkit.apply" range for torch's profiler around the workers, and
+    # after them each replica's outputs, activations and backward timer
+    with tracing.applying(work, results):
         if len(modules) > 1 or timeout is not None:  # dpkit: timeout= needs a thread, even for one
             # dpkit: daemon threads, so a stuck replica cannot keep the process from exiting
             threads = [threading.Thread(target=_worker, args=args, daemon=True) for args in work]
@@ -164,8 +166,6 @@ def parallel_apply(
         else:
             _worker(*work[0])
 
-    if tracing.enabled():  # dpkit: outputs, activations, backward timers: after the workers
-        tracing.after_apply(work, results)
     # dpkit: the caller's stream waits for the lanes' and records their outputs
     lanes.lanes_done(streams, caller_stream, results)
 
@@ -297,14 +297,6 @@ def _autocast(
     autocast_type = device.device_type if device.device_type in autocast_state else "cpu"
     enabled, dtype = autocast_state[autocast_type]
     return torch.autocast(autocast_type, dtype=dtype, enabled=enabled)
-
-
-def _profiler_range() -> AbstractContextManager[Any]:
-    """A "dpkit.apply" range in the caller's thread, which torch's profiler follows (it does
-    not follow the workers), while a trace records under the profiler."""
-    if tracing.enabled() and torch.autograd._profiler_enabled():
-        return torch.autograd.profiler.record_function("dpkit.apply")
-    return nullcontext()
 
 
 # No hang without a way out.

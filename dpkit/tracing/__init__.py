@@ -47,7 +47,13 @@ threads and to their bound).
 """
 
 from dpkit.context import current_step
-from dpkit.tracing.backward import ReplicaBackward, after_apply, replicated, trace_replica
+from dpkit.tracing.backward import (
+    ReplicaBackward,
+    after_apply,
+    applying,
+    replicated,
+    trace_replica,
+)
 from dpkit.tracing.clock import resolve_pending
 from dpkit.tracing.events import (
     ALLOCATED,
@@ -92,6 +98,7 @@ __all__ = [
     "ReplicaBackward",
     "Trace",
     "after_apply",
+    "applying",
     "begin_step",
     "copy_span",
     "current_step",

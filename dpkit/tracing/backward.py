@@ -1,11 +1,12 @@
 """After each replica's forward: what its outputs and activations hold, and its backward timed.
 
-``parallel_apply`` hands the finished replicas to :func:`after_apply` while tracing. Done
-there, after the workers, so that none of it is timed as ``apply`` and no worker waits for
-the GIL on the trace's behalf: each replica's ``outputs`` are counted, and
-:mod:`~dpkit.tracing.replica_graph` walks its autograd graph once, for its ``activations``
-(the bytes saved for backward) and the nodes where its backward starts and ends, which get
-the hooks of a :class:`ReplicaBackward`.
+``parallel_apply`` runs its workers inside :func:`applying`, which, while tracing, opens a
+"dpkit.apply" range for torch's profiler in the caller's thread and then hands the finished
+replicas to :func:`after_apply`. Done there, after the workers, so that none of it is timed
+as ``apply`` and no worker waits for the GIL on the trace's behalf: each replica's
+``outputs`` are counted, and :mod:`~dpkit.tracing.replica_graph` walks its autograd graph
+once, for its ``activations`` (the bytes saved for backward) and the nodes where its
+backward starts and ends, which get the hooks of a :class:`ReplicaBackward`.
 
 On the CPU, autograd runs every replica's backward in the one thread that called
 ``backward()``, their nodes interleaved, so the replicas' ``backward`` events overlap
@@ -15,7 +16,8 @@ without running in parallel; on GPUs each device has its own backward thread.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -132,3 +134,17 @@ def after_apply(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> Non
         if kwargs:
             tensors_in(kwargs, given)
         trace_replica(device, outputs, given)
+
+
+@contextmanager
+def applying(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> Iterator[None]:
+    """parallel_apply's workers run inside this: while tracing, a "dpkit.apply" range in the
+    caller's thread, which torch's profiler follows (it follows no worker), and once every
+    worker has finished (not after a timeout or Ctrl-C), :func:`after_apply` on ``results``."""
+    if not recorder.enabled():
+        yield
+        return
+    profiling = torch.autograd._profiler_enabled()
+    with torch.autograd.profiler.record_function("dpkit.apply") if profiling else nullcontext():
+        yield
+    after_apply(work, results)

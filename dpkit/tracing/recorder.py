@@ -5,13 +5,15 @@ Recording is off by default, and then each entry point costs one test of two lis
 listens (:func:`register_phase_hook`), every span becomes an :class:`Event`, appended to
 each open trace and passed to the hooks in the thread that did the work.
 
-Who calls what: :mod:`dpkit.comm` opens a :func:`copy_span` around each copy (its phase
-follows from the copy's :class:`~dpkit.tracing.events.Collective` and the pass, read from
-:mod:`dpkit.context`) and says what a copy leaves on a device (:func:`holds`);
-``parallel_apply`` opens an ``apply`` :func:`span` per replica and hands its results to
-:func:`dpkit.tracing.backward.after_apply`; replicate times building the replica modules
-with a :func:`host_span`; DataParallel begins each step (:func:`begin_step`) and ends its
-forward (:func:`end_forward`), where torch's allocator is read on real CUDA devices.
+Who calls what: :mod:`dpkit.comm`, in one seam (``_copy_group``), opens a :func:`copy_span`
+around each group of copies for a device (its phase follows from the copy's
+:class:`~dpkit.tracing.events.Collective` and the pass, read from :mod:`dpkit.context`) and
+says what the copies leave on the device (:func:`holds`); ``parallel_apply`` opens an
+``apply`` :func:`span` per replica and runs its workers inside
+:func:`dpkit.tracing.backward.applying`, which hands their results to ``after_apply``;
+replicate times building the replica modules with a :func:`host_span`; DataParallel begins
+each step (:func:`begin_step`) and ends its forward (:func:`end_forward`), where torch's
+allocator is read on real CUDA devices.
 
 A trace records the work started in the thread that opened it, and in the threads that work
 hands on to (``parallel_apply``'s workers, autograd's), through :mod:`dpkit.context`'s
