@@ -58,6 +58,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -217,11 +218,9 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
 
     ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL's SHM transport through host memory,
     measured at 3.9 GB/s all-reduce bus bandwidth on PCIe 3 (nccl#384, the T4-PCIe3 preset's
-    ``device_to_device``). ``Hardware.device_link()`` would price it as PCIe down and up
-    (``host_to_device`` / 2 = 6.3 GB/s, for copies and NCCL alike); DDP's only use of the device
-    link is NCCL's all-reduce, so the pair is given the measured NCCL link as its device link
-    (and ``peer_to_peer=True`` so that the link is read): what
-    ``results/cost_published_proposal.md`` proposes the model do for NCCL."""
+    ``device_to_device``), which ``Hardware.collective_link()`` gives NCCL's collectives there;
+    a copy between the two (DataParallel's) goes down to the host and up
+    (``Hardware.device_link()``: ``host_to_device`` / 2, 6.3 GB/s)."""
     v100 = cost.preset("8xV100-NVLink")
     t4 = cost.preset("T4-PCIe3")
     nvlink = Link(21.4 * GB, 2 * US, "measured: 2 RTX 2080 Ti (TU102) on a bridge, nccl-tests#44")
@@ -245,7 +244,7 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
         devices_per_node=2,
         nodes=1,
         nics_per_node=1,
-        peer_to_peer=True,  # see the docstring: False would ignore the measured NCCL link
+        peer_to_peer=peer_to_peer,
         compute_units=2,
     )
 
@@ -308,6 +307,9 @@ def stretch_profile(profiles: dict[int, Profile], length: int) -> Profile:
         activations=stretch([profiles[s].activations for s in lengths]),
         input_row_bytes=scalar("input_row_bytes"),
         output_row_bytes=scalar("output_row_bytes"),
+        grad_output_row_bytes=None
+        if base.grad_output_row_bytes is None
+        else scalar("grad_output_row_bytes"),
     )
 
 
@@ -405,11 +407,14 @@ class WithLoss(torch.nn.Module):
 
 
 def _cache_key() -> str:
-    """What a cached profile depends on: torch's version and the models' source."""
+    """What a cached profile depends on: torch's version, the models' source and what a
+    Profile holds (a profile pickled before a field was added lacks it)."""
     import hashlib
 
     source = (HERE / "published_models.py").read_bytes()
-    return f"torch {torch.__version__}, models {hashlib.sha1(source).hexdigest()[:12]}"
+    holds = ",".join(spec.name for spec in dataclasses.fields(Profile))
+    return (f"torch {torch.__version__}, models {hashlib.sha1(source).hexdigest()[:12]}, "
+            f"profile {hashlib.sha1(holds.encode()).hexdigest()[:8]}")  # fmt: skip
 
 
 def load_models(length: int = 1024, check: bool = False,
@@ -537,9 +542,9 @@ def cites(source: str, url: str) -> bool:
 
 def binding_source(hardware: Hardware, n: int) -> str:
     """Where the number bounding an all-reduce over ``n`` devices comes from: NVLS's (the
-    machine's source), the device link's, or across nodes the slower of the device link
-    and the node's ports."""
-    inside = hardware.device_link()
+    machine's source), NCCL's link inside a node, or across nodes the slower of it and the
+    node's ports."""
+    inside = hardware.collective_link()
     if n <= hardware.devices_per_node:
         if hardware.allreduce_bandwidth is not None:
             return f"allreduce_bandwidth ({hardware.source})"
@@ -696,9 +701,9 @@ def communication_rows() -> list[Row]:
     t4 = cost.preset("T4-PCIe3")
     rows.append(comm_row(
         m, "all-reduce, one node", 1 * GIB, 2, titan_rtx_pair(False),
-        "T4-PCIe3's NCCL-through-host link, 3.9 GB/s, set from this run (nccl#384); "
-        f"Hardware.device_link() reads {t4.device_link().bandwidth / GB:.1f} GB/s "
-        "(host_to_device / 2) for it today",
+        "T4-PCIe3's NCCL-through-host link, 3.9 GB/s, set from this run (nccl#384), what "
+        "Hardware.collective_link() gives NCCL without peer to peer; a copy there reads "
+        f"{t4.device_link().bandwidth / GB:.1f} GB/s (host_to_device / 2)",
         "agrees by construction (size not stated: 1 GiB assumed); one channel "
         "(NCCL_MAX_NCHANNELS=1), so NCCL's default may do better on some hosts",
     ))  # fmt: skip
@@ -763,7 +768,9 @@ def copy_rows() -> list[Row]:
         "~370 GB/s of NVLink 4's 450",
     ))  # fmt: skip
     m = BY_KEY["h100_no_p2p_copy"]
-    off = replace(h100, peer_to_peer=False)
+    with warnings.catch_warnings():  # only a copy is read: NCCL's link (370 GB/s) is not
+        warnings.filterwarnings("ignore", "Hardware .*peer_to_peer is false")
+        off = replace(h100, peer_to_peer=False)
     rows.append(row_from(
         m, group, copy_rate(off.device_link()),
         "8xH100-SXM-NVLink with peer_to_peer=False: host_to_device (PCIe 5 x16, 63 GB/s x "

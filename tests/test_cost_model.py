@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
@@ -95,6 +96,71 @@ def test_a_ddp_step_on_two_made_up_gpus_by_hand():
     assert {e.nbytes for e in buckets} == {PARAMS}  # 2*(1/2)*S
     # then the sums are copied from the bucket back into .grad (memory so fast it is ~0)
     assert trace.step_time == pytest.approx(max(e.end for e in buckets), abs=1e-10)
+
+
+def without_peer_to_peer() -> Hardware:
+    """PCIe at 2 GB/s (1 us), and NCCL through host memory (SHM) measured at 0.5 GB/s (4 us):
+    slower than two copies over PCIe, as on real machines (nccl#384: 3.9 GB/s on PCIe 3)."""
+    return made_up(
+        peer_to_peer=False, host_to_device=Link(2 * GB, 1e-6, "made-up PCIe"),
+        device_to_device=Link(0.5 * GB, 4e-6, "made up: NCCL through host memory"),
+    )  # fmt: skip
+
+
+def test_without_peer_to_peer_nccl_takes_its_own_link_and_copies_go_down_and_up():
+    machine = without_peer_to_peer()
+    # DDP's all-reduce of 1 MB on 2 devices: 2 x 1/2 x 1 MB / 0.5 GB/s + 2 ring steps of 4 us
+    assert cost.allreduce(1e6, 2, machine) == pytest.approx(2e-3 + 2 * 4 * US)
+    ddp = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, machine, "ddp")
+    allreduce = spans(ddp)["allreduce"]
+    assert allreduce[1] - allreduce[0] == pytest.approx(PARAMS / (0.5 * GB) + 2 * 4 * US, abs=1e-10)
+    got = spans(cost.predict(two_layers(), torch.randn(1, 4), 4, 2, machine))
+    # DataParallel's scatter copies 32 B down to the host and up: 1 GB/s, 2 x 1 us
+    scatter = 2 * US + 32e-9
+    assert got["scatter"][1] == pytest.approx(scatter, abs=1e-10)
+    # its replicate and reduce are NCCL's: 232 B at 0.5 GB/s and one ring step of 4 us
+    nccl = PARAMS / (0.5 * GB) + 4 * US
+    assert got["replicate"][1] == pytest.approx(scatter + nccl, abs=1e-10)
+    assert got["reduce"][1] - got["reduce"][0] == pytest.approx(nccl, abs=1e-10)
+
+
+def test_a_pcie_rate_given_as_nccls_path_through_host_memory_is_warned_about():
+    with pytest.warns(UserWarning, match=r"peer_to_peer is false.*1 GB/s.*above.*0\.5 GB/s"):
+        made_up(peer_to_peer=False)  # device_to_device 1 GB/s: PCIe's own rate
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        without_peer_to_peer()
+        cost.preset("T4-PCIe3")
+
+
+class WithDetachedFeatures(nn.Module):
+    """Logits (2 floats a row) and, detached, the input twice (8 floats a row): features a
+    caller reads, no loss (as Hugging Face's models return logits beside their loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(x), torch.cat([x, x], dim=1).detach()
+
+
+def test_dataparallel_scatters_a_gradient_only_for_outputs_that_require_grad():
+    slow_memory = made_up(memory_bandwidth=1 * GB)  # 1 ns a byte: the loss shows
+    trace = cost.predict(WithDetachedFeatures(), torch.randn(1, 4), 4, 2, slow_memory)
+    moved = {row["phase"]: row["nbytes"] for row in trace.summary()}
+    # gather copies both outputs of device 1's 2 rows: 2 x (2 + 8) floats = 80 B
+    assert moved["gather"] == 80
+    # the loss reads, and the gradient goes back for, the logits alone: 2 x 2 floats
+    assert moved["grad_scatter"] == 16
+    got = spans(trace)
+    scatter_back = [e for e in trace.events if e.phase == "grad_scatter" and e.nbytes]
+    assert scatter_back[0].end - scatter_back[0].start == pytest.approx(1 * US + 16e-9, abs=1e-10)
+    # between them, the loss on device 0: 6 ops over the 4 rows' logits, 32 B each at 1 GB/s
+    loss = got["grad_scatter"][0] - got["gather"][1]
+    assert loss == pytest.approx(6 * 32e-9, abs=1e-10)
+    assert trace.held[0]["output gradient"] == 32 and trace.held[0]["gathered"] == 160
 
 
 def test_ddp_copies_gradients_into_its_buckets_and_back_even_on_one_rank():

@@ -76,6 +76,35 @@ def test_predicted_dp_events_and_bytes_equal_a_measured_trace(name, devices, bat
     assert Counter(r for r in held(predicted).elements() if r[1] in recorded) == held(measured)
 
 
+class LogitsAndExtras(nn.Module):
+    """Logits, the features before them (detached: a caller's to read) and the predicted
+    class (integers): only the logits are on the loss's autograd path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head = nn.Sequential(nn.Flatten(), nn.Linear(784, 16)), nn.Linear(16, 10)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        features = self.body(images)
+        logits = self.head(features)
+        return logits, features.detach(), logits.argmax(dim=1)
+
+
+def test_predicted_grad_scatter_bytes_equal_a_measured_trace_for_outputs_no_loss_reads():
+    model, batch = LogitsAndExtras(), 10
+    predicted = cost.predict(model, sample_input(), batch, 3, "this-machine")
+    parallel = dpkit.DataParallel(model, device_ids=lanes(3))
+    with dpkit.trace() as measured:
+        logits, _, _ = parallel(torch.randn(batch, 1, 28, 28))
+        nn.functional.cross_entropy(logits, torch.randint(0, 10, (batch,))).backward()
+    for phase in ("gather", "grad_scatter"):
+        total = sum(e.nbytes for e in predicted.events if e.phase == phase)
+        assert total == sum(e.nbytes for e in measured.events if e.phase == phase), phase
+    # devices 1 and 2 get back the gradient of their logits alone: 3 + 3 rows of 10 floats
+    assert sum(e.nbytes for e in predicted.events if e.phase == "grad_scatter") == 6 * 10 * 4
+
+
 def test_predicted_bytes_follow_chunks_and_parameters():
     model = course_model("mlp")
     params = sum(p.nbytes for p in model.parameters())

@@ -176,6 +176,8 @@ def test_every_output_tensor_is_found_and_seeded(kind):
     cost = profile(model, torch.randn(1, 4))
     # hand-computed: a row of logits (3 floats), aux (2 floats) and one int64
     assert cost.output_tensors == 3 and cost.output_row_bytes == 3 * 4 + 2 * 4 + 8
+    # a loss reads, and DataParallel scatters a gradient for, the floating ones alone
+    assert cost.grad_output_count == 2 and cost.grad_output_bytes(5) == 5 * (3 * 4 + 2 * 4)
     forward, backward = counted(model, torch.randn(7, 4))
     assert cost.backward.flops(7) == backward
     # hand-computed: the head's weight and input gradients, the body's weight gradient,

@@ -106,6 +106,7 @@ def test_a_profile_stretched_in_sequence_length_matches_a_direct_profile():
         assert stretched.backward.nbytes(rows) == pytest.approx(direct.backward.nbytes(rows))
         assert stretched.activation_bytes(rows) == pytest.approx(direct.activation_bytes(rows))
     assert stretched.output_row_bytes == direct.output_row_bytes
+    assert stretched.grad_output_row_bytes == direct.grad_output_row_bytes
     hardware = cost.preset("8xA100-SXM-NVLink")
     tokens = torch.zeros(1, 40, dtype=torch.long)
     with published.prepared({(id(model), None): stretched}):
@@ -131,9 +132,10 @@ def test_the_titan_rtx_pair_s_links_are_the_measured_ones():
     """NVLink: TU102's bridge in nccl-tests#44; without peer to peer, NCCL through host
     memory as the T4-PCIe3 preset holds it (nccl#384), not PCIe 3 / 2."""
     nvlink, off = published.titan_rtx_pair(True), published.titan_rtx_pair(False)
-    assert nvlink.device_link().bandwidth == pytest.approx(21.4e9)
-    assert off.device_link() == cost.preset("T4-PCIe3").device_to_device
-    assert off.device_link().bandwidth == pytest.approx(3.9e9)
+    assert nvlink.collective_link().bandwidth == pytest.approx(21.4e9)
+    assert not off.peer_to_peer
+    assert off.collective_link() == cost.preset("T4-PCIe3").device_to_device
+    assert off.collective_link().bandwidth == pytest.approx(3.9e9)
     assert nvlink.peak_flops["float32"] == pytest.approx(16.3e12)
 
 

@@ -73,3 +73,15 @@ def test_a_measured_link_holds_the_number_its_source_states(name, field):
     assert stated, (
         f"{name}.{field} holds {number} GB/s; its sources {keys(link.source)} say otherwise"
     )
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in GPU_PRESETS if not cost.preset(name).peer_to_peer]
+)
+def test_without_peer_to_peer_device_to_device_is_nccl_through_host_memory(name):
+    """There it is what NCCL's collectives get (its SHM transport), not a PCIe or NVLink
+    rate: said so in its source, and below the two copies' host_to_device / 2."""
+    hardware = cost.preset(name)
+    link = hardware.device_to_device
+    assert "through host memory" in link.source, f"{name}: {link.source!r}"
+    assert link.bandwidth <= hardware.host_to_device.bandwidth / 2

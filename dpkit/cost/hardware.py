@@ -12,8 +12,11 @@ How each field is used (:mod:`dpkit.cost.predict` is the rest):
   names the dtype, else ``matmul_efficiency``), or what ``op_seconds`` measured for its op;
 - a copy or a collective of ``S`` bytes over a link takes ``latency + S / bandwidth`` per
   message (alpha-beta), see :mod:`dpkit.cost.collectives`;
-- ``peer_to_peer`` False: copies and NCCL go through host memory, over ``host_to_device``
-  twice; ``nics_per_node``: NCCL runs a ring per port, so a node's ports add up;
+- ``peer_to_peer`` False: copies go through host memory, over ``host_to_device`` twice
+  (:meth:`Hardware.device_link`), while NCCL's collectives get ``device_to_device``, which
+  then holds NCCL's own path through host memory (its SHM transport, measured slower: 3.9
+  GB/s all-reduce on PCIe 3, presets [nccl-384]; :meth:`Hardware.collective_link`);
+  ``nics_per_node``: NCCL runs a ring per port, so a node's ports add up;
 - ``virtual_lanes``: dpkit's CPU lanes, where the host makes every copy itself, through
   device 0, the lanes' threads share ``compute_units`` cores and autograd runs every
   replica's backward in one thread; False: GPUs, where the host queues work and runs ahead;
@@ -25,6 +28,7 @@ Each field declares its unit, which :func:`check` enforces, and a line about it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -122,7 +126,10 @@ class Hardware:
     compute_units: float = _about("count", "devices of a node that compute at full speed at once")
     # Links, and how the devices are laid out
     host_to_device: Link = _about("link", "host memory to a device (PCIe)")
-    device_to_device: Link = _about("link", "two devices of a node, NCCL's bus bandwidth")
+    device_to_device: Link = _about(
+        "link", "two devices of a node, NCCL's bus bandwidth (through host memory where "
+        "peer_to_peer is false)",
+    )  # fmt: skip
     node_to_node: Link = _about("link", "one network port between nodes")
     devices_per_node: int = _about("whole number", "devices in one node")
     nodes: int = _about("whole number", "nodes as named (DDP on more devices assumes more)")
@@ -177,6 +184,23 @@ class Hardware:
         for op, samples in self.op_seconds.items():
             if not (isinstance(samples, (tuple, list)) and samples and all(map(_is_pair, samples))):
                 raise ValueError(f"{owner}: op_seconds[{op!r}] must be (work, seconds) pairs")
+        self._warn_fast_shm(owner)
+
+    def _warn_fast_shm(self, owner: str) -> None:
+        """Without peer to peer, ``device_to_device`` is NCCL's path through host memory:
+        a number above the two copies' ``host_to_device / 2`` is more likely a PCIe or NVLink
+        rate (a hardware file written before that meaning) than a measurement of it."""
+        shm, host = self.device_to_device.bandwidth, self.host_to_device.bandwidth
+        if self.peer_to_peer or shm <= host / 2:
+            return
+        warnings.warn(
+            f"{owner}: peer_to_peer is false, so device_to_device is what NCCL's collectives "
+            f"get through host memory (its SHM transport), but it says {shm / 1e9:.3g} GB/s, "
+            f"above host_to_device / 2 ({host / 2e9:.3g} GB/s). NCCL reached 3.9 GB/s of "
+            "all-reduce bus bandwidth this way on PCIe 3 (github.com/NVIDIA/nccl/issues/384); "
+            "measure yours with nccl-tests' all_reduce_perf under NCCL_P2P_DISABLE=1",
+            stacklevel=4,
+        )
 
     @property
     def max_devices(self) -> int:
@@ -198,11 +222,21 @@ class Hardware:
         return self.memory_bandwidth * self.memory_efficiency
 
     def device_link(self) -> Link:
-        """Two devices of one node: directly, or through host memory (down and up)."""
+        """A copy between two devices of one node (DataParallel's scatter and gather):
+        directly, or through host memory, down and up. NCCL's collectives use
+        :meth:`collective_link`."""
         if self.peer_to_peer:
             return self.device_to_device
         host = self.host_to_device
         return Link(host.bandwidth / 2, 2 * host.latency, "through host memory: down and up")
+
+    def collective_link(self) -> Link:
+        """What NCCL's collectives get between two devices of one node: ``device_to_device``,
+        peer to peer or, with ``peer_to_peer`` False, NCCL's SHM transport through host
+        memory. That is not :meth:`device_link`'s two copies: CUDA overlaps a copy's two
+        hops (37 GB/s on PCIe 5, nccl#1264), while NCCL's kernels write and read host memory
+        in both directions at once (3.9 GB/s all-reduce on PCIe 3, nccl#384)."""
+        return self.device_to_device
 
     def network_link(self) -> Link:
         """What a collective spanning nodes gets from the network: a ring per port."""

@@ -82,7 +82,8 @@ def dp_memory(
     first["optimizer"] = gradients * optimizer_copies(optimizer)
     if len(sizes) > 1:
         first["gathered"] = model.output_bytes(sum(sizes))
-        first["output gradient"] = model.output_bytes(sum(sizes))  # the loss's, scattered back
+        # the loss's, scattered back: of the outputs that require grad
+        first["output gradient"] = model.grad_output_bytes(sum(sizes))
     if gpu:
         first["input"] = model.input_bytes(sum(sizes))
         if len(sizes) > 1:  # each device flattens up to 10 MiB; device 0 also the result

@@ -8,8 +8,9 @@ its times come from the cost model. Every summary, export and figure works on it
     from device 0; replicate is an NCCL broadcast, then the replica modules built in Python;
     a thread per replica launches its forward (their Python takes turns with the GIL);
     gather copies the outputs onto device 0; the loss runs there; backward scatters its
-    gradient, each GPU runs its replica's backward, and once *all* are done an NCCL reduce
-    sums the gradients (:mod:`dpkit.cost.collectives`).
+    gradient (of the outputs that require grad: the loss reads no other), each GPU runs its
+    replica's backward, and once *all* are done an NCCL reduce sums the gradients
+    (:mod:`dpkit.cost.collectives`; without peer to peer NCCL's path through host memory).
 ``"dp"`` on virtual lanes (dpkit's CPU lanes): the same phases, but the host makes every
     copy itself, through device 0, the threads share the cores, and autograd runs all
     replicas' backward in one thread.
@@ -270,15 +271,19 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
     if n == 1:  # DataParallel calls the module itself: no replicas, no threads
         note = "one device: the module itself"
         step.run(Phase.APPLY, 0, _lasts(forward[batch], hardware), replica=0, note=note)
-        _loss(step, hardware, model.output_bytes(batch))
+        _loss(step, hardware, model.grad_output_bytes(batch))
         step.run(Phase.BACKWARD, 0, _lasts(backward[batch], hardware))
         return
     _replicate(step, model, hardware, n)
     _apply(step, model, hardware, sizes, forward)
     outputs = [model.output_bytes(r) for r in sizes]
     _copies(step, hardware, Phase.GATHER, outputs, tensors=model.output_tensors)
-    _loss(step, hardware, sum(outputs))
-    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, outputs, tensors=model.output_tensors)
+    # the loss reads, and Gather's backward scatters a gradient for, only the outputs on
+    # the loss's autograd path: those that require grad
+    gradients = [model.grad_output_bytes(r) for r in sizes]
+    _loss(step, hardware, sum(gradients))
+    arrived = _copies(step, hardware, Phase.GRAD_SCATTER, gradients,
+                      tensors=model.grad_output_count)  # fmt: skip
     times = [backward[r] for r in sizes]
     if lanes:  # autograd runs every replica's backward in the caller's one thread
         start = max(step.host, *arrived)
@@ -305,7 +310,7 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
                     tensors=len(sizes))  # fmt: skip
             continue
         calls = collectives.messages(sizes)
-        took = collectives.broadcast(sum(sizes), n, hardware.device_link(), calls)
+        took = collectives.broadcast(sum(sizes), n, hardware.collective_link(), calls)
         step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), tensors=len(sizes))
     start, end = step.busy(hardware.module_overhead * model.modules * n)
     step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
@@ -348,7 +353,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
         return
     calls = collectives.messages(sizes)
     flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
-    took = 2 * flatten + collectives.reduce(total, n, hardware.device_link(), calls)
+    took = 2 * flatten + collectives.reduce(total, n, hardware.collective_link(), calls)
     step.collective(hardware, Phase.REDUCE, calls, took, total, tensors=len(sizes))
 
 
@@ -423,8 +428,9 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
     copies = _bucket_copies(model, hardware)
     backward = [pass_time(model.backward, rows, hardware, True) for rows in sizes]
     backward = [PassTime(t.host + copies.host, t.device + copies.device) for t in backward]
-    # each rank's loss on its own output (and autograd's start)
-    loss = [LOSS_OPS * (hardware.op_overhead + elementwise_time(model.output_bytes(rows), hardware))
+    # each rank's loss on its own outputs that require grad (and autograd's start)
+    loss = [LOSS_OPS * (hardware.op_overhead + elementwise_time(model.grad_output_bytes(rows),
+                                                                hardware))
             + hardware.step_overhead / 2 for rows in sizes]  # fmt: skip
 
     def ends(starts: list[float], times: list[PassTime]) -> list[float]:

@@ -142,10 +142,9 @@ def _presets() -> list[Hardware]:
             memory_bandwidth=320 * GB,
             memory_capacity=15 * GIB,  # 16 GB GDDR6, 15,360 MiB usable
             host_to_device=_PCIE3,
-            # NCCL through host memory (SHM), measured [nccl-384]. Not read yet:
-            # Hardware.device_link() prices peer_to_peer=False as host_to_device / 2 (6.3
-            # GB/s) for NCCL and copies alike; benchmarks/results/cost_published_proposal.md
-            # proposes reading this link for NCCL there.
+            # Without peer to peer, NCCL's collectives go through host memory (its SHM
+            # transport), measured [nccl-384]; DataParallel's copies take host_to_device down
+            # and up instead (Hardware.device_link: 6.3 GB/s)
             device_to_device=Link(
                 3.9 * GB, 10 * US, "measured: NCCL through host memory, PCIe 3 [nccl-384]"
             ),

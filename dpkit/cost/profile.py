@@ -105,9 +105,12 @@ class Profile:
     ``parameter_sizes``/``buffer_sizes``: bytes per tensor in ``parameters()``/``buffers()``
     order (what replicate broadcasts); ``gradient_sizes``: those of the parameters that
     require grad (what reduce sums); ``modules``: what replicate builds per replica;
-    ``output_tensors``: what gather copies; ``activations``: the bytes autograd saves, as
-    ``(a, b, c)``; ``amp``: autocast's dtype or None; ``gradient_ops``: per gradient, the
-    backward op after which it is ready (-1: never, an unused parameter)."""
+    ``output_tensors``: what gather copies; ``grad_output_row_bytes`` and
+    ``grad_output_tensors``: those of the outputs that require grad (None: every output),
+    the only ones the loss reads and whose gradient DataParallel scatters back (torch runs
+    ``Gather.backward`` only on the loss's autograd path); ``activations``: the bytes
+    autograd saves, as ``(a, b, c)``; ``amp``: autocast's dtype or None; ``gradient_ops``:
+    per gradient, the backward op after which it is ready (-1: never, an unused parameter)."""
 
     dtype: torch.dtype
     forward: PassCost
@@ -122,6 +125,8 @@ class Profile:
     amp: torch.dtype | None = None
     output_tensors: int = 1
     gradient_ops: tuple[int, ...] = ()
+    grad_output_row_bytes: int | None = None
+    grad_output_tensors: int | None = None
 
     @property
     def parameter_bytes(self) -> int:
@@ -140,6 +145,18 @@ class Profile:
 
     def output_bytes(self, rows: int) -> int:
         return rows * self.output_row_bytes
+
+    def grad_output_bytes(self, rows: int) -> int:
+        """Bytes of the outputs that require grad at ``rows`` rows: what the loss reads and
+        what DataParallel's backward scatters."""
+        per_row = self.grad_output_row_bytes
+        return rows * (self.output_row_bytes if per_row is None else per_row)
+
+    @property
+    def grad_output_count(self) -> int:
+        """How many output tensors require grad (each its own scatter in the backward)."""
+        count = self.grad_output_tensors
+        return self.output_tensors if count is None else count
 
     def activation_bytes(self, rows: int) -> int:
         return round(_evaluate(self.activations, rows))
@@ -399,6 +416,13 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
     return [output] if isinstance(output, torch.Tensor) else []
 
 
+def gradient_roots(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The outputs a backward starts from: floating (or complex) and requiring grad. A
+    detached output (metrics, logits beside a loss computed inside the model) is no root:
+    no loss reads it, and DataParallel scatters no gradient for it."""
+    return [t for t in outputs if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+
+
 def _autocast(amp: torch.dtype | None, tensors: Sequence[torch.Tensor]) -> Any:
     if amp is None:
         return nullcontext()
@@ -438,7 +462,7 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
             f"dataclasses); this one returned {type(output).__name__} holding none"
         )
     activations = replica_graph.walk(found, given).saved_nbytes
-    roots = [t for t in found if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    roots = gradient_roots(found)
     seeds = [torch.ones_like(t) for t in roots]
     with outer, OpRecorder(counter, timed) as backward:
         hooks = []
@@ -623,6 +647,9 @@ def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | No
     _warn_uncounted(backward, "backward")
     outputs = [output_tensors(run[2]) for run in runs]
     out_small, out_large = (sum(t.nbytes for t in found) for found in (outputs[0], outputs[-1]))
+    roots = [gradient_roots(found) for found in (outputs[0], outputs[-1])]
+    grad_small, grad_large = (sum(t.nbytes for t in found) for found in roots)
+    per_row = CHECK_ROWS - PROFILE_ROWS[0]
     floating = [p for p in module.parameters() if p.is_floating_point()]
     inputs = tensors_in([args, kwargs])
     floating_inputs = [t for t in inputs if t.is_floating_point()] or inputs
@@ -634,10 +661,12 @@ def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | No
         buffer_sizes=tuple(b.nbytes for b in module.buffers()),
         modules=len(list(module.modules())),
         input_row_bytes=sum(t[:1].nbytes for t in inputs),
-        output_row_bytes=round((out_large - out_small) / (CHECK_ROWS - PROFILE_ROWS[0])),
+        output_row_bytes=round((out_large - out_small) / per_row),
         activations=fit_rows([run[3] for run in runs]),
         gradient_sizes=tuple(p.nbytes for p in module.parameters() if p.requires_grad),
         amp=amp,
         output_tensors=len(outputs[-1]),
         gradient_ops=tuple(count - 1 if count > 0 else -1 for count in ready),
+        grad_output_row_bytes=round((grad_large - grad_small) / per_row),
+        grad_output_tensors=len(roots[-1]),
     )

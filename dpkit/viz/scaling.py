@@ -89,12 +89,12 @@ def _index(device: str) -> int:
 
 
 def link_names(hardware: Any) -> dict[str, str]:
-    """A machine's two links in words: ``"node"`` (between devices of one node) and
-    ``"network"`` (between nodes: a node's ports together), each its achieved bandwidth
-    and its latency."""
+    """A machine's two links in words: ``"node"`` (NCCL's between devices of one node, what
+    DDP gets) and ``"network"`` (between nodes: a node's ports together), each its achieved
+    bandwidth and its latency."""
     machine = _hardware(hardware)
-    inside, network = machine.device_link(), machine.network_link()
-    how = "peer to peer" if machine.peer_to_peer else "through host memory"
+    inside, network = machine.collective_link(), machine.network_link()
+    how = "peer to peer" if machine.peer_to_peer else "NCCL through host memory"
     return {
         "node": f"{inside.bandwidth / 1e9:.3g} GB/s, {inside.latency * 1e6:.3g} us ({how})",
         "network": f"{network.bandwidth / 1e9:.3g} GB/s, {network.latency * 1e6:.3g} us",
@@ -157,13 +157,14 @@ def traffic(trace: Any) -> Any:
 def hardware_table(names: Sequence[str] | None = None) -> Any:
     """The presets side by side (default: the GPU machines): devices per node, peak FLOP/s
     of the units float32 matmuls, float32 convolutions (TF32 by default) and autocast use,
-    memory per device, and each link's achieved bandwidth with where it comes from."""
+    memory per device, and each link's achieved bandwidth with where it comes from (the
+    device link: NCCL's, what DDP gets)."""
     machines = cost.presets()
     rows = []
     for name in names or gpu_presets():
         machine = machines[name]
         peaks = machine.peak_flops
-        inside, network = machine.device_link(), machine.network_link()
+        inside, network = machine.collective_link(), machine.network_link()
         rows.append(
             {
                 "hardware": name,
