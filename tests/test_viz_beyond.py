@@ -7,9 +7,12 @@ running dpkit: an all-reduce that overlaps a backward on one rank, gradients and
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from matplotlib.colors import to_rgba
+from matplotlib.text import Text
 
 import dpkit
 from dpkit import pipeline as pp
@@ -19,6 +22,7 @@ from dpkit.devices import RANK, VIRTUAL_CPU
 from dpkit.tracing import Event, Trace
 from dpkit.verdict import Outcome
 from dpkit.viz import beyond
+from dpkit.viz.explorer import figure_png
 from tests.verdict_checker import check_text, unchecked_claims
 
 pytest.importorskip("ipywidgets")
@@ -125,6 +129,36 @@ def test_timelines_on_one_clock_share_the_longer_steps_axis():
     limits = {axes.get_xlim() for axes in figure.axes}
     assert len(limits) == 1  # one clock
     assert "fast" in figure.axes[0].get_title() and "slow" in figure.axes[1].get_title()
+
+
+def test_the_legend_of_timelines_on_one_clock_covers_no_text_and_stays_in_the_figure():
+    """DataParallel (with its hatched one-thread note) over DDP with waiting, as notebook 07
+    draws them: the legend beside the stack once ran into the top timeline's long x label."""
+    waiting = filled(
+        replace(e, details={"waiting_s": 0.5}) if e.phase == "backward" else e
+        for e in ddp_trace(steps=1).events
+    )
+    phases = ("scatter", "replicate", "gather", "grad_scatter")  # every phase: a tall legend
+    extra = [Event(p, "virtual:0 (cpu)", 10 + i, 10.5 + i, 100, 1, VIRTUAL_CPU)
+             for i, p in enumerate(phases)]  # fmt: skip
+    data_parallel = filled([*dp_trace(steps=1).events, *extra])
+    figure = beyond.timelines_on_one_clock([("DataParallel", data_parallel), ("DDP", waiting)])
+    figure_png(figure)  # lays out and paints, as the explorer does
+    renderer = figure.canvas.get_renderer()
+    (legend,) = figure.legends
+    inside = {id(t) for t in legend.findobj(Text)}
+    for axes in figure.axes:  # matplotlib keeps tick labels beyond the limits, unpainted
+        low, high = axes.get_xlim()
+        inside |= {
+            id(t) for t in axes.xaxis.get_ticklabels() if not low <= t.get_position()[0] <= high
+        }
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in figure.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and id(t) not in inside]  # fmt: skip
+    legend_box = legend.get_window_extent(renderer)
+    assert [text for text, box in boxes if box.overlaps(legend_box)] == []
+    width = figure.bbox.width
+    assert [text for text, box in boxes if box.x0 < -1 or box.x1 > width + 1] == []
+    assert "waiting" in [t.get_text() for t in legend.get_texts()]
 
 
 def test_traffic_and_memory_draws_both_engines_per_device():

@@ -71,14 +71,16 @@ def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None
     rows = sum(len({e.device for e in ev}) for *_, ev in chosen)
     phases = _phase_order(e.phase for *_, ev in chosen for e in ev)
     waits = any(e.details.get("waiting_s", 0) > 0 for *_, ev in chosen for e in ev)
-    entries = len(phases) + waits
-    # Room for every legend entry too: one legend for all, beside the stack.
-    height = max(1.2 + 0.42 * rows + 0.7 * len(chosen), 0.8 + 0.19 * entries)
+    columns = 5
+    legend_rows = -(-(len(phases) + waits) // columns)
+    # One legend for all, below the stack: beside it, the timelines' long x labels ran into it.
+    height = 1.2 + 0.42 * rows + 0.7 * len(chosen) + 0.1 + 0.2 * legend_rows
     figure, axes = _figure(height, len(chosen), 1)
     for (name, trace, number, events), ax in zip(chosen, axes[:, 0]):
         # No legend of its own (it would run into the next one's title): one for all, below.
         took = draw_timeline(ax, events, span_ms=max(lengths), legend=False)
         draw_waiting(ax, events)
+        ax.xaxis.label.set_fontsize(8)  # a whole-width legend below leaves it no room beside
         title = hardware_title(trace, f"{name}, step {number}: {took:.1f} ms")
         if one_device_note(events) and any(e.phase == "scatter" for e in events):
             # DataParallel on one device: the module's own call is none of its phases
@@ -90,7 +92,8 @@ def timelines_on_one_clock(traces: Sequence[tuple[str, Trace]], step: int | None
     figure.legend(
         handles=handles,
         title="phase",
-        loc="outside right upper",
+        loc="outside lower center",
+        ncols=columns,
         fontsize=8,
         frameon=False,
     )
