@@ -96,6 +96,12 @@ def check_environment(verbose: bool = True) -> EnvironmentReport:
             required=False,
         )
     report.add(_version("matplotlib") is not None, f"matplotlib {_version('matplotlib')}")
+    pytest, hypothesis = _version("pytest"), _version("hypothesis")
+    report.add(
+        pytest is not None and hypothesis is not None,
+        f"pytest {pytest or 'missing'}, hypothesis {hypothesis or 'missing'} "
+        "(dpkit grade runs the exercises' graders with them)",
+    )
     if verbose:
         print(report)
     return report

@@ -9,6 +9,10 @@ import torch
 
 pytestmark = pytest.mark.taskN
 EXERCISE = "taskN_topic.py"
+# Functions that would do the task for the student, as "module.function" (task 4 lists
+# "dpkit.gather.gather"): a submission that calls one, or names it in its source, fails with a
+# hint. This task has none to forbid: torch has no weighted mean of means.
+FORBIDDEN: tuple[str, ...] = ()
 
 
 def chunk_means(values: torch.Tensor, num_devices: int) -> tuple[torch.Tensor, list[int]]:
