@@ -107,7 +107,8 @@ class Gather(Function):
         ctx.input_devices = input_devices
         if all(t.dim() == 0 for t in inputs) and dim == 0:
             inputs = tuple(t.view(1) for t in inputs)
-            warnings.warn(_SCALAR_WARNING, stacklevel=2)
+            # 3: the frame torch's stacklevel=2 names (autograd's apply), past the decorator's
+            warnings.warn(_SCALAR_WARNING, stacklevel=3)
             ctx.unsqueezed_scalar = True
         else:
             ctx.unsqueezed_scalar = False
