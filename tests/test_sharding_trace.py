@@ -132,3 +132,10 @@ def test_activations_are_measured_and_no_engine_divides_them(rows):
     assert {(r["engine"], r["activations"]) for r in rows} == {
         (engine, expected) for engine in ISSUED
     }
+
+
+def test_overlapping_collectives_count_once_in_the_time_spent_in_them():
+    # ZeRO-1 issues its broadcasts together and then waits: their durations overlap
+    assert sharding.busy_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0
+    assert sharding.busy_seconds([(0.0, 10.0), (1.0, 2.0)]) == 10.0
+    assert sharding.busy_seconds([]) == 0.0

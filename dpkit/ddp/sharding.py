@@ -311,26 +311,30 @@ def predicted_bytes(parameter_bytes: int, ranks: int, engine: str, state_copies:
     }
 
 
-def measure_link(sizes: tuple[int, int] = (1 << 16, 1 << 22), repeats: int = 5) -> tuple:
+def measure_link(small: int = 1 << 12, large: int = 1 << 22, repeats: int = 20) -> tuple:
     """This rank's gloo ring, measured as the cost model describes a link: ``(bandwidth,
-    latency)`` from the fastest of ``repeats`` all-reduces of each of two ``sizes`` (bytes),
-    solved for ``t = 2 (n - 1) / n * S / B + 2 (n - 1) * alpha`` (dpkit.cost's ring
-    all-reduce). Every rank must call it; each returns its own reading."""
+    latency)`` for ``t = 2 (n - 1) / n * S / B + 2 (n - 1) * alpha`` (dpkit.cost's ring
+    all-reduce), each from the fastest of its repeats (a busy machine only adds time): the
+    latency from all-reduces of ``small`` bytes, whose bytes take microseconds of them
+    (``repeats`` of them), the bandwidth from ``repeats // 4`` of ``large`` bytes, less
+    that latency; if the latency reads as all of it (noise), the large one's whole time.
+    Every rank must call it; each returns its own reading."""
     world = dist.get_world_size()
-    fastest = []
-    for size in sizes:
-        tensor = torch.ones(size // 4)
-        best = float("inf")
-        for _ in range(repeats):
+
+    def fastest(size: int, times: int) -> float:
+        tensor, best = torch.ones(size // 4), float("inf")
+        for _ in range(times):
             dist.barrier()  # both ranks start together: the fastest repeat is the ring's
             start = time.perf_counter()
             dist.all_reduce(tensor)
             best = min(best, time.perf_counter() - start)
-        fastest.append(best)
-    share = 2 * (world - 1) / world
-    bandwidth = share * (sizes[1] - sizes[0]) / max(fastest[1] - fastest[0], 1e-9)
-    latency = (fastest[0] - share * sizes[0] / bandwidth) / (2 * (world - 1))
-    return bandwidth, max(latency, 1e-7)  # a negative intercept: noise, floored at 0.1 us
+        return best
+
+    tiny, whole = fastest(small, repeats), fastest(large, max(1, repeats // 4))
+    latency = tiny / (2 * (world - 1))
+    wire = whole - 2 * (world - 1) * latency
+    bandwidth = 2 * (world - 1) / world * large / (wire if wire > 0 else whole)
+    return bandwidth, latency
 
 
 def predicted_collective_seconds(phase: str, nbytes: int, ranks: int, link: Any) -> float:
@@ -427,13 +431,25 @@ def predicted_step_seconds(
     return {engine: ddp.step_time + seconds for engine, seconds in extra.items()}
 
 
+def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
+    """How long at least one of ``intervals`` (start, end) ran: overlapping calls (ZeRO-1's
+    broadcasts are issued together, then waited for) count once."""
+    busy, reached = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reached:
+            busy += end - max(start, reached)
+            reached = end
+    return busy
+
+
 def step_table(
     traces: dict[str, Any], steps: dict[str, int], predicted_s: dict[str, float], link: Any
 ) -> Any:
     """A row per engine and collective of ``steps`` (by engine): calls, payload bytes, and
-    rank 0's time in them measured and predicted (:func:`predicted_collective_seconds` over
-    ``link``), after a row for the whole step (measured: :func:`step_seconds`; predicted:
-    ``predicted_s``)."""
+    rank 0's time in them, measured (how long at least one ran: :func:`busy_seconds`) and
+    predicted (the sum of :func:`predicted_collective_seconds` over ``link``: a link
+    carries one message at a time), after a row for the whole step (measured:
+    :func:`step_seconds`; predicted: ``predicted_s``)."""
     from dpkit.ddp.compare import Table
 
     table = Table()
@@ -446,13 +462,14 @@ def step_table(
         found: dict[str, list] = {}
         for e in trace.events:
             if e.step == step and e.device.startswith("rank:0 ") and e.phase in PHASES.values():
-                into = found.setdefault(e.phase, [0, 0, 0.0, 0.0])
+                into = found.setdefault(e.phase, [0, 0, [], 0.0])
                 into[0] += 1
                 into[1] += e.nbytes
-                into[2] += e.duration
+                into[2].append((e.start, e.end))
                 into[3] += predicted_collective_seconds(e.phase, e.nbytes, ranks, link)
-        for phase, (calls, nbytes, measured, guess) in found.items():
+        for phase, (calls, nbytes, intervals, guess) in found.items():
             table.append({"engine": engine, "step": step, "what": f"rank 0's {phase}",
-                          "calls": calls, "bytes": nbytes, "measured_ms": measured * 1e3,
+                          "calls": calls, "bytes": nbytes,
+                          "measured_ms": busy_seconds(intervals) * 1e3,
                           "predicted_ms": guess * 1e3})  # fmt: skip
     return table
