@@ -65,15 +65,25 @@ def _draw(ax: Any, events: list[Any], span_ms: float) -> float:
     start = min(e.start for e in events)
     took = (max(e.end for e in events) - start) * 1e3
     min_width = span_ms * MIN_BAR_SHARE
-    for event in events:
+    labelled_to: dict[tuple[int, float], float] = {}  # a track -> where its last label's bar ends
+    for event in sorted(events, key=lambda e: e.start):
         offset, height = SIDE_BAND if event.phase in COLLECTIVES else MAIN_BAND
         left, width = (event.start - start) * 1e3, max(event.duration * 1e3, min_width)
         colour = colour_of(event.phase)
-        ax.broken_barh([(left, width)], (row[event.device] + offset, height),
+        track = (row[event.device], offset)
+        ax.broken_barh([(left, width)], (track[0] + offset, height),
                        facecolors=colour, edgecolor="white", linewidth=0.3)  # fmt: skip
-        label_if_it_fits(ax, left + width / 2, row[event.device] + offset + height / 2,
-                         event.phase, colour,
-                         (width / (span_ms * 1.01) * SMALLEST_PLOT_INCHES[0], 1.0))  # fmt: skip
+        if left < labelled_to.get(track, float("-inf")):
+            continue  # it overlaps a labelled bar (DDP's buckets, ZeRO-1's broadcasts)
+        if label_if_it_fits(
+            ax,
+            left + width / 2,
+            track[0] + offset + height / 2,
+            event.phase,
+            colour,
+            (width / (span_ms * 1.01) * SMALLEST_PLOT_INCHES[0], 1.0),
+        ):
+            labelled_to[track] = left + width  # fmt: skip
     ax.set_yticks(range(len(devices)), devices)
     side = [row[d] + SIDE_BAND[0] + SIDE_BAND[1] / 2 for d in devices]
     ax.set_yticks(side, ["communication"] * len(side), minor=True, fontsize=7)
