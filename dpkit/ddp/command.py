@@ -151,9 +151,9 @@ def _nodes_command(args: argparse.Namespace, out: Path) -> int:
         viz.timeline(trace).savefig(out / "timeline.png", dpi=120)
         print(f"timeline (last step): {out / 'timeline.png'}")
     print(f"Chrome trace:         {out / 'trace.json'}\n"
-          "torchrun's rendezvous store listened on every network interface of this machine "
-          "while it ran (torch's TCPStore has no bind address); the ranks' own connections "
-          "stayed on the loopback interface.")  # fmt: skip
+          "torchrun's rendezvous store listened on 127.0.0.1 only (node 0 hosted it on a "
+          "socket bound there, dpkit.ddp.nodes.loopback_store), and the ranks' own "
+          "connections stayed on the loopback interface.")  # fmt: skip
     return 0
 
 
