@@ -28,8 +28,8 @@ From the shell::
 
 Safe by default: the ranks of ``run_ddp`` and the comparisons meet through a file, and
 their own connections stay on the loopback interface; nothing a run started outlives it
-(docs/ddp_clusters.md: ``dpkit ddp --nnodes`` hosts torchrun's store on 127.0.0.1 alone;
-a plain ``torchrun`` and ``run_ddp(port=P)`` listen on every interface).
+(docs/ddp_clusters.md: ``dpkit ddp --nnodes`` and ``run_ddp(port=P)`` host torch's store
+on 127.0.0.1 alone; a plain ``torchrun`` listens on every interface).
 
 =================  ==================================================================
 ``workload``       what every rank trains: model, data, optimizer, step (importable)

@@ -8,11 +8,12 @@ recorded by :class:`dpkit.ddp.record.RankRecorder`; in blocks of steps that wait
 parent's go when the parent times something in between.
 
 Nothing listens on the network: the ranks meet through a file (torch's ``FileStore``, in a
-folder the parent made and removes), not a ``TCPStore``, which in torch 2.13 listens on
-every network interface of the machine whatever address it is given (torch has no bind
-address for it), without authentication. gloo's own connections between the ranks listen
+folder the parent made and removes). gloo's own connections between the ranks listen
 on the loopback interface only (``GLOO_SOCKET_IFNAME``, NCCL's ``NCCL_SOCKET_IFNAME``).
-A ``port`` given by the caller asks for the TCP store instead (``tcp://127.0.0.1:port``).
+A ``port`` given by the caller asks for torch's ``TCPStore`` instead, which in torch 2.13
+listens on every network interface whatever address it is given (no bind address, no
+authentication): rank 0 hosts it on a socket bound to 127.0.0.1 alone
+(:func:`dpkit.ddp.nodes.loopback_store`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpkit.ddp import checks, process
+from dpkit.ddp import checks, nodes, process
 from dpkit.ddp.record import RankRecorder, RankRun
 from dpkit.ddp.workload import Workload, shard
 
@@ -151,14 +152,30 @@ def join_group(plan: Plan, rank: int, device: torch.device | None = None) -> Non
             device_id=device,
         )  # fmt: skip
         return
+    if plan.address not in nodes.LOOPBACK_ADDRESSES:  # a network address, asked for
+        dist.init_process_group(
+            plan.backend,
+            init_method=f"tcp://{plan.address}:{plan.port}",
+            rank=rank,
+            world_size=plan.nproc,
+            timeout=timeout,
+            device_id=device,
+        )
+        return
+    # dpkit: torch's TCPStore server binds every interface, whatever address it is given;
+    # rank 0 serves it from a socket bound to the loopback address alone, kept open here.
+    if rank == 0:
+        _held[:] = nodes.loopback_store(plan.port, plan.address)
+        store = _held[1]
+    else:
+        store = dist.TCPStore(plan.address, plan.port, is_master=False, timeout=timeout)
     dist.init_process_group(
-        plan.backend,
-        init_method=f"tcp://{plan.address}:{plan.port}",
-        rank=rank,
-        world_size=plan.nproc,
-        timeout=timeout,
+        plan.backend, store=store, rank=rank, world_size=plan.nproc, timeout=timeout,
         device_id=device,
-    )
+    )  # fmt: skip
+
+
+_held: list[Any] = []  # rank 0's listening socket and store, for as long as the rank lives
 
 
 def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan) -> None:

@@ -225,8 +225,8 @@ def run_ddp(
     ``backend``: None picks NCCL with a GPU per rank, else gloo (CPU). ``timeout``: seconds
     for the whole run, after which every rank is stopped and the error says where each one
     was. ``port``: None (the default) lets the ranks meet through a file, so that nothing
-    listens on the network; a port number makes rank 0 host torch's TCP store there
-    (it listens on every interface of the machine: torch has no bind address for it).
+    listens on the network; a port number makes rank 0 host torch's TCP store there, on
+    127.0.0.1 alone.
     ``threads``: torch intra-op threads per rank.
     ``keep_gradients``: send step 1's all-reduced gradients back (``result.gradients``).
     ``bucket_cap_mb=None``: torch's own default (25 MiB, and 1 MiB for the first bucket,
