@@ -9,6 +9,9 @@
 # (here 127.0.0.1) and a free port. torchrun on node 0 hosts the rendezvous; the four ranks
 # (RANK 0-3; LOCAL_RANK 0-1 on each node) then train dpkit.ddp.train over gloo. On two real
 # machines: run each line on its machine, with --master_addr set to node 0's address.
+# torchrun is started through python -m dpkit.ddp.nodes, torchrun itself but for one thing:
+# with a loopback --master_addr, node 0's store listens on 127.0.0.1 alone (plain torchrun's
+# listens on every interface of the machine, unauthenticated; docs/ddp_clusters.md).
 #
 # Writes OUT/node0.log, OUT/node1.log, and rank 0's model.pt, trace.json and ranks.json.
 # Environment: PYTHON (default .venv/bin/python, else python3), PORT (default: a free one),
@@ -23,7 +26,7 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 # torchrun is `python -m torch.distributed.run`: the module form needs no PATH entry.
-torchrun=("$PYTHON" -m torch.distributed.run)
+torchrun=("$PYTHON" -m dpkit.ddp.nodes)  # torchrun, its store on 127.0.0.1 (see above)
 port="${PORT:-$("$PYTHON" -c 'from dpkit.ddp import free_port; print(free_port())')}"
 limit="${LIMIT_S:-180}"
 mkdir -p "$out"
