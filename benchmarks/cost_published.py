@@ -1143,12 +1143,15 @@ def explain(rows: list[Row]) -> None:
                 "(cost_published_proposal.md, 2)"
             )
         elif row.key == "hf_gpt2_2gpu_dp_over_ddp":
+            extra = d["dp nvlink s/step"] - d["ddp nvlink s/step"]
             row.off = (
-                f"predicted DP {d['dp nvlink s/step']:.3f} s/step (measured 0.553): the "
-                "model's DataParallel runs a loss over every gathered output on device 0 "
-                "(1.6 GB of logits: 18 ms) and scatters a gradient for every output (823 MB "
-                "over NVLink: 38 ms at 21.4 GB/s); HF computes the loss inside the replicas, "
-                "so the logits are gathered but never differentiated"
+                f"predicted DP {d['dp nvlink s/step']:.3f} s/step (measured 0.553), "
+                f"{extra * 1e3:.0f} ms more than DDP where the runs measured 44: the loss "
+                "and the gradient's scatter run over the outputs that require grad only "
+                "(HF's loss, computed inside the replicas; the logits are gathered, never "
+                "differentiated), so DataParallel's extra is its broadcast and reduce of 498 "
+                "MB (23 and 27 ms at 21.4 GB/s) and the gather of 823 MB of logits (42 ms), "
+                "none overlapped with anything (cost_published_proposal.md, 4)"
             )
         elif row.key == "rn50_t4_inference_amp_over_fp32":
             row.off = (
