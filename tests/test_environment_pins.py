@@ -187,3 +187,12 @@ def test_binder_builds_the_learners_pins_on_environment_yml_s_python(environment
     post_build = binder / "postBuild"
     assert os.access(post_build, os.X_OK), "repo2docker runs postBuild only if it is executable"
     assert "pip install --no-cache-dir --no-deps -e ." in post_build.read_text()
+
+
+def test_the_lab_extra_can_grade():
+    """``pip install dpkit[lab]`` then ``dpkit course DIR`` and ``dpkit grade 1``: the graders
+    run under pytest, some with hypothesis (without them every grade crashed)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    lab = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["lab"]
+    names = {canonical(re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0]) for dep in lab}
+    assert {"pytest", "hypothesis"} <= names, f"the lab extra: {sorted(names)}"
