@@ -310,6 +310,9 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
                     tensors=len(sizes))  # fmt: skip
             continue
         calls = collectives.messages(sizes)
+        # NCCL's link. Without peer to peer that is its all-reduce's through host memory,
+        # which may be pessimistic for a broadcast: one way, nccl#384 measured 10.3 GB/s
+        # where the all-reduce got 3.9 (cost_published_proposal.md, status)
         took = collectives.broadcast(sum(sizes), n, hardware.collective_link(), calls)
         step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), tensors=len(sizes))
     start, end = step.busy(hardware.module_overhead * model.modules * n)
