@@ -12,10 +12,11 @@ How each field is used (:mod:`dpkit.cost.predict` is the rest):
   names the dtype, else ``matmul_efficiency``), or what ``op_seconds`` measured for its op;
 - a copy or a collective of ``S`` bytes over a link takes ``latency + S / bandwidth`` per
   message (alpha-beta), see :mod:`dpkit.cost.collectives`;
-- ``peer_to_peer`` False: copies go through host memory, over ``host_to_device`` twice
-  (:meth:`Hardware.device_link`), while NCCL's collectives get ``device_to_device``, which
-  then holds NCCL's own path through host memory (its SHM transport, measured slower: 3.9
-  GB/s all-reduce on PCIe 3, presets [nccl-384]; :meth:`Hardware.collective_link`);
+- ``peer_to_peer`` False: copies and NCCL's one-way broadcast and reduce go through host
+  memory, over ``host_to_device`` twice (:meth:`Hardware.device_link`), while NCCL's
+  all-reduce gets ``device_to_device``, which then holds NCCL's own path through host memory
+  in both directions at once (its SHM transport, measured slower: 3.9 GB/s all-reduce on
+  PCIe 3, presets [nccl-384]; :meth:`Hardware.collective_link`);
   ``nics_per_node``: NCCL runs a ring per port, so a node's ports add up;
 - ``virtual_lanes``: dpkit's CPU lanes, where the host makes every copy itself, through
   device 0, the lanes' threads share ``compute_units`` cores and autograd runs every
@@ -222,16 +223,16 @@ class Hardware:
         return self.memory_bandwidth * self.memory_efficiency
 
     def device_link(self) -> Link:
-        """A copy between two devices of one node (DataParallel's scatter and gather):
-        directly, or through host memory, down and up. NCCL's collectives use
-        :meth:`collective_link`."""
+        """A copy between two devices of one node (DataParallel's scatter and gather), and
+        NCCL's one-way broadcast and reduce: directly, or through host memory, down and up.
+        NCCL's all-reduce uses :meth:`collective_link`."""
         if self.peer_to_peer:
             return self.device_to_device
         host = self.host_to_device
         return Link(host.bandwidth / 2, 2 * host.latency, "through host memory: down and up")
 
     def collective_link(self) -> Link:
-        """What NCCL's collectives get between two devices of one node: ``device_to_device``,
+        """What NCCL's all-reduce gets between two devices of one node: ``device_to_device``,
         peer to peer or, with ``peer_to_peer`` False, NCCL's SHM transport through host
         memory. That is not :meth:`device_link`'s two copies: CUDA overlaps a copy's two
         hops (37 GB/s on PCIe 5, nccl#1264), while NCCL's kernels write and read host memory

@@ -310,10 +310,9 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
                     tensors=len(sizes))  # fmt: skip
             continue
         calls = collectives.messages(sizes)
-        # NCCL's link. Without peer to peer that is its all-reduce's through host memory,
-        # which may be pessimistic for a broadcast: one way, nccl#384 measured 10.3 GB/s
-        # where the all-reduce got 3.9 (cost_published_proposal.md, status)
-        took = collectives.broadcast(sum(sizes), n, hardware.collective_link(), calls)
+        # One way, so not the all-reduce's link through host memory (nccl#384: broadcast
+        # 10.3 GB/s, all-reduce 3.9); without peer to peer, down and up (6.3 on PCIe 3)
+        took = collectives.broadcast(sum(sizes), n, hardware.device_link(), calls)
         step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), tensors=len(sizes))
     start, end = step.busy(hardware.module_overhead * model.modules * n)
     step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
@@ -356,7 +355,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
         return
     calls = collectives.messages(sizes)
     flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
-    took = 2 * flatten + collectives.reduce(total, n, hardware.collective_link(), calls)
+    took = 2 * flatten + collectives.reduce(total, n, hardware.device_link(), calls)  # one way
     step.collective(hardware, Phase.REDUCE, calls, took, total, tensors=len(sizes))
 
 
