@@ -4,7 +4,8 @@ device's memory, a timeline, a memory figure and a Chrome trace.
 The surprise first: on a machine without a GPU the demo still splits the batch for real,
 across virtual lanes on the CPU (a thread and real tensor copies each); the output says
 so, and so does every figure. The data are random MNIST-shaped images (1x28x28) with
-random labels: the demo shows where time and bytes go, not how well a model learns.
+random labels: the demo shows where time and bytes go, not how well a model learns. The
+models are the course's own (:mod:`dpkit.models`).
 
     dpkit demo                                 4 devices, batch 256, MLP, 3 steps, files in .
     dpkit demo --devices 8 --model cnn --out /tmp/dp
@@ -21,63 +22,7 @@ from torch import nn
 
 import dpkit
 from dpkit.devices import describe_choice
-
-IMAGE_SHAPE = (1, 28, 28)
-CLASSES = 10
-
-
-class RowTransformer(nn.Module):
-    """A tiny transformer encoder for 1x28x28 images: each of the 28 rows is a token.
-
-    Rows are embedded, given a learned position, run through two encoder layers (no
-    dropout, so every device computes the same numbers) and mean-pooled into class scores.
-    """
-
-    def __init__(self, width: int = 32, heads: int = 4, layers: int = 2):
-        super().__init__()
-        rows, columns = IMAGE_SHAPE[1:]
-        self.embed = nn.Linear(columns, width)
-        self.position = nn.Parameter(torch.zeros(rows, width))
-        layer = nn.TransformerEncoderLayer(
-            width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True
-        )
-        # enable_nested_tensor only matters for padded batches in eval; off, torch does not warn
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(width, CLASSES)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        tokens = self.embed(images.flatten(1, 2)) + self.position  # (batch, 28 rows, width)
-        return self.head(self.encoder(tokens).mean(dim=1))
-
-
-def build_model(name: str) -> nn.Module:
-    """A tiny model for 1x28x28 images: ``"mlp"``, ``"cnn"`` or ``"transformer"`` (a step
-    takes milliseconds)."""
-    if name == "mlp":
-        return nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(28 * 28, 256),
-            nn.ReLU(),
-            nn.Linear(256, 128),
-            nn.ReLU(),
-            nn.Linear(128, CLASSES),
-        )
-    if name == "cnn":
-        return nn.Sequential(
-            nn.Conv2d(1, 8, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, kernel_size=3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(16 * 7 * 7, CLASSES),
-        )
-    if name == "transformer":
-        return RowTransformer()
-    raise ValueError(
-        f"model={name!r} is not one of the demo models; use 'mlp', 'cnn' or 'transformer'"
-    )
+from dpkit.models import CLASSES, IMAGE_SHAPE, build_model
 
 
 @dataclass

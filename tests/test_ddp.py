@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 import dpkit
 import dpkit.viz
 from dpkit import ddp
-from dpkit.demo import build_model
+from dpkit.models import build_model
 
 NPROC, BATCH, STEPS = 2, 16, 4
 BUCKET_MB = 0.01  # about 10 KB: the transformer's ~77 KB of parameters fill several buckets

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dpkit import cli
-from dpkit.demo import build_model
+from dpkit.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {

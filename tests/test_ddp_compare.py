@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dpkit import ddp
-from dpkit.demo import build_model
+from dpkit.models import build_model
 
 pytestmark = pytest.mark.placement_check  # DataParallel's side must put its model on lane 0
 

@@ -13,7 +13,7 @@ import pytest
 
 from dpkit import ddp
 from dpkit.ddp import settings
-from dpkit.ddp.workload import WithUnusedLayer
+from dpkit.models import WithUnusedLayer
 
 
 def held(result, category):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dpkit
-from dpkit import cli, demo
+from dpkit import cli, demo, models
 
 
 @pytest.fixture
@@ -48,8 +48,8 @@ def test_demo_makes_a_missing_output_folder(tmp_path):
 def test_demo_lists_only_the_devices_that_got_a_chunk(tmp_path):
     # The demo's steps without its figures (matplotlib takes seconds to load).
     chosen = dpkit.devices(6)
-    model = dpkit.to_device(demo.build_model("mlp"), chosen[0])
-    images = dpkit.to_device(torch.randn(4, *demo.IMAGE_SHAPE), chosen[0])
+    model = dpkit.to_device(models.build_model("mlp"), chosen[0])
+    images = dpkit.to_device(torch.randn(4, *models.IMAGE_SHAPE), chosen[0])
     with dpkit.trace() as recorded:
         dpkit.DataParallel(model, device_ids=chosen)(images).sum().backward()
     result = demo.DemoResult(recorded, chosen, tmp_path / "trace.json", None, None)

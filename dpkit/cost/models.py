@@ -1,22 +1,21 @@
-"""The course's models by name, for ``dpkit predict`` and calibration: the demo's MLP, CNN and
-transformer (:func:`dpkit.demo.build_model`) on 1x28x28 images. :class:`TinyTransformer` is a
-model calibration never sees (``benchmarks/heldout_models.py``).
+"""The models predictions take by name, for ``dpkit predict``, ``dpkit.ddp.plan`` and
+calibration: the course's (:mod:`dpkit.models`, which builds them) with fixed weights.
+:class:`TinyTransformer` is a model calibration never sees (``benchmarks/heldout_models.py``).
 
-The course's models are tiny, so on GPUs their steps are all host overhead. ``"wide-mlp"``
-(24.2 M parameters, about ResNet-50's 25.6 M, with far fewer FLOPs) is for predictions: it
-moves as many gradient bytes as a real vision model, so that links and bandwidth show.
+``"wide-mlp"`` (:func:`dpkit.models.resnet_sized_mlp`, 24.2 M parameters) is for predictions:
+the course's models are tiny, so on GPUs their steps are all host overhead, and it moves as
+many gradient bytes as a real vision model, so that links and bandwidth show.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.utils import skip_init
 
-from dpkit import demo
+from dpkit.models import CLASSES, COURSE_MODELS, PREDICTION_MODELS, build_model, sample_input
 
-COURSE_MODELS = ("mlp", "cnn", "transformer")  # calibrated and benchmarked on CPU lanes
-MODEL_NAMES = (*COURSE_MODELS, "wide-mlp")  # what predictions can take
+MODEL_NAMES = PREDICTION_MODELS
+__all__ = ["COURSE_MODELS", "MODEL_NAMES", "TinyTransformer", "course_model", "sample_input"]
 
 
 class TinyTransformer(nn.Module):
@@ -26,24 +25,11 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.embed = nn.Linear(28, width)
         self.block = nn.TransformerEncoderLayer(width, heads, hidden, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(width, demo.CLASSES)
+        self.head = nn.Linear(width, CLASSES)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         tokens = self.embed(images.flatten(1, 2))  # (batch, 28 rows, 28 pixels) -> width
         return self.head(self.block(tokens).mean(dim=1))
-
-
-def wide_mlp() -> nn.Module:
-    """784 -> 4096 -> 4096 -> 1024 -> 10 with ReLUs. Its weights are zeros (a random
-    initialisation takes a second): a prediction needs its shapes, never its values."""
-    widths = (28 * 28, 4096, 4096, 1024, demo.CLASSES)
-    layers: list[nn.Module] = [nn.Flatten()]
-    for width_in, width_out in zip(widths, widths[1:]):
-        layer = skip_init(nn.Linear, width_in, width_out)
-        for tensor in (layer.weight, layer.bias):
-            nn.init.zeros_(tensor)
-        layers += [layer, nn.ReLU()]
-    return nn.Sequential(*layers[:-1])  # no ReLU after the last layer
 
 
 def course_model(name: str, seed: int = 0) -> nn.Module:
@@ -52,10 +38,4 @@ def course_model(name: str, seed: int = 0) -> nn.Module:
         raise ValueError(
             f"model={name!r} is not one of the course's models; use one of {', '.join(MODEL_NAMES)}"
         )
-    torch.manual_seed(seed)
-    return wide_mlp() if name == "wide-mlp" else demo.build_model(name)
-
-
-def sample_input(rows: int = 1) -> torch.Tensor:
-    """``rows`` random MNIST-shaped images, the input every course model takes."""
-    return torch.randn(rows, *demo.IMAGE_SHAPE)
+    return build_model(name, seed)

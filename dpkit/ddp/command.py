@@ -17,7 +17,7 @@ from typing import Any
 
 from dpkit.cli_types import at_least_one
 from dpkit.ddp import checks
-from dpkit.ddp.workload import DDP_MODELS
+from dpkit.models import DDP_MODELS
 
 
 def write_figures(trace: Any, out: Path) -> tuple[Path | None, Path | None]:

@@ -33,30 +33,8 @@ from dpkit.ddp.run import DDPResult, launch_plan, make_plan, rendezvous, result_
 from dpkit.ddp.workload import Workload, as_workload
 from dpkit.devices import RANK
 from dpkit.nested import tensor_nbytes
+from dpkit.table import Table
 from dpkit.tracing import Trace, record_memory
-
-
-class Table(list):
-    """Rows (dicts) that print as an aligned table; a list, for pandas or a test."""
-
-    def __str__(self) -> str:
-        if not self:
-            return "(no rows)"
-        columns = list(self[0])
-        cells = [[_cell(row[c]) for c in columns] for row in self]
-        widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
-        lines.append("-" * len(lines[0]))
-        lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in cells]
-        return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    if isinstance(value, int):
-        return f"{value:,d}"
-    return str(value)
 
 
 def spread(times: Sequence[float]) -> dict[str, float]:

@@ -32,7 +32,7 @@ from typing import Any
 from torch import nn
 
 import dpkit.cost as cost
-from dpkit.ddp.compare import Table
+from dpkit.table import Table
 
 STRATEGIES = ("DataParallel", "DDP", "ZeRO-1", "FSDP", "pipeline")
 PREFERENCE = ("DDP", "ZeRO-1", "FSDP", "pipeline", "DataParallel")  # simplest first

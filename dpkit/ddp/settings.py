@@ -30,9 +30,9 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from dpkit.ddp.compare import Table
 from dpkit.ddp.run import DDPResult, launch_plan, make_plan, result_of
 from dpkit.ddp.workload import Workload
+from dpkit.table import Table
 
 
 def settings_sweep(

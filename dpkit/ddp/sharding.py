@@ -49,7 +49,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from dpkit.ddp.workload import wide_mlp
+from dpkit.models import wide_mlp
+from dpkit.table import Table
 
 ENGINES = ("ddp", "zero1", "fsdp")
 
@@ -450,8 +451,6 @@ def step_table(
     predicted (the sum of :func:`predicted_collective_seconds` over ``link``: a link
     carries one message at a time), after a row for the whole step (measured:
     :func:`step_seconds`; predicted: ``predicted_s``)."""
-    from dpkit.ddp.compare import Table
-
     table = Table()
     for engine, trace in traces.items():
         step = steps[engine]

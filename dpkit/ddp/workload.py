@@ -25,22 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpkit.demo import CLASSES, IMAGE_SHAPE, build_model
+from dpkit.models import (
+    CLASSES,
+    COURSE_MODELS,
+    DDP_MODELS,
+    IMAGE_SHAPE,
+    build_model,
+    wide_mlp,
+)
+from dpkit.models import WithUnusedLayer as WithUnusedLayer  # notebook 09 imports it from here
 
-MODELS = ("mlp", "cnn", "transformer")  # the names dpkit demo's build_model knows
-# and dpkit.ddp's own: an MLP large enough for torch's default buckets (see wide_mlp)
-DDP_MODELS = (*MODELS, "wide")
-
-
-def wide_mlp(width: int = 1024, hidden: int = 4) -> nn.Sequential:
-    """An MLP on 1x28x28 images with ``hidden`` square layers of ``width``: 20 MB of
-    parameters at the defaults, so that torch's default buckets (the first 1 MiB, then 25
-    MiB) cut it in two and the first bucket's all-reduce overlaps most of backward (the
-    demo's MLP, 0.9 MB, fits in one bucket, which can only start after backward)."""
-    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU()]
-    for _ in range(hidden):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, CLASSES))
+MODELS = COURSE_MODELS  # what dpkit demo trains (its CLI's choices); dpkit.ddp.MODELS
 
 
 def random_images(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +82,7 @@ class Workload:
 
 def named_workload(model: str) -> Workload:
     """The demo's model ``"mlp"``, ``"cnn"`` or ``"transformer"``, or ``"wide"``
-    (:func:`wide_mlp`), on random images, SGD."""
+    (:func:`dpkit.models.wide_mlp`), on random images, SGD."""
     if model == "wide":
         return Workload(model=wide_mlp, name=model)
     if model not in DDP_MODELS:
@@ -149,28 +144,3 @@ def shard(batch: tuple[Any, torch.Tensor], rank: int, nproc: int) -> tuple[Any, 
     if isinstance(inputs, torch.Tensor):
         return rows_of(inputs), rows_of(targets)
     return type(inputs)(rows_of(t) for t in inputs), rows_of(targets)
-
-
-def deep_mlp(depth: int = 64, width: int = 32) -> nn.Sequential:
-    """An MLP on 1x28x28 images with ``depth`` small square layers: little computation for
-    a long autograd graph, so that DDP's work per graph node (``find_unused_parameters``'
-    walk of the graph after every forward) shows beside the computation."""
-    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU()]
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, CLASSES))
-
-
-class WithUnusedLayer(nn.Module):
-    """The demo's MLP (or, with ``depth``, :func:`deep_mlp`) and a layer its forward never
-    uses: DDP then waits forever for that layer's gradient unless
-    ``find_unused_parameters=True`` or ``static_graph=True`` (torch raises at the next
-    step)."""
-
-    def __init__(self, depth: int = 0) -> None:
-        super().__init__()
-        self.used = deep_mlp(depth) if depth else build_model("mlp")
-        self.unused = nn.Linear(CLASSES, CLASSES)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.used(images)

@@ -29,6 +29,7 @@ from dpkit import host_clock
 from dpkit.comm import copy_to
 from dpkit.devices import PREDICTED
 from dpkit.pipeline.schedule import Pipeline, intra_op_threads
+from dpkit.table import Table
 from dpkit.tracing import Event, Phase, Trace
 
 
@@ -173,8 +174,6 @@ def bubble_sweep(
     """For each ``m`` in ``micro_batches``: the formula's idle share and the measured one
     (median and quartiles of ``repeats`` steps), and the median step time.
     ``make_pipeline(m)`` builds the pipeline for ``m`` micro-batches."""
-    from dpkit.ddp.compare import Table  # a list of rows that prints aligned
-
     rows = Table()
     for m in micro_batches:
         pipe = make_pipeline(m)

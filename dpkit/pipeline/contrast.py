@@ -20,6 +20,7 @@ from torch import nn
 
 from dpkit.nested import tensor_nbytes
 from dpkit.pipeline.stages import split_model
+from dpkit.table import Table
 
 
 def cut_activation_bytes(model: nn.Sequential, inputs: torch.Tensor, stages: int) -> int:
@@ -41,8 +42,6 @@ def contrast_table(model: nn.Sequential, inputs: torch.Tensor, devices: int) -> 
     what each device holds of the model, what crosses between devices, the bytes that
     crossing adds up to per step (by the formulas of dpkit.cost.collectives), and when
     the strategy fits."""
-    from dpkit.ddp.compare import Table
-
     n = devices
     params = sum(map(tensor_nbytes, [*model.parameters(), *model.buffers()]))
     with torch.no_grad():
