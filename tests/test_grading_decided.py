@@ -3,21 +3,29 @@ finds right: the grading process's "passed" is not enough.
 
 The records here are what a grading process could sign if a submission reached the
 harness: a "passed" with wrong values, with none, with something that is not tensors, or
-no record at all for the check. A real run of the pilot, a chunk_sizes whose sizes compare
-equal to anything, is graded with the attacks' class in tests/test_grading_attacks.py.
+no record at all for the check. A real run of task 1's, a chunk_sizes whose sizes compare
+equal to anything, is graded with the attacks' class in tests/test_grading_attacks.py; for
+tasks 4, 6 and 7 the wrong answers that compare equal to anything (an int subclass, tensors
+whose torch.equal and torch.allclose say yes) run here, in this process, and their values
+go through decide() as a grading process would send them (a class run of them would cost
+the attacks' class several seconds).
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import random
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import dpkit
 from dpkit import grading
+from dpkit.comm import copy_to
 from dpkit.grading import decided
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -112,7 +120,229 @@ def test_a_check_left_out_of_the_records_fails(chosen):
     assert not results[0].passed
 
 
-def test_the_parent_knows_the_checks_name():
-    grader = (EXERCISES / "graders" / "test_task1.py").read_text()
-    check = decided.CHECKS[0]
-    assert f'def {check.test}(exercise, request):\n    """{check.name}"""' in grader
+@pytest.mark.parametrize("check", decided.CHECKS, ids=lambda check: check.key)
+def test_the_parent_knows_the_checks_name(check):
+    grader = (EXERCISES / "graders" / f"test_task{check.task}.py").read_text()
+    start = grader.index(f"def {check.test}(")
+    assert grader[start:].split("\n")[1] == f'    """{check.name}"""'
+
+
+# --------------------------------------------------------------------------------------
+# Tasks 4, 6 and 7: each check's right values (computed here from torch), a wrong answer
+# that compares equal to anything in the grading process, and the same refusals as above.
+
+SOLUTIONS = EXERCISES / "solutions"
+KEYS = {check.task: check for check in decided.CHECKS}
+
+
+def record_of(check: decided.ParentCheck, values: str | None) -> list[dict]:
+    nodeid = f"exercises/graders/{check.key}"
+    passed = {"event": "passed", "nodeid": nodeid}
+    if values is not None:
+        passed["values"] = values
+    return [
+        {"event": "collected", "nodeid": nodeid, "task": check.task, "check": check.name},
+        passed,
+        {"event": "finished"},
+    ]
+
+
+def verdict_of(check: decided.ParentCheck, values: str | None, chosen: dict):
+    records = decided.decide(record_of(check, values), chosen)
+    results = grading.results_from_records(records, None, [check.task])
+    return next(r for r in results if r.check == check.name)
+
+
+def padded(batch: int, devices: int) -> list[int]:
+    sizes = [len(c) for c in torch.arange(batch).chunk(devices)]
+    return sizes + [0] * (devices - len(sizes))
+
+
+def fastest(batch: int, speeds: list[float]) -> list[int]:
+    sizes = [0] * len(speeds)
+    for _ in range(batch):
+        sizes[min(range(len(speeds)), key=lambda i: (sizes[i] + 1) / speeds[i])] += 1
+    return sizes
+
+
+def slowest(sizes: list[int], speeds: list[float]) -> float:
+    return max(rows / speed for rows, speed in zip(sizes, speeds))
+
+
+def right_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
+    if task == 4:
+        names = ("rows", "columns")
+        return {
+            name: torch.cat(decided.gather_pieces(sizes, other, dim, seed), dim)
+            for name, (sizes, other, dim, seed) in zip(names, inputs)
+        }
+    if task == 6:
+        equal, weighted, seconds = [], [], []
+        for batch, speeds, per_row in inputs:
+            sizes = (padded(batch, len(speeds)), fastest(batch, speeds))
+            equal += sizes[0]
+            weighted += sizes[1]
+            times = [slowest(s, speeds) * per_row + 0.002 for s in sizes]
+            seconds.append([*times, times[0] / times[1]])
+        return {
+            "torch_chunks": torch.tensor(equal),
+            "weighted_chunks": torch.tensor(weighted),
+            "seconds": torch.tensor(seconds, dtype=torch.float64),
+        }
+    sums = []  # task 7: every lane holds the sum
+    for shape, count, seed in inputs:
+        generator = torch.Generator().manual_seed(seed)
+        total = sum(torch.randn(tuple(shape), generator=generator) for _ in range(count))
+        sums += [total.reshape(-1)] * count
+    return {"sums": torch.cat(sums)}
+
+
+def wrong_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
+    """Right values with one mistake: a piece out of place, one row on the wrong device, one
+    lane's sum off by one."""
+    values = right_values(task, inputs)
+    if task == 4:
+        values["rows"] = values["rows"].flip(0)
+    elif task == 6:
+        values["weighted_chunks"][0] += 1
+        values["weighted_chunks"][1] -= 1
+    else:
+        values["sums"][-1] += 1.0
+    return values
+
+
+@pytest.mark.parametrize("task", [4, 6, 7])
+def test_right_values_pass_and_wrong_ones_fail(task):
+    check, chosen = KEYS[task], decided.choose([task])
+    inputs = chosen[check.key]
+    assert verdict_of(check, encoded(right_values(task, inputs)), chosen).passed
+    result = verdict_of(check, encoded(wrong_values(task, inputs)), chosen)
+    assert not result.passed and result.hint != decided.MISSING, result.hint
+
+
+@pytest.mark.parametrize("task", [4, 6, 7])
+def test_right_answers_to_other_inputs_fail(task):
+    check, chosen = KEYS[task], decided.choose([task])
+    other = check.choose(random.Random(0))
+    assert other != chosen[check.key]
+    assert not verdict_of(check, encoded(right_values(task, other)), chosen).passed
+
+
+@pytest.mark.parametrize("task", [4, 6, 7])
+@pytest.mark.parametrize("values", [None, "not base64!", encoded({"sums": [1.0]})])
+def test_no_readable_values_fail(task, values):
+    check, chosen = KEYS[task], decided.choose([task])
+    result = verdict_of(check, values, chosen)
+    assert not result.passed and result.hint == decided.MISSING
+
+
+@pytest.mark.parametrize("task", [4, 6, 7])
+def test_the_check_left_out_of_a_finished_run_fails(task):
+    check, chosen = KEYS[task], decided.choose([task])
+    other = f"exercises/graders/test_task{task}.py::test_other"
+    records = [
+        {"event": "collected", "nodeid": other, "task": task, "check": "another check"},
+        {"event": "passed", "nodeid": other},
+        {"event": "finished"},
+    ]
+    results = grading.results_from_records(decided.decide(records, chosen), None, [task])
+    assert [r.check for r in results] == [check.name, "another check"]
+    assert not results[0].passed and results[0].hint == decided.MISSING
+
+
+def test_a_straggler_report_with_slow_or_unlikely_times_fails():
+    check, chosen = KEYS[6], decided.choose([6])
+    inputs = chosen[check.key]
+    for row, column, value in [(0, 0, 0.0), (0, 1, 99.0), (1, 2, 2.0)]:
+        values = right_values(6, inputs)
+        values["seconds"][row, column] = value  # too fast to be measured, too slow, wrong
+        result = verdict_of(check, encoded(values), chosen)
+        assert not result.passed and "straggler_report(" in result.hint, result.hint
+
+
+# The wrong answers: a solution with one mistake that the grading process's own asserts
+# cannot see, because what it returns compares equal to anything.
+AGREEING_INT = """
+
+class _Agrees(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+"""
+AGREEING_TENSOR = """
+
+class _Agrees(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+"""
+
+
+def solution_with(task: int, old: str, new: str, extra: str):
+    name = {4: "task4_gather.py", 6: "task6_weighted.py", 7: "task7_allreduce.py"}[task]
+    source = (SOLUTIONS / name).read_text()
+    assert source.count(old) == 1, f"the solution of task {task} no longer has {old!r}"
+    module_name = f"dpkit_agrees_task{task}"
+    spec = importlib.util.spec_from_loader(module_name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    exec(compile(source.replace(old, new) + extra, name, "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def test_torch_chunks_equal_to_anything_fail_the_straggler_check():
+    agrees = solution_with(
+        6, '"torch_chunks": equal,', '"torch_chunks": [_Agrees(0)] * len(equal),', AGREEING_INT
+    )
+    check, chosen = KEYS[6], decided.choose([6])
+    inputs = chosen[check.key]
+    reports = [agrees.straggler_report(*case) for case in inputs]
+    batch, speeds, _ = inputs[0]
+    assert list(reports[0]["torch_chunks"]) == padded(batch, len(speeds))  # fooled here
+    result = verdict_of(check, decided.encode(decided.pack_report(reports)), chosen)
+    assert not result.passed and "torch.chunk gives" in result.hint, result.hint
+
+
+def test_sums_equal_to_anything_fail_the_ring_check():
+    # ring_allreduce_ leaves the tensors as they were, but turns them into tensors that
+    # torch.allclose finds equal to anything.
+    agrees = solution_with(
+        7,
+        "    if n == 1:\n        return\n",
+        "    for tensor in tensors:\n        tensor.__class__ = _Agrees\n    return\n",
+        AGREEING_TENSOR,
+    )
+    check, chosen = KEYS[7], decided.choose([7])
+    lanes, sums = dpkit.virtual_devices(4, on="cpu"), []
+    for shape, count, seed in chosen[check.key]:
+        values = decided.lane_values(shape, count, seed)
+        tensors = [copy_to(v.clone(), lane, "setup") for v, lane in zip(values, lanes)]
+        agrees.ring_allreduce_(tensors, lanes[:count])
+        assert torch.allclose(tensors[0], sum(values) + 1)  # fooled here
+        sums += [t.reshape(-1) for t in tensors]
+    result = verdict_of(check, decided.encode({"sums": torch.cat(sums)}), chosen)
+    assert not result.passed and "does not hold the sum" in result.hint, result.hint
+
+
+def test_a_gather_equal_to_anything_fails_the_concatenation_check():
+    # Gather puts the pieces in reverse order, as a tensor that torch.equal finds equal to
+    # anything.
+    agrees = solution_with(
+        4,
+        "        return torch.cat(moved, dim)\n",
+        "        return torch.cat(moved[::-1], dim).as_subclass(_Agrees)\n",
+        AGREEING_TENSOR,
+    )
+    check, chosen = KEYS[4], decided.choose([4])
+    lanes, results = dpkit.virtual_devices(4, on="cpu"), {}
+    for name, (sizes, other, dim, seed) in zip(("rows", "columns"), chosen[check.key]):
+        pieces = decided.gather_pieces(sizes, other, dim, seed)
+        placed = [copy_to(p, lane, "setup") for p, lane in zip(pieces, lanes)]
+        results[name] = agrees.Gather.apply(lanes[0], dim, *placed)
+        assert torch.equal(results[name], torch.cat(pieces, dim) + 1)  # fooled here
+    result = verdict_of(check, decided.encode(results), chosen)
+    assert not result.passed and "not torch.cat of the pieces" in result.hint, result.hint

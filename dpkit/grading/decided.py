@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -100,6 +101,195 @@ def judge_chunk_sizes(pairs: list, values: Mapping[str, torch.Tensor]) -> str | 
     return None
 
 
+# --------------------------------------------------------------------------------------
+# Task 6's straggler_report: torch's chunks, the weighted chunks, the measured times.
+
+SLACK = 0.25  # seconds: sleep() may overshoot on a busy machine; it never undershoots
+
+
+def torch_chunk_sizes_padded(batch: int, devices: int) -> list[int]:
+    """torch.chunk's sizes for ``batch`` rows over ``devices``, 0 for each idle device."""
+    sizes = [len(chunk) for chunk in torch.empty(batch).chunk(devices)] if batch else []
+    return sizes + [0] * (devices - len(sizes))
+
+
+def step_time(sizes: Sequence[int], speeds: Sequence[float]) -> float:
+    return max(rows / speed for rows, speed in zip(sizes, speeds))
+
+
+def best_step_time(batch: int, speeds: Sequence[float]) -> float:
+    """The optimum, by handing out rows one at a time to the device that finishes soonest."""
+    sizes = [0] * len(speeds)
+    for _ in range(batch):
+        soonest = min(range(len(speeds)), key=lambda i: (sizes[i] + 1) / speeds[i])
+        sizes[soonest] += 1
+    return step_time(sizes, speeds)
+
+
+def straggler_inputs(rng: random.Random) -> list[list]:
+    """Two (batch, speeds, seconds per row) cases: a fast device among three slower ones,
+    and equal devices that torch.chunk leaves 3 of idle (so padding shows)."""
+    speeds = [round(rng.uniform(2.5, 5.0), 2)] + [round(rng.uniform(0.8, 1.25), 2) for _ in "abc"]
+    rng.shuffle(speeds)
+    idle = [
+        (batch, devices)
+        for devices in range(5, 13)
+        for batch in range(devices, 3 * devices)
+        if torch_chunk_sizes_padded(batch, devices).count(0) == 3
+    ]
+    batch, devices = rng.choice(idle)
+    return [[rng.randint(40, 80), speeds, 0.003], [batch, [1.0] * devices, 0.001]]
+
+
+def pack_report(reports: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """straggler_report's answers as tensors: both chunk lists of every case in a row, and
+    each case's (torch_seconds, weighted_seconds, speedup)."""
+    return {
+        "torch_chunks": torch.tensor(
+            [int(s) for r in reports for s in r["torch_chunks"]], dtype=torch.int64
+        ),
+        "weighted_chunks": torch.tensor(
+            [int(s) for r in reports for s in r["weighted_chunks"]], dtype=torch.int64
+        ),
+        "seconds": torch.tensor(
+            [
+                [float(r["torch_seconds"]), float(r["weighted_seconds"]), float(r["speedup"])]
+                for r in reports
+            ],
+            dtype=torch.float64,
+        ),
+    }
+
+
+def judge_straggler_report(cases: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    equal, weighted, seconds = (
+        values.get(k) for k in ("torch_chunks", "weighted_chunks", "seconds")
+    )
+    devices = sum(len(speeds) for _, speeds, _ in cases)
+    for tensor in (equal, weighted):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64 or tensor.ndim != 1:
+            return "the outputs sent for straggler_report are not the chunk sizes asked for"
+        if len(tensor) != devices:
+            return "the outputs sent for straggler_report do not answer the inputs the grader chose"
+    if not isinstance(seconds, torch.Tensor) or seconds.dtype != torch.float64:
+        return "the outputs sent for straggler_report are not the times asked for"
+    if tuple(seconds.shape) != (len(cases), 3):
+        return "the outputs sent for straggler_report do not answer the inputs the grader chose"
+    assert equal is not None and weighted is not None
+    counts = [len(speeds) for _, speeds, _ in cases]
+    for (batch, speeds, per_row), got_equal, got_weighted, (t_s, w_s, speedup) in zip(
+        cases, equal.split(counts), weighted.split(counts), seconds.tolist()
+    ):
+        call = f"straggler_report({batch}, {speeds}, {per_row})"
+        want = torch_chunk_sizes_padded(batch, len(speeds))
+        if got_equal.tolist() != want:
+            return (
+                f"{call} gave torch_chunks {got_equal.tolist()}, torch.chunk gives {want}: one "
+                "size per device, 0 for each idle one"
+            )
+        sizes = got_weighted.tolist()
+        best = best_step_time(batch, speeds)
+        if min(sizes) < 0 or sum(sizes) != batch or step_time(sizes, speeds) > best * (1 + 1e-9):
+            return (
+                f"{call} gave weighted_chunks {sizes}, which are not weighted_chunk_sizes"
+                f"({batch}, {speeds}): its slowest device takes {best:g} rows' time at best"
+            )
+        if len(set(speeds)) == 1 and max(sizes) - min(sizes) > 1:
+            return f"{call} gave weighted_chunks {sizes}; equal speeds differ by at most one row"
+        for what, got, sizes_used in (("torch", t_s, want), ("weighted", w_s, sizes)):
+            ideal = step_time(sizes_used, speeds) * per_row
+            if not ideal - 1e-3 <= got < ideal + SLACK:
+                return (
+                    f"{call} gave {what}_seconds {got:.4f}, but its slowest device sleeps "
+                    f"{ideal:.4f} s: measure with measure_step_time"
+                )
+        if not abs(speedup - t_s / w_s) <= 1e-6 * abs(t_s / w_s):
+            return f"{call} gave speedup {speedup}: speedup is torch_seconds / weighted_seconds"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 7's ring all-reduce: the sums left on every lane.
+
+
+def lane_values(shape: Sequence[int], count: int, seed: int) -> list[torch.Tensor]:
+    """The tensors a check puts on ``count`` lanes: the same in the parent and the child."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(tuple(shape), generator=generator) for _ in range(count)]
+
+
+def allreduce_inputs(rng: random.Random) -> list[list]:
+    """Three (shape, lanes, seed) cases: a matrix over 4 lanes, fewer elements than lanes,
+    a 3-d tensor over 2 or 3 lanes; fresh values (a fresh seed) for each."""
+    seed = rng.randrange(2**62)
+    return [
+        [[rng.randint(2, 9), rng.randint(2, 9)], 4, seed],
+        [[rng.randint(1, 3)], 4, seed + 1],
+        [[rng.randint(1, 4), rng.randint(2, 4), rng.randint(2, 5)], rng.randint(2, 3), seed + 2],
+    ]
+
+
+def judge_allreduce(cases: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    sums = values.get("sums")
+    if not isinstance(sums, torch.Tensor) or sums.dtype != torch.float32 or sums.ndim != 1:
+        return "the outputs sent for ring_allreduce_ are not the tensors asked for"
+    numels = [count * math.prod(shape) for shape, count, _ in cases]
+    if len(sums) != sum(numels):
+        return "the outputs sent for ring_allreduce_ do not answer the inputs the grader chose"
+    for (shape, count, seed), lanes in zip(cases, sums.split(numels)):
+        want = sum(lane_values(shape, count, seed))
+        for index, got in enumerate(lanes.view(count, *shape)):
+            if not torch.allclose(got, want, atol=1e-5):
+                return (
+                    f"after ring_allreduce_ of shape {tuple(shape)} over {count} lanes, lane "
+                    f"{index} does not hold the sum: after n - 1 reduce-scatter steps lane i "
+                    "holds chunk (i + 1) % n summed; n - 1 all-gather steps pass those on"
+                )
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 4's Gather: the pieces concatenated, along rows and along columns.
+
+
+def gather_pieces(sizes: Sequence[int], other: int, dim: int, seed: int) -> list[torch.Tensor]:
+    """The pieces a check gathers: ``sizes[i]`` long along ``dim``, ``other`` across it."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(size, other) if dim == 0 else (other, size) for size in sizes]
+    return [torch.randn(shape, generator=generator) for shape in shapes]
+
+
+def gather_inputs(rng: random.Random) -> list[list]:
+    """Two (sizes, other size, dim, seed) cases: four pieces of rows from the four lanes
+    (one a single row), and two pieces of columns."""
+    seed = rng.randrange(2**62)
+    rows = [rng.randint(2, 5) for _ in range(3)] + [1]
+    rng.shuffle(rows)
+    return [
+        [rows, rng.randint(1, 5), 0, seed],
+        [[rng.randint(1, 3), rng.randint(1, 3)], rng.randint(1, 4), 1, seed + 1],
+    ]
+
+
+def judge_gather(cases: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    for name, (sizes, other, dim, seed) in zip(("rows", "columns"), cases):
+        got = values.get(name)
+        if not isinstance(got, torch.Tensor):
+            return "the outputs sent for Gather are not the tensors asked for"
+        want = torch.cat(gather_pieces(sizes, other, dim, seed), dim)
+        if got.shape != want.shape:
+            return (
+                f"gathering pieces of sizes {sizes} along dim={dim} gave shape "
+                f"{tuple(got.shape)}, torch.cat gives {tuple(want.shape)}"
+            )
+        if not torch.equal(got, want):
+            return (
+                f"gathering pieces of sizes {sizes} along dim={dim}: the result is not "
+                "torch.cat of the pieces"
+            )
+    return None
+
+
 CHECKS = (
     ParentCheck(
         1,
@@ -107,6 +297,27 @@ CHECKS = (
         "chunk_sizes matches torch.chunk for any batch and device count",
         chunk_sizes_inputs,
         judge_chunk_sizes,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_concatenates",
+        "Gather concatenates the pieces in order on the destination",
+        gather_inputs,
+        judge_gather,
+    ),
+    ParentCheck(
+        6,
+        "test_straggler_report",
+        "weighted chunks beat torch's equal chunks on unequal devices",
+        straggler_inputs,
+        judge_straggler_report,
+    ),
+    ParentCheck(
+        7,
+        "test_ring_sums_in_place",
+        "ring_allreduce_ leaves the sum on every lane, in place",
+        allreduce_inputs,
+        judge_allreduce,
     ),
 )
 
@@ -185,12 +396,20 @@ def inputs_for(nodeid: str) -> list | None:
     return next((inputs for key, inputs in chosen.items() if nodeid.endswith(key)), None)
 
 
+def encode(values: Mapping[str, torch.Tensor]) -> str:
+    """A check's outputs as :func:`decode` reads them: plain tensors (a subclass would not
+    load), saved by torch, in base64."""
+    buffer = io.BytesIO()
+    with torch._C.DisableTorchFunctionSubclass():
+        plain = {name: tensor.detach().cpu().clone() for name, tensor in values.items()}
+    torch.save(plain, buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def send(nodeid: str, values: Mapping[str, torch.Tensor]) -> None:
     """Send a check's outputs to the parent with its record (under ``dpkit grade`` only)."""
     if not os.environ.get(ENVIRONMENT):
         return
     from dpkit.grading.harness import record_values
 
-    buffer = io.BytesIO()
-    torch.save({name: tensor.detach().cpu() for name, tensor in values.items()}, buffer)
-    record_values(nodeid, base64.b64encode(buffer.getvalue()).decode("ascii"))
+    record_values(nodeid, encode(values))
