@@ -28,8 +28,9 @@ import dpkit
 from dpkit import host_clock
 from dpkit.comm import copy_to
 from dpkit.devices import PREDICTED
-from dpkit.pipeline.schedule import Pipeline, intra_op_threads
+from dpkit.pipeline.schedule import Pipeline
 from dpkit.table import Table
+from dpkit.threads import intra_op_threads
 from dpkit.tracing import Event, Phase, Trace
 
 
