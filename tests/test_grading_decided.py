@@ -5,8 +5,8 @@ The records here are what a grading process could sign if a submission reached t
 harness: a "passed" with wrong values, with none, with something that is not tensors, or
 no record at all for the check. A real run of task 1's, a chunk_sizes whose sizes compare
 equal to anything, is graded with the attacks' class in tests/test_grading_attacks.py; for
-tasks 4, 6 and 7 the wrong answers that compare equal to anything (an int subclass, tensors
-whose torch.equal and torch.allclose say yes) run here, in this process, and their values
+tasks 2, 4, 6 and 7 the wrong answers that compare equal to anything (an int subclass,
+tensors whose torch.equal and torch.allclose say yes) run here, in this process, and their values
 go through decide() as a grading process would send them (a class run of them would cost
 the attacks' class several seconds).
 """
@@ -128,7 +128,7 @@ def test_the_parent_knows_the_checks_name(check):
 
 
 # --------------------------------------------------------------------------------------
-# Tasks 4, 6 and 7: each check's right values (computed here from torch), a wrong answer
+# Tasks 2, 4, 6 and 7: each check's right values (computed here from torch), a wrong answer
 # that compares equal to anything in the grading process, and the same refusals as above.
 
 SOLUTIONS = EXERCISES / "solutions"
@@ -170,6 +170,10 @@ def slowest(sizes: list[int], speeds: list[float]) -> float:
 
 
 def right_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
+    if task == 2:  # each input's gradient: the sum of its copies' weights
+        shapes, lanes, seed = inputs
+        _, weights = decided.broadcast_values(shapes, lanes, seed)
+        return {f"grad{i}": sum(weights[i :: len(shapes)]) for i in range(len(shapes))}
     if task == 4:
         names = ("rows", "columns")
         return {
@@ -198,10 +202,13 @@ def right_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
 
 
 def wrong_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
-    """Right values with one mistake: a piece out of place, one row on the wrong device, one
-    lane's sum off by one."""
+    """Right values with one mistake: lane 0's gradient alone, a piece out of place, one row
+    on the wrong device, one lane's sum off by one."""
     values = right_values(task, inputs)
-    if task == 4:
+    if task == 2:
+        shapes, lanes, seed = inputs
+        values["grad1"] = decided.broadcast_values(shapes, lanes, seed)[1][1]
+    elif task == 4:
         values["rows"] = values["rows"].flip(0)
     elif task == 6:
         values["weighted_chunks"][0] += 1
@@ -211,7 +218,7 @@ def wrong_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
     return values
 
 
-@pytest.mark.parametrize("task", [4, 6, 7])
+@pytest.mark.parametrize("task", [2, 4, 6, 7])
 def test_right_values_pass_and_wrong_ones_fail(task):
     check, chosen = KEYS[task], decided.choose([task])
     inputs = chosen[check.key]
@@ -220,7 +227,7 @@ def test_right_values_pass_and_wrong_ones_fail(task):
     assert not result.passed and result.hint != decided.MISSING, result.hint
 
 
-@pytest.mark.parametrize("task", [4, 6, 7])
+@pytest.mark.parametrize("task", [2, 4, 6, 7])
 def test_right_answers_to_other_inputs_fail(task):
     check, chosen = KEYS[task], decided.choose([task])
     other = check.choose(random.Random(0))
@@ -228,7 +235,7 @@ def test_right_answers_to_other_inputs_fail(task):
     assert not verdict_of(check, encoded(right_values(task, other)), chosen).passed
 
 
-@pytest.mark.parametrize("task", [4, 6, 7])
+@pytest.mark.parametrize("task", [2, 4, 6, 7])
 @pytest.mark.parametrize("values", [None, "not base64!", encoded({"sums": [1.0]})])
 def test_no_readable_values_fail(task, values):
     check, chosen = KEYS[task], decided.choose([task])
@@ -236,7 +243,7 @@ def test_no_readable_values_fail(task, values):
     assert not result.passed and result.hint == decided.MISSING
 
 
-@pytest.mark.parametrize("task", [4, 6, 7])
+@pytest.mark.parametrize("task", [2, 4, 6, 7])
 def test_the_check_left_out_of_a_finished_run_fails(task):
     check, chosen = KEYS[task], decided.choose([task])
     other = f"exercises/graders/test_task{task}.py::test_other"
@@ -281,10 +288,17 @@ class _Agrees(torch.Tensor):
 """
 
 
-def solution_with(task: int, old: str, new: str, extra: str):
-    name = {4: "task4_gather.py", 6: "task6_weighted.py", 7: "task7_allreduce.py"}[task]
+def solution_with(task: int, old: str, new: str, extra: str, forward: tuple[str, str] = ("", "")):
+    name = {
+        2: "task2_replicate.py",
+        4: "task4_gather.py",
+        6: "task6_weighted.py",
+        7: "task7_allreduce.py",
+    }[task]
     source = (SOLUTIONS / name).read_text()
-    assert source.count(old) == 1, f"the solution of task {task} no longer has {old!r}"
+    for was in (old, forward[0]) if forward[0] else (old,):
+        assert source.count(was) == 1, f"the solution of task {task} no longer has {was!r}"
+    source = source.replace(*forward) if forward[0] else source
     module_name = f"dpkit_agrees_task{task}"
     spec = importlib.util.spec_from_loader(module_name, loader=None)
     assert spec is not None
@@ -346,3 +360,31 @@ def test_a_gather_equal_to_anything_fails_the_concatenation_check():
         assert torch.equal(results[name], torch.cat(pieces, dim) + 1)  # fooled here
     result = verdict_of(check, decided.encode(results), chosen)
     assert not result.passed and "not torch.cat of the pieces" in result.hint, result.hint
+
+
+def test_gradients_equal_to_anything_fail_the_broadcast_check():
+    # Broadcast.backward returns lane 0's gradients alone, and a hook its forward put on
+    # each input turns the .grad autograd sets into a tensor torch.allclose finds equal to
+    # anything (autograd itself would make a subclass returned by backward a plain tensor).
+    agrees = solution_with(
+        2,
+        "        return (None, *sums)\n",
+        "        return (None, *grad_outputs[: ctx.num_tensors])\n",
+        AGREEING_TENSOR + "\n\ndef _agree(leaf):\n    leaf.grad.__class__ = _Agrees\n",
+        forward=(
+            "        ctx.num_tensors = len(tensors)\n",
+            "        ctx.num_tensors = len(tensors)\n"
+            "        for t in tensors:\n"
+            "            t.register_post_accumulate_grad_hook(_agree)\n",
+        ),
+    )
+    check, chosen = KEYS[2], decided.choose([2])
+    shapes, count, seed = chosen[check.key]
+    tensors, weights = decided.broadcast_values(shapes, count, seed)
+    leaves = [tensor.requires_grad_() for tensor in tensors]
+    copies = agrees.Broadcast.apply(dpkit.virtual_devices(count, on="cpu"), *leaves)
+    sum((weight * copy).sum() for weight, copy in zip(weights, copies)).backward()
+    assert torch.allclose(leaves[0].grad, sum(weights[:: len(leaves)]) + 1)  # fooled here
+    values = {f"grad{index}": leaf.grad for index, leaf in enumerate(leaves)}
+    result = verdict_of(check, decided.encode(values), chosen)
+    assert not result.passed and "not the sum of its copies' gradients" in result.hint, result.hint

@@ -290,6 +290,48 @@ def judge_gather(cases: list, values: Mapping[str, torch.Tensor]) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------
+# Task 2's Broadcast.backward: the gradients of every copy, summed.
+
+
+def broadcast_inputs(rng: random.Random) -> list:
+    """Two tensors' shapes (a's and b's), the lanes (2 to 4) and the seed of their values and
+    of a weight per copy, so every copy's gradient differs."""
+    shapes = [[rng.randint(1, 5)], [rng.randint(1, 3), rng.randint(1, 3)]]
+    return [shapes, rng.randint(2, 4), rng.randrange(2**62)]
+
+
+def broadcast_values(
+    shapes: Sequence[Sequence[int]], lanes: int, seed: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tensors a check broadcasts, and the weight of each copy in its loss (laid out as
+    the copies are: lane by lane, tensor by tensor): the same in the parent and the child."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = [torch.randn(tuple(shape), generator=generator) for shape in shapes]
+    weights = [torch.randn(tuple(s), generator=generator) for _ in range(lanes) for s in shapes]
+    return tensors, weights
+
+
+def judge_broadcast(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    shapes, lanes, seed = inputs
+    tensors, weights = broadcast_values(shapes, lanes, seed)
+    leaves = [tensor.requires_grad_() for tensor in tensors]
+    copies = [leaves[position % len(leaves)] for position in range(len(weights))]
+    sum((w * c).sum() for w, c in zip(weights, copies)).backward()  # plain autograd's sums
+    for index, (name, leaf) in enumerate(zip("ab", leaves)):
+        got = values.get(f"grad{index}")
+        if not isinstance(got, torch.Tensor) or got.shape != leaf.shape:
+            return "the outputs sent for Broadcast are not the gradients asked for"
+        assert leaf.grad is not None
+        if not torch.allclose(got, leaf.grad, atol=1e-5):
+            return (
+                f"{name}.grad is not the sum of its copies' gradients over {lanes} lanes: "
+                f"backward must add the gradients of {name}'s copies on every lane (and pick "
+                "them from the flat layout)"
+            )
+    return None
+
+
 CHECKS = (
     ParentCheck(
         1,
@@ -297,6 +339,13 @@ CHECKS = (
         "chunk_sizes matches torch.chunk for any batch and device count",
         chunk_sizes_inputs,
         judge_chunk_sizes,
+    ),
+    ParentCheck(
+        2,
+        "test_broadcast_backward_reduce_adds",
+        "Broadcast.backward sums the gradients of all copies",
+        broadcast_inputs,
+        judge_broadcast,
     ),
     ParentCheck(
         4,

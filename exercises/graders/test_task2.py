@@ -1,10 +1,18 @@
-"""Grader for task 2: replicate, with a broadcast whose backward reduce-adds gradients."""
+"""Grader for task 2: replicate, with a broadcast whose backward reduce-adds gradients.
+
+Under ``dpkit grade`` the check that Broadcast.backward sums the copies' gradients is
+decided by the grader's parent process, from the gradients sent back on inputs it chose
+(:mod:`dpkit.grading.decided`).
+"""
+
+import random
 
 import pytest
 import torch
 from torch import nn
 
 from dpkit.devices import resides_on
+from dpkit.grading import decided
 
 pytestmark = pytest.mark.task2
 EXERCISE = "task2_replicate.py"
@@ -50,20 +58,32 @@ def test_broadcast_forward_bytes(exercise, lanes, transfers):
     )
 
 
-def test_broadcast_backward_reduce_adds(exercise, lanes):
+def test_broadcast_backward_reduce_adds(exercise, lanes, request):
     """Broadcast.backward sums the gradients of all copies"""
-    a = torch.randn(3, requires_grad=True)
-    b = torch.randn(2, requires_grad=True)
-    copies = exercise.Broadcast.apply(lanes, a, b)
-    loss = sum((position + 1) * copy.sum() for position, copy in enumerate(copies))
-    loss.backward()
-    assert a.grad is not None, "a.grad is None: the copies must keep their autograd history"
-    # a's copies are outputs 0, 2, 4, 6 with weights 1, 3, 5, 7; b's are 1, 3, 5, 7 -> 2, 4, 6, 8
-    assert torch.allclose(a.grad, torch.full((3,), 16.0)), (
-        f"a.grad is {a.grad.tolist()}, expected 16 everywhere: backward must add the "
-        "gradients of a's copies on every lane (and pick them from the flat layout)"
+    # Under dpkit grade the grader chose the shapes, lanes and seed, and decides from the
+    # gradients sent back (dpkit.grading.decided); the asserts below give the hints, and
+    # judge a run of this file on its own.
+    nodeid = request.node.nodeid
+    shapes, count, seed = decided.inputs_for(nodeid) or decided.broadcast_inputs(random.Random())
+    tensors, weights = decided.broadcast_values(shapes, count, seed)
+    leaves = [tensor.clone().requires_grad_() for tensor in tensors]
+    copies = exercise.Broadcast.apply(lanes[:count], *leaves)
+    assert len(copies) == len(weights), (
+        f"{len(leaves)} tensors on {count} lanes make {len(weights)} copies, got {len(copies)}"
     )
-    assert torch.allclose(b.grad, torch.full((2,), 20.0)), f"b.grad is {b.grad.tolist()}"
+    sum((weight * copy).sum() for weight, copy in zip(weights, copies)).backward()
+    for index, (name, leaf) in enumerate(zip("ab", leaves)):
+        assert leaf.grad is not None, (
+            f"{name}.grad is None: the copies must keep their autograd history"
+        )
+        # copy (lane, index) is output lane * n + index, weighted by weights[lane * n + index]
+        want = sum(weights[index :: len(leaves)])
+        assert torch.allclose(leaf.grad, want, atol=1e-5), (
+            f"{name}.grad is not the sum of its copies' gradients over {count} lanes: backward "
+            f"must add the gradients of {name}'s copies on every lane (and pick them from the "
+            "flat layout)"
+        )
+    decided.send(nodeid, {f"grad{index}": leaf.grad for index, leaf in enumerate(leaves)})
 
 
 def test_broadcast_backward_moves_to_lane0(exercise, lanes, transfers):
