@@ -146,20 +146,29 @@ class Ranks:
     def wait_for(self, kind: str, block: int | None = None) -> list[Any]:
         """The payload of message ``kind`` (for ``block``, if given) from every rank, by rank."""
         found: dict[int, Any] = {}
+
+        def delivered(rank: int) -> bool:
+            return rank in found or any(
+                m[1] == rank and self._wanted(m, kind, block) for m in self._pending
+            )
+
         while len(found) < self.nproc:
             for message in self._take(kind, block):
                 found[message[1]] = message[2]
             if len(found) == self.nproc:
                 break
-            self._check()
+            self._check(delivered)
             self._read(timeout=0.05)
         return [found[rank] for rank in range(self.nproc)]
+
+    @staticmethod
+    def _wanted(message: tuple[str, int, Any], kind: str, block: int | None) -> bool:
+        return message[0] == kind and (block is None or message[2] == block)
 
     def _take(self, kind: str, block: int | None) -> list[tuple[str, int, Any]]:
         taken, kept = [], []
         for message in self._pending:
-            wanted = message[0] == kind and (block is None or message[2] == block)
-            (taken if wanted else kept).append(message)
+            (taken if self._wanted(message, kind, block) else kept).append(message)
         self._pending = kept
         return taken
 
@@ -169,16 +178,20 @@ class Ranks:
             while True:  # whatever else is there, without waiting
                 self._pending.append(self.messages.get_nowait())
 
-    def _check(self) -> None:
+    def _check(self, delivered: Callable[[int], bool] = lambda rank: False) -> None:
         """Raise if a rank reported an error, ended before its work was done (whatever its
-        exit status), or no rank moved on for too long."""
+        exit status), or no rank moved on for too long. A rank for which ``delivered`` is
+        true has sent what is waited for: if it ends now, that is its teardown, and what it
+        sent stands (torch's teardown can abort: with a comm hook, gloo's process group was
+        once destroyed from one of its own threads, "terminate called ... Resource deadlock
+        avoided", after the rank's results were in)."""
         if any(m[0] == "error" for m in self._pending):
             self._fail()
         for rank, process in enumerate(self.processes):
-            if process.exitcode is None or self._finished(rank):
+            if process.exitcode is None or delivered(rank) or self._finished(rank):
                 continue
             self._read(timeout=ERROR_WINDOW_S)  # its last message may still be in the pipe
-            if self._finished(rank):
+            if delivered(rank) or self._finished(rank):
                 continue
             if any(m[0] == "error" for m in self._pending):
                 self._fail()
