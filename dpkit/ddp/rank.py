@@ -202,4 +202,7 @@ def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: P
         free_reducers()
     where.at(process.FINISHED)
     messages.put(("done", rank, runs))
-    dist.destroy_process_group()
+    # No destroy_process_group: the rank's process ends with os._exit once its messages are
+    # flushed (multiprocessing's fork server, Linux and macOS), so the group is never
+    # destroyed. Destroyed here, a compression hook's group once died on one of gloo's own
+    # threads ("terminate called ... Resource deadlock avoided", SIGABRT) after "done".
