@@ -202,8 +202,8 @@ def right_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
 
 
 def wrong_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
-    """Right values with one mistake: lane 0's gradient alone, a piece out of place, one row
-    on the wrong device, one lane's sum off by one."""
+    """Right values with one mistake: lane 0's gradient alone, a piece out of place, torch's
+    chunks given as the weighted ones, one lane's sum off by one."""
     values = right_values(task, inputs)
     if task == 2:
         shapes, lanes, seed = inputs
@@ -211,8 +211,7 @@ def wrong_values(task: int, inputs: list) -> dict[str, torch.Tensor]:
     elif task == 4:
         values["rows"] = values["rows"].flip(0)
     elif task == 6:
-        values["weighted_chunks"][0] += 1
-        values["weighted_chunks"][1] -= 1
+        values["weighted_chunks"] = values["torch_chunks"].clone()  # beats nothing
     else:
         values["sums"][-1] += 1.0
     return values

@@ -124,10 +124,12 @@ def test_straggler_report(exercise, request):
             f"dpkit.torch_chunk_sizes and pad with 0 for the {idle} idle devices, one size "
             "per device"
         )
-        weighted, best = report["weighted_chunks"], best_step_time(batch, speeds)
-        assert sum(weighted) == batch and step_time(weighted, speeds) == pytest.approx(best), (
-            f"{call} gave weighted_chunks {weighted}, which are not optimal: use "
-            f"weighted_chunk_sizes({batch}, {speeds})"
+        weighted = report["weighted_chunks"]
+        # the check's claim; whether they are the best split is weighted_chunk_sizes' check
+        beats = len(set(speeds)) == 1 or step_time(weighted, speeds) < step_time(want, speeds)
+        assert min(weighted) >= 0 and sum(weighted) == batch and beats, (
+            f"{call} gave weighted_chunks {weighted}, which do not split the batch faster than "
+            f"torch's chunks: use weighted_chunk_sizes({batch}, {speeds})"
         )
         if len(set(speeds)) == 1:
             assert max(weighted) - min(weighted) <= 1, (
