@@ -49,10 +49,10 @@ KIND_LABELS = {
 # Where a tensor that dpkit copied onto a virtual lane records its lane.
 _LANE_ATTRIBUTE = "_dpkit_lane"
 
-# Under the placement check (dpkit.placement_check, for tests), CPU lanes pretend to live on a
+# Under the placement check (dpkit.testing.placement_check), CPU lanes pretend to live on a
 # device of their own, apart from plain CPU memory, as lanes on one GPU live on cuda:0.
 CHECKED_LANE_MEMORY = torch.device("cpu", 0)
-# Set by dpkit.placement_check while it is on: called whenever checked lanes are made, so
+# Set by dpkit.testing.placement_check while it is on: called whenever checked lanes are made, so
 # that the thread asking for them (a widget's callback may run in a thread of its own)
 # follows lane tags too.
 _placement_check: Callable[[], None] | None = None
@@ -382,7 +382,7 @@ def to_device(obj: Any, device: DeviceLike) -> Any:
 
     The one way the course puts a model, its inputs and its targets on ``device_ids[0]``
     before ``DataParallel``: on a GPU box that is ``cuda:0``, on ordinary CPU lanes the plain
-    memory (nothing moves), and under :mod:`dpkit.placement_check` the lanes' own device.
+    memory (nothing moves), and under :mod:`dpkit.testing.placement_check` the lanes' own device.
     Lanes 1, 2, ... get their copies from scatter and replicate, never from here.
     """
     if _placement_check is not None and _names_checked_lanes(device):

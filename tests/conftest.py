@@ -1,8 +1,9 @@
 """Shared pytest setup: the placement check for tests marked ``placement_check``.
 
 A test module with ``pytestmark = pytest.mark.placement_check`` runs with
-:mod:`dpkit.placement_check` on (CPU lanes apart from plain CPU memory, as lanes on a GPU), so
-code that forgets to put a model or a target on the devices fails here as it would on Colab.
+:mod:`dpkit.testing.placement_check` on (CPU lanes apart from plain CPU memory, as lanes on a
+GPU), so code that forgets to put a model or a target on the devices fails here as it would on
+Colab.
 The check is on for the whole module, module-scoped fixtures included.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dpkit.placement_check import checking_placement
+from dpkit.testing.placement_check import checking_placement
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import dpkit
-from dpkit.placement_check import checking_placement, write_kernel_config
+from dpkit.testing.placement_check import checking_placement, write_kernel_config
 
 ROOT = Path(__file__).resolve().parents[1]
 devices_module = sys.modules["dpkit.devices"]  # dpkit.devices is also the function
@@ -156,21 +156,26 @@ def test_import_dpkit_never_turns_the_check_on_the_cli_and_kernels_read_the_swit
 ):
     """Test tooling stays out of the runtime (issue 32): DPKIT_CHECK_PLACEMENT=1 does nothing
     at ``import dpkit``; the dpkit command reads it, and so does a Jupyter kernel whose
-    IPython directory has write_kernel_config's config."""
+    IPython directory has write_kernel_config's config (``python -m dpkit.placement_check``)."""
     env = {**os.environ, "DPKIT_CHECK_PLACEMENT": "1", "IPYTHONDIR": str(tmp_path / "ipython")}
     lane = "import dpkit; print(dpkit.devices(2)[0].torch_device)"
     imported = subprocess.run([sys.executable, "-c", lane], capture_output=True, text=True,
                               env=env, timeout=60)  # fmt: skip
     assert imported.stdout.strip() == "cpu", imported.stderr
+    # The Makefile's `python -m dpkit.placement_check IPYTHONDIR` writes the kernels' config,
+    # then the dpkit command turns the check on, through the names it has always used.
     from_cli = subprocess.run(
-        [sys.executable, "-c", "import sys, dpkit.cli, dpkit.placement_check as p; "
+        [sys.executable, "-c", "import runpy, sys, dpkit.cli, dpkit.testing.placement_check as p; "
+         f"sys.argv[1:] = [{env['IPYTHONDIR']!r}]; "
+         "runpy.run_module('dpkit.placement_check', run_name='__main__'); "
          "dpkit.cli.main(['devices', '-n', '1']); print(p.active())"],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert from_cli.stdout.strip().endswith("True"), from_cli.stderr
+    config = tmp_path / "ipython" / "profile_default" / "ipython_kernel_config.py"
+    assert config.read_text() == write_kernel_config(tmp_path / "copy").read_text()
 
     nbclient = pytest.importorskip("nbclient")
-    write_kernel_config(tmp_path / "ipython")
     monkeypatch.setenv("IPYTHONDIR", env["IPYTHONDIR"])  # the kernel inherits this process's
     for switch, expected in (("1", "cpu:0"), ("0", "cpu")):
         monkeypatch.setenv("DPKIT_CHECK_PLACEMENT", switch)

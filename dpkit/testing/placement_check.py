@@ -1,0 +1,291 @@
+"""The placement check: CPU lanes that live apart from plain CPU memory, as a GPU does.
+
+The surprise first: on a laptop, code that forgets to put its model on the devices still
+runs, because lane 0 of ordinary CPU lanes *is* the plain CPU memory every tensor starts
+in. On a GPU box the same code fails (the model is on the CPU, not on ``cuda:0``). With the
+placement check on, CPU lanes behave like lanes on a GPU: they live on a pretend device,
+``cpu:0`` (:data:`dpkit.devices.CHECKED_LANE_MEMORY`), and plain CPU tensors are on the
+*host*, apart from every lane. So on a machine without a GPU:
+
+- ``DataParallel`` refuses a model that was not moved to ``device_ids[0]``, with torch's
+  message, and the fix is the GPU one: ``model.to(lanes[0].torch_device)``;
+- ``x.to(lanes[0].torch_device)``, ``torch.randn(..., device=lanes[0].torch_device)`` and
+  ``module.to(...)`` put data on lane 0; ``.cpu()`` and ``.to("cpu")`` bring it back;
+- an operation that mixes data on the lanes with non-scalar data on the host raises
+  torch's "Expected all tensors to be on the same device" (a target left on the CPU), and
+  ``.numpy()`` of lane data raises as it does for CUDA tensors.
+
+The check is for tests, and never turns on by itself (``import dpkit`` leaves it off). Ways
+to turn it on: :func:`checking_placement` for a block; ``%load_ext dpkit.placement_check`` in
+a notebook; ``DPKIT_CHECK_PLACEMENT=1`` in the environment of the ``dpkit`` command, or of a
+Jupyter kernel whose IPython directory has the config :func:`write_kernel_config` writes
+(``make test`` runs the course notebooks, the demo and the explorers so). It works by a
+:class:`~torch.overrides.TorchFunctionMode` in the thread that turned it on (where the
+learner's code runs; replicas in worker threads only see data dpkit placed), which follows
+lane tags through operations, and by wrapping ``nn.Parameter`` construction so that a
+parameter made from lane data stays there. It slows every torch call in that thread down.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from dpkit.devices import CHECKED_LANE_MEMORY, VIRTUAL_CPU, Device
+
+ENVIRONMENT_VARIABLE = "DPKIT_CHECK_PLACEMENT"
+HOME_LANE = Device(0, VIRTUAL_CPU, CHECKED_LANE_MEMORY)
+# The module, not the function dpkit.devices that hides it once dpkit is imported.
+devices = importlib.import_module("dpkit.devices")
+_TAG = devices._LANE_ATTRIBUTE
+_SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper each time: compare with ==
+
+# Operations torch allows across devices: copies between them, indexing a device's tensor
+# with a host index, questions about tensors that read no data, and packing a padded batch
+# (torch wants its ``lengths`` on the CPU whatever device the batch is on).
+_CROSS_DEVICE = frozenset(
+    {
+        torch._has_compatible_shallow_copy_type,
+        torch._pack_padded_sequence,
+        torch.Tensor.copy_,
+        torch.Tensor.__getitem__,
+        torch.Tensor.__setitem__,
+        torch.Tensor.__deepcopy__,
+        torch.Tensor.__repr__,
+        torch.Tensor.__format__,
+    }
+)
+# dpkit's primitives move bytes between devices on purpose; the check is for their callers.
+_PRIMITIVES = frozenset(
+    f"dpkit.{name}"
+    for name in (
+        "comm", "scatter", "replicate", "parallel_apply", "gather", "data_parallel",
+        "_functions", "devices", "context", "nested",
+    )
+)  # fmt: skip
+
+
+def _lane(tensor: torch.Tensor) -> Device | None:
+    return getattr(tensor, _TAG, None)
+
+
+def _tensors(args: Any, kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """The tensors among an operation's arguments (and in lists or tuples of them)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (item for item in value if isinstance(item, torch.Tensor))
+
+
+def _called_by_primitive() -> bool:
+    """Whether the torch call being checked comes from dpkit's primitives (past torch's own
+    Python wrappers such as ``Tensor.split``)."""
+    frame = sys._getframe(3)  # past this function, _check_same_device and __torch_function__
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("torch"):
+            return module in _PRIMITIVES or module.startswith("dpkit.tracing")
+        frame = frame.f_back
+    return False
+
+
+def _check_same_device(func: Any, args: Any, kwargs: dict[str, Any]) -> Device | None:
+    """The lane an operation's tensors are on (None: the host); raises as torch does when
+    they are on a lane and on the host at once. CPU scalars mix with anything, as with CUDA."""
+    lane = host = None
+    for tensor in _tensors(args, kwargs):
+        found = _lane(tensor)
+        if found is not None:
+            lane = lane or found
+        elif tensor.dim() > 0 and tensor.device.type == "cpu":
+            host = tensor
+    if lane is not None and host is not None and func not in _CROSS_DEVICE:
+        if not _called_by_primitive():
+            name = getattr(func, "__name__", str(func))
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, {CHECKED_LANE_MEMORY} and cpu! (in {name}; dpkit's placement "
+                f"check: data on {lane} met a tensor of shape {tuple(host.shape)} left on the "
+                f"host CPU; move it with .to(lanes[0].torch_device), as on a GPU)"
+            )
+    return lane
+
+
+def _tag(result: Any, lane: Device | None) -> Any:
+    """Put ``lane``'s tag on the tensors an operation returned (None: leave them on the host)."""
+    if lane is None:
+        return result
+    if isinstance(result, torch.Tensor):
+        if _lane(result) is None:
+            try:
+                setattr(result, _TAG, lane)
+            except (AttributeError, RuntimeError):  # a tensor type that takes no attributes
+                pass
+    elif isinstance(result, (list, tuple)):
+        for item in result:
+            _tag(item, lane)
+    return result
+
+
+def _to_host(tensor: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """``tensor`` brought to the host: a copy without a lane tag, as ``.cpu()`` of a GPU tensor
+    (``result`` is what torch returned, ``tensor`` itself when it saw nothing to move)."""
+    if _lane(tensor) is None or result is not tensor:
+        return result  # made inside this handler: untagged
+    return result.clone()
+
+
+class _PlacementMode(TorchFunctionMode):
+    """Follows lane tags through every torch call made in the thread that entered it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _mode is None:  # the check is off: a mode left in another thread does nothing
+            return func(*args, **kwargs)
+        if func is torch.Tensor.to or func is torch.Tensor.cpu:
+            return self._move(func, args, kwargs)
+        if func is torch.Tensor.numpy and _lane(args[0]) is not None:
+            raise TypeError(
+                f"can't convert {CHECKED_LANE_MEMORY} device type tensor to numpy (it is on "
+                f"{_lane(args[0])}; dpkit's placement check). Use Tensor.cpu() to copy the "
+                "tensor to host memory first."
+            )
+        if func == _SET_DATA:  # param.data = ... (how module.to() moves a parameter)
+            result = func(*args, **kwargs)
+            lane = _lane(args[1]) if isinstance(args[1], torch.Tensor) else None
+            if lane is not None or _lane(args[0]) is not None:
+                setattr(args[0], _TAG, lane)
+            return result
+        lane = _check_same_device(func, args, kwargs)
+        device = kwargs.get("device")
+        if device is not None and lane is None:  # a factory: torch.randn(..., device=...)
+            lane = HOME_LANE if torch.device(device) == CHECKED_LANE_MEMORY else None
+        return _tag(func(*args, **kwargs), lane)
+
+    @staticmethod
+    def _move(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        tensor = args[0]
+        if func is torch.Tensor.cpu:
+            return _to_host(tensor, func(*args, **kwargs))
+        target = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+        if target is not None and not isinstance(target, torch.device):
+            target = torch.device(target)
+        result = func(*args, **kwargs)
+        if target == CHECKED_LANE_MEMORY:
+            if _lane(tensor) is not None:  # already on a lane of this device: no move
+                return _tag(result, _lane(tensor))
+            # From the host onto the lanes' device: a copy, as onto cuda:0.
+            if result.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+                result = result.clone()
+            setattr(result, _TAG, HOME_LANE)
+            return result
+        if target is not None and target.type == "cpu":
+            return _to_host(tensor, result)
+        return _tag(result, _lane(tensor))
+
+
+_original_parameter_new = nn.Parameter.__new__
+
+
+def _parameter_new(cls, data=None, requires_grad=True):
+    """``nn.Parameter(lane_tensor)`` stays on the lane, as ``nn.Parameter(cuda_tensor)`` does."""
+    parameter = _original_parameter_new(cls, data, requires_grad)
+    if data is not None and _lane(data) is not None:
+        setattr(parameter, _TAG, _lane(data))
+    return parameter
+
+
+_mode: _PlacementMode | None = None  # the mode of the thread that turned the check on
+_followed = threading.local()  # .mode: set in each thread whose torch calls are followed
+
+
+def _follow_this_thread() -> None:
+    """Follow lane tags through this thread's torch calls too (once per thread): checked
+    lanes are being made here, so the code that uses them runs here (a JupyterLab widget's
+    callback runs in a kernel thread of its own, not where ``import dpkit`` ran)."""
+    if getattr(_followed, "mode", None) is None:
+        _followed.mode = _PlacementMode()
+        _followed.mode.__enter__()  # stays for the thread's life; inert once the check is off
+
+
+def enable() -> None:
+    """Turn the check on in this thread and for the CPU lanes made from now on."""
+    global _mode
+    if _mode is not None:
+        return
+    _follow_this_thread()
+    _mode = _followed.mode
+    nn.Parameter.__new__ = staticmethod(_parameter_new)  # type: ignore[method-assign]
+    devices._placement_check = _follow_this_thread
+
+
+def disable() -> None:
+    """Turn the check off again; in the thread that turned it on, torch calls are no longer
+    followed (other threads' modes stay, but do nothing)."""
+    global _mode
+    if _mode is None:
+        return
+    devices._placement_check = None
+    nn.Parameter.__new__ = staticmethod(_original_parameter_new)  # type: ignore[method-assign]
+    mode, _mode = _mode, None
+    if getattr(_followed, "mode", None) is mode:
+        _followed.mode = None
+        mode.__exit__(None, None, None)
+
+
+def active() -> bool:
+    return _mode is not None
+
+
+@contextmanager
+def checking_placement() -> Iterator[None]:
+    """Inside the block, CPU lanes live apart from plain CPU memory (see the module doc)."""
+    was_active = active()
+    enable()
+    try:
+        yield
+    finally:
+        if not was_active:
+            disable()
+
+
+def enable_from_environment() -> None:
+    """``DPKIT_CHECK_PLACEMENT=1`` turns the check on (the ``dpkit`` command and kernels with
+    :func:`write_kernel_config`'s config call this; ``import dpkit`` does not)."""
+    if os.environ.get(ENVIRONMENT_VARIABLE, "").strip() not in ("", "0"):
+        enable()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext dpkit.placement_check``: the check on in this kernel, from now on."""
+    enable()
+
+
+# A kernel's IPython config that reads the switch as the kernel starts.
+KERNEL_CONFIG = (
+    "# Written by dpkit.testing.placement_check.write_kernel_config: DPKIT_CHECK_PLACEMENT=1 in a\n"
+    "# kernel's environment turns dpkit's placement check on as the kernel starts.\n"
+    "c.InteractiveShellApp.exec_lines = [\n"
+    '    "import dpkit.testing.placement_check as _p; _p.enable_from_environment(); del _p"\n'
+    "]\n"
+)
+
+
+def write_kernel_config(ipython_dir: str | os.PathLike[str]) -> Path:
+    """Write the config that makes Jupyter kernels started with ``IPYTHONDIR=ipython_dir``
+    read ``DPKIT_CHECK_PLACEMENT`` (nbval's and the browser tests' kernels); return it."""
+    path = Path(ipython_dir) / "profile_default" / "ipython_kernel_config.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(KERNEL_CONFIG)
+    return path
