@@ -16,8 +16,10 @@ kind            what it is                                           ``torch_dev
 ``virtual-gpu`` lane *i* on one GPU, with its own CUDA stream        ``cuda:0``
 ``virtual-cpu`` lane *i* on the CPU, with its own thread and copies  ``cpu``
 ``host``        plain CPU memory as a source or gather target        ``cpu``
-``rank``        a process of DistributedDataParallel (dpkit.ddp)     ``cpu``, ``cuda:i``
 ==============  ===================================================  ===============
+
+A trace's events can carry two more kinds, which are labels, not devices: a cost model's
+predictions and DDP's ranks (:data:`dpkit.tracing.PREDICTED`, :data:`dpkit.tracing.RANK`).
 """
 
 from __future__ import annotations
@@ -33,18 +35,26 @@ REAL = "real"
 VIRTUAL_GPU = "virtual-gpu"
 VIRTUAL_CPU = "virtual-cpu"
 HOST = "host"
-PREDICTED = "predicted"  # devices of the cost model (dpkit.cost): their events are predictions
-RANK = "rank"  # the processes of torch's DistributedDataParallel (dpkit.ddp), a rank each
 
-# How figures, tables and traces name each kind (a trace's events carry the kind).
-KIND_LABELS = {
+# How figures and tables name each kind of device (dpkit.tracing adds the trace's labels).
+DEVICE_LABELS = {
     REAL: "real devices",
     VIRTUAL_GPU: "virtual devices on one GPU",
     VIRTUAL_CPU: "virtual devices on the CPU",
     HOST: "host CPU",
-    PREDICTED: "predicted devices (cost model)",
-    RANK: "processes (DistributedDataParallel, a rank each)",
 }
+
+
+def __getattr__(name: str) -> Any:
+    """PREDICTED, RANK and KIND_LABELS, trace labels that moved to :mod:`dpkit.tracing`, stay
+    importable from here for code that has not moved with them (imported late: the tracing
+    package imports this module)."""
+    if name in ("PREDICTED", "RANK", "KIND_LABELS"):
+        from dpkit import tracing
+
+        return getattr(tracing, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Where a tensor that dpkit copied onto a virtual lane records its lane.
 _LANE_ATTRIBUTE = "_dpkit_lane"
@@ -110,7 +120,7 @@ class Device:
     @property
     def label(self) -> str:
         """Its kind in words, for figures: "virtual devices on the CPU", "real devices", ..."""
-        return KIND_LABELS[self.kind]
+        return DEVICE_LABELS[self.kind]
 
     def shares_memory_with(self, other: Device) -> bool:
         """Whether a tensor on this device is also on ``other`` without a copy: the same

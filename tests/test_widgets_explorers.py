@@ -21,8 +21,8 @@ from matplotlib.text import Text
 
 from dpkit import viz
 from dpkit.ddp import Comparison, DDPResult
-from dpkit.devices import RANK, VIRTUAL_CPU
-from dpkit.tracing import Event, Trace
+from dpkit.devices import VIRTUAL_CPU
+from dpkit.tracing import RANK, Event, Trace
 from dpkit.viz import beyond, scaling
 from dpkit.viz.common import ONE_DEVICE
 from dpkit.viz.explorer import figure_png

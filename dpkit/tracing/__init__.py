@@ -63,11 +63,14 @@ from dpkit.tracing.events import (
     MEMORY_CATEGORIES,
     PEAK,
     PHASE_COLOURS,
+    PREDICTED,
+    RANK,
     Collective,
     Event,
     MemoryRecord,
     Phase,
 )
+from dpkit.tracing.export import KIND_LABELS
 from dpkit.tracing.recorder import (
     Trace,
     begin_step,
@@ -88,9 +91,12 @@ __all__ = [
     "ALLOCATOR_CATEGORIES",
     "BACKWARD_PHASES",
     "FORWARD_PHASES",
+    "KIND_LABELS",
     "MEMORY_CATEGORIES",
     "PEAK",
     "PHASE_COLOURS",
+    "PREDICTED",
+    "RANK",
     "Collective",
     "Event",
     "MemoryRecord",

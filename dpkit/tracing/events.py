@@ -154,6 +154,10 @@ class MemoryRecord:
     kind: str = ""
 
 
+# Kinds of events whose device is not a dpkit Device, only a name in a trace.
+PREDICTED = "predicted"  # devices of the cost model (dpkit.cost): their events are predictions
+RANK = "rank"  # the processes of torch's DistributedDataParallel (dpkit.ddp), a rank each
+
 # What the primitives count, in the order figures and tables show it (others go after).
 MEMORY_CATEGORIES = ("parameters", "input", "activations", "outputs", "gathered")
 ALLOCATED, PEAK = "allocated (torch)", "peak (torch)"

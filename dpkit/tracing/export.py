@@ -13,16 +13,25 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dpkit.devices import HOST, KIND_LABELS
+from dpkit.devices import DEVICE_LABELS, HOST
 from dpkit.tracing.events import (
     ALLOCATOR_CATEGORIES,
     BACKWARD,
     BACKWARD_PHASES,
     FORWARD,
     MEMORY_CATEGORIES,
+    PREDICTED,
+    RANK,
     Event,
     MemoryRecord,
 )
+
+# How figures, tables and traces name the kind each event carries.
+KIND_LABELS = {
+    **DEVICE_LABELS,
+    PREDICTED: "predicted devices (cost model)",
+    RANK: "processes (DistributedDataParallel, a rank each)",
+}
 
 
 def hardware_label(events: Sequence[Event]) -> str:
