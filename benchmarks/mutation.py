@@ -1,4 +1,4 @@
-"""Mutation testing of dpkit's core: how many planted bugs do the fast tests catch?
+"""Mutation testing of dpkit's core and beyond: how many planted bugs do the tests catch?
 
 mutmut (pinned in requirements/mutation.txt) plants one small bug at a time (a ``<`` for a
 ``<=``, a dropped argument, ``None`` for a value, a string changed) in each function of a
@@ -9,8 +9,11 @@ survivor is either a gap in the tests or an *equivalent* mutant, one no user cou
 from the original; the equivalent ones, with the reason, are listed in
 ``benchmarks/mutation_equivalents.md``. The kill rate is killed / (mutants - equivalent).
 
-The tests are the fast CPU suite: ``tests/`` without the browser, slow, GPU and notebook
-tests, the exercise graders and the widget tests.
+The tests for a core file are the fast CPU suite: ``tests/`` without the browser, slow, GPU
+and notebook tests, the exercise graders and the widget tests. A file beyond the core
+(``BEYOND_CORE``: the pipeline, the DDP plan and hook, ...) is tested by its package's own
+test files, found by grep (those that name the module or its package, :func:`own_tests`),
+not the whole suite; it is reported apart, so that the core's numbers stay the core's.
 
 Each core file is tested in its own copy of the working tree, under
 ``build/mutation/<module>/`` (mutmut writes its mutants to ``mutants/`` there), so the
@@ -21,6 +24,7 @@ they are now. ``--fresh`` throws a file's cache away.
 
     make mutation                              # every core file (hours on 2 cores)
     make mutation FILES=dpkit/comm.py          # one file, or several: FILES="a.py b.py"
+    make mutation FILES=dpkit/pipeline/bubble.py   # a file beyond the core, its own tests
     .venv/bin/python -m benchmarks.mutation --files dpkit/comm.py --fresh
 
 Results, merged file by file into what earlier runs measured:
@@ -80,6 +84,21 @@ MARKERS = "not browser and not slow and not gpu and not notebooks"
 # time out; the instructor kit's tests follow the guide in a clone of the files git
 # tracks, which a copy (without .git, and without the tests left out above) is not.
 SKIPPED_TESTS = ("tests/test_ddp*.py", "tests/test_instructor_kit.py")
+
+# Beyond the core (issue 32): each file with the grep pattern of the test files that are
+# its package's own (they name the module, or the package as the module's tests import
+# it). A test file found so is copied even where SKIPPED_TESTS would leave it out; none of
+# these patterns finds a test that starts DDP ranks (those call ``ddp.run_ddp``).
+_PIPELINE_TESTS = r"dpkit\.pipeline\b|from dpkit import .*\bpipeline\b"
+BEYOND_CORE = {
+    "dpkit/pipeline/stages.py": _PIPELINE_TESTS,
+    "dpkit/pipeline/contrast.py": _PIPELINE_TESTS,
+    "dpkit/pipeline/bubble.py": _PIPELINE_TESTS,
+    "dpkit/pipeline/schedule.py": _PIPELINE_TESTS,
+    "dpkit/ddp/plan.py": r"dpkit\.ddp\.plan\b|from dpkit\.ddp import .*\bplan\b",
+    "dpkit/ddp/hook.py": r"dpkit\.ddp\.hook\b|from dpkit\.ddp import .*\bhook\b",
+}
+BEYOND_CORE_GOAL = 0.90
 PYTEST_ARGS = ("-m", MARKERS, "-p", "no:cacheprovider")
 
 # mutmut's wall-clock limit per mutant: (seconds its tests took + constant) * multiplier.
@@ -191,6 +210,28 @@ def module_of(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
+def own_tests(target: str, files: list[str]) -> list[str]:
+    """The test files of ``files`` (``tests/test_*.py``) that are ``target``'s own: their
+    text matches its pattern in :data:`BEYOND_CORE`, skipped ones included (``--ignore``
+    and the markers still apply). Outside the test selection the suite is not run."""
+    pattern = re.compile(BEYOND_CORE[target])
+    # what the fast suite leaves out (its --ignore options) stays out here too
+    ignored = [option.partition("=")[2] for option in TEST_SELECTION if option.startswith("--ig")]
+    return [
+        name
+        for name in files
+        if fnmatch(name, "tests/test_*.py")
+        and not any(fnmatch(name, glob) or name.startswith(f"{glob}/") for glob in ignored)
+        and pattern.search((ROOT / name).read_text())
+    ]
+
+
+def selection_for(target: str, files: list[str]) -> tuple[str, ...]:
+    """What pytest is given for ``target``: the fast suite for a core file, the own test
+    files for one beyond the core."""
+    return TEST_SELECTION if target in CORE_FILES else tuple(own_tests(target, files))
+
+
 def _tree_files() -> list[str]:
     """The working tree as git sees it: tracked files and new files it does not ignore."""
     listing = subprocess.run(
@@ -224,7 +265,13 @@ def sync_copy(workdir: Path, files: list[str]) -> None:
     manifest.write_text("\n".join(present) + "\n")
 
 
-def write_config(workdir: Path, target: str, also_copy: list[str], debug: bool = False) -> None:
+def write_config(
+    workdir: Path,
+    target: str,
+    also_copy: list[str],
+    selection: tuple[str, ...] = TEST_SELECTION,
+    debug: bool = False,
+) -> None:
     def lines(values) -> str:
         return "".join(f"\n    {value}" for value in values)
 
@@ -234,7 +281,7 @@ def write_config(workdir: Path, target: str, also_copy: list[str], debug: bool =
         "source_paths=dpkit\n"
         f"only_mutate={target}\n"
         f"also_copy={lines(also_copy)}\n"
-        f"pytest_add_cli_args_test_selection={lines(TEST_SELECTION)}\n"
+        f"pytest_add_cli_args_test_selection={lines(selection)}\n"
         f"pytest_add_cli_args={lines(PYTEST_ARGS)}\n"
         # torch in the process that forks the workers has run nothing (see mutmut's README).
         "process_isolation=forkserver\n"
@@ -313,7 +360,10 @@ def run_file(
     workdir.mkdir(parents=True, exist_ok=True)
     sync_copy(workdir, files)
     also_copy = sorted({name.split("/", 1)[0] for name in files} - {"dpkit", "tests"})
-    write_config(workdir, target, also_copy, debug)
+    selection = selection_for(target, files)
+    if not selection:
+        raise SystemExit(f"{target}: no test file matches {BEYOND_CORE[target]!r}")
+    write_config(workdir, target, also_copy, selection, debug)
     # Copies of deleted tests or files must not linger in mutmut's folder.
     for name in ["tests", *also_copy]:
         stale = workdir / "mutants" / name
@@ -376,6 +426,7 @@ def summarize(
         "survivors": survivors,
         "equivalents": equivalent,
         "gpu_only_mutants": gpu_only,
+        **({} if target in CORE_FILES else {"tests": _selection_of(workdir)}),
     }
 
 
@@ -420,12 +471,21 @@ def _staleness(measured: dict) -> str:
     return "" if now == measured.get("source_sha256") else " (source changed since)"
 
 
-def write_results(per_file: dict[str, dict], equivalents: list[Equivalent]) -> dict:
-    """Merge ``per_file`` into the results: the files with a cache here are summarized from
-    it again (the equivalents may have changed), the others keep what an earlier run wrote."""
-    old = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
-    files = {entry["file"]: entry for entry in old.get("files", [])}
-    for name in CORE_FILES:
+def _selection_of(workdir: Path) -> list[str]:
+    """The test selection a copy's mutmut ran with (its setup.cfg)."""
+    config = workdir / "setup.cfg"
+    if not config.exists():
+        return []
+    text = config.read_text().partition("pytest_add_cli_args_test_selection=")[2]
+    return [line.strip() for line in text.splitlines()[1:] if line.startswith("    ")] or []
+
+
+def _merge(
+    names: tuple[str, ...], per_file: dict[str, dict], old: list[dict], equivalents: list
+) -> list[dict]:
+    """``names``' entries: measured now, summarized again from a cache, or kept as before."""
+    files = {entry["file"]: entry for entry in old}
+    for name in names:
         entry = per_file.get(name)
         if entry is None and _meta_path(WORK / module_of(name), name).exists():
             entry = summarize(name, None, equivalents)
@@ -437,16 +497,16 @@ def write_results(per_file: dict[str, dict], equivalents: list[Equivalent]) -> d
         if entry["full_run_s"] is None:
             entry = dict(entry, full_run_s=before.get("full_run_s"))
         files[name] = entry
-    ordered = [files[f] for f in CORE_FILES if f in files]
+    return [files[f] for f in names if f in files]
 
+
+def _totals(ordered: list[dict], names: tuple[str, ...], goal: float) -> dict:
     def total(key: str) -> int:
         return sum(f.get(key, 0) for f in ordered)
 
     checked = sum(f["mutants"] - f["counts"].get("not checked", 0) for f in ordered)
-    result = {
-        "tool": "mutmut",
-        "tests": {"selection": list(TEST_SELECTION), "markers": MARKERS},
-        "goal": 0.95,
+    return {
+        "goal": goal,
         **_rates(total("caught"), checked, total("equivalent"), total("gpu_only")),
         "mutants": total("mutants"),
         "checked": checked,
@@ -455,9 +515,31 @@ def write_results(per_file: dict[str, dict], equivalents: list[Equivalent]) -> d
         "equivalent": total("equivalent"),
         "gpu_only": total("gpu_only"),
         "full_run_s": sum(f.get("full_run_s") or 0 for f in ordered),
-        "files_not_measured": [f for f in CORE_FILES if f not in files],
+        "files_not_measured": [f for f in names if f not in {e["file"] for e in ordered}],
+    }
+
+
+def write_results(per_file: dict[str, dict], equivalents: list[Equivalent]) -> dict:
+    """Merge ``per_file`` into the results: the files with a cache here are summarized from
+    it again (the equivalents may have changed), the others keep what an earlier run wrote.
+    The core's totals are the core's files alone; ``beyond_core`` has its own."""
+    old = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    core = _merge(CORE_FILES, per_file, old.get("files", []), equivalents)
+    beyond_names = tuple(BEYOND_CORE)
+    beyond = _merge(
+        beyond_names, per_file, old.get("beyond_core", {}).get("files", []), equivalents
+    )
+    result = {
+        "tool": "mutmut",
+        "tests": {"selection": list(TEST_SELECTION), "markers": MARKERS},
+        **_totals(core, CORE_FILES, 0.95),
         "machine": _machine(),
-        "files": ordered,
+        "files": core,
+        "beyond_core": {
+            "tests": "each file's own test files (benchmarks/mutation.py, BEYOND_CORE)",
+            **_totals(beyond, beyond_names, BEYOND_CORE_GOAL),
+            "files": beyond,
+        },
     }
     RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_JSON.write_text(json.dumps(result, indent=2) + "\n")
@@ -473,6 +555,56 @@ def _minutes(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds / 60:.1f} min"
 
 
+def _table(files: list[dict], with_tests: bool = False) -> list[str]:
+    lines = [
+        "| file | mutants | caught | surviving | equivalent | GPU-only | kill rate |"
+        " with GPU-only | full run | last run | measured |" + (" tests |" if with_tests else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|" + ("---|" if with_tests else ""),
+    ]
+    for f in files:
+        full, last = (_minutes(f.get(key)) for key in ("full_run_s", "run_s"))
+        unchecked = f["counts"].get("not checked", 0)
+        partial = f" ({unchecked} not checked)" if unchecked else ""
+        tests = ", ".join(Path(t).name for t in f.get("tests", []))
+        lines.append(
+            f"| `{f['file']}` | {f['mutants']} | {f['caught']} | {f['surviving']} |"
+            f" {f['equivalent']} | {f['gpu_only']} | {_percent(f['kill_rate'])}{partial} |"
+            f" {_percent(f['kill_rate_counting_gpu_only'])} | {full} | {last} |"
+            f" {f['measured'][:16].replace('T', ' ')}{_staleness(f)} |"
+            + (f" {tests} |" if with_tests else "")
+        )
+    return lines
+
+
+def _overall(result: dict, label: str) -> str:
+    return (
+        f"**{label}: {_percent(result['kill_rate'])}** ({result['caught']} caught,"
+        f" {result['surviving']} surviving, {result['equivalent']} equivalent,"
+        f" {result['gpu_only']} GPU-only, of {result['mutants']} mutants;"
+        f" {_percent(result['kill_rate_counting_gpu_only'])} counting GPU-only as surviving)."
+    )
+
+
+def _not_measured(result: dict) -> list[str]:
+    if not result["files_not_measured"]:
+        return []
+    return ["", "Not measured yet: " + ", ".join(f"`{f}`" for f in result["files_not_measured"])]
+
+
+def _mutants(files: list[dict], level: str) -> list[str]:
+    lines = [f"{level} Surviving mutants", ""]
+    survivors = [s for f in files for s in f["survivors"]]
+    if not survivors:
+        lines += ["None.", ""]
+    for s in survivors:
+        lines += [f"{level}# `{s['name']}` ({s['status']})", "", "```diff", s["diff"], "```", ""]
+    for key, title in (("equivalents", "Equivalent"), ("gpu_only_mutants", "GPU-only")):
+        names = [e["name"] for f in files for e in f[key]]
+        lines += [f"{level} {title} mutants ({len(names)})", ""]
+        lines += [", ".join(f"`{n}`" for n in names) if names else "None.", ""]
+    return lines
+
+
 def render_markdown(result: dict) -> str:
     lines = [
         "# Mutation testing of the core",
@@ -485,30 +617,11 @@ def render_markdown(result: dict) -> str:
         "(CUDA streams, non-blocking copies), which the CPU tests cannot see; the last column",
         f"counts them as survivors. Goal: {_percent(result['goal'])}.",
         "",
-        f"**Overall: {_percent(result['kill_rate'])}** ({result['caught']} caught,"
-        f" {result['surviving']} surviving, {result['equivalent']} equivalent,"
-        f" {result['gpu_only']} GPU-only, of {result['mutants']} mutants;"
-        f" {_percent(result['kill_rate_counting_gpu_only'])} counting GPU-only as surviving).",
+        _overall(result, "Overall"),
         "",
-        "| file | mutants | caught | surviving | equivalent | GPU-only | kill rate |"
-        " with GPU-only | full run | last run | measured |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *_table(result["files"]),
+        *_not_measured(result),
     ]
-    for f in result["files"]:
-        full, last = (_minutes(f.get(key)) for key in ("full_run_s", "run_s"))
-        unchecked = f["counts"].get("not checked", 0)
-        partial = f" ({unchecked} not checked)" if unchecked else ""
-        lines.append(
-            f"| `{f['file']}` | {f['mutants']} | {f['caught']} | {f['surviving']} |"
-            f" {f['equivalent']} | {f['gpu_only']} | {_percent(f['kill_rate'])}{partial} |"
-            f" {_percent(f['kill_rate_counting_gpu_only'])} | {full} | {last} |"
-            f" {f['measured'][:16].replace('T', ' ')}{_staleness(f)} |"
-        )
-    if result["files_not_measured"]:
-        lines += [
-            "",
-            "Not measured yet: " + ", ".join(f"`{f}`" for f in result["files_not_measured"]),
-        ]
     machine = result["machine"]
     lines += [
         "",
@@ -518,18 +631,25 @@ def render_markdown(result: dict) -> str:
         + " ".join(result["tests"]["selection"])
         + "`.",
         "",
-        "## Surviving mutants",
-        "",
+        *_mutants(result["files"], "##"),
     ]
-    survivors = [s for f in result["files"] for s in f["survivors"]]
-    if not survivors:
-        lines += ["None.", ""]
-    for s in survivors:
-        lines += [f"### `{s['name']}` ({s['status']})", "", "```diff", s["diff"], "```", ""]
-    for key, title in (("equivalents", "Equivalent"), ("gpu_only_mutants", "GPU-only")):
-        names = [e["name"] for f in result["files"] for e in f[key]]
-        lines += [f"## {title} mutants ({len(names)})", ""]
-        lines += [", ".join(f"`{n}`" for n in names) if names else "None.", ""]
+    beyond = result.get("beyond_core")
+    if beyond and beyond["files"]:
+        lines += [
+            "# Beyond the core",
+            "",
+            "Files outside the core (issue 32), each mutated against its package's own test",
+            "files only (found by grep: the files that name the module or its package; last",
+            "column), with the same markers. Their totals are apart from the core's above.",
+            f"Goal: {_percent(beyond['goal'])}.",
+            "",
+            _overall(beyond, "Beyond the core"),
+            "",
+            *_table(beyond["files"], with_tests=True),
+            *_not_measured(beyond),
+            "",
+            *_mutants(beyond["files"], "##"),
+        ]
     return "\n".join(lines)
 
 
@@ -544,7 +664,14 @@ def _print_overall(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--files", nargs="+", default=list(CORE_FILES), metavar="PATH", help="core files to mutate"
+        "--files",
+        nargs="+",
+        default=list(CORE_FILES),
+        metavar="PATH",
+        help="files to mutate: core files, or files beyond the core (BEYOND_CORE)",
+    )
+    parser.add_argument(
+        "--beyond", action="store_true", help="every file beyond the core (not the core's)"
     )
     parser.add_argument("--fresh", action="store_true", help="throw away the files' caches first")
     parser.add_argument(
@@ -564,17 +691,25 @@ def main(argv: list[str] | None = None) -> int:
         " (someone's red work in progress, say)",
     )
     args = parser.parse_args(argv)
-    unknown = [f for f in args.files if f not in CORE_FILES]
+    if args.beyond:
+        args.files = list(BEYOND_CORE)
+    unknown = [f for f in args.files if f not in CORE_FILES and f not in BEYOND_CORE]
     if unknown:
-        parser.error(f"not core files: {unknown}; choose from {list(CORE_FILES)}")
+        parser.error(
+            f"not core files nor beyond the core: {unknown}; choose from "
+            f"{list(CORE_FILES)} or {list(BEYOND_CORE)}"
+        )
     equivalents = load_equivalents()
     if args.report_only:
         _print_overall(write_results({}, equivalents))
         return 0
     skipped = (*SKIPPED_TESTS, *args.skip_tests)
-    files = [f for f in _tree_files() if not any(fnmatch(f, glob) for glob in skipped)]
+    tree = _tree_files()
+    kept = [f for f in tree if not any(fnmatch(f, glob) for glob in skipped)]
     per_file, failed = {}, []
     for target in args.files:
+        # a file beyond the core: its own tests are copied, skipped or not
+        files = kept if target in CORE_FILES else sorted({*kept, *own_tests(target, tree)})
         try:
             try:
                 seconds, full = run_file(
@@ -597,6 +732,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{target}: {_percent(f['kill_rate'])}, {f['surviving']} surviving", flush=True)
     if per_file:
         _print_overall(result)
+        beyond = result["beyond_core"]
+        if any(name in BEYOND_CORE for name in per_file):
+            print(
+                f"beyond the core {_percent(beyond['kill_rate'])} ({beyond['surviving']} surviving)"
+            )
     if failed:
         print(f"not measured this time: {', '.join(failed)}")
     return 1 if failed else 0
