@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import io
 import re
 import tokenize
 from pathlib import Path
@@ -35,14 +37,27 @@ def stub_of(task: int) -> Path:
     return next(p for p in STUBS if p.name.startswith(f"task{task}_"))
 
 
+def graded_without_notes(folder: Path) -> list[grading.CheckResult]:
+    """``folder`` graded; the graders' list of checks (read from their text) must be what
+    pytest ran: a check it lists but pytest did not run fails as left out, and one pytest
+    ran that it does not list is noted on stderr."""
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        results = grading.grade_folder(folder)
+    assert "do not define" not in errors.getvalue(), errors.getvalue()
+    left_out = [r.check for r in results if r.hint == grading.results.LEFT_OUT]
+    assert not left_out, f"listed by the roster, never run by pytest: {left_out}"
+    return results
+
+
 @pytest.fixture(scope="module")
 def solution_results() -> list[grading.CheckResult]:
-    return grading.grade_folder(SOLUTIONS)
+    return graded_without_notes(SOLUTIONS)
 
 
 @pytest.fixture(scope="module")
 def stub_results() -> list[grading.CheckResult]:
-    return grading.grade_folder(EXERCISES)
+    return graded_without_notes(EXERCISES)
 
 
 def test_tasks_are_numbered_from_1_each_with_stub_solution_and_grader():

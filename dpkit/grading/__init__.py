@@ -199,7 +199,15 @@ def grade_submissions(
     def one(student: str) -> list[CheckResult]:
         try:
             results = run_graders(
-                chosen, exercise_root, snapshot[student], timeout, trusted, hidden, scratch, server
+                chosen,
+                exercise_root,
+                snapshot[student],
+                timeout,
+                trusted,
+                hidden,
+                scratch,
+                server,
+                label=student,
             )
         except Exception as error:  # noqa: BLE001 - one student's failure never stops the class
             why = f"grading failed for this student: {type(error).__name__}: {error}"

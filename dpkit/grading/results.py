@@ -8,7 +8,12 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dpkit.grading.roster import Check
+
 NOT_RUN = "did not run: the grading run ended early"
+LEFT_OUT = (
+    "the grading process reported no outcome for this check, which the grader defines: it scores 0"
+)
 PASS, FAIL = "\u2713", "\u2717"  # check mark, ballot x
 
 
@@ -23,19 +28,30 @@ class CheckResult:
 
 
 def results_from_records(
-    records: Sequence[dict], stopped: str | None, tasks: Sequence[int]
+    records: Sequence[dict],
+    stopped: str | None,
+    tasks: Sequence[int],
+    checks: Sequence[Check] | None = None,
 ) -> list[CheckResult]:
     """Per-check results from the harness's (authenticated) records; ``stopped`` says why a
     run ended early.
 
+    ``checks`` is the parent's list (:func:`dpkit.grading.roster.roster`): what is scored,
+    whatever the records list; a check with no outcome fails, an outcome for a check not on
+    the list counts for nothing (:func:`unlisted` names them). Without it (older callers,
+    tests of the records alone) the records' "collected" checks are the list.
+
     Only a "passed" record passes a check. The first check without an outcome is the one
     that was running when the run ended, so it carries ``stopped``; the checks after it
-    never ran.
+    never ran. In a run that finished, a check without an outcome was left out.
     """
     collected = [r for r in records if r["event"] == "collected"]
     if not collected:
         why = stopped or "the grader collected no checks"
         return [CheckResult(task, "the grader runs", False, why) for task in tasks]
+    if checks is not None:
+        collected = [{"nodeid": c.nodeid, "task": c.task, "check": c.name} for c in checks]
+    finished = stopped is None and any(r["event"] == "finished" for r in records)
     failures: dict[str, str] = {}
     passed: set[str] = set()
     for record in records:
@@ -52,11 +68,22 @@ def results_from_records(
         elif nodeid in passed:
             result = CheckResult(check["task"], check["check"], True)
         else:
-            hint = stopped if in_flight and stopped else NOT_RUN
+            if finished and checks is not None:
+                hint = LEFT_OUT
+            else:
+                hint = stopped if in_flight and stopped else NOT_RUN
             in_flight = False
             result = CheckResult(check["task"], check["check"], False, hint)
         results.append(result)
     return results
+
+
+def unlisted(records: Sequence[dict], checks: Sequence[Check]) -> list[str]:
+    """The node ids the records name that are not among ``checks``: outcomes or checks the
+    grading process reported that the graders do not define, which count for nothing."""
+    known = {check.nodeid for check in checks}
+    named = (str(r.get("nodeid")) for r in records if "nodeid" in r)
+    return [nodeid for nodeid in dict.fromkeys(named) if nodeid not in known]
 
 
 # Characters a terminal or a spreadsheet does not show as themselves: controls (C0, DEL,

@@ -37,7 +37,8 @@ from pathlib import Path
 from dpkit.grading import apart, decided, forkserver
 from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.layout import check_task, task_files
-from dpkit.grading.results import CheckResult, results_from_records
+from dpkit.grading.results import CheckResult, clean_text, results_from_records, unlisted
+from dpkit.grading.roster import Check, roster
 
 MEMORY_BUDGET = 2 * 1024**3  # bytes of address space the graded code may add to the harness's
 OUTPUT_KEPT = 16 * 1024  # bytes of the child's output kept (the rest is read and dropped)
@@ -95,6 +96,7 @@ def read_trusted(exercises: Path) -> Trusted:
     for name in task_files(exercises).values():
         files[f"exercises/{name}"] = (exercises / name).read_bytes()
     files["pytest.ini"] = b"[pytest]\n"
+    roster(files, list(task_files(exercises)))  # a grader it cannot list is an error now
     watched = [str(exercises / "graders"), str(exercises / "task*.py"), str(package / "grading")]
     return Trusted(files, _modified_since_commit(exercises.parent, watched))
 
@@ -527,12 +529,15 @@ def run_graders(
     hide: Sequence[Path] | None = None,
     scratch_parent: Path | None = None,
     server: forkserver.Server | None = None,
+    label: str = "",
 ) -> list[CheckResult]:
     """Grade ``submissions`` (stub file name -> the student's file) on ``tasks``' graders.
 
-    A crash or a timeout costs one task: that task's check that was running carries why,
-    its later checks say they did not run, and the tasks after it are graded again in a
-    fresh process. ``hide``, ``scratch_parent`` and ``server``: see :func:`_run_once`.
+    The checks scored are the graders' own (:mod:`dpkit.grading.roster`), whatever the
+    grading process reports. A crash or a timeout costs one task: that task's check that
+    was running carries why, its later checks say they did not run, and the tasks after it
+    are graded again in a fresh process. ``hide``, ``scratch_parent`` and ``server``: see
+    :func:`_run_once`; ``label`` names the student in a note on stderr.
     """
     timeout = validate_timeout(timeout)
     if os.name == "nt":
@@ -543,18 +548,43 @@ def run_graders(
     by_task: dict[int, list[CheckResult]] = {}
     pending = list(tasks)
     while pending:
+        checks = roster(trusted.files, pending)
         records, stopped = _run_once(
             pending, submissions, timeout, trusted, hide, scratch_parent, server
         )
-        running = _in_flight(records) if stopped is not None else None
-        results = results_from_records(records, stopped, pending)
-        task_of = {r["nodeid"]: r["task"] for r in records if r["event"] == "collected"}
-        started = {task_of.get(r["nodeid"]) for r in records if r["event"] in ("passed", "failed")}
+        results = results_from_records(records, stopped, pending, checks)
+        _note_unlisted(unlisted(records, checks), label)
+        running = _check_running(records, checks) if stopped is not None else None
+        done = _outcomes(records)
+        started = {check.task for check in checks if check.nodeid in done}
         if running is not None:
-            started.add(running["task"])
+            started.add(running.task)
         again = [t for t in pending if t not in started] if running is not None else []
         for result in results:
             if result.task not in again:
                 by_task.setdefault(result.task, []).append(result)
         pending = again
     return [result for task in tasks for result in by_task.get(task, [])]
+
+
+def _outcomes(records: Sequence[dict]) -> set[str]:
+    return {r["nodeid"] for r in records if r["event"] in ("passed", "failed")}
+
+
+def _check_running(records: Sequence[dict], checks: Sequence[Check]) -> Check | None:
+    """The graders' first check without an outcome in a run that ended early: the one that
+    was running (None when the run never listed its checks: it ended before any ran)."""
+    if not any(r["event"] == "collected" for r in records):
+        return None
+    done = _outcomes(records)
+    return next((check for check in checks if check.nodeid not in done), None)
+
+
+def _note_unlisted(nodeids: Sequence[str], label: str) -> None:
+    if nodeids:
+        who = f"{clean_text(label)}: " if label else ""
+        print(
+            f"dpkit grade: note: {who}the grading process reported checks the graders do not "
+            f"define, ignored: {clean_text(', '.join(nodeids))[:500]}",
+            file=sys.stderr,
+        )
