@@ -198,7 +198,7 @@ WRONG = [
             "in the ring each lane sends 2(n-1)/n of a gradient, only to its neighbour",
             "reduce-add loads lane 0 with (n-1)N bytes; the ring spreads 2(n-1)/n N over all",
         ),
-        "lane 0 sent 12000 bytes",
+        "a ring sends 2 * (n - 1) chunks of N / n",
     ),
     Wrong(
         "one",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+import math
 import random
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ import torch
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import decided
+from dpkit.grading import decided, roster
+from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
 NODEID = "exercises/graders/test_task1.py::test_chunk_sizes_property"
@@ -109,15 +111,23 @@ def test_values_that_do_not_fit_the_inputs_fail(chosen, values, hint):
     assert not result.passed and hint in result.hint, result.hint
 
 
+def graders_checks(task: int) -> list[roster.Check]:
+    return roster.checks_in((EXERCISES / "graders" / f"test_task{task}.py").read_text(), task)
+
+
 def test_a_check_left_out_of_the_records_fails(chosen):
     records = [
         {"event": "collected", "nodeid": OTHER, "task": 1, "check": "the examples"},
         {"event": "passed", "nodeid": OTHER},
         {"event": "finished"},
     ]
-    results = grading.results_from_records(decided.decide(records, chosen), None, [1])
-    assert [r.check for r in results] == [NAME, "the examples"]
-    assert not results[0].passed
+    checks = graders_checks(1)
+    results = grading.results_from_records(decided.decide(records, chosen), None, [1], checks)
+    mine = next(r for r in results if r.check == NAME)
+    assert not mine.passed and mine.hint == results_module.LEFT_OUT
+    assert [r.check for r in results if r.passed] == [
+        "chunk_sizes matches torch.chunk on the classic examples"
+    ]
 
 
 @pytest.mark.parametrize("check", decided.CHECKS, ids=lambda check: check.key)
@@ -132,7 +142,9 @@ def test_the_parent_knows_the_checks_name(check):
 # that compares equal to anything in the grading process, and the same refusals as above.
 
 SOLUTIONS = EXERCISES / "solutions"
-KEYS = {check.task: check for check in decided.CHECKS}
+KEYS: dict[int, decided.ParentCheck] = {}  # each task's first check the parent decides
+for _check in decided.CHECKS:
+    KEYS.setdefault(_check.task, _check)
 
 
 def record_of(check: decided.ParentCheck, values: str | None) -> list[dict]:
@@ -251,9 +263,11 @@ def test_the_check_left_out_of_a_finished_run_fails(task):
         {"event": "passed", "nodeid": other},
         {"event": "finished"},
     ]
-    results = grading.results_from_records(decided.decide(records, chosen), None, [task])
-    assert [r.check for r in results] == [check.name, "another check"]
-    assert not results[0].passed and results[0].hint == decided.MISSING
+    checks = graders_checks(task)
+    results = grading.results_from_records(decided.decide(records, chosen), None, [task], checks)
+    assert [r.check for r in results] == [c.name for c in checks]  # "another check" ignored
+    mine = next(r for r in results if r.check == check.name)
+    assert not mine.passed and mine.hint == results_module.LEFT_OUT
 
 
 def test_a_straggler_report_with_slow_or_unlikely_times_fails():
@@ -387,3 +401,87 @@ def test_gradients_equal_to_anything_fail_the_broadcast_check():
     values = {f"grad{index}": leaf.grad for index, leaf in enumerate(leaves)}
     result = verdict_of(check, decided.encode(values), chosen)
     assert not result.passed and "not the sum of its copies' gradients" in result.hint, result.hint
+
+
+# --------------------------------------------------------------------------------------
+# The transfer-count checks: the copies a primitive makes, sent as (source, destination,
+# bytes); the parent computes the copies the sizes it chose call for.
+
+COPIES = [check for check in decided.CHECKS if "_copies" in check.judge.__code__.co_names]
+
+
+def right_copies(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """The copies a right primitive makes, counted here by hand from the inputs."""
+    if test == "test_scatter_tensor_counts_bytes":
+        rows, columns, lanes = inputs
+        sizes = [len(c) for c in torch.arange(rows).chunk(lanes)]
+        copies = [(-1, lane, sizes[lane] * columns * 4) for lane in range(1, len(sizes))]
+    elif test == "test_broadcast_forward_bytes":
+        shapes, lanes = inputs
+        copies = [(-1, ln, 4 * math.prod(s)) for ln in range(1, lanes) for s in shapes]
+    elif test == "test_broadcast_backward_moves_to_lane0":
+        shape, lanes = inputs
+        copies = [(lane, 0, 4 * math.prod(shape)) for lane in range(1, lanes)]
+    elif test in ("test_gather_bytes", "test_gather_backward_to_lanes"):
+        rows, columns = inputs
+        copies = [(lane, 0, rows[lane] * columns * 4) for lane in range(1, len(rows))]
+        if test == "test_gather_backward_to_lanes":
+            copies = [(0, lane, n) for lane, _, n in copies]
+    elif test == "test_gather_scalars":
+        lanes, seed = inputs
+        result = torch.randn(lanes, generator=torch.Generator().manual_seed(seed))
+        copies = [(lane, 0, 4) for lane in range(1, lanes)]
+        return {"transfers": torch.tensor(copies).reshape(-1, 3), "result": result}
+    else:  # the ring: every lane sends 2 (n - 1) chunks of N / n to the next
+        chunk, lanes = inputs
+        copies = [(ln, (ln + 1) % lanes, 4 * chunk) for ln in range(lanes)] * (2 * lanes - 2)
+    return {"transfers": torch.tensor(copies, dtype=torch.int64).reshape(-1, 3)}
+
+
+def wrong_copies(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """The right copies with one mistake: a copy of what is already on lane 0 (scatter,
+    broadcast, gather), the scalars out of order, a ring passing whole tensors."""
+    values = right_copies(test, inputs)
+    if test == "test_gather_scalars":
+        values["result"] = values["result"].flip(0)
+    elif test == "test_ring_traffic":
+        chunk, lanes = inputs
+        whole = [(ln, (ln + 1) % lanes, 4 * chunk * lanes) for ln in range(lanes)]
+        values["transfers"] = torch.tensor(whole * (lanes - 1))
+    else:
+        extra = torch.tensor([[0, 0, int(values["transfers"][0, 2])]])
+        values["transfers"] = torch.cat([values["transfers"], extra])
+    return values
+
+
+def test_seven_transfer_counts_are_decided_by_the_parent():
+    assert sorted((c.task, c.test) for c in COPIES) == [
+        (1, "test_scatter_tensor_counts_bytes"),
+        (2, "test_broadcast_backward_moves_to_lane0"),
+        (2, "test_broadcast_forward_bytes"),
+        (4, "test_gather_backward_to_lanes"),
+        (4, "test_gather_bytes"),
+        (4, "test_gather_scalars"),
+        (7, "test_ring_traffic"),
+    ]
+
+
+@pytest.mark.parametrize("check", COPIES, ids=lambda check: check.test)
+def test_copies_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    assert verdict_of(check, encoded(right_copies(check.test, inputs)), chosen).passed
+    wrong = verdict_of(check, encoded(wrong_copies(check.test, inputs)), chosen)
+    assert not wrong.passed and wrong.hint not in (decided.MISSING, decided.NOT_COPIES), wrong.hint
+    # the copies of the sizes graded before the parent chose them, or of other fresh ones
+    other = check.choose(random.Random(1))
+    if other != inputs:
+        assert not verdict_of(check, encoded(right_copies(check.test, other)), chosen).passed
+    for values in (None, encoded({"transfers": torch.zeros(3, 2, dtype=torch.int64)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+def test_the_ring_check_uses_enough_lanes_to_see_whole_tensors():
+    # At 2 lanes a ring passing whole tensors sends as many bytes as the right one.
+    check = next(c for c in COPIES if c.test == "test_ring_traffic")
+    assert {check.choose(random.Random(seed))[1] for seed in range(50)} == {3, 4}

@@ -13,7 +13,15 @@ other way round, as a pilot of that split (see the threat model in docs/instruct
 - the parent computes the right outputs itself, from its own copy of the inputs, and a
   check passes only if the grading process said so *and* the values it sent are right. A
   forged "passed" record, a swapped ``torch.equal`` or an ``__eq__`` that always agrees in
-  the grading process gain nothing here; a check it leaves out of its records fails.
+  the grading process gain nothing here; a check it leaves out of its records fails (the
+  list of checks is the graders', :mod:`dpkit.grading.roster`).
+
+Two kinds: checks of the values a student's function returns, and checks of the copies a
+primitive makes between lanes, which the grading process's transfer listener sees and
+sends as (source lane, destination lane, bytes) rows; the parent computes the copies the
+sizes it chose call for. A grader calls :func:`inputs_here` and :func:`answer`, which
+judges the values as the parent will (the hint, and the verdict of a grader run on its
+own) and sends them.
 
 The inputs are all sent at once, before the submission is imported: they are fresh, so
 no answer can have been stored in advance, and a pure function of two numbers gains
@@ -331,6 +339,202 @@ def judge_broadcast(inputs: list, values: Mapping[str, torch.Tensor]) -> str | N
     return None
 
 
+# --------------------------------------------------------------------------------------
+# Transfer counts: the copies a primitive makes, as (source lane, destination lane, bytes).
+# The grading process sends the copies its transfer listener saw; the parent computes the
+# copies the primitive must make for the sizes it chose, and compares the two as multisets.
+
+FLOAT = 4  # bytes per float32 element: every tensor these checks move
+
+
+def pack_transfers(transfers: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """``dpkit.Transfer`` records as one (copies, 3) tensor: source, destination, bytes."""
+    rows = [[int(t.source.index), int(t.destination.index), int(t.nbytes)] for t in transfers]
+    return {"transfers": torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)}
+
+
+def _copies(values: Mapping[str, torch.Tensor]) -> list[tuple[int, int, int]] | None:
+    """The copies sent, sorted; None unless they are a (copies, 3) tensor of integers."""
+    sent = values.get("transfers")
+    if not isinstance(sent, torch.Tensor) or sent.dtype != torch.int64 or sent.ndim != 2:
+        return None
+    if sent.shape[1] != 3:
+        return None
+    return sorted((int(a), int(b), int(c)) for a, b, c in sent.tolist())
+
+
+NOT_COPIES = "the copies sent for this check are not (source, destination, bytes) triples"
+
+
+def torch_sizes(batch: int, devices: int) -> list[int]:
+    return [len(chunk) for chunk in torch.empty(batch).chunk(devices)] if batch else []
+
+
+def scatter_bytes_inputs(rng: random.Random) -> list[int]:
+    """(rows, columns, lanes) of the tensor scatter_tensor splits."""
+    return [rng.randint(5, 40), rng.randint(1, 6), rng.randint(2, 4)]
+
+
+def judge_scatter_bytes(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    rows, columns, lanes = inputs
+    copies = _copies(values)
+    if copies is None:
+        return NOT_COPIES
+    moved = sorted((destination, nbytes) for _, destination, nbytes in copies)
+    sizes = torch_sizes(rows, lanes)
+    want = [(lane, sizes[lane] * columns * FLOAT) for lane in range(1, len(sizes))]
+    if moved != want:
+        return (
+            f"scattering a ({rows}, {columns}) float tensor over {lanes} lanes copied (lane, "
+            f"bytes) {moved}, expected {want}: copy each chunk once with copy_to, and leave "
+            "lane 0's chunk where it is"
+        )
+    return None
+
+
+def broadcast_bytes_inputs(rng: random.Random) -> list:
+    """Two tensors' shapes and the lanes (2 to 4) Broadcast copies them to."""
+    shapes = [[rng.randint(1, 9), rng.randint(1, 9)], [rng.randint(1, 20)]]
+    return [shapes, rng.randint(2, 4)]
+
+
+def judge_broadcast_bytes(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    shapes, lanes = inputs
+    copies = _copies(values)
+    if copies is None:
+        return NOT_COPIES
+    moved = sorted((destination, nbytes) for _, destination, nbytes in copies)
+    sizes = [math.prod(shape) * FLOAT for shape in shapes]
+    want = sorted((lane, nbytes) for lane in range(1, lanes) for nbytes in sizes)
+    if moved != want:
+        return (
+            f"broadcasting tensors of {sizes} bytes to {lanes} lanes copied (lane, bytes) "
+            f"{moved}, expected {want}: each tensor once to each lane but lane 0"
+        )
+    return None
+
+
+def grad_bytes_inputs(rng: random.Random) -> list:
+    """A weight's shape and the lanes (2 to 4) it is broadcast to, then backward."""
+    return [[rng.randint(1, 9), rng.randint(1, 9)], rng.randint(2, 4)]
+
+
+def judge_broadcast_grad_bytes(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    shape, lanes = inputs
+    copies = _copies(values)
+    if copies is None:
+        return NOT_COPIES
+    nbytes = math.prod(shape) * FLOAT
+    want = [(lane, 0, nbytes) for lane in range(1, lanes)]
+    if copies != want:
+        return (
+            f"backward copies (from, to, bytes): {copies}; expected one {nbytes}-byte copy "
+            f"from each of lanes 1-{lanes - 1} to lane 0: use copy_to(grad, devices[0], "
+            "'reduce', source=that_lane)"
+        )
+    return None
+
+
+def gather_bytes_inputs(rng: random.Random) -> list:
+    """Each lane's piece's rows (1 to 5, 2 to 4 lanes) and the columns they share."""
+    return [[rng.randint(1, 5) for _ in range(rng.randint(2, 4))], rng.randint(1, 6)]
+
+
+def _gather_want(rows: Sequence[int], columns: int, backward: bool) -> list[tuple[int, int, int]]:
+    sizes = [(lane, rows[lane] * columns * FLOAT) for lane in range(1, len(rows))]
+    return [(0, lane, n) if backward else (lane, 0, n) for lane, n in sizes]
+
+
+def judge_gather_bytes(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    rows, columns = inputs
+    copies = _copies(values)
+    if copies is None:
+        return NOT_COPIES
+    if copies != _gather_want(rows, columns, backward=False):
+        return (
+            f"gathering pieces of {rows} rows: copies (from, to, bytes) {copies}, expected "
+            f"{_gather_want(rows, columns, False)}: move each piece with copy_to(piece, "
+            "destination, 'gather'), which does not copy lane 0's piece"
+        )
+    return None
+
+
+def judge_gather_grad_bytes(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    rows, columns = inputs
+    copies = _copies(values)
+    if copies is None:
+        return NOT_COPIES
+    if copies != _gather_want(rows, columns, backward=True):
+        return (
+            f"backward copies (from, to, bytes): {copies}, expected "
+            f"{_gather_want(rows, columns, True)}: send slice i to piece i's device with "
+            "copy_to(slice, device, 'grad_scatter', source=destination)"
+        )
+    return None
+
+
+def gather_scalar_inputs(rng: random.Random) -> list[int]:
+    """The lanes (2 to 4) each holding one scalar, and the scalars' seed."""
+    return [rng.randint(2, 4), rng.randrange(2**62)]
+
+
+def scalar_values(lanes: int, seed: int) -> list[torch.Tensor]:
+    """The scalars a check gathers, one per lane: the same in the parent and the child."""
+    generator = torch.Generator().manual_seed(seed)
+    return list(torch.randn(lanes, generator=generator).unbind())
+
+
+def judge_gather_scalars(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    lanes, seed = inputs
+    copies, result = _copies(values), values.get("result")
+    if copies is None or not isinstance(result, torch.Tensor):
+        return NOT_COPIES
+    if copies != [(lane, 0, FLOAT) for lane in range(1, lanes)]:
+        return (
+            f"copies (from, to, bytes) {copies} were made for scalars on lanes 0-{lanes - 1}, "
+            f"expected one {FLOAT}-byte copy from each of lanes 1-{lanes - 1}: move each piece "
+            "with copy_to before reshaping it (a new view carries no lane tag)"
+        )
+    if tuple(result.shape) != (lanes,):
+        return (
+            f"{lanes} scalars should gather into a vector of shape ({lanes},), got "
+            f"{tuple(result.shape)}: view each scalar as a 1-element vector first"
+        )
+    if not torch.equal(result, torch.stack(scalar_values(lanes, seed))):
+        return f"the {lanes} gathered scalars are not the pieces' values, in lane order"
+    return None
+
+
+def ring_bytes_inputs(rng: random.Random) -> list[int]:
+    """Elements per chunk and lanes (3 or 4): the gradient is lanes * chunk elements, so
+    every chunk is the same size and every lane's bytes are exact. Not 2 lanes: there a
+    ring that passes whole tensors sends as many bytes as the real one."""
+    return [rng.randint(20, 300), rng.randint(3, 4)]
+
+
+def judge_ring_bytes(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    chunk, lanes = inputs
+    copies = _copies(values)
+    if copies is None:
+        return NOT_COPIES
+    ring = {(lane, (lane + 1) % lanes) for lane in range(lanes)}
+    pairs = sorted({(source, destination) for source, destination, n in copies if n})
+    if not set(pairs) <= ring:
+        return (
+            f"copies went between lanes {pairs}; in a ring lane i sends only to lane "
+            "(i + 1) % n, with copy_to(..., source=devices[i])"
+        )
+    want = 2 * (lanes - 1) * chunk * FLOAT
+    for lane in range(lanes):
+        sent = sum(n for source, _, n in copies if source == lane)
+        if sent != want:
+            return (
+                f"lane {lane} sent {sent} bytes of a {lanes * chunk * FLOAT}-byte gradient "
+                f"over {lanes} lanes; a ring sends 2 * (n - 1) chunks of N / n, {want} bytes"
+            )
+    return None
+
+
 CHECKS = (
     ParentCheck(
         1,
@@ -367,6 +571,55 @@ CHECKS = (
         allreduce_inputs,
         judge_allreduce,
     ),
+    ParentCheck(
+        1,
+        "test_scatter_tensor_counts_bytes",
+        "scatter_tensor copies every chunk except lane 0's, once",
+        scatter_bytes_inputs,
+        judge_scatter_bytes,
+    ),
+    ParentCheck(
+        2,
+        "test_broadcast_forward_bytes",
+        "Broadcast.forward copies each tensor once to each lane but lane 0",
+        broadcast_bytes_inputs,
+        judge_broadcast_bytes,
+    ),
+    ParentCheck(
+        2,
+        "test_broadcast_backward_moves_to_lane0",
+        "Broadcast.backward moves each lane's gradient to lane 0 once",
+        grad_bytes_inputs,
+        judge_broadcast_grad_bytes,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_bytes",
+        "Gather copies only the pieces that are not on the destination",
+        gather_bytes_inputs,
+        judge_gather_bytes,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_scalars",
+        "scalars from the replicas gather into a vector",
+        gather_scalar_inputs,
+        judge_gather_scalars,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_backward_to_lanes",
+        "the backward sends each gradient slice back to its piece's lane",
+        gather_bytes_inputs,
+        judge_gather_grad_bytes,
+    ),
+    ParentCheck(
+        7,
+        "test_ring_traffic",
+        "in the ring each lane sends 2(n-1)/n of a gradient, only to its neighbour",
+        ring_bytes_inputs,
+        judge_ring_bytes,
+    ),
 )
 
 
@@ -402,14 +655,11 @@ def decode(text: Any) -> dict[str, torch.Tensor] | None:
 
 def decide(records: list[dict], chosen: Mapping[str, list]) -> list[dict]:
     """``records`` with the parent's verdict on its checks: a "passed" record stands only
-    with values the parent finds right; a check missing from a run that finished fails."""
-    decided, collected, tasks = [], set(), set()
+    with values the parent finds right. (A check missing from the records fails as every
+    check does: the list scored is the graders', :mod:`dpkit.grading.roster`.)"""
+    decided = []
     for record in records:
         check = _check_of(str(record.get("nodeid", "")), chosen)
-        if record["event"] == "collected":
-            tasks.add(record.get("task"))
-            if check is not None:
-                collected.add(check.key)
         if check is not None and record["event"] == "passed":
             values = decode(record.get("values"))
             try:
@@ -419,18 +669,6 @@ def decide(records: list[dict], chosen: Mapping[str, list]) -> list[dict]:
             if hint is not None:
                 record = {"event": "failed", "nodeid": record["nodeid"], "hint": hint}
         decided.append(record)
-    if any(record["event"] == "finished" for record in records):
-        for check in CHECKS:
-            if check.key in chosen and check.key not in collected and check.task in tasks:
-                nodeid = f"exercises/graders/{check.key}"
-                first = next(
-                    index
-                    for index, r in enumerate(decided)
-                    if r["event"] == "collected" and r.get("task") == check.task
-                )
-                listed = {"event": "collected", "nodeid": nodeid, "task": check.task}
-                decided.insert(first, {**listed, "check": check.name})
-                decided.append({"event": "failed", "nodeid": nodeid, "hint": MISSING})
     return decided
 
 
@@ -452,6 +690,26 @@ def encode(values: Mapping[str, torch.Tensor]) -> str:
         plain = {name: tensor.detach().cpu().clone() for name, tensor in values.items()}
     torch.save(plain, buffer)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def check_named(nodeid: str) -> ParentCheck:
+    return next(check for check in CHECKS if nodeid.endswith(check.key))
+
+
+def inputs_here(nodeid: str) -> list:
+    """The inputs the parent chose for the check ``nodeid``, or, outside ``dpkit grade``,
+    fresh ones chosen here as the parent would."""
+    chosen = inputs_for(nodeid)
+    return chosen if chosen is not None else check_named(nodeid).choose(random.Random())
+
+
+def answer(nodeid: str, inputs: list, values: Mapping[str, torch.Tensor]) -> None:
+    """Judge ``values`` here as the parent will (the hint, and the verdict of a grader run on
+    its own: an AssertionError), then send them to the parent (under ``dpkit grade``)."""
+    hint = check_named(nodeid).judge(inputs, values)
+    if hint is not None:
+        raise AssertionError(hint)
+    send(nodeid, values)
 
 
 def send(nodeid: str, values: Mapping[str, torch.Tensor]) -> None:

@@ -3,9 +3,9 @@
 Each check tests one function: the scatter_tensor checks run with torch.chunk's sizes in
 place of the student's chunk_sizes, the scatter checks with a reference scatter_tensor, so
 one wrong chunk_sizes fails only the chunk_sizes checks and every hint names the function
-that is wrong. Under ``dpkit grade`` the property check of chunk_sizes is decided by the
-grader's parent process, from sizes computed here on inputs it chose
-(:mod:`dpkit.grading.decided`).
+that is wrong. Under ``dpkit grade`` the property check of chunk_sizes and the bytes
+scatter_tensor copies are decided by the grader's parent process, from the sizes and the
+copies sent back on inputs it chose (:mod:`dpkit.grading.decided`).
 """
 
 import math
@@ -115,16 +115,14 @@ def test_scatter_tensor_places_chunks(with_torch_sizes, lanes):
         )
 
 
-def test_scatter_tensor_counts_bytes(with_torch_sizes, lanes, transfers):
+def test_scatter_tensor_counts_bytes(with_torch_sizes, lanes, transfers, request):
     """scatter_tensor copies every chunk except lane 0's, once"""
-    x = torch.randn(10, 5)
-    with_torch_sizes.scatter_tensor(x, lanes)
-    moved = {t.destination.index: t.nbytes for t in transfers}
-    want = {1: 3 * 5 * 4, 2: 3 * 5 * 4, 3: 1 * 5 * 4}
-    assert moved == want, (
-        f"bytes moved per lane were {moved}, expected {want}: copy each chunk once with "
-        "copy_to, and leave lane 0's chunk where it is"
-    )
+    # The grader's parent chose the sizes and decides from the copies sent back; the same
+    # judge gives the hint here (dpkit.grading.decided).
+    nodeid = request.node.nodeid
+    rows, columns, count = inputs = decided.inputs_here(nodeid)
+    with_torch_sizes.scatter_tensor(torch.randn(rows, columns), lanes[:count])
+    decided.answer(nodeid, inputs, decided.pack_transfers(transfers))
 
 
 def test_scatter_tensor_dim_and_small_batch(with_torch_sizes, lanes):

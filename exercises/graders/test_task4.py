@@ -1,7 +1,8 @@
 """Grader for task 4: gather, with a backward that scatters the gradient back.
 
-Under ``dpkit grade`` the check that Gather concatenates the pieces is decided by the
-grader's parent process, from the results sent back on inputs it chose
+Under ``dpkit grade`` the check that Gather concatenates the pieces and the three checks
+of the bytes it copies (forward, scalars, backward) are decided by the grader's parent
+process, from the results and the copies sent back on inputs it chose
 (:mod:`dpkit.grading.decided`).
 """
 
@@ -55,32 +56,24 @@ def test_gather_concatenates(exercise, lanes, request):
     decided.send(nodeid, results)
 
 
-def test_gather_bytes(exercise, lanes, transfers):
+def test_gather_bytes(exercise, lanes, transfers, request):
     """Gather copies only the pieces that are not on the destination"""
-    pieces = on_lanes([torch.randn(2, 5) for _ in range(4)], lanes)
+    nodeid = request.node.nodeid
+    rows, columns = inputs = decided.inputs_here(nodeid)
+    pieces = on_lanes([torch.randn(count, columns) for count in rows], lanes)
     transfers.clear()
     exercise.Gather.apply(lanes[0], 0, *pieces)
-    moved = sorted((t.source.index, t.destination.index, t.nbytes) for t in transfers)
-    assert moved == [(1, 0, 40), (2, 0, 40), (3, 0, 40)], (
-        f"copies (from, to, bytes): {moved}; move each piece with copy_to(piece, "
-        "destination, 'gather'), which does not copy lane 0's piece"
-    )
+    decided.answer(nodeid, inputs, decided.pack_transfers(transfers))
 
 
-def test_gather_scalars(exercise, lanes, transfers):
+def test_gather_scalars(exercise, lanes, transfers, request):
     """scalars from the replicas gather into a vector"""
-    pieces = on_lanes([torch.tensor(float(i)) for i in range(4)], lanes)
+    nodeid = request.node.nodeid
+    count, seed = inputs = decided.inputs_here(nodeid)
+    pieces = on_lanes(decided.scalar_values(count, seed), lanes)
     transfers.clear()
     result = exercise.Gather.apply(lanes[0], 0, *pieces)
-    assert len(transfers) == 3, (
-        f"{len(transfers)} copies were made for scalars from lanes 0-3, expected 3: move each "
-        "piece with copy_to before reshaping it (a new view carries no lane tag)"
-    )
-    assert result.shape == (4,), (
-        f"4 scalars should gather into a vector of shape (4,), got {tuple(result.shape)}: "
-        "view each scalar as a 1-element vector first"
-    )
-    assert result.tolist() == [0.0, 1.0, 2.0, 3.0]
+    decided.answer(nodeid, inputs, {**decided.pack_transfers(transfers), "result": result})
 
 
 def test_gather_backward(exercise, lanes):
@@ -97,17 +90,16 @@ def test_gather_backward(exercise, lanes):
         )
 
 
-def test_gather_backward_to_lanes(exercise, lanes, transfers):
+def test_gather_backward_to_lanes(exercise, lanes, transfers, request):
     """the backward sends each gradient slice back to its piece's lane"""
-    pieces = on_lanes([torch.randn(2, 5) for _ in range(4)], lanes, requires_grad=True)
+    nodeid = request.node.nodeid
+    rows, columns = inputs = decided.inputs_here(nodeid)
+    values = [torch.randn(count, columns) for count in rows]
+    pieces = on_lanes(values, lanes, requires_grad=True)
     result = exercise.Gather.apply(lanes[0], 0, *pieces)
     transfers.clear()
     result.sum().backward()
-    moved = sorted((t.source.index, t.destination.index, t.nbytes) for t in transfers)
-    assert moved == [(0, 1, 40), (0, 2, 40), (0, 3, 40)], (
-        f"backward copies (from, to, bytes): {moved}; send slice i to piece i's device with "
-        "copy_to(slice, device, 'grad_scatter', source=destination)"
-    )
+    decided.answer(nodeid, inputs, decided.pack_transfers(transfers))
 
 
 def test_gather_scalar_backward(exercise, lanes):
