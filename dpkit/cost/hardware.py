@@ -116,9 +116,7 @@ class Hardware:
     description: str = _about("text", "one line about it")
     device_name: str = _about("text", "what a device is called, e.g. A100")
     source: str = _about("text", "where the numbers come from")
-    # Compute, per device. Which of peak_flops an op gets follows torch's defaults
-    # (dpkit.cost.compute.rate_key): float32 on CUDA cores, tfloat32, bfloat16 and float16 on
-    # tensor cores, at tensor_core_efficiency where it names the dtype, else matmul_efficiency.
+    # Compute, per device (which peak an op gets: dpkit.cost.compute.rate_key)
     peak_flops: Mapping[str, float] = _about("FLOP/s", "spec-sheet peak by dtype; float32 needed")
     matmul_efficiency: float = _about("fraction", "of peak_flops matmuls and convolutions reach")
     memory_bandwidth: float = _about("bytes/s", "spec-sheet bandwidth of a device's memory")
@@ -137,37 +135,38 @@ class Hardware:
     nics_per_node: int = _about("whole number", "network ports a node's devices share")
     peer_to_peer: bool = _about("true/false", "false if copies go through host memory")
     virtual_lanes: bool = _about("true/false", "true for dpkit's virtual CPU lanes, false for GPUs")
-    # Host overheads in seconds, the same for every model (on GPUs PyTorch eager mode's,
-    # assumed; calibrate() measures thread_start and module_overhead on CPU lanes and fits
-    # the others to whole steps). op_overhead is also paid per tensor a copy moves;
-    # gil_handoff per op of each replica's forward while their threads take turns.
-    op_overhead: float = _about("seconds", "host time of one forward op (Python, dispatch, launch)")
+    # Host overheads in seconds, the same for every model: on GPUs PyTorch eager mode's,
+    # assumed; on CPU lanes calibrate() measures thread_start and module_overhead and fits
+    # the others to whole steps.
+    op_overhead: float = _about("seconds", "host time of one forward op, and per tensor copied")
     backward_op_overhead: float = _about("seconds", "host time of one backward op")
     gil_handoff: float = _about("seconds", "per op of a replica while several threads take turns")
     thread_start: float = _about("seconds", "parallel_apply starting one thread")
     module_overhead: float = _about("seconds", "replicate building one module object")
     copy_overhead: float = _about("seconds", "host time of one copy or collective call")
     step_overhead: float = _about("seconds", "one step outside its phases")
-    # NVLink SHARP on an H100 NVSwitch: the switch sums, each device sends and receives its
-    # bytes once, at this *algorithm* bandwidth. None: the ring only. op_seconds: measured
-    # per aten op by calibrate(). tensor_core_efficiency: of peak_flops[dtype] on tensor
-    # cores, where a dtype has its own (else matmul_efficiency).
-    allreduce_bandwidth: float | None = _about("bytes/s", "NVLS all-reduce", default=None)
-    op_seconds: Mapping[str, OpSamples] = _about("[work, seconds] pairs", "", default_factory=dict)
-    tensor_core_efficiency: Mapping[str, float] = _about("fraction", "", default_factory=dict)
+    allreduce_bandwidth: float | None = _about(
+        "bytes/s", "NVLink SHARP (H100 NVSwitch): the switch sums, each device sends and receives "
+        "its bytes once, at this algorithm bandwidth; None: the ring only", default=None,
+    )  # fmt: skip
+    op_seconds: Mapping[str, OpSamples] = _about(
+        "[work, seconds] pairs", "measured per aten op by calibrate()", default_factory=dict
+    )
+    tensor_core_efficiency: Mapping[str, float] = _about(
+        "fraction", "of peak_flops[dtype] on tensor cores, where a dtype has its own (else "
+        "matmul_efficiency)", default_factory=dict,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         owner = f"Hardware {self.name!r}"
         for spec in fields(self):
             value, unit = getattr(self, spec.name), spec.metadata["unit"]
-            if spec.name in TABLES:
-                if not isinstance(value, Mapping):
-                    raise TypeError(f"{owner}: {spec.name} must map names to {unit}")
-            elif unit == "link":
-                if not isinstance(value, Link):
-                    raise TypeError(f"{owner}: {spec.name} must be a dpkit.cost.Link")
-            elif value is not None or spec.name != "allreduce_bandwidth":
-                check(owner, spec.name, value, unit)
+            if spec.name in TABLES and not isinstance(value, Mapping):
+                raise TypeError(f"{owner}: {spec.name} must map names to {unit}")
+            if unit == "link" and not isinstance(value, Link):
+                raise TypeError(f"{owner}: {spec.name} must be a dpkit.cost.Link")
+            if spec.name not in TABLES and unit != "link" and value is not None:
+                check(owner, spec.name, value, unit)  # None: only allreduce_bandwidth's default
         if "float32" not in self.peak_flops:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
@@ -232,11 +231,9 @@ class Hardware:
         return Link(host.bandwidth / 2, 2 * host.latency, "through host memory: down and up")
 
     def collective_link(self) -> Link:
-        """What NCCL's all-reduce gets between two devices of one node: ``device_to_device``,
-        peer to peer or, with ``peer_to_peer`` False, NCCL's SHM transport through host
-        memory. That is not :meth:`device_link`'s two copies: CUDA overlaps a copy's two
-        hops (37 GB/s on PCIe 5, nccl#1264), while NCCL's kernels write and read host memory
-        in both directions at once (3.9 GB/s all-reduce on PCIe 3, nccl#384)."""
+        """What NCCL's all-reduce gets between two devices of one node: ``device_to_device``
+        (without peer to peer its SHM transport, not :meth:`device_link`'s two copies: CUDA
+        overlaps a copy's two hops, 37 GB/s on PCIe 5, nccl#1264)."""
         return self.device_to_device
 
     def network_link(self) -> Link:

@@ -73,45 +73,29 @@ GIB = 1 << 30
 TFLOPS = 1e12
 US = 1e-6
 
-_GPU_HOST = dict(
-    op_overhead=10 * US,
-    backward_op_overhead=6 * US,
-    gil_handoff=3 * US,
-    thread_start=100 * US,
-    module_overhead=10 * US,
-    copy_overhead=10 * US,
-    step_overhead=150 * US,
-    virtual_lanes=False,
-)
+# Assumed (this module's docstring says why)
+_GPU_HOST = dict(op_overhead=10 * US, backward_op_overhead=6 * US, gil_handoff=3 * US,
+                 thread_start=100 * US, module_overhead=10 * US, copy_overhead=10 * US,
+                 step_overhead=150 * US)  # fmt: skip
 # Assumed where no measurement says otherwise: large cuBLAS/cuDNN kernels reach 70-90 % of
 # their units' peak, a real model's smaller layers less (0.7); HBM streams at 80-90 % of its
 # peak (0.8). Tensor cores, where measured [dle-rnx101], reach less of theirs.
 _GPU_EFFICIENCY = dict(matmul_efficiency=0.7, memory_efficiency=0.8)
 # [dle-rnx101]: ResNeXt-101 on one A100 (bfloat16 runs on float16's units: assumed the same)
 _A100_TENSOR_CORES = {"tfloat32": 0.33, "float16": 0.60, "bfloat16": 0.60}
-_ASSUMED_COPY = "spec x 0.8, assumed (pinned cudaMemcpy reaches about 80 % of PCIe)"
-_PCIE3 = Link(15.75 * GB * 0.8, 10 * US, f"[PCIe] Gen3 x16 {_ASSUMED_COPY}")
-_PCIE4 = Link(31.5 * GB * 0.8, 10 * US, f"[PCIe] Gen4 x16 {_ASSUMED_COPY}")
-_PCIE5 = Link(63.0 * GB * 0.8, 10 * US, f"[PCIe] Gen5 x16 {_ASSUMED_COPY}")
 
-_A100_SXM = dict(
-    device_name="A100",
-    peak_flops={
-        "float32": 19.5 * TFLOPS,
-        "tfloat32": 156 * TFLOPS,
-        "bfloat16": 312 * TFLOPS,
-        "float16": 312 * TFLOPS,
-    },  # [A100] # fmt: skip
-    tensor_core_efficiency=_A100_TENSOR_CORES,
-    memory_bandwidth=2039 * GB,  # [A100] 80 GB SXM4
-    memory_capacity=80 * GIB,  # 81,920 MiB
-    host_to_device=_PCIE4,
-    # measured: ~230 GB/s bus bandwidth at large sizes; ~2 us per ring step (assumed)
-    device_to_device=Link(230 * GB, 2 * US, "measured: nccl-tests, 8 A100 [nccl-175]"),
-    node_to_node=Link(25 * GB * 0.96, 5 * US, "[DGX] HDR 200 Gb/s x 0.96, measured [nccl-119]"),
-    devices_per_node=8,
-    nics_per_node=8,
-)
+
+def _tflops(**peaks: float) -> dict[str, float]:
+    return {dtype: peak * TFLOPS for dtype, peak in peaks.items()}
+
+
+def _pcie(generation: int, per_direction: float) -> Link:
+    return Link(per_direction * GB * 0.8, 10 * US, f"[PCIe] Gen{generation} x16 spec x 0.8, "
+                "assumed (pinned cudaMemcpy reaches about 80 % of PCIe)")  # fmt: skip
+
+
+_PCIE3, _PCIE4, _PCIE5 = _pcie(3, 15.75), _pcie(4, 31.5), _pcie(5, 63.0)
+_A100_PEAKS = _tflops(float32=19.5, tfloat32=156, bfloat16=312, float16=312)  # [A100]
 
 
 def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardware:
@@ -119,8 +103,8 @@ def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardwar
     preset says otherwise (its own measured fractions too)."""
     numbers = {**_GPU_EFFICIENCY, "nodes": 1, "peer_to_peer": True,
                "compute_units": numbers["devices_per_node"], **numbers}  # fmt: skip
-    return Hardware(name=name, description=description, source=source, **_GPU_HOST,
-                    **numbers)  # type: ignore[arg-type]  # fmt: skip
+    return Hardware(name=name, description=description, source=source, virtual_lanes=False,
+                    **_GPU_HOST, **numbers)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _presets() -> list[Hardware]:
@@ -128,8 +112,31 @@ def _presets() -> list[Hardware]:
         "8xA100-SXM-NVLink",
         "one DGX/HGX A100 node: 8 A100 SXM4 80 GB on NVLink 3 through NVSwitch",
         "spec sheet [A100], nccl-tests bus bandwidth [nccl-175]",
-        **_A100_SXM,
+        device_name="A100",
+        peak_flops=_A100_PEAKS,
+        tensor_core_efficiency=_A100_TENSOR_CORES,
+        memory_bandwidth=2039 * GB,  # [A100] 80 GB SXM4
+        memory_capacity=80 * GIB,  # 81,920 MiB
+        host_to_device=_PCIE4,
+        # measured: ~230 GB/s bus bandwidth at large sizes; ~2 us per ring step (assumed)
+        device_to_device=Link(230 * GB, 2 * US, "measured: nccl-tests, 8 A100 [nccl-175]"),
+        node_to_node=Link(25 * GB * 0.96, 5 * US, "[DGX] HDR 200 Gb/s x 0.96, measured [nccl-119]"),
+        devices_per_node=8,
+        nics_per_node=8,
     )
+    ethernet = "2 nodes of 8 A100 (NVLink inside) over one {} Gb Ethernet port each"
+    two_nodes = [  # a100 twice: (name, description, source, network ports per node, a port)
+        ("2x8xA100-IB-HDR",
+         "2 DGX A100 nodes (16 A100) over InfiniBand HDR, 8 x 200 Gb/s per node",
+         "spec sheets [A100] [DGX], nccl-tests [nccl-175] [nccl-119]", 8, a100.node_to_node),
+        ("2x8xA100-100GbE", ethernet.format(100), "spec sheets [A100], Ethernet [eth]", 1,
+         Link(12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as measured [nccl-398]")),
+        ("2x8xA100-10GbE", ethernet.format(10), "spec sheets [A100], Ethernet [eth]", 1,
+         Link(1.25 * GB * 0.5, 50 * US, "[eth] 10 GbE x 0.5, as [nccl-398]")),
+    ]  # fmt: skip
+    across = [replace(a100, name=name, description=description, source=source, nodes=2,
+                      nics_per_node=ports, node_to_node=port)
+              for name, description, source, ports, port in two_nodes]  # fmt: skip
     return [
         this_machine_default(),
         _gpu(
@@ -138,7 +145,7 @@ def _presets() -> list[Hardware]:
             "(a Colab T4; several as in a 4-GPU cloud VM)",
             "spec sheet [T4], PCIe [PCIe]",
             device_name="T4",
-            peak_flops={"float32": 8.1 * TFLOPS, "float16": 65 * TFLOPS},  # [T4]
+            peak_flops=_tflops(float32=8.1, float16=65),  # [T4]
             memory_bandwidth=320 * GB,
             memory_capacity=15 * GIB,  # 16 GB GDDR6, 15,360 MiB usable
             host_to_device=_PCIE3,
@@ -158,7 +165,7 @@ def _presets() -> list[Hardware]:
             "4 A100 80 GB PCIe on PCIe 4 without NVLink bridges, peer to peer through the CPU",
             "spec sheet [A100], PCIe [PCIe], NCCL on PCIe [nccl-1639]",
             device_name="A100 PCIe",
-            peak_flops=_A100_SXM["peak_flops"],  # [A100]: the PCIe card has the same peaks
+            peak_flops=_A100_PEAKS,  # [A100]: the PCIe card has the same peaks
             tensor_core_efficiency=_A100_TENSOR_CORES,
             memory_bandwidth=1935 * GB,
             memory_capacity=80 * GIB,
@@ -174,7 +181,7 @@ def _presets() -> list[Hardware]:
             "one DGX-1 node: 8 V100 SXM2 32 GB on NVLink 2 (hybrid cube mesh)",
             "spec sheet [V100], network [ddp-bench]",
             device_name="V100",
-            peak_flops={"float32": 15.7 * TFLOPS, "float16": 125 * TFLOPS},  # [V100]
+            peak_flops=_tflops(float32=15.7, float16=125),  # [V100]
             matmul_efficiency=0.94,  # [dle-rnx101]: ResNeXt-101 on one V100, FP32
             tensor_core_efficiency={"float16": 0.69},  # [dle-rnx101], AMP
             memory_bandwidth=900 * GB,
@@ -196,12 +203,7 @@ def _presets() -> list[Hardware]:
             "one DGX/HGX H100 node: 8 H100 SXM5 80 GB on NVLink 4 through NVSwitch",
             "spec sheet [H100], nccl-tests bus bandwidth [nccl-212]",
             device_name="H100",
-            peak_flops={
-                "float32": 67 * TFLOPS,
-                "tfloat32": 494.7 * TFLOPS,
-                "bfloat16": 989.5 * TFLOPS,
-                "float16": 989.5 * TFLOPS,
-            },  # fmt: skip
+            peak_flops=_tflops(float32=67, tfloat32=494.7, bfloat16=989.5, float16=989.5),
             tensor_core_efficiency=_A100_TENSOR_CORES,  # A100's [dle-rnx101]: assumed
             memory_bandwidth=3350 * GB,
             memory_capacity=80 * GIB,
@@ -214,33 +216,7 @@ def _presets() -> list[Hardware]:
             devices_per_node=8,
             nics_per_node=8,
         ),
-        replace(
-            a100,
-            name="2x8xA100-IB-HDR",
-            description="2 DGX A100 nodes (16 A100) over InfiniBand HDR, 8 x 200 Gb/s per node",
-            source="spec sheets [A100] [DGX], nccl-tests [nccl-175] [nccl-119]",
-            nodes=2,
-        ),
-        replace(
-            a100,
-            name="2x8xA100-100GbE",
-            description="2 nodes of 8 A100 (NVLink inside) over one 100 Gb Ethernet port each",
-            source="spec sheets [A100], Ethernet [eth]",
-            nodes=2,
-            nics_per_node=1,
-            node_to_node=Link(
-                12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as measured [nccl-398]"
-            ),
-        ),
-        replace(
-            a100,
-            name="2x8xA100-10GbE",
-            description="2 nodes of 8 A100 (NVLink inside) over one 10 Gb Ethernet port each",
-            source="spec sheets [A100], Ethernet [eth]",
-            nodes=2,
-            nics_per_node=1,
-            node_to_node=Link(1.25 * GB * 0.5, 50 * US, "[eth] 10 GbE x 0.5, as [nccl-398]"),
-        ),
+        *across,
     ]
 
 

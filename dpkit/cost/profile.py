@@ -162,13 +162,9 @@ class Profile:
         return round(_evaluate(self.activations, rows))
 
 
-MATMUL_OPS = frozenset(
-    f"aten.{name}"
-    for name in (
-        "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "vdot",
-        "addbmm", "_addmm_activation", "_scaled_mm", "_int_mm", "_trilinear",
-    )
-)  # fmt: skip
+MATMUL_OPS = frozenset(f"aten.{name}" for name in (
+    "mm addmm bmm baddbmm matmul linear addmv mv dot vdot addbmm _addmm_activation _scaled_mm "
+    "_int_mm _trilinear").split())  # fmt: skip
 # (Not ``_thnn_fused_lstm_cell``: CUDA's gates, elementwise after the matmuls before it.)
 _ATTENTION_OR_RNN = re.compile(
     r"attention|_cudnn_rnn|miopen_rnn|mkldnn_rnn|_transformer_encoder|"
@@ -200,16 +196,11 @@ def _compute_heavy(name: str, kind: str) -> bool:
     return kind != "memory" or bool(_HEAVY_UNCOUNTED.search(name)) or custom
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
     """Its first floating-point tensor's dtype (a matmul under autocast reads bfloat16)."""
-    for tensor in (*inputs, *outputs):
-        if tensor.is_floating_point() or tensor.is_complex():
-            return _dtype_name(tensor.dtype)
-    return _dtype_name(inputs[0].dtype) if inputs else "float32"
+    floating = [t for t in (*inputs, *outputs) if t.is_floating_point() or t.is_complex()]
+    chosen = floating or inputs
+    return str(chosen[0].dtype).removeprefix("torch.") if chosen else "float32"
 
 
 Estimate = Callable[[tuple, dict], float]  # the op's args and kwargs -> FLOPs
@@ -249,21 +240,20 @@ def _encoder_layer(args: tuple, kwargs: dict) -> float:
     return matmuls + 4.0 * _tokens(src) * src.shape[-2] * embed_dim
 
 
-def _mkldnn_rnn_layer(args: tuple, kwargs: dict) -> float:
-    """One layer and direction of ``nn.LSTM`` on a CPU: ``2 * 4H * (I + H)`` FLOPs a token
-    (the gate weights); the gates' elementwise work is left out."""
-    return 2.0 * _tokens(args[0]) * (args[1].numel() + args[2].numel())
+def _sdpa(first: int) -> Estimate:  # forward: (query, key, value, ...); backward: grad first
+    return lambda args, kwargs: _attention_flops(*args[first : first + 3], backward=first > 0)
 
 
-def _cudnn_rnn(args: tuple, kwargs: dict) -> float:
-    """A whole ``nn.LSTM``/``GRU``/``RNN`` on a GPU: every weight matrix over every token."""
-    return 2.0 * _tokens(args[0]) * sum(w.numel() for w in args[1] if w.dim() == 2)
+def _recurrent(weights: Callable[[tuple], Sequence[torch.Tensor]]) -> tuple[Estimate, ...]:
+    """A recurrent layer's forward, ``2 * weights`` FLOPs a token (the gates' elementwise
+    work left out), and its backward, twice that: the input's and the weights' gradients,
+    each a matmul of the forward's size (oneDNN computes the input's even where nothing
+    needs it)."""
 
+    def forward(args: tuple, kwargs: dict) -> float:
+        return 2.0 * _tokens(args[0]) * sum(w.numel() for w in weights(args))
 
-def _twice(forward: Estimate) -> Estimate:
-    """A recurrent layer's backward: the input's and the weights' gradients, each a matmul
-    of the forward's size (oneDNN computes the input's even where nothing needs it)."""
-    return lambda args, kwargs: 2.0 * forward(args, kwargs)
+    return forward, lambda args, kwargs: 2.0 * forward(args, kwargs)
 
 
 def _trilinear(args: tuple, kwargs: dict) -> float:
@@ -278,11 +268,6 @@ def _trilinear(args: tuple, kwargs: dict) -> float:
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
-def _sdpa(first: int) -> Estimate:  # forward: (query, key, value, ...); backward: grad first
-    return lambda args, kwargs: _attention_flops(*args[first : first + 3], backward=first > 0)
-
-
-# (addmv, mv, dot, addbmm and _addmm_activation have no formula in FlopCounterMode)
 def _matrix_vector(args: tuple, kwargs: dict) -> float:
     return 2.0 * (args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]).numel()
 
@@ -291,8 +276,13 @@ def _batched_or_fused_mm(args: tuple, kwargs: dict) -> float:  # (self, (B, n, m
     return 2.0 * args[1].numel() * args[2].shape[-1]
 
 
-# FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name. An estimate
-# that fails (a nested tensor's shape, say) is no estimate, and profile() warns.
+# One layer and direction of nn.LSTM on a CPU (input, w_ih, w_hh); a whole nn.LSTM, GRU or
+# RNN on a GPU (input, every weight)
+_LSTM_LAYER, _LSTM_LAYER_BACKWARD = _recurrent(lambda args: args[1:3])
+_RNN, _RNN_BACKWARD = _recurrent(lambda args: [w for w in args[1] if w.dim() == 2])
+# FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name (addmv, mv,
+# dot, addbmm and _addmm_activation have no formula there). An estimate that fails (a nested
+# tensor's shape, say) is no estimate, and profile() warns.
 ESTIMATES: dict[str, Estimate] = {
     "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa(0),
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa(1),
@@ -300,12 +290,12 @@ ESTIMATES: dict[str, Estimate] = {
     "aten._scaled_dot_product_fused_attention_overrideable_backward": _sdpa(1),
     "aten._native_multi_head_attention": _native_mha,
     "aten._transformer_encoder_layer_fwd": _encoder_layer,
-    "aten.mkldnn_rnn_layer": _mkldnn_rnn_layer,
-    "aten.mkldnn_rnn_layer_backward": _twice(_mkldnn_rnn_layer),
-    "aten._cudnn_rnn": _cudnn_rnn,
-    "aten._cudnn_rnn_backward": _twice(_cudnn_rnn),
-    "aten.miopen_rnn": _cudnn_rnn,
-    "aten.miopen_rnn_backward": _twice(_cudnn_rnn),
+    "aten.mkldnn_rnn_layer": _LSTM_LAYER,
+    "aten.mkldnn_rnn_layer_backward": _LSTM_LAYER_BACKWARD,
+    "aten._cudnn_rnn": _RNN,
+    "aten._cudnn_rnn_backward": _RNN_BACKWARD,
+    "aten.miopen_rnn": _RNN,
+    "aten.miopen_rnn_backward": _RNN_BACKWARD,
     "aten.addmv": _matrix_vector,
     "aten.mv": _matrix_vector,
     "aten.dot": lambda args, kwargs: 2.0 * args[0].numel(),
@@ -314,16 +304,6 @@ ESTIMATES: dict[str, Estimate] = {
     "aten._addmm_activation": _batched_or_fused_mm,
     "aten._trilinear": _trilinear,
 }
-
-
-def _estimate(name: str, args: tuple, kwargs: dict) -> float | None:
-    estimate = ESTIMATES.get(name)
-    if estimate is None:
-        return None
-    try:
-        return float(estimate(args, kwargs))
-    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
-        return None
 
 
 class OpRecorder(TorchDispatchMode):
@@ -351,10 +331,11 @@ class OpRecorder(TorchDispatchMode):
         inputs, outputs = tensors_in([args, kwargs]), tensors_in(out)
         nbytes = 0 if func.is_view else _distinct_nbytes([*inputs, *outputs])
         estimated = False
-        if self.counter is not None and flops == 0:
-            estimate = _estimate(name, args, kwargs)
-            if estimate is not None:
-                flops, estimated = estimate, True
+        if self.counter is not None and flops == 0 and name in ESTIMATES:
+            try:
+                flops, estimated = float(ESTIMATES[name](args, kwargs)), True
+            except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
+                pass  # no estimate: profile() warns
         dtype = _compute_dtype(inputs, outputs)
         self.ops.append((name, flops, nbytes, seconds, op_kind(name), dtype, estimated))
         return out
@@ -469,7 +450,10 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
         if ready is not None:
             ready[:] = [-1] * len(params)
             for index, param in enumerate(params):
-                note = functools.partial(_note_ready, ready, index, backward.ops)
+
+                def note(gradient: torch.Tensor, index: int = index) -> None:
+                    ready[index] = len(backward.ops)
+
                 hooks.append(param.register_hook(note))
         if params and roots:
             torch.autograd.grad(roots, params, seeds, allow_unused=True)
@@ -510,32 +494,19 @@ def python_calls(work: Any) -> tuple[Any, int]:
     return result, count
 
 
-def _note_ready(ready: list[int], index: int, ops: list, gradient: torch.Tensor) -> None:
-    ready[index] = len(ops)
-
-
-def _quadratic(values: Sequence[float]) -> Coefficients | None:
-    """``(a, b, c)`` through ``values`` at :data:`PROFILE_ROWS` if it meets the value at
-    :data:`CHECK_ROWS`, else None (exact in floats for integer counts)."""
+def fit_rows(values: Sequence[float]) -> Coefficients:
+    """``values`` at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)``: the
+    quadratic through the first three if it meets the fourth (exact in floats for integer
+    counts), else the line through the first and the last."""
     (r1, r2, r3), (v1, v2, v3, check) = PROFILE_ROWS, values
     slope_low, slope_high = (v2 - v1) / (r2 - r1), (v3 - v2) / (r3 - r2)
     c = (slope_high - slope_low) / (r3 - r1)
     b = slope_low - c * (r1 + r2)
     a = v1 - b * r1 - c * r1 * r1
-    predicted = a + b * CHECK_ROWS + c * CHECK_ROWS**2
-    return (a, b, c) if math.isclose(predicted, check, rel_tol=1e-9, abs_tol=1e-6) else None
-
-
-def fit_rows(values: Sequence[float]) -> Coefficients:
-    """``values`` at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)``: the
-    quadratic through the first three if it meets the fourth, else the line through the
-    first and the last."""
-    quadratic = _quadratic(values)
-    if quadratic is not None:
-        return quadratic
-    low, high = PROFILE_ROWS[0], CHECK_ROWS
-    slope = (values[-1] - values[0]) / (high - low)
-    return (values[0] - slope * low, slope, 0.0)
+    if math.isclose(a + b * CHECK_ROWS + c * CHECK_ROWS**2, check, rel_tol=1e-9, abs_tol=1e-6):
+        return (a, b, c)
+    slope = (check - v1) / (CHECK_ROWS - r1)
+    return (v1 - slope * r1, slope, 0.0)
 
 
 def _fit(runs: Sequence[list[tuple]]) -> PassCost:
