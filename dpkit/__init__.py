@@ -4,14 +4,16 @@
 parallel_apply the replicas, gather the outputs. dpkit implements each of them with
 ``torch.nn.parallel``'s semantics on real accelerators, on virtual lanes on one GPU (a CUDA
 stream each) and on virtual lanes on the CPU (a thread and real copies each).
+
+``__all__`` is what a learner calls: the four primitives and ``DataParallel``, the devices,
+``trace``. The subpackages hold the rest: ``dpkit.viz`` (explorers and figures),
+``dpkit.cost``, ``dpkit.ddp``, ``dpkit.pipeline``, ``dpkit.grading``.
 """
 
 from dpkit.comm import Transfer, add_transfer_listener
 from dpkit.data_parallel import DataParallel, data_parallel
 from dpkit.devices import (
     Device,
-    as_device,
-    as_devices,
     current_device,
     device_of,
     devices,
@@ -22,28 +24,26 @@ from dpkit.environment import check_environment
 from dpkit.gather import gather
 from dpkit.parallel_apply import parallel_apply
 from dpkit.replicate import replicate
-from dpkit.scatter import (
-    balanced_chunk_sizes,
-    plan_chunks,
-    scatter,
-    scatter_kwargs,
-    torch_chunk_sizes,
-    weighted_chunk_sizes,
-)
-from dpkit.tracing import Event, Trace, register_phase_hook, trace
+from dpkit.scatter import scatter, scatter_kwargs, torch_chunk_sizes, weighted_chunk_sizes
+from dpkit.tracing import Trace, register_phase_hook, trace
+
+# isort: split
+# Importable from here as before, but not in __all__: how device specs are resolved, the
+# planners behind chunk_sizes=, and a trace's event type (dpkit.tracing.Event).
+from dpkit.devices import as_device as as_device
+from dpkit.devices import as_devices as as_devices
+from dpkit.scatter import balanced_chunk_sizes as balanced_chunk_sizes
+from dpkit.scatter import plan_chunks as plan_chunks
+from dpkit.tracing import Event as Event
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataParallel",
     "Device",
-    "Event",
     "Trace",
     "Transfer",
     "add_transfer_listener",
-    "as_device",
-    "as_devices",
-    "balanced_chunk_sizes",
     "check_environment",
     "current_device",
     "data_parallel",
@@ -51,7 +51,6 @@ __all__ = [
     "devices",
     "gather",
     "parallel_apply",
-    "plan_chunks",
     "register_phase_hook",
     "replicate",
     "scatter",

@@ -51,9 +51,7 @@ on 127.0.0.1 alone; a plain ``torchrun`` listens on every interface).
 =================  ==================================================================
 """
 
-from dpkit.ddp.checks import free_port
 from dpkit.ddp.compare import (
-    Comparison,
     assign_buckets,
     bucket_sweep,
     compare_with_data_parallel,
@@ -63,39 +61,35 @@ from dpkit.ddp.compare import (
 )
 from dpkit.ddp.launch import RankFailed, RanksTimedOut
 from dpkit.ddp.process import child_processes
-from dpkit.ddp.run import DDPResult, merged_trace, run_ddp
-from dpkit.ddp.workload import (
-    DDP_MODELS,
-    MODELS,
-    Workload,
-    named_workload,
-    random_images,
-    sgd,
-    training_step,
-    wide_mlp,
-)
+from dpkit.ddp.run import run_ddp
+from dpkit.ddp.workload import named_workload, wide_mlp
 
+# isort: split
+# Reachable as dpkit.ddp.name, not in __all__: the results' types, and the pieces of a run
+# (its workload's parts, the port, merging the ranks' records) that the tests reach.
+from dpkit.ddp.checks import free_port as free_port
+from dpkit.ddp.compare import Comparison as Comparison
+from dpkit.ddp.run import DDPResult as DDPResult
+from dpkit.ddp.run import merged_trace as merged_trace
+from dpkit.ddp.workload import DDP_MODELS as DDP_MODELS
+from dpkit.ddp.workload import MODELS as MODELS
+from dpkit.ddp.workload import Workload as Workload
+from dpkit.ddp.workload import random_images as random_images
+from dpkit.ddp.workload import sgd as sgd
+from dpkit.ddp.workload import training_step as training_step
+
+# What a learner calls (notebook 09 and docs/ddp_clusters.md), and the errors a run raises.
 __all__ = [
-    "DDP_MODELS",
-    "MODELS",
-    "Comparison",
-    "DDPResult",
     "RankFailed",
     "RanksTimedOut",
-    "Workload",
     "assign_buckets",
     "bucket_sweep",
     "child_processes",
     "compare_with_data_parallel",
-    "free_port",
-    "merged_trace",
     "named_workload",
-    "random_images",
     "run_ddp",
-    "sgd",
     "single_process_gradients",
     "step_rows",
-    "training_step",
     "traffic_per_device",
     "wide_mlp",
 ]

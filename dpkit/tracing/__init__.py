@@ -46,78 +46,57 @@ timed ``apply``. On 4 CPU lanes that is about 3% of a training step of a small M
 threads and to their bound).
 """
 
-from dpkit.context import current_step
-from dpkit.tracing.backward import (
-    ReplicaBackward,
-    after_apply,
-    applying,
-    replicated,
-    trace_replica,
-)
-from dpkit.tracing.clock import resolve_pending
 from dpkit.tracing.events import (
-    ALLOCATED,
     ALLOCATOR_CATEGORIES,
     BACKWARD_PHASES,
     FORWARD_PHASES,
     MEMORY_CATEGORIES,
-    PEAK,
     PHASE_COLOURS,
     PREDICTED,
     RANK,
-    Collective,
     Event,
     MemoryRecord,
     Phase,
 )
 from dpkit.tracing.export import KIND_LABELS
-from dpkit.tracing.recorder import (
-    Trace,
-    begin_step,
-    copy_span,
-    enabled,
-    end_forward,
-    holds,
-    host_span,
-    record_memory,
-    recording,
-    register_phase_hook,
-    span,
-    trace,
-)
+from dpkit.tracing.recorder import Trace, register_phase_hook, trace
+
+# isort: split
+# The seam the primitives, dpkit.ddp and dpkit.pipeline record through: importable from here
+# (``tracing.span(...)``), not in __all__, since a user of traces never calls it.
+from dpkit.context import current_step as current_step
+from dpkit.tracing.backward import ReplicaBackward as ReplicaBackward
+from dpkit.tracing.backward import after_apply as after_apply
+from dpkit.tracing.backward import applying as applying
+from dpkit.tracing.backward import replicated as replicated
+from dpkit.tracing.backward import trace_replica as trace_replica
+from dpkit.tracing.clock import resolve_pending as resolve_pending
+from dpkit.tracing.events import ALLOCATED as ALLOCATED
+from dpkit.tracing.events import PEAK as PEAK
+from dpkit.tracing.events import Collective as Collective
+from dpkit.tracing.recorder import begin_step as begin_step
+from dpkit.tracing.recorder import copy_span as copy_span
+from dpkit.tracing.recorder import enabled as enabled
+from dpkit.tracing.recorder import end_forward as end_forward
+from dpkit.tracing.recorder import holds as holds
+from dpkit.tracing.recorder import host_span as host_span
+from dpkit.tracing.recorder import record_memory as record_memory
+from dpkit.tracing.recorder import recording as recording
+from dpkit.tracing.recorder import span as span
 
 __all__ = [
-    "ALLOCATED",
     "ALLOCATOR_CATEGORIES",
     "BACKWARD_PHASES",
     "FORWARD_PHASES",
     "KIND_LABELS",
     "MEMORY_CATEGORIES",
-    "PEAK",
     "PHASE_COLOURS",
     "PREDICTED",
     "RANK",
-    "Collective",
     "Event",
     "MemoryRecord",
     "Phase",
-    "ReplicaBackward",
     "Trace",
-    "after_apply",
-    "applying",
-    "begin_step",
-    "copy_span",
-    "current_step",
-    "enabled",
-    "end_forward",
-    "holds",
-    "host_span",
-    "record_memory",
-    "recording",
     "register_phase_hook",
-    "replicated",
-    "resolve_pending",
-    "span",
     "trace",
-    "trace_replica",
 ]

@@ -20,21 +20,20 @@ import importlib
 from typing import Any
 
 from dpkit.viz.described import describe_figures
-from dpkit.viz.figures import (
-    CATEGORY_COLORS,
-    MEMORY_CATEGORIES,
-    PHASE_COLORS,
-    bytes_per_phase,
-    device_order,
-    hardware_title,
-    human_bytes,
-    memory_per_device,
-    phase_color,
-    timeline,
-)
+from dpkit.viz.figures import bytes_per_phase, memory_per_device, timeline
+
+# isort: split
+# The figures' colours and helpers, reachable as dpkit.viz.name though not in __all__.
+from dpkit.viz.figures import CATEGORY_COLORS as CATEGORY_COLORS
+from dpkit.viz.figures import MEMORY_CATEGORIES as MEMORY_CATEGORIES
+from dpkit.viz.figures import PHASE_COLORS as PHASE_COLORS
+from dpkit.viz.figures import device_order as device_order
+from dpkit.viz.figures import hardware_title as hardware_title
+from dpkit.viz.figures import human_bytes as human_bytes
+from dpkit.viz.figures import phase_color as phase_color
 
 # Names loaded on first use (ipywidgets and the explorers' models cost import time), by the
-# module that defines them. This table is the one list of the explorers' public names.
+# module that defines them: everything ``dpkit.viz.name`` reaches, for the course and tests.
 _LAZY_EXPORTS = {
     "explorer": ("Explorer", "figure_png", "int_slider"),
     "alt_text": ("figure_alt_text",),
@@ -116,18 +115,45 @@ _LAZY_EXPORTS = {
 SUBMODULES = ("figures", "common", "margins", "described", *_LAZY_EXPORTS)
 _OWNER = {name: module for module, names in _LAZY_EXPORTS.items() for name in names}
 
+# What the course calls: the three figures of a trace, the explorers, the quiz, and the
+# experiments the notebooks run (the rest stays reachable as ``dpkit.viz.name``).
 __all__ = [
-    "CATEGORY_COLORS",
-    "MEMORY_CATEGORIES",
-    "PHASE_COLORS",
     "bytes_per_phase",
-    "device_order",
-    "hardware_title",
-    "human_bytes",
     "memory_per_device",
-    "phase_color",
     "timeline",
-    *_OWNER,
+    # explorers
+    "backward_explorer",
+    "ddp_explorer",
+    "memory_explorer",
+    "pipeline_explorer",
+    "replication_explorer",
+    "scaling_explorer",
+    "split_explorer",
+    "timeline_explorer",
+    # the quiz
+    "Question",
+    "check_your_understanding",
+    # the notebooks' experiments and their figures
+    "WithLoss",
+    "apply_timeline",
+    "apply_trace",
+    "compare_with_single_device",
+    "comparison_figure",
+    "gil_comparison",
+    "held_per_device",
+    "loss_curve",
+    "measure_against_prediction",
+    "measure_speedups",
+    "memory_figure",
+    "memory_trace",
+    "overlap_figure",
+    "predicted_speedups",
+    "speedup_spread_figure",
+    "split_figure",
+    "split_plan",
+    "start_suspects",
+    "train",
+    "training_trace",
 ]
 
 
@@ -140,7 +166,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *SUBMODULES})
+    return sorted({*globals(), *_OWNER, *SUBMODULES})
 
 
 describe_figures()  # in a kernel: every figure with its text alternative (a no-op elsewhere)
