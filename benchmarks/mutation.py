@@ -477,7 +477,12 @@ def _selection_of(workdir: Path) -> list[str]:
     if not config.exists():
         return []
     text = config.read_text().partition("pytest_add_cli_args_test_selection=")[2]
-    return [line.strip() for line in text.splitlines()[1:] if line.startswith("    ")] or []
+    selection = []
+    for line in text.splitlines()[1:]:
+        if not line.startswith("    "):  # the next setting
+            break
+        selection.append(line.strip())
+    return selection
 
 
 def _merge(

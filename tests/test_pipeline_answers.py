@@ -11,6 +11,7 @@ that the code ran and that numbers were on the right side of a bound.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -420,3 +421,33 @@ def test_the_contrast_table_by_hand(n, data_parallel, ddp):
     assert rows[2]["each device holds"] == f"1/{n} of the layers (one stage)"
     if n == 2:  # the activations at the one cut forward, their gradients back
         assert rows[2]["bytes/step"] == 2 * 5 * 100 * 4
+
+
+def notebook_07_output(source: str) -> str:
+    """What notebook 07's code cell containing ``source`` printed when it was last run."""
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "07_beyond_dataparallel.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    (cell,) = [c for c in notebook.cells if c.cell_type == "code" and source in c.source]
+    return "".join(output["text"] for output in cell.outputs if output.get("name") == "stdout")
+
+
+def test_the_contrast_table_is_the_one_notebook_07_shows():
+    # Notebook 07's table (its saved output, which nbval compares when the notebook runs):
+    # the strategies' columns and words as a learner reads them, and the bytes of a
+    # 4-block MLP of width 512 on 256 rows over 2 devices.
+    table = pp.contrast_table(pp.mlp_blocks(width=512, blocks=4), torch.randn(256, 512), 2)
+    assert f"{table}\n" == notebook_07_output("print(strategies)")
+    assert list(table[0]) == ["strategy", "each device holds", "crosses devices", "bytes/step",
+                              "fits when"]  # fmt: skip
+
+
+def test_mlp_blocks_cut_in_two_as_notebook_07_shows():
+    # Linear, ReLU, Linear, ReLU, Linear, ReLU, Linear: cutting after the second Linear or
+    # after the ReLU behind it balances the parameters alike; the first such cut is taken,
+    # so the ReLU starts stage 1 (3 and 4 layers, as notebook 07 prints).
+    stages = pp.split_model(pp.mlp_blocks(width=512, blocks=4), 2)
+    assert [len(stage) for stage in stages] == [3, 4]
+    printed = notebook_07_output("strategies = pp.contrast_table(")
+    assert printed == "['stage 0: 3 layers', 'stage 1: 4 layers']\n"
