@@ -48,6 +48,150 @@ from dpkit.scatter import ChunkSizes, check_dim, scatter_kwargs
 T = TypeVar("T", bound=nn.Module)
 
 
+class DataParallel(nn.Module, Generic[T]):
+    """Split the input across devices, run a replica of ``module`` on each, gather outputs."""
+
+    def __init__(
+        self,
+        module: T,
+        device_ids: Sequence[DeviceLike] | None = None,
+        output_device: DeviceLike | None = None,
+        dim: int = 0,
+        *,
+        chunk_sizes: ChunkSizes = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__()
+        _check_module(module)  # dpkit: a clear error for what is not a Module, or is compiled
+        self.dim = check_dim(dim)  # dpkit: a clear error now, not at the first forward
+        self.module = module
+        self.chunk_sizes = chunk_sizes  # dpkit: other splits than torch.chunk's
+        self.timeout = check_timeout(timeout)  # dpkit: replicas that hang raise TimeoutError
+        # dpkit: dpkit Devices, virtual lanes where there is no accelerator (torch: indices)
+        self.device_ids, self.output_device = _resolve(device_ids, output_device)
+        self.src_device_obj = self.device_ids[0]  # a GPU or a virtual lane
+        if len(self.device_ids) == 1:
+            self.module.to(self.src_device_obj.torch_device)
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        with torch.autograd.profiler.record_function("DataParallel.forward"):
+            steps = self.scatter, self.replicate, self.parallel_apply, self.gather
+            return _parallel_forward(
+                self.module,
+                inputs,
+                kwargs,
+                self.device_ids,
+                self.output_device,
+                steps,
+                self.timeout,
+            )
+
+    def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
+        return replicate(module, device_ids, not torch.is_grad_enabled())
+
+    def scatter(
+        self,
+        inputs: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        device_ids: Sequence[DeviceLike],
+    ) -> Any:
+        return scatter_kwargs(
+            inputs, kwargs, device_ids, dim=self.dim, chunk_sizes=self.chunk_sizes
+        )
+
+    def parallel_apply(
+        self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any
+    ) -> list[Any]:
+        return parallel_apply(
+            replicas, inputs, kwargs, self.device_ids[: len(replicas)], timeout=self.timeout
+        )
+
+    def gather(self, outputs: Any, output_device: DeviceLike) -> Any:
+        return gather(outputs, output_device, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        names = ", ".join(d.name for d in self.device_ids)
+        return f"device_ids=[{names}], output_device={self.output_device}, dim={self.dim}"
+
+
+def data_parallel(
+    module: nn.Module,
+    inputs: Any,
+    device_ids: Sequence[DeviceLike] | None = None,
+    output_device: DeviceLike | None = None,
+    dim: int = 0,
+    module_kwargs: Any | None = None,
+    *,
+    chunk_sizes: ChunkSizes = None,
+    timeout: float | None = None,
+) -> Any:
+    """Evaluate ``module(*inputs)`` in parallel on ``device_ids``: DataParallel as a function.
+
+    As torch's ``data_parallel``, it never detaches the replicas (``DataParallel`` does
+    when grad is off).
+    """
+    _check_module(module)  # dim is checked by scatter_kwargs, before any copy
+    check_timeout(timeout)  # before any work, not in parallel_apply after the scatter
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,) if inputs is not None else ()
+    resolved, output = _resolve(device_ids, output_device)
+
+    def apply_on_used(replicas: Sequence[nn.Module], chunks: Any, chunk_kwargs: Any) -> Any:
+        return parallel_apply(
+            replicas, chunks, chunk_kwargs, resolved[: len(replicas)], timeout=timeout
+        )
+
+    steps = (
+        partial(scatter_kwargs, dim=dim, chunk_sizes=chunk_sizes),
+        replicate,
+        apply_on_used,
+        partial(gather, dim=dim),
+    )
+    return _parallel_forward(module, inputs, module_kwargs, resolved, output, steps, timeout)
+
+
+def _parallel_forward(
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    device_ids: list[Device],
+    output_device: Device,
+    steps: tuple[Callable[..., Any], ...],
+    timeout: float | None,
+) -> Any:
+    """torch's ``DataParallel.forward``, which ``data_parallel`` repeats: here once for both.
+
+    ``steps`` are scatter, replicate, parallel_apply and gather with the signatures of torch's
+    ``DataParallel`` methods: the DataParallel's own (so a subclass can override any of
+    them), or the plain primitives for ``data_parallel``.
+    """
+    scatter, replicate, parallel_apply, gather = steps
+    _check_on_source(module, device_ids[0])  # dpkit: torch's check, with the fix in its error
+    tracing_on = tracing.enabled()  # dpkit: while tracing, a step begins and its forward ends
+    if tracing_on:
+        tracing.begin_step((*device_ids, output_device))
+    inputs, kwargs = scatter(inputs, kwargs, device_ids)
+    # A forward without inputs still runs once, on device_ids[0].
+    if not inputs and not kwargs:
+        inputs, kwargs = ((),), ({},)
+    if len(device_ids) == 1 and timeout is None:
+        # dpkit: the module itself, as in torch, traced as replica 0's forward
+        result = _call_itself(module, inputs[0], kwargs[0], device_ids[0], tracing_on)
+    elif len(device_ids) == 1:  # dpkit: timeout= needs a worker thread, even for one device
+        result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
+    else:
+        replicas = replicate(module, device_ids[: len(inputs)])
+        outputs = parallel_apply(replicas, inputs, kwargs)
+        result = gather(outputs, output_device)
+    if tracing_on:
+        tracing.end_forward()
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# dpkit's additions: clearer errors, devices resolved, and the one-device call traced.
+
+
 def _check_module(module: Any) -> None:
     if not isinstance(module, nn.Module):
         raise TypeError(
@@ -119,151 +263,3 @@ def _call_itself(
     tracing.record_memory(device, "parameters", sum(map(tensor_nbytes, held)))
     tracing.after_apply([(0, module, inputs, kwargs, device)], {0: output})
     return output
-
-
-def _parallel_forward(
-    module: nn.Module,
-    inputs: tuple[Any, ...],
-    kwargs: dict[str, Any] | None,
-    device_ids: list[Device],
-    output_device: Device,
-    scatter: Callable[..., Any],
-    replicate: Callable[..., Any],
-    parallel_apply: Callable[..., Any],
-    gather: Callable[..., Any],
-    timeout: float | None = None,
-) -> Any:
-    """One forward, the pipeline ``DataParallel.forward`` and ``data_parallel`` share.
-
-    The four steps come with the signatures of torch's ``DataParallel`` methods: the
-    DataParallel's own (so a subclass can override any of them), or the plain primitives
-    for ``data_parallel``.
-    """
-    _check_on_source(module, device_ids[0])
-    tracing_on = tracing.enabled()
-    if tracing_on:
-        tracing.begin_step((*device_ids, output_device))
-    inputs, kwargs = scatter(inputs, kwargs, device_ids)
-    # A forward without inputs still runs once, on device_ids[0].
-    if not inputs and not kwargs:
-        inputs, kwargs = ((),), ({},)
-    if len(device_ids) == 1 and timeout is None:
-        result = _call_itself(module, inputs[0], kwargs[0], device_ids[0], tracing_on)
-    elif len(device_ids) == 1:  # a worker thread, so that the timeout holds
-        result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
-    else:
-        replicas = replicate(module, device_ids[: len(inputs)])
-        outputs = parallel_apply(replicas, inputs, kwargs)
-        result = gather(outputs, output_device)
-    if tracing_on:
-        tracing.end_forward()
-    return result
-
-
-class DataParallel(nn.Module, Generic[T]):
-    """Split the input across devices, run a replica of ``module`` on each, gather outputs."""
-
-    def __init__(
-        self,
-        module: T,
-        device_ids: Sequence[DeviceLike] | None = None,
-        output_device: DeviceLike | None = None,
-        dim: int = 0,
-        *,
-        chunk_sizes: ChunkSizes = None,
-        timeout: float | None = None,
-    ) -> None:
-        super().__init__()
-        _check_module(module)
-        self.module = module
-        self.dim = check_dim(dim)
-        self.chunk_sizes = chunk_sizes
-        self.timeout = check_timeout(timeout)
-        self.device_ids, self.output_device = _resolve(device_ids, output_device)
-        self.source_device = self.device_ids[0]  # where the module lives; torch: src_device_obj
-        if len(self.device_ids) == 1:
-            self.module.to(self.source_device.torch_device)
-
-    @property
-    def src_device_obj(self) -> Device:
-        """torch's name for ``source_device``, ``device_ids[0]`` (a GPU or a virtual lane)."""
-        return self.source_device
-
-    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        with torch.autograd.profiler.record_function("DataParallel.forward"):
-            steps = self.scatter, self.replicate, self.parallel_apply, self.gather
-            return _parallel_forward(
-                self.module,
-                inputs,
-                kwargs,
-                self.device_ids,
-                self.output_device,
-                *steps,
-                timeout=self.timeout,
-            )
-
-    def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
-        return replicate(module, device_ids, not torch.is_grad_enabled())
-
-    def scatter(
-        self,
-        inputs: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        device_ids: Sequence[DeviceLike],
-    ) -> Any:
-        return scatter_kwargs(
-            inputs, kwargs, device_ids, dim=self.dim, chunk_sizes=self.chunk_sizes
-        )
-
-    def parallel_apply(
-        self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any
-    ) -> list[Any]:
-        return parallel_apply(
-            replicas, inputs, kwargs, self.device_ids[: len(replicas)], timeout=self.timeout
-        )
-
-    def gather(self, outputs: Any, output_device: DeviceLike) -> Any:
-        return gather(outputs, output_device, dim=self.dim)
-
-    def extra_repr(self) -> str:
-        names = ", ".join(d.name for d in self.device_ids)
-        return f"device_ids=[{names}], output_device={self.output_device}, dim={self.dim}"
-
-
-def data_parallel(
-    module: nn.Module,
-    inputs: Any,
-    device_ids: Sequence[DeviceLike] | None = None,
-    output_device: DeviceLike | None = None,
-    dim: int = 0,
-    module_kwargs: Any | None = None,
-    *,
-    chunk_sizes: ChunkSizes = None,
-    timeout: float | None = None,
-) -> Any:
-    """Evaluate ``module(*inputs)`` in parallel on ``device_ids``: DataParallel as a function.
-
-    As torch's ``data_parallel``, it never detaches the replicas (``DataParallel`` does
-    when grad is off).
-    """
-    _check_module(module)
-    check_dim(dim)
-    check_timeout(timeout)
-    if not isinstance(inputs, tuple):
-        inputs = (inputs,) if inputs is not None else ()
-    resolved, output = _resolve(device_ids, output_device)
-
-    def apply_on_used(replicas: Sequence[nn.Module], chunks: Any, chunk_kwargs: Any) -> Any:
-        return parallel_apply(
-            replicas, chunks, chunk_kwargs, resolved[: len(replicas)], timeout=timeout
-        )
-
-    steps = (
-        partial(scatter_kwargs, dim=dim, chunk_sizes=chunk_sizes),
-        replicate,
-        apply_on_used,
-        partial(gather, dim=dim),
-    )
-    return _parallel_forward(
-        module, inputs, module_kwargs, resolved, output, *steps, timeout=timeout
-    )
