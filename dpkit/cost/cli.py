@@ -9,11 +9,8 @@ each phase, the step's time, and the bytes each device holds beside its capacity
     dpkit predict --hardware-file docs/examples/my_machine.toml --devices 16   your machine
     dpkit predict --hardware this-machine --calibrate      measure this machine first (~2 s)
 
-A hardware file (TOML) is either every field of :class:`~dpkit.cost.Hardware`, or
-``base = "<preset>"`` and only the fields that change (``docs/examples/my_machine.toml``).
-Units are SI, plain numbers: bytes, bytes/s, seconds, FLOP/s. ``docs/hardware_file.md``
-documents the format and answers "one node of 8 A100 or two over 100 GbE, dp or ddp, which
-batch, does it fit?".
+A hardware file (TOML) is every field of :class:`~dpkit.cost.Hardware`, or ``base =
+"<preset>"`` and the fields that change, in SI units; ``docs/hardware_file.md`` documents it.
 """
 
 from __future__ import annotations
@@ -178,9 +175,9 @@ def load_hardware_file(path: str | Path) -> Hardware:
 
 def _unit(nbytes: float) -> tuple[str, int, int]:
     """The unit ``nbytes`` reads best in (GiB, MiB or KiB), its size and the digits shown."""
-    for unit, size in (("GiB", GIB), ("MiB", MIB)):
+    for unit, size, digits in (("GiB", GIB, 2), ("MiB", MIB, 1)):
         if nbytes >= size:
-            return unit, size, 2 if unit == "GiB" else 1
+            return unit, size, digits
     return "KiB", KIB, 1
 
 
@@ -214,10 +211,9 @@ def fit_verdict(trace: PredictedTrace) -> str:
     totals, capacity = trace.memory_per_device, trace.machine.memory_capacity
     if trace.machine.virtual_lanes:  # the lanes share the host's memory
         need = sum(totals)
-        says = f"the {len(totals)} lane(s) together need {readable_bytes(need)} of the host's "
-        return (
-            ("fits: " if need <= capacity else "does not fit: ") + says + readable_bytes(capacity)
-        )
+        verdict = "fits" if need <= capacity else "does not fit"
+        return (f"{verdict}: the {len(totals)} lane(s) together need {readable_bytes(need)} "
+                f"of the host's {readable_bytes(capacity)}")  # fmt: skip
     fullest = max(range(len(totals)), key=totals.__getitem__)
     need = totals[fullest]
     says = f"device {fullest} needs {readable_bytes(need)} of {readable_bytes(capacity)}"

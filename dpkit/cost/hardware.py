@@ -40,18 +40,17 @@ import torch
 EXAMPLES = {"bytes": "80e9 for 80 GB, 85899345920 for 80 GiB", "seconds": "5e-6 for 5 us",
             "bytes/s": "25e9 for 25 GB/s, 12.5e9 for 100 Gb/s", "FLOP/s": "312e12 for 312 TFLOP/s",
             "fraction": "0.7", "count": "8", "whole number": "8"}  # fmt: skip
+NOT_NUMBERS = {"text": (str, "text, in quotes"),
+               "true/false": (bool, "True or False (true or false in a file)")}  # fmt: skip
 
 
 def check(owner: str, name: str, value: object, unit: str) -> None:
     """Refuse ``value`` unless it is what ``unit`` says: text, a bool, or a finite number
     above 0 (a whole number for counts, at most 1 for a fraction)."""
-    if unit == "text" and not isinstance(value, str):
-        raise TypeError(f"{owner}: {name}={value!r} must be text, in quotes")
-    if unit == "true/false" and not isinstance(value, bool):
-        raise TypeError(
-            f"{owner}: {name}={value!r} must be True or False (true or false in a file)"
-        )
-    if unit in ("text", "true/false"):
+    if unit in NOT_NUMBERS:
+        kind, wanted = NOT_NUMBERS[unit]
+        if not isinstance(value, kind):
+            raise TypeError(f"{owner}: {name}={value!r} must be {wanted}")
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         example = f"; e.g. {EXAMPLES[unit]}" if unit in EXAMPLES else ""
@@ -76,11 +75,8 @@ def _is_dtype(name: object) -> bool:
 
 def _is_pair(pair: object) -> bool:
     """A measured ``(work, seconds)``: two finite numbers, 0 or more."""
-    return (
-        isinstance(pair, (tuple, list))
-        and len(pair) == 2
-        and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in pair)
-    )
+    two = isinstance(pair, (tuple, list)) and len(pair) == 2
+    return two and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in pair)
 
 
 @dataclass(frozen=True)

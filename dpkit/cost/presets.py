@@ -36,15 +36,10 @@ Sources, cited by key below:
   off (NCCL_P2P_DISABLE=1: NCCL's SHM transport, through host memory), one channel:
   "Allreduce: 3.9GB/s" (posted by a user; broadcast, one way, 10.3). S. Jeaugey (NVIDIA):
   "Some components (in particular some CPUs) do not handle bidirectional traffic well".
-- [nccl-406] github.com/NVIDIA/nccl/issues/406, S. Jeaugey, of GPUs on two CPU sockets: with
-  a NIC per PCI switch "you would always stay within the PCI switch and achieve 12GB/s
-  instead of 9 or 6" through SHM (host memory), one way, on PCIe 3.
-- [nccl-src] NCCL's own topology model, src/graph/topo.h (github.com/NVIDIA/nccl): the
-  bandwidth NCCL plans per NVLink, one way: 20.0 GB/s on V100 and A100 (``SM70_NVLINK_BW``,
-  ``SM80_NVLINK_BW``), 20.6 on H100 (``SM90_NVLINK_BW``); ``PCI_BW 12.0 // PCI Gen3 x16``.
-  Times the links: V100's 6 give 120 GB/s (the V100 preset's 150 x 0.8), A100's 12 give 240
-  ([nccl-149]: "240GB/s on A100 [...] limits it to ~230"), H100's 18 give 371 ([nccl-212]:
-  370).
+- [nccl-src] NCCL's topology model, src/graph/topo.h (github.com/NVIDIA/nccl): per NVLink,
+  one way, 20.0 GB/s on V100 and A100 (``SM70_NVLINK_BW``, ``SM80_NVLINK_BW``), 20.6 on H100
+  (``SM90_NVLINK_BW``). Times the links: V100's 6 give 120 GB/s (the V100 preset's 150 x
+  0.8), A100's 12 give 240 ([nccl-149]: "limits it to ~230"), H100's 18 give 371 (370).
 - [DGX] NVIDIA DGX A100 / H100 user guides: eight compute ports per node, one per GPU
   (HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on DGX H100).
 - [ddp-bench] pytorch/pytorch benchmarks/distributed/ddp/README.md: DGX-1 nodes with 4 x
@@ -108,22 +103,79 @@ def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardwar
 
 
 def _presets() -> list[Hardware]:
+    # Without peer to peer, NCCL's collectives go through host memory (its SHM transport),
+    # measured [nccl-384]; DataParallel's copies take host_to_device down and up instead
+    # (Hardware.device_link: 6.3 GB/s)
+    t4 = _gpu(
+        "T4-PCIe3",
+        "NVIDIA T4s on PCIe 3 without peer to peer, copies through host memory "
+        "(a Colab T4; several as in a 4-GPU cloud VM)",
+        "spec sheet [T4], PCIe [PCIe]",
+        device_name="T4", devices_per_node=4, nics_per_node=1, peer_to_peer=False,
+        peak_flops=_tflops(float32=8.1, float16=65),  # [T4]
+        memory_bandwidth=320 * GB, memory_capacity=15 * GIB,  # 16 GB GDDR6, 15,360 MiB usable
+        host_to_device=_PCIE3,
+        device_to_device=Link(3.9 * GB, 10 * US, "measured: NCCL through host memory, PCIe 3 "
+                              "[nccl-384]"),
+        node_to_node=Link(6.25 * GB * 0.5, 30 * US, "50 Gb/s port x 0.5, as [nccl-398]"),
+    )  # fmt: skip
+    a100_pcie = _gpu(
+        "4xA100-PCIe4",
+        "4 A100 80 GB PCIe on PCIe 4 without NVLink bridges, peer to peer through the CPU",
+        "spec sheet [A100], PCIe [PCIe], NCCL on PCIe [nccl-1639]",
+        device_name="A100 PCIe", devices_per_node=4, nics_per_node=1,
+        peak_flops=_A100_PEAKS,  # [A100]: the PCIe card has the same peaks
+        tensor_core_efficiency=_A100_TENSOR_CORES,
+        memory_bandwidth=1935 * GB, memory_capacity=80 * GIB,
+        host_to_device=_PCIE4,
+        # [nccl-1639] measured 35 GB/s on 4 GPUs of PCIe 5; for PCIe 4, half: assumed
+        device_to_device=Link(17.5 * GB, 5 * US, "35 GB/s on PCIe 5 [nccl-1639] / 2, assumed"),
+        node_to_node=Link(12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as [nccl-398]"),
+    )  # fmt: skip
+    v100 = _gpu(
+        "8xV100-NVLink",
+        "one DGX-1 node: 8 V100 SXM2 32 GB on NVLink 2 (hybrid cube mesh)",
+        "spec sheet [V100], network [ddp-bench]",
+        device_name="V100", devices_per_node=8, nics_per_node=4,
+        peak_flops=_tflops(float32=15.7, float16=125),  # [V100]
+        matmul_efficiency=0.94,  # [dle-rnx101]: ResNeXt-101 on one V100, FP32
+        tensor_core_efficiency={"float16": 0.69},  # [dle-rnx101], AMP
+        memory_bandwidth=900 * GB, memory_capacity=32 * GIB,
+        host_to_device=_PCIE3,
+        # [nccl-149]: an NVLink "line rate of 25GB/s ... ~20GB/s effective" (0.8), and NCCL
+        # plans 20 GB/s per V100 link itself [nccl-src]; no DGX-1 all-reduce measurement
+        # found, so 150 GB/s x 0.8 stays an assumption
+        device_to_device=Link(150 * GB * 0.8, 2 * US, "[V100] 150 GB/s x 0.8 [nccl-149], assumed"),
+        node_to_node=Link(12.5 * GB * 0.9, 5 * US, "[ddp-bench] EDR 100 Gb/s x 0.9, assumed"),
+    )  # fmt: skip
     a100 = _gpu(
         "8xA100-SXM-NVLink",
         "one DGX/HGX A100 node: 8 A100 SXM4 80 GB on NVLink 3 through NVSwitch",
         "spec sheet [A100], nccl-tests bus bandwidth [nccl-175]",
-        device_name="A100",
+        device_name="A100", devices_per_node=8, nics_per_node=8,
         peak_flops=_A100_PEAKS,
         tensor_core_efficiency=_A100_TENSOR_CORES,
-        memory_bandwidth=2039 * GB,  # [A100] 80 GB SXM4
-        memory_capacity=80 * GIB,  # 81,920 MiB
+        memory_bandwidth=2039 * GB, memory_capacity=80 * GIB,  # [A100] 80 GB SXM4: 81,920 MiB
         host_to_device=_PCIE4,
         # measured: ~230 GB/s bus bandwidth at large sizes; ~2 us per ring step (assumed)
         device_to_device=Link(230 * GB, 2 * US, "measured: nccl-tests, 8 A100 [nccl-175]"),
         node_to_node=Link(25 * GB * 0.96, 5 * US, "[DGX] HDR 200 Gb/s x 0.96, measured [nccl-119]"),
-        devices_per_node=8,
-        nics_per_node=8,
-    )
+    )  # fmt: skip
+    h100 = _gpu(
+        "8xH100-SXM-NVLink",
+        "one DGX/HGX H100 node: 8 H100 SXM5 80 GB on NVLink 4 through NVSwitch",
+        "spec sheet [H100], nccl-tests bus bandwidth [nccl-212]",
+        device_name="H100", devices_per_node=8, nics_per_node=8,
+        peak_flops=_tflops(float32=67, tfloat32=494.7, bfloat16=989.5, float16=989.5),
+        tensor_core_efficiency=_A100_TENSOR_CORES,  # A100's [dle-rnx101]: assumed
+        memory_bandwidth=3350 * GB, memory_capacity=80 * GIB,
+        host_to_device=_PCIE5,
+        # 370 GB/s = 18 NVLinks x the 20.6 GB/s NCCL plans per H100 link [nccl-src]
+        device_to_device=Link(370 * GB, 2 * US, "measured: ring, 8 H100 [nccl-212]"),
+        # NVLS's algorithm bandwidth: "~480 GB/s busbw, ~275 algbw" on 8 GPUs [nccl-212]
+        allreduce_bandwidth=275 * GB,
+        node_to_node=Link(50 * GB * 0.96, 5 * US, "[DGX] NDR 400 Gb/s x 0.96, as [nccl-119]"),
+    )  # fmt: skip
     ethernet = "2 nodes of 8 A100 (NVLink inside) over one {} Gb Ethernet port each"
     two_nodes = [  # a100 twice: (name, description, source, network ports per node, a port)
         ("2x8xA100-IB-HDR",
@@ -137,87 +189,7 @@ def _presets() -> list[Hardware]:
     across = [replace(a100, name=name, description=description, source=source, nodes=2,
                       nics_per_node=ports, node_to_node=port)
               for name, description, source, ports, port in two_nodes]  # fmt: skip
-    return [
-        this_machine_default(),
-        _gpu(
-            "T4-PCIe3",
-            "NVIDIA T4s on PCIe 3 without peer to peer, copies through host memory "
-            "(a Colab T4; several as in a 4-GPU cloud VM)",
-            "spec sheet [T4], PCIe [PCIe]",
-            device_name="T4",
-            peak_flops=_tflops(float32=8.1, float16=65),  # [T4]
-            memory_bandwidth=320 * GB,
-            memory_capacity=15 * GIB,  # 16 GB GDDR6, 15,360 MiB usable
-            host_to_device=_PCIE3,
-            # Without peer to peer, NCCL's collectives go through host memory (its SHM
-            # transport), measured [nccl-384]; DataParallel's copies take host_to_device down
-            # and up instead (Hardware.device_link: 6.3 GB/s)
-            device_to_device=Link(
-                3.9 * GB, 10 * US, "measured: NCCL through host memory, PCIe 3 [nccl-384]"
-            ),
-            node_to_node=Link(6.25 * GB * 0.5, 30 * US, "50 Gb/s port x 0.5, as [nccl-398]"),
-            devices_per_node=4,
-            nics_per_node=1,
-            peer_to_peer=False,
-        ),
-        _gpu(
-            "4xA100-PCIe4",
-            "4 A100 80 GB PCIe on PCIe 4 without NVLink bridges, peer to peer through the CPU",
-            "spec sheet [A100], PCIe [PCIe], NCCL on PCIe [nccl-1639]",
-            device_name="A100 PCIe",
-            peak_flops=_A100_PEAKS,  # [A100]: the PCIe card has the same peaks
-            tensor_core_efficiency=_A100_TENSOR_CORES,
-            memory_bandwidth=1935 * GB,
-            memory_capacity=80 * GIB,
-            host_to_device=_PCIE4,
-            # [nccl-1639] measured 35 GB/s on 4 GPUs of PCIe 5; for PCIe 4, half: assumed
-            device_to_device=Link(17.5 * GB, 5 * US, "35 GB/s on PCIe 5 [nccl-1639] / 2, assumed"),
-            node_to_node=Link(12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as [nccl-398]"),
-            devices_per_node=4,
-            nics_per_node=1,
-        ),
-        _gpu(
-            "8xV100-NVLink",
-            "one DGX-1 node: 8 V100 SXM2 32 GB on NVLink 2 (hybrid cube mesh)",
-            "spec sheet [V100], network [ddp-bench]",
-            device_name="V100",
-            peak_flops=_tflops(float32=15.7, float16=125),  # [V100]
-            matmul_efficiency=0.94,  # [dle-rnx101]: ResNeXt-101 on one V100, FP32
-            tensor_core_efficiency={"float16": 0.69},  # [dle-rnx101], AMP
-            memory_bandwidth=900 * GB,
-            memory_capacity=32 * GIB,
-            host_to_device=_PCIE3,
-            # [nccl-149]: an NVLink "line rate of 25GB/s ... ~20GB/s effective" (0.8), and
-            # NCCL plans 20 GB/s per V100 link itself [nccl-src]; no DGX-1 all-reduce
-            # measurement found, so 150 GB/s x 0.8 stays an assumption
-            device_to_device=Link(
-                150 * GB * 0.8, 2 * US, "[V100] 150 GB/s x 0.8 [nccl-149], assumed"
-            ),
-            node_to_node=Link(12.5 * GB * 0.9, 5 * US, "[ddp-bench] EDR 100 Gb/s x 0.9, assumed"),
-            devices_per_node=8,
-            nics_per_node=4,
-        ),
-        a100,
-        _gpu(
-            "8xH100-SXM-NVLink",
-            "one DGX/HGX H100 node: 8 H100 SXM5 80 GB on NVLink 4 through NVSwitch",
-            "spec sheet [H100], nccl-tests bus bandwidth [nccl-212]",
-            device_name="H100",
-            peak_flops=_tflops(float32=67, tfloat32=494.7, bfloat16=989.5, float16=989.5),
-            tensor_core_efficiency=_A100_TENSOR_CORES,  # A100's [dle-rnx101]: assumed
-            memory_bandwidth=3350 * GB,
-            memory_capacity=80 * GIB,
-            host_to_device=_PCIE5,
-            # 370 GB/s = 18 NVLinks x the 20.6 GB/s NCCL plans per H100 link [nccl-src]
-            device_to_device=Link(370 * GB, 2 * US, "measured: ring, 8 H100 [nccl-212]"),
-            # NVLS's algorithm bandwidth: "~480 GB/s busbw, ~275 algbw" on 8 GPUs [nccl-212]
-            allreduce_bandwidth=275 * GB,
-            node_to_node=Link(50 * GB * 0.96, 5 * US, "[DGX] NDR 400 Gb/s x 0.96, as [nccl-119]"),
-            devices_per_node=8,
-            nics_per_node=8,
-        ),
-        *across,
-    ]
+    return [this_machine_default(), t4, a100_pcie, v100, a100, h100, *across]
 
 
 def this_machine_default() -> Hardware:
@@ -233,26 +205,16 @@ def this_machine_default() -> Hardware:
         source="calibrate() on a 2-core AVX-512 Xeon VM with torch 2.13, rounded",
         peak_flops={"float32": 60e9},
         matmul_efficiency=1.0,  # calibrated: the peak is the FLOP/s measured
-        memory_bandwidth=8 * GB,
-        memory_efficiency=1.0,
+        memory_bandwidth=8 * GB, memory_efficiency=1.0,
         memory_capacity=16 * GIB,  # host memory, which the lanes share
         compute_units=1.8,
-        host_to_device=memory,
-        device_to_device=memory,
-        node_to_node=memory,
+        host_to_device=memory, device_to_device=memory, node_to_node=memory,
         devices_per_node=64,  # lanes are virtual: any number share one machine
-        nodes=1,
-        nics_per_node=1,
-        peer_to_peer=True,
-        virtual_lanes=True,
-        op_overhead=6 * US,
-        backward_op_overhead=4 * US,
-        gil_handoff=4 * US,
-        thread_start=120 * US,
-        module_overhead=8 * US,
-        copy_overhead=6 * US,
+        nodes=1, nics_per_node=1, peer_to_peer=True, virtual_lanes=True,
+        op_overhead=6 * US, backward_op_overhead=4 * US, gil_handoff=4 * US,
+        thread_start=120 * US, module_overhead=8 * US, copy_overhead=6 * US,
         step_overhead=1100 * US,
-    )
+    )  # fmt: skip
 
 
 def presets() -> dict[str, Hardware]:
