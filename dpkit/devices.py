@@ -46,13 +46,17 @@ DEVICE_LABELS = {
 
 
 def __getattr__(name: str) -> Any:
-    """PREDICTED, RANK and KIND_LABELS, trace labels that moved to :mod:`dpkit.tracing`, stay
-    importable from here for code that has not moved with them (imported late: the tracing
-    package imports this module)."""
+    """Names that moved out stay importable from here for code that has not moved with them:
+    trace labels to :mod:`dpkit.tracing`, ``stream_of`` to :mod:`dpkit.lanes` (imported late:
+    both import this module)."""
     if name in ("PREDICTED", "RANK", "KIND_LABELS"):
         from dpkit import tracing
 
         return getattr(tracing, name)
+    if name == "stream_of":
+        from dpkit import lanes
+
+        return lanes.stream_of
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -421,57 +425,6 @@ def _names_checked_lanes(spec: Any) -> bool:
         return torch.device(spec) == CHECKED_LANE_MEMORY
     except RuntimeError:
         return False  # as_device says what is wrong with it
-
-
-# --------------------------------------------------------------------------------------
-# Streams: each GPU lane runs on its own CUDA stream; a real device on its current stream.
-
-_lane_streams: dict[torch.device, list[Any]] = {}  # the lanes' streams, by GPU, by lane index
-_lane_streams_lock = threading.Lock()
-
-
-def _lane_priority(module: Any) -> int:
-    """The priority the lanes' streams take: torch's highest (its range's second number, -3
-    where the GPU allows it), whose pool the code around dpkit rarely draws from."""
-    priority_range = getattr(module.Stream, "priority_range", None)
-    return priority_range()[1] if priority_range is not None else -1
-
-
-def _new_lane_streams(module: Any, gpu: torch.device) -> list[Any]:
-    """One stream per possible lane of ``gpu``, all taken in one go from torch's pool of 32 of
-    the highest priority, not the default one: the pool hands its streams out round-robin, so
-    streams of the default priority taken after the lanes' (``torch.cuda.Stream()``, a
-    library's side stream) would be the lanes' own, and their work would wait for a lane's
-    instead of overlapping it. Taken one at a time, with other code taking some in between,
-    they could also come back to a lane that already has one."""
-    priority = _lane_priority(module)
-    for _ in range(3):
-        streams = [module.Stream(gpu, priority=priority) for _ in range(MAX_GPU_LANES)]
-        if len({stream.stream_id for stream in streams}) == MAX_GPU_LANES:
-            return streams
-    raise RuntimeError(
-        f"could not get {MAX_GPU_LANES} distinct CUDA streams of priority {priority} on {gpu} "
-        "from torch's pool (another thread takes streams at the same time); create dpkit's "
-        "lanes first"
-    )
-
-
-def stream_of(device: Device) -> Any | None:
-    """The stream work for ``device`` runs on (None on CPU): a GPU lane's own stream (the
-    same one for the whole process), or a real device's current stream in this thread."""
-    if device.device_type == "cpu":
-        return None
-    module = torch.get_device_module(device.device_type)
-    if device.kind == REAL:
-        return module.current_stream(device.torch_device)
-    streams = _lane_streams.get(device.torch_device)
-    if streams is None:
-        with _lane_streams_lock:
-            streams = _lane_streams.get(device.torch_device)
-            if streams is None:
-                streams = _new_lane_streams(module, device.torch_device)
-                _lane_streams[device.torch_device] = streams
-    return streams[device.index]
 
 
 # The lane the current worker thread runs on, for code that wants to know (dpkit.current_device).

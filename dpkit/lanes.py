@@ -1,5 +1,6 @@
 """What a lane adds to a replica's run in :func:`dpkit.parallel_apply`: its stream, what it
-reads, and the tag on what it makes.
+reads, and the tag on what it makes. Each GPU lane's own CUDA stream comes from here too
+(:func:`stream_of`).
 
 torch runs each replica on its device's current stream and knows no lanes. A virtual lane
 is a tag on a tensor and, on a GPU, a CUDA stream of its own, so ``parallel_apply`` calls
@@ -18,6 +19,7 @@ to GPU lanes, or takes from them, recorded on the stream that reads them
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from dpkit.context import in_backward
-from dpkit.devices import _LANE_ATTRIBUTE, Device, place, stream_of
+from dpkit.devices import _LANE_ATTRIBUTE, MAX_GPU_LANES, REAL, Device, place
 from dpkit.nested import module_tensors, tensors_in
 
 
@@ -109,6 +111,57 @@ def lanes_done(streams: Sequence[Any], caller_stream: Any, results: dict[int, An
     for stream in streams:
         caller_stream.wait_stream(stream)
     record_use(tensors_in(list(results.values())), caller_stream)
+
+
+# --------------------------------------------------------------------------------------
+# Streams: each GPU lane runs on its own CUDA stream; a real device on its current stream.
+
+_lane_streams: dict[torch.device, list[Any]] = {}  # the lanes' streams, by GPU, by lane index
+_lane_streams_lock = threading.Lock()
+
+
+def _lane_priority(module: Any) -> int:
+    """The priority the lanes' streams take: torch's highest (its range's second number, -3
+    where the GPU allows it), whose pool the code around dpkit rarely draws from."""
+    priority_range = getattr(module.Stream, "priority_range", None)
+    return priority_range()[1] if priority_range is not None else -1
+
+
+def _new_lane_streams(module: Any, gpu: torch.device) -> list[Any]:
+    """One stream per possible lane of ``gpu``, all taken in one go from torch's pool of 32 of
+    the highest priority, not the default one: the pool hands its streams out round-robin, so
+    streams of the default priority taken after the lanes' (``torch.cuda.Stream()``, a
+    library's side stream) would be the lanes' own, and their work would wait for a lane's
+    instead of overlapping it. Taken one at a time, with other code taking some in between,
+    they could also come back to a lane that already has one."""
+    priority = _lane_priority(module)
+    for _ in range(3):
+        streams = [module.Stream(gpu, priority=priority) for _ in range(MAX_GPU_LANES)]
+        if len({stream.stream_id for stream in streams}) == MAX_GPU_LANES:
+            return streams
+    raise RuntimeError(
+        f"could not get {MAX_GPU_LANES} distinct CUDA streams of priority {priority} on {gpu} "
+        "from torch's pool (another thread takes streams at the same time); create dpkit's "
+        "lanes first"
+    )
+
+
+def stream_of(device: Device) -> Any | None:
+    """The stream work for ``device`` runs on (None on CPU): a GPU lane's own stream (the
+    same one for the whole process), or a real device's current stream in this thread."""
+    if device.device_type == "cpu":
+        return None
+    module = torch.get_device_module(device.device_type)
+    if device.kind == REAL:
+        return module.current_stream(device.torch_device)
+    streams = _lane_streams.get(device.torch_device)
+    if streams is None:
+        with _lane_streams_lock:
+            streams = _lane_streams.get(device.torch_device)
+            if streams is None:
+                streams = _new_lane_streams(module, device.torch_device)
+                _lane_streams[device.torch_device] = streams
+    return streams[device.index]
 
 
 # --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from lanes import recorded_transfers
 
 import dpkit
 from dpkit import Device
+from dpkit import lanes as lanes_module
 
 
 def _has_accelerator() -> bool:
@@ -201,7 +202,7 @@ def test_the_lanes_of_one_gpu_get_distinct_streams_taken_in_one_go():
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
     for _ in range(7):  # other code took some streams before dpkit's first lane
         pool.Stream(torch.device("cuda", 0), priority=-3)
-    streams = devices_module._new_lane_streams(pool, torch.device("cuda", 0))
+    streams = lanes_module._new_lane_streams(pool, torch.device("cuda", 0))
     assert len({s.stream_id for s in streams}) == devices_module.MAX_GPU_LANES
 
 
@@ -210,7 +211,7 @@ def test_streams_made_after_the_lanes_are_not_a_lanes_own():
     lane's stream: its work would wait for that lane's instead of overlapping it."""
     devices_module = sys.modules["dpkit.devices"]
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
-    lanes = {s.stream_id for s in devices_module._new_lane_streams(pool, torch.device("cuda", 0))}
+    lanes = {s.stream_id for s in lanes_module._new_lane_streams(pool, torch.device("cuda", 0))}
     later = [pool.Stream(torch.device("cuda", 0)).stream_id for _ in range(40)]
     assert lanes.isdisjoint(later)
 
@@ -219,7 +220,7 @@ def test_lane_streams_that_would_repeat_are_refused_with_a_clear_error():
     devices_module = sys.modules["dpkit.devices"]
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES, others_take_every=3)
     with pytest.raises(RuntimeError, match="distinct CUDA streams"):
-        devices_module._new_lane_streams(pool, torch.device("cuda", 0))
+        lanes_module._new_lane_streams(pool, torch.device("cuda", 0))
 
 
 def test_more_device_ids_than_a_gpu_has_lane_streams_is_a_clear_error():

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import dpkit
+from dpkit import lanes as lanes_module
 from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
 
 # The module, which dpkit.devices (the function) hides.
@@ -74,7 +75,7 @@ def machine(monkeypatch):
             return module
 
         monkeypatch.setattr(torch, "get_device_module", get_device_module)
-        monkeypatch.setattr(dev, "_lane_streams", {})
+        monkeypatch.setattr(lanes_module, "_lane_streams", {})
         return module
 
     return make
@@ -352,22 +353,22 @@ def test_device_names(machine):
 def test_a_real_device_runs_on_its_current_stream(machine):
     machine("cuda", 2)
     gpu = dpkit.devices(2)[1]
-    assert dev.stream_of(gpu) == ("current", torch.device("cuda", 1))
-    assert dev.stream_of(dpkit.virtual_devices(2, on="cpu")[1]) is None
-    assert dev.stream_of(HOST_DEVICE) is None
+    assert lanes_module.stream_of(gpu) == ("current", torch.device("cuda", 1))
+    assert lanes_module.stream_of(dpkit.virtual_devices(2, on="cpu")[1]) is None
+    assert lanes_module.stream_of(HOST_DEVICE) is None
 
 
 def test_each_gpu_lane_keeps_one_stream_of_its_gpu_for_the_whole_process(machine):
     module = machine("cuda", 2)
     lanes = dpkit.virtual_devices(3)
-    first = [dev.stream_of(lane) for lane in lanes]
+    first = [lanes_module.stream_of(lane) for lane in lanes]
     assert len({id(s) for s in first}) == 3
     assert {s.device for s in first} == {torch.device("cuda", 0)}
-    assert [dev.stream_of(lane) for lane in lanes] == first  # the same ones, not new
+    assert [lanes_module.stream_of(lane) for lane in lanes] == first  # the same ones, not new
     taken = module.taken
     assert taken == dev.MAX_GPU_LANES  # taken once, in one go
     other_gpu = dpkit.virtual_devices(2, on="cuda:1")
-    assert dev.stream_of(other_gpu[0]).device == torch.device("cuda", 1)
+    assert lanes_module.stream_of(other_gpu[0]).device == torch.device("cuda", 1)
     assert module.taken == 2 * dev.MAX_GPU_LANES
 
 
@@ -377,7 +378,7 @@ def test_a_stream_pool_that_keeps_repeating_is_refused(machine):
         RuntimeError,
         match=r"another thread takes streams at the same time\); create dpkit's lanes first$",
     ):
-        dev.stream_of(dpkit.virtual_devices(2)[1])
+        lanes_module.stream_of(dpkit.virtual_devices(2)[1])
 
 
 def test_two_threads_asking_first_get_the_same_lane_stream(machine):
@@ -399,12 +400,12 @@ def test_two_threads_asking_first_get_the_same_lane_stream(machine):
     got = {}
 
     def first():
-        got["first"] = dev.stream_of(lane)
+        got["first"] = lanes_module.stream_of(lane)
 
     def second():
         inside.wait(5)
         second_started.set()
-        got["second"] = dev.stream_of(lane)
+        got["second"] = lanes_module.stream_of(lane)
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for thread in threads:

@@ -1010,20 +1010,20 @@ def test_each_gpu_lane_has_a_stream_of_its_own_for_good_and_a_real_device_the_ca
 ):
     fake = _FakeCudaModule(pool_size=64)
     monkeypatch.setattr(torch, "get_device_module", lambda kind: fake)
-    monkeypatch.setattr(devices_module, "_lane_streams", {})
-    assert devices_module.stream_of(lanes(1)[0]) is None  # CPU lanes have none
-    first = [devices_module.stream_of(gpu_lane(i)) for i in range(3)]
+    monkeypatch.setattr(lanes_module, "_lane_streams", {})
+    assert lanes_module.stream_of(lanes(1)[0]) is None  # CPU lanes have none
+    first = [lanes_module.stream_of(gpu_lane(i)) for i in range(3)]
     assert len({s.stream_id for s in first}) == 3
     assert all(s.gpu == torch.device("cuda", 0) for s in first)
-    assert [devices_module.stream_of(gpu_lane(i)) for i in range(3)] == first  # the same ones again
+    assert [lanes_module.stream_of(gpu_lane(i)) for i in range(3)] == first  # the same ones again
     assert len(fake.made) == devices_module.MAX_GPU_LANES  # taken once, all at a time
-    assert devices_module.stream_of(real(1)) == ("current", torch.device("cuda", 1))
+    assert lanes_module.stream_of(real(1)) == ("current", torch.device("cuda", 1))
 
 
 def test_lane_streams_that_the_pool_cannot_keep_apart_are_refused_after_three_tries():
     fake = _FakeCudaModule(pool_size=devices_module.MAX_GPU_LANES - 1)  # one stream short
     with pytest.raises(RuntimeError) as error:
-        devices_module._new_lane_streams(fake, torch.device("cuda", 0))
+        lanes_module._new_lane_streams(fake, torch.device("cuda", 0))
     assert len(fake.made) == 3 * devices_module.MAX_GPU_LANES
     assert all(s.gpu == torch.device("cuda", 0) for s in fake.made)
     assert str(error.value) == (

@@ -25,7 +25,8 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit.context import Scope, current_scope, current_step
-from dpkit.devices import Device, stream_of
+from dpkit.devices import Device
+from dpkit.lanes import stream_of
 from dpkit.nested import module_tensors, tensor_nbytes, tensors_in
 from dpkit.tracing import clock, recorder, replica_graph
 from dpkit.tracing.events import Event, Phase
