@@ -71,9 +71,8 @@ def ring_bytes_sent(nbytes: float, n: int) -> int:
 
 def allreduce_link(hardware: Hardware, n: int) -> Link:
     """The link a ring all-reduce over ``n`` devices runs at: inside a node NCCL's
-    (:meth:`~dpkit.cost.Hardware.collective_link`: peer to peer, or its own path through host
-    memory); across nodes the slower of it and the node's ports together (a ring per port),
-    at the network's latency."""
+    (:meth:`~dpkit.cost.Hardware.collective_link`); across nodes the slower of it and the
+    node's ports together (a ring per port), at the network's latency."""
     inside = hardware.collective_link()
     if n <= hardware.devices_per_node:
         return inside

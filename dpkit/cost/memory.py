@@ -6,11 +6,6 @@ the module's ``.grad`` *and* its replica's gradients until the reduce, the reduc
 buffers and the optimizer's state. DDP's ranks are even, but each holds its gradients twice
 (``.grad`` and the buckets) unless ``gradient_as_bucket_view=True``: about three times the
 parameters' bytes with plain SGD, five with Adam.
-
-Categories, per device: ``parameters`` (and buffers), ``gradients``, ``optimizer``,
-``input``, ``activations`` (what autograd saves), ``outputs``, ``gathered`` and ``output
-gradient`` (DataParallel's device 0), ``buckets`` (DDP), ``reduce buffers`` (GPUs) and
-``cuBLAS workspaces`` (GPUs, :func:`blas_workspaces`).
 """
 
 from __future__ import annotations
@@ -94,10 +89,7 @@ def dp_memory(
 
 
 def _with_workspace(held: list[Held], workspace: int) -> list[Held]:
-    if workspace:
-        for device in held:
-            device["cuBLAS workspaces"] = workspace
-    return held
+    return [{**device, "cuBLAS workspaces": workspace} for device in held] if workspace else held
 
 
 def ddp_memory(model: Profile, sizes: Sequence[int], optimizer: str,

@@ -12,12 +12,10 @@ compute-heavy op without a count makes :func:`profile` warn, naming the op and i
 the pass's bytes. numpy inside a custom autograd Function runs no aten op: no dispatch mode
 sees it, and its work is missing without a warning.
 
-The module runs on 2, 3, 4 and 5 rows. Each count is fitted as ``a + b * rows + c * rows**2``
-through 2, 3 and 4 rows (exact for layers, whose work grows with rows, and for work growing
-with the batch squared, such as ``x @ x.T``); 5 rows checks the curve, and a count that is no
-quadratic is the line through 2 and 5 rows. If the runs ran different ops, every count is
-the largest run's scaled by rows. Profiles are cached per module, input shapes, train/eval
-mode and trainable parameters: a widget sweeping batch sizes profiles once.
+The module runs on 2 to 5 rows, and each count is fitted as ``a + b * rows + c * rows**2``
+(:func:`fit_rows`: exact for layers, and for work growing with the batch squared such as
+``x @ x.T``). Profiles are cached per module, input shapes, train/eval mode and trainable
+parameters: a widget sweeping batch sizes profiles once.
 """
 
 from __future__ import annotations
@@ -187,13 +185,6 @@ def op_kind(name: str) -> str:
     if _CONV.search(name):
         return "conv"
     return "memory"
-
-
-def _compute_heavy(name: str, kind: str) -> bool:
-    """Whether 0 FLOPs is a missing count: a matmul or convolution, a known heavy kernel,
-    or an op outside aten whose work dpkit cannot know (a custom op)."""
-    custom = name.split(".", 1)[0] not in ("aten", "prims", "prim")
-    return kind != "memory" or bool(_HEAVY_UNCOUNTED.search(name)) or custom
 
 
 def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
@@ -388,12 +379,11 @@ def batch_like(inputs: Any, rows: int) -> Any:
 def output_tensors(output: Any) -> list[torch.Tensor]:
     """Every tensor in ``output``: in tuples, lists, dicts and dataclasses, nested."""
     if dataclasses.is_dataclass(output) and not isinstance(output, type):
-        fields = [getattr(output, field.name) for field in dataclasses.fields(output)]
-        return [t for item in fields for t in output_tensors(item)]
+        output = [getattr(output, field.name) for field in dataclasses.fields(output)]
+    if isinstance(output, dict):
+        output = list(output.values())
     if isinstance(output, (list, tuple)):
         return [t for item in output for t in output_tensors(item)]
-    if isinstance(output, dict):
-        return [t for item in output.values() for t in output_tensors(item)]
     return [output] if isinstance(output, torch.Tensor) else []
 
 
@@ -418,13 +408,11 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
                ) -> tuple[list[tuple], list[tuple], Any, int]:  # fmt: skip
     """A forward (under autocast to ``amp``, if given) and a backward of ``module`` on
     ``inputs`` (a tensor, or positional inputs) and ``kwargs``, recorded op by op: the
-    forward's ops, the backward's, the output and the activations' bytes.
-
-    The backward is what a replica's runs: from every floating output that requires grad,
-    seeded with ones, to the trainable parameters (``torch.autograd.grad``, outside
-    autocast, as torch recommends). ``ready`` gets, per trainable parameter, how many
-    backward ops had run when its gradient was ready; ``calls`` the forward's
-    :func:`python_calls`."""
+    forward's ops, the backward's, the output and the activations' bytes. The backward is
+    a replica's: from the :func:`gradient_roots`, seeded with ones, to the trainable
+    parameters, outside autocast as torch recommends. ``ready`` gets, per trainable
+    parameter, how many backward ops had run when its gradient was ready; ``calls`` the
+    forward's :func:`python_calls`."""
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     kwargs = kwargs or {}
     given_inputs = tensors_in([args, kwargs])
@@ -524,12 +512,15 @@ def _fit(runs: Sequence[list[tuple]]) -> PassCost:
 
 
 def _warn_uncounted(cost: PassCost, which: str) -> None:
-    """Warns once per compute-heavy op with no FLOP count and no estimate."""
+    """Warns once per compute-heavy op with no FLOP count and no estimate: a matmul or
+    convolution, a known heavy kernel, or an op outside aten whose work dpkit cannot know."""
     rows = CHECK_ROWS
     total = cost.nbytes(rows) or 1.0
     shares: dict[str, float] = {}
     for op in cost.ops:
-        if op.flops_at(rows) == 0 and op.bytes_at(rows) > 0 and _compute_heavy(op.name, op.kind):
+        custom = op.name.split(".", 1)[0] not in ("aten", "prims", "prim")
+        heavy = op.kind != "memory" or bool(_HEAVY_UNCOUNTED.search(op.name)) or custom
+        if op.flops_at(rows) == 0 and op.bytes_at(rows) > 0 and heavy:
             shares[op.name] = shares.get(op.name, 0.0) + op.bytes_at(rows) / total
     for name, share in shares.items():
         warnings.warn(
