@@ -216,14 +216,23 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
     with the same two NVLinks, reached 21.4 GB/s of all-reduce bus bandwidth over a bridge at
     64 MiB (nccl-tests#44), where the spec's 2 x 25 GB/s x the V100 preset's 0.8 would say 40.
 
-    ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL's SHM transport through host memory,
-    measured at 3.9 GB/s all-reduce bus bandwidth on PCIe 3 (nccl#384, the T4-PCIe3 preset's
-    ``device_to_device``), which ``Hardware.collective_link()`` gives NCCL's collectives there;
-    a copy between the two (DataParallel's) goes down to the host and up
-    (``Hardware.device_link()``: ``host_to_device`` / 2, 6.3 GB/s)."""
+    ``peer_to_peer=False`` is NCCL_P2P_DISABLE=1: NCCL's SHM transport through host memory
+    (its kernels write to and read from pinned host memory, NCCL 2.7's src/transport/shm.cc),
+    measured on TU102 too: two RTX 2080 Ti without peer to peer on PCIe 3 x16 reached 4.00
+    GB/s of all-reduce bus bandwidth at 1 GiB with NCCL's defaults (row
+    tu102_2gpu_shm_allreduce; nccl#384's pair, GPU not stated, one channel: 3.9). ``Hardware.
+    collective_link()`` gives NCCL's collectives that link; a copy between the two
+    (DataParallel's) goes down to the host and up (``Hardware.device_link()``:
+    ``host_to_device`` / 2, 6.3 GB/s; the same 2080 Ti pair's copy read 5.71)."""
     v100 = cost.preset("8xV100-NVLink")
     t4 = cost.preset("T4-PCIe3")
     nvlink = Link(21.4 * GB, 2 * US, "measured: 2 RTX 2080 Ti (TU102) on a bridge, nccl-tests#44")
+    shm = Link(
+        4.00 * GB,
+        t4.device_to_device.latency,
+        "measured: NCCL through host memory, 2 RTX 2080 Ti (TU102) on PCIe 3 x16, "
+        "tu102_2gpu_shm_allreduce",
+    )
     return replace(
         v100,
         name="2xTITAN-RTX-NVLink" if peer_to_peer else "2xTITAN-RTX-no-P2P",
@@ -231,7 +240,8 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
         if peer_to_peer
         else "two TITAN RTX 24 GB, NCCL_P2P_DISABLE=1: NCCL through host memory (SHM)",
         device_name="TITAN RTX",
-        source=f"{TITAN_SPEC_URL}; {TITAN_NVLINK_URL}; {TURING_NVLINK_URL}; {TU102_NVLINK_URL}",
+        source=f"{TITAN_SPEC_URL}; {TITAN_NVLINK_URL}; {TURING_NVLINK_URL}; {TU102_NVLINK_URL}; "
+        f"{BY_KEY['tu102_2gpu_shm_allreduce'].url}",
         peak_flops={"float32": 16.3 * TFLOPS, "float16": 130 * TFLOPS},
         # No published TITAN RTX step to read its units' fractions from: the presets'
         # assumed 0.7, not V100's fractions (read from another GPU's convolutions)
@@ -240,7 +250,7 @@ def titan_rtx_pair(peer_to_peer: bool = True) -> Hardware:
         memory_bandwidth=672 * GB,
         memory_capacity=24 * GIB,
         host_to_device=t4.host_to_device,
-        device_to_device=nvlink if peer_to_peer else t4.device_to_device,
+        device_to_device=nvlink if peer_to_peer else shm,
         devices_per_node=2,
         nodes=1,
         nics_per_node=1,
@@ -697,15 +707,26 @@ def communication_rows() -> list[Row]:
         "agrees by construction; the spec's 2 x 25 GB/s x 0.8 (40 GB/s), used before, is "
         "1.9x this measurement",
     ))  # fmt: skip
-    m = BY_KEY["pcie3_2gpu_shm_allreduce"]
-    t4 = cost.preset("T4-PCIe3")
+    m = BY_KEY["tu102_2gpu_shm_allreduce"]
+    off = titan_rtx_pair(False)
     rows.append(comm_row(
-        m, "all-reduce, one node", 1 * GIB, 2, titan_rtx_pair(False),
-        "T4-PCIe3's NCCL-through-host link, 3.9 GB/s, set from this run (nccl#384), what "
-        "Hardware.collective_link() gives NCCL without peer to peer; a copy there reads "
-        f"{t4.device_link().bandwidth / GB:.1f} GB/s (host_to_device / 2)",
-        "agrees by construction (size not stated: 1 GiB assumed); one channel "
-        "(NCCL_MAX_NCHANNELS=1), so NCCL's default may do better on some hosts",
+        m, "all-reduce, one node", 1 * GIB, 2, off,
+        "the TITAN RTX pair without peer to peer: NCCL through host memory at 4.00 GB/s, "
+        "set from this run (TU102, the same die; what Hardware.collective_link() gives "
+        "NCCL there); a copy between the two reads "
+        f"{off.device_link().bandwidth / GB:.1f} GB/s (host_to_device / 2)",
+        "agrees by construction; flat from 16 MiB to 1 GiB, so DDP's 25 MB buckets get the "
+        "same rate",
+        flagged=True,
+    ))  # fmt: skip
+    m = BY_KEY["pcie3_2gpu_shm_allreduce"]
+    rows.append(comm_row(
+        m, "all-reduce, one node", 1 * GIB, 2, off,
+        "the TITAN RTX pair's NCCL link without peer to peer, 4.00 GB/s from two RTX 2080 "
+        "Ti (tu102_2gpu_shm_allreduce), not this run; T4-PCIe3 holds this run's 3.9",
+        "agrees within 3 %: two PCIe 3 x16 pairs, one channel with NCCL 2.4.8 (GPU not "
+        "stated) and TU102 with NCCL's defaults, get the same all-reduce through host "
+        "memory (size not stated here: 1 GiB assumed)",
     ))  # fmt: skip
     m = BY_KEY["a100_3x8_ib_hdr_allreduce_127mib"]
     three = replace(cost.preset("2x8xA100-IB-HDR"), nodes=3, nics_per_node=4)
@@ -779,6 +800,17 @@ def copy_rows() -> list[Row]:
         "down and up at once, and gets 37 of PCIe 5's 63 GB/s (0.59): neither the halving "
         "(25 GB/s) nor one PCIe hop (50) is right",
     ))  # fmt: skip
+    m = BY_KEY["tu102_no_p2p_copy"]
+    rows.append(row_from(
+        m, group, copy_rate(titan_rtx_pair(False).device_link()),
+        "the TITAN RTX pair without peer to peer (TU102, as this pair): host_to_device "
+        "(PCIe 3 x16, 15.75 GB/s x 0.8, assumed; this machine's bandwidthTest read 12.2) / "
+        "2, down and up",
+        "the halving is 10 % fast on PCIe 3 (6.3 against 5.71, half of the measured 12.2 "
+        "is 6.1) and 32 % slow on PCIe 5 (h100_no_p2p_copy): how much CUDA's staged copy "
+        "overlaps its two hops differs between machines, and one number per machine "
+        "(host_to_device) cannot say which",
+    ))  # fmt: skip
     m = BY_KEY["h100_4gpu_nv6_p2p_bidirectional"]
     rows.append(row_from(
         m, group, 2 * copy_rate(Link(6 * per_link, h100.device_to_device.latency, "")),
@@ -798,17 +830,19 @@ def copy_rows() -> list[Row]:
 
 
 def copy_groups(rows: list[Row]) -> list[dict[str, Any]]:
-    """One way, fastest first: NVSwitch, H800's 8 links, 6 direct links, through host."""
+    """One way, fastest first: NVSwitch, H800's 8 links, 6 direct links, through host on
+    PCIe 5 (H100), through host on PCIe 3 (RTX 2080 Ti)."""
     by = {row.key: row for row in rows}
     keys = {"H100 NVSwitch": ("h100_nvswitch_p2p_copy", 1),
             "H800, 8 links": ("h800_nvlink_copy_deepseek", 1),
             "H100, 6 direct links (half of both ways)": ("h100_4gpu_nv6_p2p_bidirectional", 2),
-            "H100 through host memory": ("h100_no_p2p_copy", 1)}  # fmt: skip
+            "H100 through host memory": ("h100_no_p2p_copy", 1),
+            "RTX 2080 Ti through host memory (PCIe 3)": ("tu102_no_p2p_copy", 1)}  # fmt: skip
     return [
         ranking({label: by[k].published / d for label, (k, d) in keys.items()},
                 {label: by[k].predicted / d for label, (k, d) in keys.items()})
         | {"group": "one-way copy bandwidth between two GPUs (held out): NVSwitch > H800 > "
-                    "6 direct links > through host"},
+                    "6 direct links > through host (PCIe 5) > through host (PCIe 3)"},
     ]  # fmt: skip
 
 
@@ -1019,6 +1053,25 @@ def ddp_bench_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     return rows, groups
 
 
+def link_for_ratio(ratio_at: Any, hardware: Hardware, target: float) -> float:
+    """The bandwidth (B/s) of ``hardware``'s NCCL link at which ``ratio_at(hardware with that
+    link)`` equals ``target``, by bisection between 1 % and 100 % of the link it has (the
+    ratio falls as the link gets faster). A diagnostic of what the model would need, printed
+    beside a row, never a number the model uses."""
+    link = hardware.collective_link()
+
+    def at(bandwidth: float) -> float:
+        return ratio_at(replace(hardware, device_to_device=replace(link, bandwidth=bandwidth)))
+
+    low, high = 0.01 * link.bandwidth, link.bandwidth
+    if at(high) >= target:
+        return high
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if at(middle) > target else (low, middle)
+    return (low + high) / 2
+
+
 def gpt2_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
     nvlink, no_p2p = titan_rtx_pair(True), titan_rtx_pair(False)
     extra = optimizer_seconds(nvlink, models.profile(models.gpt2), "hf_adamw")
@@ -1029,17 +1082,27 @@ def gpt2_rows(models: Models) -> tuple[list[Row], list[dict[str, Any]]]:
 
     ddp, dp, ddp_off = seconds(nvlink, "ddp"), seconds(nvlink, "dp"), seconds(no_p2p, "ddp")
     single = cost.predict(models.gpt2, models.tokens, 4, 1, nvlink, "ddp").step_time + extra
+    m = BY_KEY["hf_gpt2_2gpu_ddp_pcie_over_nvlink"]
+    gradients = models.profile(models.gpt2).gradient_bytes
+    link = no_p2p.collective_link()
     numbers = (
         "two TITAN RTX built from 8xV100-NVLink (titan_rtx_pair): FP32 16.3 TFLOP/s, 672 "
         "GB/s (spec sheet) x assumed 0.7/0.8; NVLink 21.4 GB/s measured on TU102's bridge "
-        "(nccl-tests#44); no P2P: NCCL through host memory at 3.9 GB/s measured on PCIe 3 "
-        "(nccl#384, the T4-PCIe3 preset's link); GPT-2 profiled at 32/64/128 tokens, "
-        "stretched to 1024; + AdamW, clipping and zero_grad estimated"
+        f"(nccl-tests#44); no P2P: NCCL through host memory at {link.bandwidth / GB:.2f} "
+        "GB/s measured on two RTX 2080 Ti (TU102), PCIe 3 x16 (tu102_2gpu_shm_allreduce); "
+        "GPT-2 profiled at 32/64/128 tokens, stretched to 1024; + AdamW, clipping and "
+        "zero_grad estimated"
     )
     detail = {"ddp nvlink s/step": ddp, "dp nvlink s/step": dp, "ddp no-p2p s/step": ddp_off,
-              "1 GPU s/step (batch 4)": single, "optimizer s (estimate)": extra}  # fmt: skip
+              "1 GPU s/step (batch 4)": single, "optimizer s (estimate)": extra,
+              "gradient MB": gradients / 1e6, "no-p2p link GB/s": link.bandwidth / GB,
+              "whole all-reduce at that link s": cost.allreduce(gradients, 2, no_p2p)}  # fmt: skip
+    # Diagnostics, not used by any prediction: the ratio if nothing overlapped (one GPU's
+    # step, then the whole all-reduce), and the link the model's overlap would need.
+    detail["ratio without overlap"] = (single + detail["whole all-reduce at that link s"]) / ddp
+    needed = link_for_ratio(lambda hw: seconds(hw, "ddp") / ddp, no_p2p, m.value)
+    detail["link for the measured ratio GB/s"] = needed / GB
     rows = []
-    m = BY_KEY["hf_gpt2_2gpu_ddp_pcie_over_nvlink"]
     rows.append(row_from(m, "communication-bound, 2 GPUs", ratio(ddp_off, ddp), numbers, "",
                          detail=detail))  # fmt: skip
     m = BY_KEY["hf_gpt2_2gpu_dp_over_ddp"]
@@ -1133,14 +1196,22 @@ def explain(rows: list[Row]) -> None:
                 "DDP's bucket bookkeeping beyond the 5 us latency)"
             )
         elif row.key == "hf_gpt2_2gpu_ddp_pcie_over_nvlink":
+            link, whole = d["no-p2p link GB/s"], d["whole all-reduce at that link s"]
+            exposed = d["ddp no-p2p s/step"] - d["ddp nvlink s/step"]
             row.off = (
                 f"predicted {d['ddp nvlink s/step']:.3f} s/step with NVLink (measured 0.509), "
                 f"{d['ddp no-p2p s/step']:.3f} without (measured 0.657): the model hides all "
-                "but the last bucket (176 MB, the tied embedding, ready at the backward's "
-                "end), 45 ms at NCCL's measured 3.9 GB/s through host memory; the measured "
-                "148 ms more is what the whole 498 MB all-reduce takes at 3.9 GB/s (128 ms), "
-                "as if nothing overlapped the backward: no source found says why "
-                "(cost_published_proposal.md, 2)"
+                "but the last bucket (the tied embedding, ready at the backward's end), "
+                f"{exposed * 1e3:.0f} ms more at TU102's measured {link:.2f} GB/s through host "
+                f"memory; the measured 148 ms more is more than the whole "
+                f"{d['gradient MB']:.0f} MB all-reduce takes at that rate "
+                f"({whole * 1e3:.0f} ms). With its overlap the model would need "
+                f"{d['link for the measured ratio GB/s']:.1f} GB/s (a consumer PCIe 4 pair "
+                "measured 1.9, sglang#39605); with none, one GPU's step then the whole "
+                f"all-reduce at {link:.2f} GB/s gives {d['ratio without overlap']:.3f}x. "
+                "Hugging Face's desktop was not measured, and no source says its all-reduce "
+                "stopped overlapping: neither is settled (cost_published_proposal.md, first "
+                "section)"
             )
         elif row.key == "hf_gpt2_2gpu_dp_over_ddp":
             extra = d["dp nvlink s/step"] - d["ddp nvlink s/step"]

@@ -63,6 +63,19 @@ GiB = 1 << 30
 _NCCL_TESTS = "https://github.com/NVIDIA/nccl-tests/issues/"
 _NCCL = "https://github.com/NVIDIA/nccl/issues/"
 _CUDA_SAMPLES = "https://github.com/NVIDIA/cuda-samples/issues/"
+# Two RTX 2080 Ti (TU102) without peer to peer: nccl-tests and CUDA samples' raw output,
+# posted by the user who ran them on a rented server (AutoDL), pinned to the commit read.
+_TU102_NO_P2P = (
+    "https://github.com/Anthony-Hoo/Anthony-Hoo.github.io/blob/"
+    "37e805e8e56f839f6557756d76503d45af6ab47e/posts/AutoDL_Multi-GPU_Interconnection_Test.md"
+)
+_TU102_NO_P2P_MACHINE = (
+    "2 GeForce RTX 2080 Ti 11 GB (TU102, the TITAN RTX's die) on one PCIe Gen3 x16 switch "
+    "('nvidia-smi topo -m': PIX; 'topo -p2p': NS, so NCCL goes through host memory), one "
+    "NUMA node, CUDA 12.4, driver 550.90.07, in a container; NCCL version not printed; "
+    "cuda-samples bandwidthTest on the same machine: pinned host to device 12.2 GB/s, "
+    "device to host 13.2 GB/s"
+)
 _DEEPEP = "https://github.com/deepseek-ai/DeepEP/issues/"
 _DLE_RN50 = (
     "https://github.com/NVIDIA/DeepLearningExamples/blob/"
@@ -472,6 +485,32 @@ MEASUREMENTS: list[Measurement] = [
         "machine as h100_nvswitch_p2p_copy: CUDA stages the copy through host memory.",
     ),
     Measurement(
+        key="tu102_no_p2p_copy",
+        what="RTX 2080 Ti to RTX 2080 Ti without peer to peer (staged through host memory over "
+        "PCIe 3 x16), one way (p2pBandwidthLatencyTest, GPU 0 to GPU 1)",
+        kind="copy_bandwidth",
+        value=5.71,
+        unit="GB/s",
+        conditions=dict(
+            gpu="GeForce RTX 2080 Ti",
+            gpus=2,
+            nodes=1,
+            interconnect="PCIe 3 x16 through host",
+            p2p=False,
+            direction="one way",
+            cuda="12.4",
+            driver="550.90.07",
+            machine=_TU102_NO_P2P_MACHINE,
+        ),
+        source="Anthony-Hoo, 'AutoDL GPU container multi-GPU interconnect test, 2080Ti x2' "
+        "(raw cuda-samples output)",
+        url=_TU102_NO_P2P,
+        quote="Unidirectional P2P=Disabled Bandwidth Matrix (GB/s) [...] 0 541.84   5.71",
+        note="GPU 1 to GPU 0 reads 5.70; both ways at once 6.10-6.12. The same machine's "
+        "pinned host-to-device copy reads 12.2 GB/s, so the staged copy gets 0.47 of one "
+        "PCIe hop here, where the H100 row (h100_no_p2p_copy) gets 0.59 of PCIe 5's 63.",
+    ),
+    Measurement(
         key="h100_4gpu_nv6_p2p_bidirectional",
         what="H100 to H100 over direct NVLinks (a 4-GPU board, no NVSwitch), both ways at "
         "once (p2pBandwidthLatencyTest, GPU 0 and GPU 1)",
@@ -584,7 +623,40 @@ MEASUREMENTS: list[Measurement] = [
         "GPUs, Broadcast and Reduce are unidirectional [...] Some components (in particular "
         "some CPUs) do not handle bidirectional traffic well'. GPU model and sizes not "
         "stated; one channel (NCCL_MAX_NCHANNELS=1). The source of the T4-PCIe3 preset's "
-        "host-memory NCCL link, so its row checks the formula only.",
+        "host-memory NCCL link; the TITAN RTX pair of cost_published.py takes TU102's own "
+        "measurement (tu102_2gpu_shm_allreduce), so this row checks that one against it.",
+    ),
+    Measurement(
+        key="tu102_2gpu_shm_allreduce",
+        what="2 RTX 2080 Ti (TU102) on PCIe 3 x16 without peer to peer (NCCL through host "
+        "memory), NCCL's defaults, all-reduce bus bandwidth at 1 GiB",
+        kind="allreduce_busbw",
+        value=4.00,
+        unit="GB/s",
+        conditions=dict(
+            gpu="GeForce RTX 2080 Ti",
+            gpus=2,
+            nodes=1,
+            interconnect="PCIe Gen3 x16 switch (PIX); GeForce: no PCIe peer to peer",
+            bytes=GiB,
+            algorithm=None,
+            op_mode="out-of-place",
+            nccl=None,
+            command="all_reduce_perf -b 8 -e 1024M -f 2 -g2",
+            machine=_TU102_NO_P2P_MACHINE,
+        ),
+        source="Anthony-Hoo, 'AutoDL GPU container multi-GPU interconnect test, 2080Ti x2' "
+        "(raw nccl-tests output)",
+        url=_TU102_NO_P2P,
+        quote="1073741824     268435456     float     sum      -1   268588    4.00    4.00",
+        note="Flat from 16 MiB (3.99) to 1 GiB (4.00), in place the same. On the same run: "
+        "broadcast 11.09 and reduce 11.14 GB/s one way, all-gather 3.79: the pattern of "
+        "nccl#384's pair (3.9 all-reduce, 10.31 broadcast, one channel, GPU not stated). "
+        "The source of the TITAN RTX pair's NCCL link without peer to peer in "
+        "cost_published.py (TU102, the TITAN RTX's die, through host memory as "
+        "NCCL_P2P_DISABLE=1 forces), so its row checks the formula only. A server, not "
+        "Hugging Face's desktop, whose PCIe lanes and NCCL (2.7.x with torch 1.8) are not "
+        "stated.",
     ),
     # --- all-reduce across nodes -----------------------------------------------------------
     Measurement(

@@ -130,13 +130,29 @@ def test_the_optimizer_estimate_is_the_longer_of_its_bytes_and_its_launches():
 
 def test_the_titan_rtx_pair_s_links_are_the_measured_ones():
     """NVLink: TU102's bridge in nccl-tests#44; without peer to peer, NCCL through host
-    memory as the T4-PCIe3 preset holds it (nccl#384), not PCIe 3 / 2."""
+    memory as two RTX 2080 Ti (TU102) measured it, not PCIe 3 / 2; a copy between the two
+    still goes down to the host and up."""
     nvlink, off = published.titan_rtx_pair(True), published.titan_rtx_pair(False)
+    by_key = {m.key: m for m in published.MEASUREMENTS}
     assert nvlink.collective_link().bandwidth == pytest.approx(21.4e9)
     assert not off.peer_to_peer
-    assert off.collective_link() == cost.preset("T4-PCIe3").device_to_device
-    assert off.collective_link().bandwidth == pytest.approx(3.9e9)
+    measured = by_key["tu102_2gpu_shm_allreduce"]
+    assert off.collective_link().bandwidth == pytest.approx(measured.value * 1e9)
+    assert off.collective_link().bandwidth == pytest.approx(4.00e9)
+    assert off.device_link().bandwidth == pytest.approx(off.host_to_device.bandwidth / 2)
     assert nvlink.peak_flops["float32"] == pytest.approx(16.3e12)
+
+
+def test_the_link_a_ratio_would_need_is_found_where_the_ratio_meets_the_target():
+    """The GPT-2 row's diagnostic: a ratio of 1 + 1 GB/s / link reaches 1.5 at 2 GB/s; one
+    already at the target with the link the machine has keeps that link."""
+    off = published.titan_rtx_pair(False)
+
+    def ratio_at(hardware: cost.Hardware) -> float:
+        return 1 + 1e9 / hardware.collective_link().bandwidth
+
+    assert published.link_for_ratio(ratio_at, off, 1.5) == pytest.approx(2e9, rel=1e-6)
+    assert published.link_for_ratio(ratio_at, off, 1.1) == off.collective_link().bandwidth
 
 
 def _written() -> tuple[dict, str]:
