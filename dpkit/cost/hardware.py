@@ -121,10 +121,7 @@ class Hardware:
     compute_units: float = _about("count", "devices of a node that compute at full speed at once")
     # Links, and how the devices are laid out
     host_to_device: Link = _about("link", "host memory to a device (PCIe)")
-    device_to_device: Link = _about(
-        "link", "two devices of a node, NCCL's bus bandwidth (through host memory where "
-        "peer_to_peer is false)",
-    )  # fmt: skip
+    device_to_device: Link = _about("link", "two devices of a node, NCCL's bus bandwidth")
     node_to_node: Link = _about("link", "one network port between nodes")
     devices_per_node: int = _about("whole number", "devices in one node")
     nodes: int = _about("whole number", "nodes as named (DDP on more devices assumes more)")
@@ -141,17 +138,11 @@ class Hardware:
     module_overhead: float = _about("seconds", "replicate building one module object")
     copy_overhead: float = _about("seconds", "host time of one copy or collective call")
     step_overhead: float = _about("seconds", "one step outside its phases")
-    allreduce_bandwidth: float | None = _about(
-        "bytes/s", "NVLink SHARP (H100 NVSwitch): the switch sums, each device sends and receives "
-        "its bytes once, at this algorithm bandwidth; None: the ring only", default=None,
-    )  # fmt: skip
-    op_seconds: Mapping[str, OpSamples] = _about(
-        "[work, seconds] pairs", "measured per aten op by calibrate()", default_factory=dict
-    )
-    tensor_core_efficiency: Mapping[str, float] = _about(
-        "fraction", "of peak_flops[dtype] on tensor cores, where a dtype has its own (else "
-        "matmul_efficiency)", default_factory=dict,
-    )  # fmt: skip
+    # NVLink SHARP (H100 NVSwitch): the switch sums, each device sends and receives its bytes
+    # once, at this algorithm bandwidth. None: the ring only
+    allreduce_bandwidth: float | None = _about("bytes/s", "NVLS all-reduce", default=None)
+    op_seconds: Mapping[str, OpSamples] = _about("[work, seconds] pairs", "", default_factory=dict)
+    tensor_core_efficiency: Mapping[str, float] = _about("fraction", "", default_factory=dict)
 
     def __post_init__(self) -> None:
         owner = f"Hardware {self.name!r}"
