@@ -9,7 +9,7 @@ from lanes import lanes, recorded_transfers
 from torch import nn
 
 import dpkit
-from dpkit.placement_check import checking_placement
+from dpkit.testing.placement_check import checking_placement
 
 
 def test_a_module_holding_a_gathered_output_replicates_and_runs_without_copying_lane_0():

@@ -30,7 +30,7 @@ from dpkit import lanes as lanes_module
 from dpkit.context import backward_of
 from dpkit.devices import place, resides_on
 from dpkit.nested import module_tensors
-from dpkit.placement_check import checking_placement
+from dpkit.testing.placement_check import checking_placement
 from dpkit.tracing import export
 from dpkit.tracing.events import Event, MemoryRecord
 
@@ -1066,7 +1066,7 @@ def test_to_device_under_the_placement_check_keeps_the_host_and_refuses_a_bad_na
     # Only the checked lanes' pretend device means lane 0; the host is the host, and a name
     # torch cannot parse gets as_device's error, not lane 0.
     from dpkit.devices import HOST_DEVICE
-    from dpkit.placement_check import checking_placement
+    from dpkit.testing.placement_check import checking_placement
 
     with checking_placement():
         home = dpkit.to_device(torch.ones(2), dpkit.virtual_devices(2)[0].torch_device)
