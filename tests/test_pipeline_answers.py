@@ -228,6 +228,11 @@ def test_a_stage_count_that_is_not_a_whole_number_of_at_least_one_is_refused(sta
         pp.split_model(pp.mlp_blocks(WIDTH, 2), stages)
 
 
+def test_a_model_that_is_not_a_sequential_is_refused_by_its_type():
+    with pytest.raises(TypeError, match=r"must be an nn.Sequential .*, got Linear; wrap"):
+        pp.split_model(nn.Linear(2, 2), 1)
+
+
 def test_more_stages_than_layers_is_refused_with_the_layer_count():
     with pytest.raises(ValueError, match=r"stages=4 but the model has 3 layers.*stages<=3"):
         pp.split_model(pp.mlp_blocks(WIDTH, 2), 4)  # Linear, ReLU, Linear
