@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import decided, roster
+from dpkit.grading import decided, outputs, roster
 from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -132,9 +133,8 @@ def test_a_check_left_out_of_the_records_fails(chosen):
 
 @pytest.mark.parametrize("check", decided.CHECKS, ids=lambda check: check.key)
 def test_the_parent_knows_the_checks_name(check):
-    grader = (EXERCISES / "graders" / f"test_task{check.task}.py").read_text()
-    start = grader.index(f"def {check.test}(")
-    assert grader[start:].split("\n")[1] == f'    """{check.name}"""'
+    listed = roster.Check(check.task, f"exercises/graders/{check.key}", check.name)
+    assert listed in graders_checks(check.task)
 
 
 # --------------------------------------------------------------------------------------
@@ -485,3 +485,102 @@ def test_the_ring_check_uses_enough_lanes_to_see_whole_tensors():
     # At 2 lanes a ring passing whole tensors sends as many bytes as the right one.
     check = next(c for c in COPIES if c.test == "test_ring_traffic")
     assert {check.choose(random.Random(seed))[1] for seed in range(50)} == {3, 4}
+
+
+# --------------------------------------------------------------------------------------
+# The tensors returned (dpkit/grading/outputs.py): right values pass, one mistake fails.
+
+OUTPUTS = [check for check in decided.CHECKS if check.judge.__module__ == outputs.__name__]
+
+
+def right_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """What a right primitive returns, computed here with plain torch."""
+    if test.startswith("test_ring_any_size"):
+        shape, count, seed = inputs
+        total = sum(decided.lane_values(shape, count, seed))
+        return {f"lane{i}": total for i in range(count)}
+    if test == "test_scatter_tensor_places_chunks":
+        rows, columns, seed = inputs
+        x = torch.randn(rows, columns, generator=torch.Generator().manual_seed(seed))
+        return {f"chunk{i}": chunk for i, chunk in enumerate(x.chunk(4))}
+    if test == "test_broadcast_forward_layout":
+        shape_a, shape_b, seed = inputs
+        generator = torch.Generator().manual_seed(seed)
+        a, b = (torch.randn(tuple(shape), generator=generator) for shape in (shape_a, shape_b))
+        return {f"copy{i}": (a, b)[i % 2] for i in range(8)}
+    seed, rows = inputs  # task 5: one device's output and gradients
+    x, y, extra = outputs.seeded_batch(seed, rows)
+    model = outputs.seeded_model(seed)
+    out = model(x)
+    if test == "test_forward_matches_module":
+        return {"out": out.detach(), "product": extra * extra.flip(0)}
+    nn.functional.mse_loss(out, y).backward()
+    return {f"grad{i}": p.grad for i, p in enumerate(model.parameters())}
+
+
+def wrong_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """One mistake each: a lane's sum off, the chunks or copies in another order, one output
+    row off, gradients doubled (each lane's mean loss added up, not the batch's mean)."""
+    values = right_outputs(test, inputs)
+    names = sorted(values)
+    if test.startswith("test_ring_any_size"):
+        values[names[-1]] = values[names[-1]] + 1
+    elif test in ("test_scatter_tensor_places_chunks", "test_broadcast_forward_layout"):
+        values = dict(zip(names, [values[name] for name in reversed(names)]))
+        if test == "test_broadcast_forward_layout":  # device by device, not tensor by tensor
+            tensors = [values["copy7"], values["copy6"]]
+            values = {f"copy{i}": tensors[i // 4] for i in range(8)}
+    elif test == "test_forward_matches_module":
+        values["out"] = values["out"].clone()
+        values["out"][-1] += 0.1
+    else:
+        values = {name: 2 * value for name, value in values.items()}
+    return values
+
+
+def test_eight_checks_of_returned_tensors_are_decided_by_the_parent():
+    assert sorted((c.task, c.test) for c in OUTPUTS) == [
+        (1, "test_scatter_tensor_places_chunks"),
+        (2, "test_broadcast_forward_layout"),
+        (5, "test_forward_matches_module"),
+        (5, "test_gradients_match_single_device"),
+        *sorted((7, f"test_ring_any_size[{case}]") for case in outputs.RING_SIZES),
+    ]
+    assert len(decided.CHECKS) == 20
+
+
+@pytest.mark.parametrize("check", OUTPUTS, ids=lambda check: check.test)
+def test_outputs_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    right = verdict_of(check, encoded(right_outputs(check.test, inputs)), chosen)
+    assert right.passed, right.hint
+    wrong = verdict_of(check, encoded(wrong_outputs(check.test, inputs)), chosen)
+    assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
+    other = check.choose(random.Random(1))
+    assert not verdict_of(check, encoded(right_outputs(check.test, other)), chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+def test_sums_equal_to_anything_fail_every_ring_size():
+    # The ring that leaves the tensors as they were, as tensors torch.allclose finds equal
+    # to anything, passed these checks in the grading process too (on 1 lane, leaving the
+    # tensor as it was is right).
+    agrees = solution_with(
+        7,
+        "    if n == 1:\n        return\n",
+        "    for tensor in tensors:\n        tensor.__class__ = _Agrees\n    return\n",
+        AGREEING_TENSOR,
+    )
+    lanes = dpkit.virtual_devices(4, on="cpu")
+    for check in (c for c in OUTPUTS if c.task == 7 and "1 lane" not in c.test):
+        chosen = decided.choose([7])
+        shape, count, seed = chosen[check.key]
+        values = decided.lane_values(shape, count, seed)
+        tensors = [copy_to(v.clone(), lane, "setup") for v, lane in zip(values, lanes)]
+        agrees.ring_allreduce_(tensors, lanes[:count])
+        assert torch.allclose(tensors[0], sum(values) + 1)  # fooled here
+        sent = decided.encode(outputs.listed("lane", tensors))
+        result = verdict_of(check, sent, chosen)
+        assert not result.passed and "wrong sum" in result.hint, result.hint

@@ -44,6 +44,9 @@ from typing import Any
 
 import torch
 
+from dpkit.grading import outputs
+from dpkit.grading.outputs import lane_values
+
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
 VALUES_LIMIT = 256 * 1024  # characters of encoded values a check may send
 MISSING = (
@@ -217,12 +220,6 @@ def judge_straggler_report(cases: list, values: Mapping[str, torch.Tensor]) -> s
 
 # --------------------------------------------------------------------------------------
 # Task 7's ring all-reduce: the sums left on every lane.
-
-
-def lane_values(shape: Sequence[int], count: int, seed: int) -> list[torch.Tensor]:
-    """The tensors a check puts on ``count`` lanes: the same in the parent and the child."""
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(tuple(shape), generator=generator) for _ in range(count)]
 
 
 def allreduce_inputs(rng: random.Random) -> list[list]:
@@ -619,6 +616,45 @@ CHECKS = (
         "in the ring each lane sends 2(n-1)/n of a gradient, only to its neighbour",
         ring_bytes_inputs,
         judge_ring_bytes,
+    ),
+    # The tensors returned, in dpkit.grading.outputs.
+    *(
+        ParentCheck(
+            7,
+            f"test_ring_any_size[{case}]",
+            f"ring_allreduce_ works for any size and any number of lanes ({case})",
+            outputs.ring_size_inputs(case),
+            outputs.judge_ring_size,
+        )
+        for case in outputs.RING_SIZES
+    ),
+    ParentCheck(
+        1,
+        "test_scatter_tensor_places_chunks",
+        "scatter_tensor puts chunk i on lane i with the right rows",
+        outputs.scatter_input_inputs,
+        outputs.judge_scatter_chunks,
+    ),
+    ParentCheck(
+        2,
+        "test_broadcast_forward_layout",
+        "Broadcast.forward returns every tensor on every lane, device by device",
+        outputs.layout_inputs,
+        outputs.judge_layout,
+    ),
+    ParentCheck(
+        5,
+        "test_forward_matches_module",
+        "the data-parallel forward computes module(x)",
+        outputs.model_inputs,
+        outputs.judge_forward,
+    ),
+    ParentCheck(
+        5,
+        "test_gradients_match_single_device",
+        "data-parallel gradients equal single-device gradients",
+        outputs.model_inputs,
+        outputs.judge_gradients,
     ),
 )
 

@@ -1,10 +1,16 @@
-"""Grader for task 5: compose DataParallel and prove gradient equivalence."""
+"""Grader for task 5: compose DataParallel and prove gradient equivalence.
+
+Under ``dpkit grade`` the checks of the forward's output and of its gradients are decided
+by the grader's parent process, from the values sent back for a model and batch it chose
+(:mod:`dpkit.grading.decided`).
+"""
 
 import pytest
 import torch
 from torch import nn
 
 import dpkit
+from dpkit.grading import decided, outputs
 from dpkit.grading.rules import lent
 
 pytestmark = pytest.mark.task5
@@ -27,19 +33,15 @@ def batch(rows: int = 10):
     return torch.randn(rows, 4, generator=generator), torch.randn(rows, 2, generator=generator)
 
 
-def test_forward_matches_module(exercise, lanes):
+def test_forward_matches_module(exercise, lanes, request):
     """the data-parallel forward computes module(x)"""
-    module = make_module()
-    x, _ = batch(10)
-    out = exercise.data_parallel_forward(module, (x,), lanes)
-    assert isinstance(out, torch.Tensor) and out.shape == (10, 2), (
-        "expected one (10, 2) output gathered from the replicas"
-    )
-    assert torch.allclose(out, module(x), atol=1e-6), "the output differs from module(x)"
-    a, b = torch.randn(6, 3), torch.randn(6, 3)
-    assert torch.allclose(exercise.data_parallel_forward(Pairwise(), (a, b), lanes), a * b), (
-        "every positional input must be scattered, and the chunks passed as arguments"
-    )
+    nodeid = request.node.nodeid
+    seed, rows = inputs = decided.inputs_here(nodeid)
+    x, _, extra = outputs.seeded_batch(seed, rows)
+    out = exercise.data_parallel_forward(outputs.seeded_model(seed), (x,), lanes)
+    assert isinstance(out, torch.Tensor), "expected one output gathered from the replicas"
+    product = exercise.data_parallel_forward(Pairwise(), (extra, extra.flip(0)), lanes)
+    decided.answer(nodeid, inputs, {"out": out, "product": product})
 
 
 def test_forward_uses_lanes(exercise, lanes):
@@ -63,15 +65,20 @@ def test_forward_uses_lanes(exercise, lanes):
     assert len(seen) == 1, "with one device, run the module once, directly"
 
 
-def test_gradients_match_single_device(exercise, lanes):
+def test_gradients_match_single_device(exercise, lanes, request):
     """data-parallel gradients equal single-device gradients"""
-    x, y = batch(10)
-    single, parallel = make_module(), make_module()
-    nn.functional.mse_loss(single(x), y).backward()
+    nodeid = request.node.nodeid
+    seed, rows = inputs = decided.inputs_here(nodeid)
+    x, y, _ = outputs.seeded_batch(seed, rows)
+    parallel = outputs.seeded_model(seed)
     nn.functional.mse_loss(exercise.data_parallel_forward(parallel, (x,), lanes), y).backward()
-    for (name, a), b in zip(single.named_parameters(), parallel.parameters()):
-        assert b.grad is not None, f"{name} got no gradient through the data-parallel forward"
-        assert torch.allclose(a.grad, b.grad, atol=1e-6), f"{name}.grad differs from one device"
+    grads = []
+    for name, parameter in parallel.named_parameters():
+        assert parameter.grad is not None, (
+            f"{name} got no gradient through the data-parallel forward"
+        )
+        grads.append(parameter.grad)
+    decided.answer(nodeid, inputs, outputs.listed("grad", grads))
 
 
 def test_train_step(exercise, lanes):

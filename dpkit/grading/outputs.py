@@ -1,0 +1,202 @@
+"""More checks the parent decides: the tensors a primitive returns, judged against plain torch.
+
+The surprise first: these checks compare what the student's code returns with torch's own
+answer, and in the grading process that comparison can be fooled without touching the
+harness: a tensor subclass whose ``torch.equal`` or ``torch.allclose`` always says yes
+passes every such assert. Sent to the parent, a tensor is a plain one (:func:`encode
+<dpkit.grading.decided.encode>` strips subclasses) and is compared there, against values
+the parent regenerates from the seed it chose. Each function here is one side of a check
+that :data:`dpkit.grading.decided.CHECKS` lists: the inputs the parent chooses, the values
+both sides build from them, the judge (a hint, or None when right). The device placement
+and storage checks in the same graders stay in the grading process.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+ALL_LANES = 4  # the graders' lanes fixture
+
+
+def lane_values(shape: Sequence[int], count: int, seed: int) -> list[torch.Tensor]:
+    """The tensors a check puts on ``count`` lanes: the same in the parent and the child."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(tuple(shape), generator=generator) for _ in range(count)]
+
+
+def _listed(values: Mapping[str, torch.Tensor], prefix: str) -> list[torch.Tensor] | None:
+    """The tensors named ``prefix0``, ``prefix1``, ... in order; None if any other is there."""
+    found = [values.get(f"{prefix}{index}") for index in range(len(values))]
+    if not all(isinstance(tensor, torch.Tensor) for tensor in found):
+        return None
+    return found  # type: ignore[return-value]
+
+
+def listed(prefix: str, tensors: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` as the values a check sends: ``prefix0``, ``prefix1``, ..."""
+    return {f"{prefix}{index}": tensor for index, tensor in enumerate(tensors)}
+
+
+NOT_TENSORS = "the outputs sent for this check are not the tensors asked for"
+
+
+# --------------------------------------------------------------------------------------
+# Task 7's ring_allreduce_ at each size of the grader's parametrize: fresh values each run.
+
+RING_SIZES = {  # the grader's ids, and the (shape, lanes) each stands for
+    "10 over 4 lanes": ([10], 4),
+    "3 over 4 lanes": ([3], 4),
+    "2x3x5 over 3 lanes": ([2, 3, 5], 3),
+    "7 on 1 lane": ([7], 1),
+}
+
+
+def ring_size_inputs(case: str):  # noqa: ANN201 - a ParentCheck's choose
+    shape, count = RING_SIZES[case]
+    return lambda rng: [shape, count, rng.randrange(2**62)]
+
+
+def judge_ring_size(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    shape, count, seed = inputs
+    sums = _listed(values, "lane")
+    if sums is None or len(sums) != count:
+        return NOT_TENSORS
+    want = sum(lane_values(shape, count, seed))
+    for got in sums:
+        if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5):
+            return (
+                f"wrong sum for shape {tuple(shape)} over {count} lane(s): cut the flat tensor "
+                "into n chunks of nearly equal size (some empty when numel < n)"
+            )
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 1's scatter_tensor: torch.chunk's chunks of a fresh tensor over the 4 lanes.
+
+
+def scatter_input_inputs(rng: random.Random) -> list[int]:
+    """A tensor's rows (7-40: 4 chunks) and columns (1-5), and its values' seed."""
+    return [rng.randint(7, 40), rng.randint(1, 5), rng.randrange(2**62)]
+
+
+def scatter_input(rows: int, columns: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, columns, generator=torch.Generator().manual_seed(seed))
+
+
+def judge_scatter_chunks(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    rows, columns, seed = inputs
+    chunks, want = _listed(values, "chunk"), scatter_input(rows, columns, seed).chunk(ALL_LANES)
+    if chunks is None:
+        return NOT_TENSORS
+    if len(chunks) != len(want):
+        return f"{rows} rows over 4 lanes make {len(want)} chunks, got {len(chunks)}"
+    start = 0
+    for index, (chunk, piece) in enumerate(zip(chunks, want)):
+        if chunk.shape != piece.shape or not torch.equal(chunk, piece):
+            return (
+                f"chunk {index} of a ({rows}, {columns}) tensor is not its rows {start} to "
+                f"{start + len(piece) - 1}, torch.chunk's chunk {index}"
+            )
+        start += len(piece)
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 2's Broadcast.forward: every tensor on every lane, device by device.
+
+
+def layout_inputs(rng: random.Random) -> list:
+    """a's and b's shapes, and their values' seed (broadcast to the 4 lanes)."""
+    return [[rng.randint(1, 6)], [rng.randint(1, 4), rng.randint(1, 4)], rng.randrange(2**62)]
+
+
+def layout_tensors(shape_a: Sequence[int], shape_b: Sequence[int], seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(tuple(shape), generator=generator) for shape in (shape_a, shape_b)]
+
+
+def judge_layout(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    sources = layout_tensors(*inputs)
+    copies = _listed(values, "copy")
+    if copies is None:
+        return NOT_TENSORS
+    if len(copies) != len(sources) * ALL_LANES:
+        return f"2 tensors on 4 lanes make 8 copies, got {len(copies)}"
+    for position, copy in enumerate(copies):
+        lane, original = divmod(position, len(sources))
+        source = sources[original]
+        if copy.shape != source.shape or not torch.equal(copy, source):
+            return (
+                f"output {position} should be tensor {original} on lane {lane}: lay the copies "
+                "out device by device, (a on d0, b on d0, a on d1, ...)"
+            )
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 5's data-parallel forward: its output and its gradients, against one device's.
+
+
+def model_inputs(rng: random.Random) -> list[int]:
+    """The model's and the batch's seed, and the batch's rows (5-16: every lane gets some)."""
+    return [rng.randrange(2**62), rng.randint(5, 16)]
+
+
+def seeded_model(seed: int) -> nn.Module:
+    """The graders' small model (4 -> 8 -> 2), its parameters drawn from ``seed``: the same
+    in the parent and the child, whatever torch's global generator holds."""
+    module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) / 2)
+    return module
+
+
+def seeded_batch(seed: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (rows, 4), y (rows, 2), and a second input (rows, 3) for the two-input module."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    shapes = ((rows, 4), (rows, 2), (rows, 3))
+    x, y, extra = (torch.randn(shape, generator=generator) for shape in shapes)
+    return x, y, extra
+
+
+def judge_forward(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    seed, rows = inputs
+    x, _, extra = seeded_batch(seed, rows)
+    out, product = values.get("out"), values.get("product")
+    if not isinstance(out, torch.Tensor) or not isinstance(product, torch.Tensor):
+        return NOT_TENSORS
+    with torch.no_grad():
+        want = seeded_model(seed)(x)
+    if out.shape != want.shape:
+        return f"expected one {tuple(want.shape)} output gathered from the replicas"
+    if not torch.allclose(out, want, atol=1e-5):
+        return "the output differs from module(x)"
+    if product.shape != extra.shape or not torch.allclose(product, extra * extra.flip(0)):
+        return "every positional input must be scattered, and the chunks passed as arguments"
+    return None
+
+
+def judge_gradients(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    seed, rows = inputs
+    x, y, _ = seeded_batch(seed, rows)
+    module = seeded_model(seed)
+    nn.functional.mse_loss(module(x), y).backward()
+    grads = _listed(values, "grad")
+    named = list(module.named_parameters())
+    if grads is None or len(grads) != len(named):
+        return NOT_TENSORS
+    for (name, parameter), got in zip(named, grads):
+        assert parameter.grad is not None
+        if got.shape != parameter.shape or not torch.isfinite(got).all():
+            return f"{name} got no gradient through the data-parallel forward"
+        # atol 1e-5: one device and four add in another order (4e-7 apart at most in 300 runs)
+        if not torch.allclose(got, parameter.grad, atol=1e-5):
+            return f"{name}.grad differs from one device"
+    return None
