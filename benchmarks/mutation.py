@@ -111,7 +111,11 @@ KILLED_CODES = {1, 3}  # a test failed; pytest's internal error
 TIMEOUT_CODES = {36, 24, -24, 152, 255}  # ran past the limit: a hang a user would see
 SURVIVED = 0
 NO_TESTS = {5, 33}  # no selected test calls the function
-CAUGHT_CODES = KILLED_CODES | TIMEOUT_CODES
+# The tests' process died of a signal (SIGABRT, SIGSEGV): a crash a user would see. (A
+# mutant of dpkit.ddp.hook that raises while gloo's all-reduce is in flight leaves gloo to
+# abort when the test's process group is destroyed.)
+CRASHED_CODES = {-6, -11}
+CAUGHT_CODES = KILLED_CODES | TIMEOUT_CODES | CRASHED_CODES
 
 
 def _status(code: int | None) -> str:
@@ -121,6 +125,8 @@ def _status(code: int | None) -> str:
         return "killed"
     if code in TIMEOUT_CODES:
         return "timeout"
+    if code in CRASHED_CODES:
+        return "crashed"
     if code == SURVIVED:
         return "survived"
     if code in NO_TESTS:
@@ -392,7 +398,8 @@ def summarize(
     workdir = WORK / module_of(target)
     codes = read_results(workdir, target)
     statuses = {name: _status(code) for name, code in codes.items()}
-    open_names = [n for n, s in statuses.items() if s not in ("killed", "timeout", "not checked")]
+    caught_statuses = ("killed", "timeout", "crashed")
+    open_names = [n for n, s in statuses.items() if s not in (*caught_statuses, "not checked")]
     diff_by_name = diffs(workdir, target, open_names) if open_names else {}
     survivors, equivalent, gpu_only = [], [], []
     for name in sorted(open_names, key=_mutant_order):
@@ -406,7 +413,7 @@ def summarize(
     counts = {
         s: sum(1 for v in statuses.values() if v == s) for s in sorted(set(statuses.values()))
     }
-    caught = counts.get("killed", 0) + counts.get("timeout", 0)
+    caught = sum(counts.get(status, 0) for status in caught_statuses)
     checked = len(codes) - counts.get("not checked", 0)
     source = (workdir / target).read_bytes()
     return {
@@ -616,8 +623,8 @@ def render_markdown(result: dict) -> str:
         "",
         "Written by `benchmarks/mutation.py` (`make mutation`); the numbers are in",
         "`mutation.json`, the reasons for the listed mutants in `../mutation_equivalents.md`.",
-        "A mutant is caught",
-        "when a test fails or it hangs past mutmut's timeout. Kill rate = caught / (mutants",
+        "A mutant is caught when a test fails, it hangs past mutmut's timeout, or the tests'",
+        "process dies of a signal (an abort, a segfault). Kill rate = caught / (mutants",
         "checked - equivalent - GPU-only): GPU-only mutants change what happens on a GPU alone",
         "(CUDA streams, non-blocking copies), which the CPU tests cannot see; the last column",
         f"counts them as survivors. Goal: {_percent(result['goal'])}.",
