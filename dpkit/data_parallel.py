@@ -40,7 +40,6 @@ from dpkit.devices import (
     resides_on,
 )
 from dpkit.gather import gather
-from dpkit.nested import tensor_nbytes
 from dpkit.parallel_apply import check_timeout, parallel_apply
 from dpkit.replicate import check_not_compiled, replicate
 from dpkit.scatter import ChunkSizes, check_dim, scatter_kwargs
@@ -175,8 +174,10 @@ def _parallel_forward(
     if not inputs and not kwargs:
         inputs, kwargs = ((),), ({},)
     if len(device_ids) == 1 and timeout is None:
-        # dpkit: the module itself, as in torch, traced as replica 0's forward
-        result = _call_itself(module, inputs[0], kwargs[0], device_ids[0], tracing_on)
+        if tracing_on:  # dpkit: the call recorded as replica 0's forward on its device
+            result = tracing.traced_call(module, inputs[0], kwargs[0], device_ids[0])
+        else:
+            result = module(*inputs[0], **kwargs[0])
     elif len(device_ids) == 1:  # dpkit: timeout= needs a worker thread, even for one device
         result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
     else:
@@ -189,7 +190,7 @@ def _parallel_forward(
 
 
 # --------------------------------------------------------------------------------------
-# dpkit's additions: clearer errors, devices resolved, and the one-device call traced.
+# dpkit's additions: clearer errors, and devices resolved.
 
 
 def _check_module(module: Any) -> None:
@@ -246,20 +247,3 @@ def _resolve(
             f"use one of them (an index among {indices}), or -1 for the host CPU"
         )
     return resolved, output
-
-
-def _call_itself(
-    module: nn.Module, inputs: Any, kwargs: dict[str, Any], device: Device, tracing_on: bool
-) -> Any:
-    """On one device DataParallel calls the module itself, in the caller's thread, as torch's
-    does. While tracing, that call is recorded as a replica's forward on its device (an
-    ``apply`` span, the module's parameters, its outputs and activations, its backward), so
-    a trace of one device shows the step's work and not a scatter alone."""
-    if not tracing_on:
-        return module(*inputs, **kwargs)
-    with tracing.span(tracing.Phase.APPLY, device, replica=0, thread="caller"):
-        output = module(*inputs, **kwargs)
-    held = [*module.parameters(), *module.buffers()]
-    tracing.record_memory(device, "parameters", sum(map(tensor_nbytes, held)))
-    tracing.after_apply([(0, module, inputs, kwargs, device)], {0: output})
-    return output

@@ -70,6 +70,7 @@ from dpkit.tracing.backward import after_apply as after_apply
 from dpkit.tracing.backward import applying as applying
 from dpkit.tracing.backward import replicated as replicated
 from dpkit.tracing.backward import trace_replica as trace_replica
+from dpkit.tracing.backward import traced_call as traced_call
 from dpkit.tracing.clock import resolve_pending as resolve_pending
 from dpkit.tracing.events import ALLOCATED as ALLOCATED
 from dpkit.tracing.events import PEAK as PEAK

@@ -1,6 +1,7 @@
 """After each replica's forward: what its outputs and activations hold, and its backward timed.
 
-``parallel_apply`` runs its workers inside :func:`applying`, which, while tracing, opens a
+``parallel_apply`` runs its workers inside :func:`applying` (DataParallel on one device calls
+its module through :func:`traced_call`), which, while tracing, opens a
 "dpkit.apply" range for torch's profiler in the caller's thread and then hands the finished
 replicas to :func:`after_apply`. Done there, after the workers, so that none of it is timed
 as ``apply`` and no worker waits for the GIL on the trace's behalf: each replica's
@@ -149,3 +150,16 @@ def applying(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> Iterat
     with torch.autograd.profiler.record_function("dpkit.apply") if profiling else nullcontext():
         yield
     after_apply(work, results)
+
+
+def traced_call(module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device) -> Any:
+    """``module(*input, **kwargs)`` in the caller's thread, where DataParallel on one device
+    calls its module, as torch's does, recorded as replica 0's forward on ``device`` (an
+    ``apply`` span, the module's parameters, its outputs and activations, its backward): a
+    trace of one device shows the step's work, not a scatter alone."""
+    with recorder.span(Phase.APPLY, device, replica=0, thread="caller"):
+        output = module(*input, **kwargs)
+    held = [*module.parameters(), *module.buffers()]
+    recorder.record_memory(device, "parameters", sum(map(tensor_nbytes, held)))
+    after_apply([(0, module, input, kwargs, device)], {0: output})
+    return output
