@@ -31,10 +31,9 @@ from dpkit.ddp.launch import Ranks
 from dpkit.ddp.rank import run_rank
 from dpkit.ddp.run import DDPResult, launch_plan, make_plan, rendezvous, result_of
 from dpkit.ddp.workload import Workload, as_workload
-from dpkit.devices import RANK
 from dpkit.nested import tensor_nbytes
 from dpkit.table import Table
-from dpkit.tracing import Trace, record_memory
+from dpkit.tracing import RANK, Trace, record_memory
 
 
 def spread(times: Sequence[float]) -> dict[str, float]:

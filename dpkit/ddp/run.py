@@ -25,8 +25,7 @@ from dpkit.ddp.hook import powersgd_rank
 from dpkit.ddp.rank import Plan, run_rank
 from dpkit.ddp.record import RankRun
 from dpkit.ddp.workload import Workload, as_workload
-from dpkit.devices import RANK
-from dpkit.tracing import Event, Trace
+from dpkit.tracing import RANK, Event, Trace
 
 
 def rank_name(rank: int, device: str) -> str:

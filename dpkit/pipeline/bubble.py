@@ -27,11 +27,10 @@ from torch import nn
 import dpkit
 from dpkit import host_clock
 from dpkit.comm import copy_to
-from dpkit.devices import PREDICTED
 from dpkit.pipeline.schedule import Pipeline
 from dpkit.table import Table
 from dpkit.threads import intra_op_threads
-from dpkit.tracing import Event, Phase, Trace
+from dpkit.tracing import PREDICTED, Event, Phase, Trace
 
 
 def bubble_formula(stages: int, micro_batches: int) -> float:

@@ -38,7 +38,8 @@ from torch import nn
 
 from dpkit import context, tracing
 from dpkit.comm import copy_to
-from dpkit.devices import Device, as_devices, stream_of
+from dpkit.devices import Device, as_devices
+from dpkit.lanes import stream_of
 from dpkit.nested import tensor_nbytes
 from dpkit.pipeline.stages import place_stages, split_model
 from dpkit.threads import intra_op_threads
