@@ -183,6 +183,20 @@ def _stats(errors: list[tuple[float, str]], goal: float) -> dict[str, Any]:
     }
 
 
+def _parts(rows: list[dict[str, Any]], field: str, names: Sequence[str],
+           key: Callable[[dict[str, Any]], str]) -> dict[str, Any]:  # fmt: skip
+    """Each traced phase's (``field`` "phases") or untraced call's ("segments") errors over
+    the configurations that have it: the |error|'s median and worst, and the signed median."""
+    found = {}
+    for name in names:
+        errors = [(r[field][name]["error"], key(r)) for r in rows if name in r.get(field, {})]
+        if errors:
+            signed = statistics.median(e for e, _ in errors)
+            found[name] = {**_stats([(abs(e), k) for e, k in errors], 0.20),
+                           "median_signed_error": signed}  # fmt: skip
+    return found
+
+
 def compare(
     configs: Sequence[Config], hardware: cost.Hardware, statistic: str = "fastest"
 ) -> dict[str, Any]:
@@ -253,40 +267,8 @@ def compare(
                     r["measured_traced_step_s"] / r["measured_step_s"] - 1 for r in chosen
                 ),
             },
-            "phases": {
-                phase: {
-                    **_stats(
-                        [
-                            (abs(r["phases"][phase]["error"]), key(r))
-                            for r in chosen
-                            if phase in r["phases"]
-                        ],
-                        0.20,
-                    ),  # fmt: skip
-                    "median_signed_error": statistics.median(
-                        r["phases"][phase]["error"] for r in chosen if phase in r["phases"]
-                    ),
-                }
-                for phase in PHASES
-                if any(phase in r["phases"] for r in chosen)
-            },
-            "segments_untraced": {
-                name: {
-                    **_stats(
-                        [
-                            (abs(r["segments"][name]["error"]), key(r))
-                            for r in chosen
-                            if "segments" in r
-                        ],
-                        0.20,
-                    ),  # fmt: skip
-                    "median_signed_error": statistics.median(
-                        r["segments"][name]["error"] for r in chosen if "segments" in r
-                    ),
-                }
-                for name in SEGMENTS
-                if any("segments" in r for r in chosen)
-            },
+            "phases": _parts(chosen, "phases", PHASES, key),
+            "segments_untraced": _parts(chosen, "segments", SEGMENTS, key),
         }
     result["rows"] = rows
     return result

@@ -116,6 +116,18 @@ def test_predicted_bytes_follow_chunks_and_parameters():
     assert by_phase["gather"] == by_phase["grad_scatter"] == (3 + 3 + 1) * 10 * 4
 
 
+def test_the_caller_starting_replica_threads_holds_the_gil_as_their_calls_do():
+    from dpkit.cost.predict import _threads
+
+    # by hand, 2 threads on 2 cores, one call each of 1 s of Python then 3 s of kernel, the
+    # caller's starts 1 s of Python each: A started 0-1, its Python 1-2 (the caller waits for
+    # the GIL), B started 2-3, its Python 3-4; kernels 2-5 and 4-7. As fixed delays of 1 s
+    # (the model before), B started at 2 while A's Python ran, and was done at 6.
+    starts = [0.0, 0.0]
+    assert _threads(starts, 1, [1.0, 1.0], [3.0, 3.0], 2.0, caller=1.0) == pytest.approx([5, 7])
+    assert starts == pytest.approx([1, 3])
+
+
 @pytest.mark.parametrize("strategy", ["dp", "ddp"])
 def test_predicted_trace_goes_through_every_export_and_figure(strategy, tmp_path):
     predicted = cost.predict(

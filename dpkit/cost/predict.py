@@ -25,6 +25,7 @@ Times come from two clocks, the host's and each device's queue.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,9 +62,7 @@ class PredictedTrace(Trace):
     def __init__(self, machine: Hardware, strategy: str, batch_size: int, devices: int):
         super().__init__()
         self.origin = 0.0  # predicted times start at 0 s
-        self.machine = machine
-        self.strategy = strategy
-        self.batch_size = batch_size
+        self.machine, self.strategy, self.batch_size = machine, strategy, batch_size
         self.device_count = devices
         self.step_bounds: dict[int, tuple[float, float]] = {}  # step -> (begins, ends)
         self.held: list[Held] = []
@@ -89,12 +88,9 @@ class PredictedTrace(Trace):
 
 def device_names(hardware: Hardware, n: int) -> list[str]:
     """How predicted devices are named: ``"predicted:3 (A100)"``, with the node past one."""
-    per_node = hardware.devices_per_node
-    return [
-        f"predicted:{i} ({hardware.device_name}"
-        + (f", node {i // per_node})" if n > per_node else ")")
-        for i in range(n)
-    ]
+    per_node, name = hardware.devices_per_node, hardware.device_name
+    node = (lambda i: f", node {i // per_node})") if n > per_node else (lambda i: ")")
+    return [f"predicted:{i} ({name}{node(i)}" for i in range(n)]
 
 
 @dataclass
@@ -132,41 +128,46 @@ class _Step:
 
     def busy(self, host: float) -> tuple[float, float]:
         """The host does ``host`` seconds of work itself (virtual lanes)."""
-        start = self.host
-        self.host += host
+        start, self.host = self.host, self.host + host
         return start, self.host
 
 
 def _threads(starts: list[float], calls: int, python: list[float], kernel: list[float],
-             units: float) -> list[float]:  # fmt: skip
+             units: float, caller: float = 0.0) -> list[float]:  # fmt: skip
     """When threads end that each make ``calls`` calls, each ``python[i]`` seconds holding
     the GIL then ``kernel[i]`` without it (torch lets it go around an op's work), on
     ``units`` cores shared fairly; the GIL goes to threads in the order they ask.
-    Processes (DDP's ranks) share no GIL: ``python`` 0, one call each."""
-    if not any(kernel):  # GPU launches: the GIL alone, a queue served in turn (fast)
+    Processes (DDP's ranks) share no GIL: ``python`` 0, one call each. ``caller`` (lanes'
+    parallel_apply): from ``starts[0]`` the caller starts the threads one by one, each start
+    ``caller`` seconds holding the GIL as the started threads' calls do (a new thread runs
+    Python to begin); ``starts`` is then filled in with when each thread began."""
+    if not any(kernel) and not caller:  # GPU launches: the GIL alone, a queue (fast)
         return _gil_queue(starts, calls, python)
     n = len(starts)
-    left_calls = [calls] * n
-    state = ["new"] * n  # new, waiting (for the GIL), python, kernel, done
-    left = [0.0] * n
-    ends = [0.0] * n
+    left_calls, begin = [calls] * n, list(starts)
+    if caller:  # the caller as one more thread, whose n calls start the others
+        begin, left_calls = [math.inf] * n + starts[:1], [*left_calls, n]
+        python, kernel = [*python, caller], [*kernel, 0.0]
+    every = range(len(begin))
+    state = ["new" for _ in every]  # new, waiting (for the GIL), python, kernel, done
+    left, ends = [0.0 for _ in every], [0.0 for _ in every]
     waiting: list[int] = []
     holder: int | None = None
-    now = min(starts)
+    now = min(begin)
     while any(s != "done" for s in state):
-        for i in range(n):
-            if state[i] == "new" and starts[i] <= now:
+        for i in every:
+            if state[i] == "new" and begin[i] <= now:
                 state[i] = "waiting"
                 waiting.append(i)
         if holder is None and waiting:
             holder = waiting.pop(0)
             state[holder], left[holder] = "python", python[holder]
-        running = [i for i in range(n) if state[i] in ("python", "kernel")]
+        running = [i for i in every if state[i] in ("python", "kernel")]
         rate = min(1.0, units / len(running)) if running else 1.0
-        step_to = min((left[i] / rate for i in running), default=float("inf"))
-        arrivals = [starts[i] - now for i in range(n) if state[i] == "new"]
+        step_to = min((left[i] / rate for i in running), default=math.inf)
+        arrivals = [begin[i] - now for i in every if state[i] == "new"]
         elapsed = min([step_to, *arrivals])
-        if elapsed == float("inf"):
+        if elapsed == math.inf:
             break
         for i in running:
             left[i] -= elapsed * rate
@@ -177,22 +178,26 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
             if state[i] == "python":
                 holder = None
                 state[i], left[i] = "kernel", kernel[i]
+                continue
+            left_calls[i] -= 1
+            if i == n:  # the caller has started thread n - 1 - left_calls[n]: it asks first
+                started = n - 1 - left_calls[n]
+                begin[started] = starts[started] = now
+                state[started] = "waiting"
+                waiting.append(started)
+            if left_calls[i] > 0:
+                state[i] = "waiting"
+                waiting.append(i)
             else:
-                left_calls[i] -= 1
-                if left_calls[i] > 0:
-                    state[i] = "waiting"
-                    waiting.append(i)
-                else:
-                    state[i], ends[i] = "done", now
-    return ends
+                state[i], ends[i] = "done", now
+    return ends[:n]
 
 
 def _gil_queue(starts: list[float], calls: int, python: list[float]) -> list[float]:
     """:func:`_threads` without kernels: calls wait for the GIL in one first-come queue."""
     pending = deque(sorted(range(len(starts)), key=starts.__getitem__))
     waiting: deque[int] = deque()
-    left, ends = [calls] * len(starts), [0.0] * len(starts)
-    now = starts[pending[0]] if pending else 0.0
+    left, ends, now = [calls] * len(starts), [0.0] * len(starts), min(starts, default=0.0)
     while pending or waiting:
         while pending and starts[pending[0]] <= now:
             waiting.append(pending.popleft())
@@ -326,10 +331,10 @@ def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
     calls = max(1, host_calls(model.forward))  # each call's Python holds the GIL
     per_call = [hardware.op_overhead + hardware.gil_handoff] * n
     devices = [forward[rows].device for rows in sizes]
-    if hardware.virtual_lanes:  # ... then its kernels run on the shared cores without it
-        kernels = [d / calls for d in devices]
-        ends = _threads(starts, calls, per_call, kernels, hardware.compute_units)
-        begins = starts
+    if hardware.virtual_lanes:  # ... then its kernels run on the shared cores without it;
+        kernels, begins = [d / calls for d in devices], [step.host] * n  # the caller's starts
+        ends = _threads(begins, calls, per_call, kernels, hardware.compute_units,
+                        hardware.thread_start)  # fmt: skip
         step.host = max(ends)
     else:  # ... and only queues the GPU's kernels
         launched = _threads(starts, calls, per_call, [0.0] * n, float(n))
@@ -417,10 +422,8 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
     n = len(sizes)
     start = step.host + hardware.step_overhead / 4
     if model.buffer_sizes and n > 1:  # broadcast_buffers=True: rank 0's, every forward
-        link, calls = (
-            collectives.allreduce_link(hardware, n),
-            collectives.messages(model.buffer_sizes),
-        )
+        link = collectives.allreduce_link(hardware, n)
+        calls = collectives.messages(model.buffer_sizes)
         took = collectives.broadcast(model.buffer_bytes, n, link, calls)
         for index in range(n):
             moved = model.buffer_bytes if index else 0
@@ -472,12 +475,10 @@ def _record_memory(trace: PredictedTrace, names: list[str], step: int, model: Pr
     """One step's memory records, as measured traces note them (buffers apart)."""
     for index, held in enumerate(trace.held):
         for category, nbytes in held.items():
-            parts = [nbytes]
-            if category == "parameters" and model.buffer_bytes:
-                parts = [nbytes - model.buffer_bytes, model.buffer_bytes]
-            for part in parts:
-                if part:
-                    trace._memory.append((names[index], category, int(part), step, PREDICTED))
+            split = category == "parameters" and model.buffer_bytes
+            parts = [nbytes - model.buffer_bytes, model.buffer_bytes] if split else [nbytes]
+            for part in filter(None, parts):
+                trace._memory.append((names[index], category, int(part), step, PREDICTED))
 
 
 def _count(devices: int | Sequence[Device]) -> int:
