@@ -28,7 +28,7 @@ from torch import nn
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import decided, outputs, roster
+from dpkit.grading import counted, decided, outputs, roster
 from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -546,7 +546,6 @@ def test_eight_checks_of_returned_tensors_are_decided_by_the_parent():
         (5, "test_gradients_match_single_device"),
         *sorted((7, f"test_ring_any_size[{case}]") for case in outputs.RING_SIZES),
     ]
-    assert len(decided.CHECKS) == 20
 
 
 @pytest.mark.parametrize("check", OUTPUTS, ids=lambda check: check.test)
@@ -584,3 +583,110 @@ def test_sums_equal_to_anything_fail_every_ring_size():
         sent = decided.encode(outputs.listed("lane", tensors))
         result = verdict_of(check, sent, chosen)
         assert not result.passed and "wrong sum" in result.hint, result.hint
+
+
+# --------------------------------------------------------------------------------------
+# The numbers returned (dpkit/grading/counted.py): traffic tables, losses, differences.
+
+COUNTED = [check for check in decided.CHECKS if check.judge.__module__ == counted.__name__]
+
+
+def table(rows: dict[int, tuple[int, int]]) -> torch.Tensor:
+    return torch.tensor([[lane, *pair] for lane, pair in rows.items()]).reshape(-1, 3)
+
+
+def right_numbers(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """What a right function returns, worked out here."""
+    if test == "test_traffic_per_lane":
+        n = 4 * inputs[0]  # copied 0 -> 1, 1 -> 2, 0 -> 2
+        return {"traffic": table({0: (2 * n, 0), 1: (n, n), 2: (0, 2 * n)})}
+    if test == "test_compare_traffic":
+        lanes, chunk = inputs
+        n, share = 4 * lanes * chunk, 8 * (lanes - 1) * chunk
+        reduce_add = {0: (0, (lanes - 1) * n)} | {i: (n, 0) for i in range(1, lanes)}
+        ring = {lane: (share, share) for lane in range(lanes)}
+        return {"reduce_add": table(reduce_add), "ring": table(ring)}
+    seed, rows = inputs
+    x, y, _ = outputs.seeded_batch(seed, rows)
+    model = outputs.seeded_model(seed)
+    if test == "test_train_step":
+        sgd, losses = torch.optim.SGD(model.parameters(), lr=0.1), []
+        for _ in range(3):
+            sgd.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            sgd.step()
+            losses.append(loss.item())
+        params = {f"param{i}": p.detach() for i, p in enumerate(model.parameters())}
+        return {**params, "losses": torch.tensor(losses, dtype=torch.float64)}
+    if test == "test_gradient_difference_small":
+        return {"difference": torch.tensor([2e-7], dtype=torch.float64)}
+    wrong = outputs.seeded_model(seed)
+    nn.functional.mse_loss(model(x), y).backward()
+    dropped = torch.cat([wrong(x[:3]), wrong(x[3:]).detach()])
+    nn.functional.mse_loss(dropped, y).backward()
+    largest = max(
+        (a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), wrong.parameters())
+    )
+    return {"difference": torch.tensor([largest], dtype=torch.float64)}
+
+
+def wrong_numbers(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """One mistake each: the host as lane -1, the ring's table as reduce-add's, losses of
+    steps whose gradients were never zeroed (here: one loss off), a difference that is not
+    tiny, the mean difference instead of the largest."""
+    values = right_numbers(test, inputs)
+    if test == "test_traffic_per_lane":
+        values["traffic"][0, 0] = -1
+    elif test == "test_compare_traffic":
+        values["reduce_add"] = values["ring"]
+    elif test == "test_train_step":
+        values["losses"][2] += 0.01
+    elif test == "test_gradient_difference_small":
+        values["difference"] = torch.tensor([2e-3], dtype=torch.float64)
+    else:
+        values["difference"] = values["difference"] / 3
+    return values
+
+
+def test_five_checks_of_returned_numbers_are_decided_by_the_parent():
+    assert sorted((c.task, c.test) for c in COUNTED) == [
+        (5, "test_gradient_difference_detects_errors"),
+        (5, "test_gradient_difference_small"),
+        (5, "test_train_step"),
+        (7, "test_compare_traffic"),
+        (7, "test_traffic_per_lane"),
+    ]
+    assert len(decided.CHECKS) == 25
+
+
+@pytest.mark.parametrize("check", COUNTED, ids=lambda check: check.test)
+def test_numbers_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    right = verdict_of(check, encoded(right_numbers(check.test, inputs)), chosen)
+    assert right.passed, right.hint
+    wrong = verdict_of(check, encoded(wrong_numbers(check.test, inputs)), chosen)
+    assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
+    if check.test != "test_gradient_difference_small":  # any tiny number is right there
+        other = check.choose(random.Random(1))
+        assert not verdict_of(check, encoded(right_numbers(check.test, other)), chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+def test_a_float_that_agrees_with_everything_gains_nothing():
+    # A max_gradient_difference returning a float whose < and > always say yes passed both
+    # its checks in the grading process; sent to the parent it is only its value.
+    class Agrees(float):
+        def __lt__(self, other):
+            return True
+
+        __gt__ = __le__ = __ge__ = __lt__
+
+    agreeing = Agrees(0.5)
+    assert agreeing < 1e-5 and agreeing > 1e-3  # fooled here
+    sent = {"difference": torch.tensor([float(agreeing)], dtype=torch.float64)}
+    for check in (c for c in COUNTED if "difference" in c.test):
+        chosen = decided.choose([5])
+        assert not verdict_of(check, encoded(sent), chosen).passed

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import outputs
+from dpkit.grading import counted, outputs
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -655,6 +655,42 @@ CHECKS = (
         "data-parallel gradients equal single-device gradients",
         outputs.model_inputs,
         outputs.judge_gradients,
+    ),
+    # The numbers returned, in dpkit.grading.counted.
+    ParentCheck(
+        7,
+        "test_traffic_per_lane",
+        "traffic_per_lane counts the bytes each lane sends and receives",
+        counted.traffic_inputs,
+        counted.judge_traffic,
+    ),
+    ParentCheck(
+        7,
+        "test_compare_traffic",
+        "reduce-add loads lane 0 with (n-1)N bytes; the ring spreads 2(n-1)/n N over all",
+        counted.compare_inputs,
+        counted.judge_compare,
+    ),
+    ParentCheck(
+        5,
+        "test_train_step",
+        "three data-parallel SGD steps train exactly like one device",
+        counted.train_inputs,
+        counted.judge_train,
+    ),
+    ParentCheck(
+        5,
+        "test_gradient_difference_small",
+        "max_gradient_difference is tiny for a correct data-parallel forward",
+        counted.difference_inputs,
+        counted.judge_difference_small,
+    ),
+    ParentCheck(
+        5,
+        "test_gradient_difference_detects_errors",
+        "max_gradient_difference detects a wrong forward",
+        counted.difference_inputs,
+        counted.judge_difference_large,
     ),
 )
 

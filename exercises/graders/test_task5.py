@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import dpkit
-from dpkit.grading import decided, outputs
+from dpkit.grading import counted, decided, outputs
 from dpkit.grading.rules import lent
 
 pytestmark = pytest.mark.task5
@@ -81,44 +81,40 @@ def test_gradients_match_single_device(exercise, lanes, request):
     decided.answer(nodeid, inputs, outputs.listed("grad", grads))
 
 
-def test_train_step(exercise, lanes):
+def test_train_step(exercise, lanes, request):
     """three data-parallel SGD steps train exactly like one device"""
-    x, y = batch(12)
-    single, parallel = make_module(), make_module()
-    single_sgd = torch.optim.SGD(single.parameters(), lr=0.1)
-    parallel_sgd = torch.optim.SGD(parallel.parameters(), lr=0.1)
-    for step in range(3):
-        single_sgd.zero_grad()
-        want = nn.functional.mse_loss(single(x), y)
-        want.backward()
-        single_sgd.step()
-        got = exercise.train_step(parallel, parallel_sgd, x, y, lanes)
+    nodeid = request.node.nodeid
+    seed, rows = inputs = decided.inputs_here(nodeid)
+    x, y, _ = outputs.seeded_batch(seed, rows)
+    parallel = outputs.seeded_model(seed)
+    optimizer = torch.optim.SGD(parallel.parameters(), lr=counted.LEARNING_RATE)
+    losses = []
+    for _ in range(counted.STEPS):
+        got = exercise.train_step(parallel, optimizer, x, y, lanes)
         assert isinstance(got, float), f"train_step should return a float, got {type(got)}"
-        assert abs(got - want.item()) < 1e-5, (
-            f"step {step}: loss {got} differs from one device's {want.item()}; zero the "
-            "gradients first and use mse_loss on the gathered output"
-        )
-    for a, b in zip(single.parameters(), parallel.parameters()):
-        assert torch.allclose(a, b, atol=1e-5), "after 3 steps the parameters differ"
+        losses.append(got)
+    values = outputs.listed("param", [p.detach() for p in parallel.parameters()])
+    decided.answer(nodeid, inputs, {**values, "losses": torch.tensor(losses, dtype=torch.float64)})
 
 
-def test_gradient_difference_small(exercise, lanes):
-    """max_gradient_difference is tiny for a correct data-parallel forward"""
-    x, y = batch(10)
-    difference = exercise.max_gradient_difference(lent(make_module), x, y, lanes)
+def max_difference(exercise, lanes, request, forward=None) -> None:
+    """Run max_gradient_difference on the parent's model and batch, send what it returns."""
+    nodeid = request.node.nodeid
+    seed, rows = inputs = decided.inputs_here(nodeid)
+    x, y, _ = outputs.seeded_batch(seed, rows)
+    make = lent(lambda: outputs.seeded_model(seed))
+    extra = () if forward is None else (forward,)
+    difference = exercise.max_gradient_difference(make, x, y, lanes, *extra)
     assert isinstance(difference, float), f"return a float, got {type(difference).__name__}"
-    assert 0.0 <= difference < 1e-5, f"got {difference}; equal gradients differ by ~1e-7 at most"
+    sent = torch.tensor([float(difference)], dtype=torch.float64)
+    decided.answer(nodeid, inputs, {"difference": sent})
 
 
-def test_gradient_difference_detects_errors(exercise, lanes):
+def test_gradient_difference_small(exercise, lanes, request):
+    """max_gradient_difference is tiny for a correct data-parallel forward"""
+    max_difference(exercise, lanes, request)
+
+
+def test_gradient_difference_detects_errors(exercise, lanes, request):
     """max_gradient_difference detects a wrong forward"""
-    x, y = batch(10)
-
-    def only_first_chunk(module, inputs, devices):  # forgets the other devices' rows
-        return torch.cat([module(inputs[0][:3]), module(inputs[0][3:]).detach()])
-
-    difference = exercise.max_gradient_difference(lent(make_module), x, y, lanes, only_first_chunk)
-    assert difference > 1e-3, (
-        f"a forward that drops 7 of 10 rows from backward gave a difference of {difference}; "
-        "compare the .grad of every parameter, using the forward you are given"
-    )
+    max_difference(exercise, lanes, request, lent(counted.first_rows_only))
