@@ -25,6 +25,7 @@ they are now. ``--fresh`` throws a file's cache away.
     make mutation                              # every core file (hours on 2 cores)
     make mutation FILES=dpkit/comm.py          # one file, or several: FILES="a.py b.py"
     make mutation FILES=dpkit/pipeline/bubble.py   # a file beyond the core, its own tests
+    .venv/bin/python -m benchmarks.mutation --beyond --head   # all of them, the last commit
     .venv/bin/python -m benchmarks.mutation --files dpkit/comm.py --fresh
 
 Results, merged file by file into what earlier runs measured:
@@ -54,6 +55,9 @@ WORK = ROOT / "build" / "mutation"
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "mutation.json"
 RESULTS_MD = ROOT / "benchmarks" / "results" / "mutation.md"
 EQUIVALENTS_MD = ROOT / "benchmarks" / "mutation_equivalents.md"
+# Where the copies' files are read from: the working tree, or (``--head``) the last commit
+# unpacked here, so that others' uncommitted edits in a shared tree stay out of a run.
+HEAD_TREE = WORK / "_head"
 
 # The issue's core, in the order a partial run should take them.
 CORE_FILES = (
@@ -216,7 +220,7 @@ def module_of(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
-def own_tests(target: str, files: list[str]) -> list[str]:
+def own_tests(target: str, files: list[str], source: Path = ROOT) -> list[str]:
     """The test files of ``files`` (``tests/test_*.py``) that are ``target``'s own: their
     text matches its pattern in :data:`BEYOND_CORE`, skipped ones included (``--ignore``
     and the markers still apply). Outside the test selection the suite is not run."""
@@ -228,14 +232,14 @@ def own_tests(target: str, files: list[str]) -> list[str]:
         for name in files
         if fnmatch(name, "tests/test_*.py")
         and not any(fnmatch(name, glob) or name.startswith(f"{glob}/") for glob in ignored)
-        and pattern.search((ROOT / name).read_text())
+        and pattern.search((source / name).read_text())
     ]
 
 
-def selection_for(target: str, files: list[str]) -> tuple[str, ...]:
+def selection_for(target: str, files: list[str], source: Path = ROOT) -> tuple[str, ...]:
     """What pytest is given for ``target``: the fast suite for a core file, the own test
     files for one beyond the core."""
-    return TEST_SELECTION if target in CORE_FILES else tuple(own_tests(target, files))
+    return TEST_SELECTION if target in CORE_FILES else tuple(own_tests(target, files, source))
 
 
 def _tree_files() -> list[str]:
@@ -250,14 +254,31 @@ def _tree_files() -> list[str]:
     return sorted(p for p in listing.split("\0") if p and (ROOT / p).is_file())
 
 
-def sync_copy(workdir: Path, files: list[str]) -> None:
+def _head_files() -> list[str]:
+    """The last commit's files, unpacked into :data:`HEAD_TREE` (afresh each run)."""
+    if HEAD_TREE.exists():
+        shutil.rmtree(HEAD_TREE)
+    HEAD_TREE.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(HEAD_TREE)], input=archive.stdout, check=True)
+    listing = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "--name-only", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(p for p in listing.split("\0") if p and (HEAD_TREE / p).is_file())
+
+
+def sync_copy(workdir: Path, files: list[str], source_root: Path = ROOT) -> None:
     """Make ``workdir`` hold ``files`` as they are now. A changed file gets a new mtime, which
     is how mutmut tells that its mutants must be made again."""
     manifest = workdir / "copied-files.txt"
     before = set(manifest.read_text().splitlines()) if manifest.exists() else set()
     present = []
     for name in files:
-        source, target = ROOT / name, workdir / name
+        source, target = source_root / name, workdir / name
         try:
             content = source.read_bytes()
         except FileNotFoundError:  # removed since the listing (someone moved it meanwhile)
@@ -354,7 +375,13 @@ def recheck_survivors(workdir: Path, target: str, equivalents: list[Equivalent])
 
 
 def run_file(
-    target: str, *, fresh: bool, max_children: int, files: list[str], debug: bool = False
+    target: str,
+    *,
+    fresh: bool,
+    max_children: int,
+    files: list[str],
+    debug: bool = False,
+    source_root: Path = ROOT,
 ) -> tuple[float, bool]:
     """Run mutmut on one core file in its own copy: the seconds it took, and whether it
     started from nothing (every mutant tested, not only what a cache left open). ``debug``:
@@ -364,9 +391,9 @@ def run_file(
         shutil.rmtree(workdir)
     full = not any(code is not None for code in read_results(workdir, target).values())
     workdir.mkdir(parents=True, exist_ok=True)
-    sync_copy(workdir, files)
+    sync_copy(workdir, files, source_root)
     also_copy = sorted({name.split("/", 1)[0] for name in files} - {"dpkit", "tests"})
-    selection = selection_for(target, files)
+    selection = selection_for(target, files, source_root)
     if not selection:
         raise SystemExit(f"{target}: no test file matches {BEYOND_CORE[target]!r}")
     write_config(workdir, target, also_copy, selection, debug)
@@ -687,6 +714,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fresh", action="store_true", help="throw away the files' caches first")
     parser.add_argument(
+        "--head",
+        action="store_true",
+        help="test the last commit's files, not the working tree (others' uncommitted edits"
+        " in a shared tree stay out)",
+    )
+    parser.add_argument(
         "--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once"
     )
     parser.add_argument(
@@ -716,23 +749,35 @@ def main(argv: list[str] | None = None) -> int:
         _print_overall(write_results({}, equivalents))
         return 0
     skipped = (*SKIPPED_TESTS, *args.skip_tests)
-    tree = _tree_files()
+    source_root = HEAD_TREE if args.head else ROOT
+    tree = _head_files() if args.head else _tree_files()
     kept = [f for f in tree if not any(fnmatch(f, glob) for glob in skipped)]
     per_file, failed = {}, []
     for target in args.files:
         # a file beyond the core: its own tests are copied, skipped or not
-        files = kept if target in CORE_FILES else sorted({*kept, *own_tests(target, tree)})
+        files = (
+            kept if target in CORE_FILES else sorted({*kept, *own_tests(target, tree, source_root)})
+        )
         try:
             try:
                 seconds, full = run_file(
-                    target, fresh=args.fresh, max_children=args.max_children, files=files
+                    target,
+                    fresh=args.fresh,
+                    max_children=args.max_children,
+                    files=files,
+                    source_root=source_root,
                 )
             except subprocess.CalledProcessError:
                 # mutmut stops when the unmutated tests fail, without saying which. Once more:
                 # a test that failed only under the machine's load passes this time.
                 print(f"{target}: the unmutated tests failed; once more, showing", flush=True)
                 seconds, full = run_file(
-                    target, fresh=False, max_children=args.max_children, files=files, debug=True
+                    target,
+                    fresh=False,
+                    max_children=args.max_children,
+                    files=files,
+                    debug=True,
+                    source_root=source_root,
                 )
         except subprocess.CalledProcessError:
             print(f"{target}: mutmut failed; its cache is kept, run it again", flush=True)

@@ -67,7 +67,7 @@ def test_the_idle_fraction_is_one_steps_and_by_default_the_last():
 def test_the_idle_fraction_reads_a_trace_and_refuses_an_empty_one():
     with dpkit.trace() as recorded:
         pass
-    with pytest.raises(ValueError, match="no events"):
+    with pytest.raises(ValueError, match="^the trace has no events"):
         pp.idle_fraction(recorded)
     predicted = pp.predict_schedule([(1.0, 1.0)] * 2, 1)  # a Trace: idle (p - 1) / p = 1/2
     assert pp.idle_fraction(predicted) == pytest.approx(1 / 2)
@@ -108,21 +108,31 @@ def test_the_sweep_reports_median_quartiles_and_step_time_per_micro_batch_count(
         def __init__(self, m):
             self.p, self.m = 3, m
 
-    def measured(pipe, inputs, targets, repeats):
-        assert repeats == 4
+    inputs, targets = torch.zeros(2), torch.ones(2)
+    asked = []
+
+    def measured(pipe, given_inputs, given_targets, repeats):
+        assert given_inputs is inputs and given_targets is targets
+        asked.append(repeats)
         idle, events = steps[pipe.m]
         trace = dpkit.Trace()
         trace._events = events
         return trace, idle
 
     monkeypatch.setattr(bubble, "measure_steps", measured)
-    rows = pp.bubble_sweep(Made, None, None, micro_batches=(2, 3), repeats=4)
+    rows = pp.bubble_sweep(Made, inputs, targets, micro_batches=(2, 3), repeats=4)
     assert [row["micro_batches"] for row in rows] == [2, 3]
     first, second = rows
     assert first["formula"] == pytest.approx(2 / 4) and second["formula"] == pytest.approx(2 / 5)
     assert (first["measured idle"], first["q1"], first["q3"]) == pytest.approx((0.5, 0.25, 0.75))
     assert (second["measured idle"], second["q1"], second["q3"]) == pytest.approx((0.3,) * 3)
     assert first["step ms"] == pytest.approx(5.0) and second["step ms"] == pytest.approx(3.0)
+    # two steps, idle 0.2 and 0.4: quartiles at positions 0.75 and 2.25, 0.15 and 0.45
+    steps[4] = ([0.2, 0.4], [e("a", 0, 0.001, 1), e("a", 1, 1.003, 2)])
+    (row,) = pp.bubble_sweep(Made, inputs, targets, micro_batches=(4,))
+    assert (row["q1"], row["measured idle"], row["q3"]) == pytest.approx((0.15, 0.3, 0.45))
+    assert row["step ms"] == pytest.approx(2.0)
+    assert asked == [4, 4, 5]  # 5 steps unless told
 
 
 def test_a_predicted_schedule_is_gpipes_by_hand():
@@ -149,6 +159,18 @@ def test_a_predicted_schedule_is_gpipes_by_hand():
     assert {(x.kind, x.step, x.nbytes) for x in predicted.events} == {("predicted", 1, 0)}
     # busy 3 s + 7 s of 2 x 8.5: idle 7/17, above the formula's 1/3 (unequal stages)
     assert pp.idle_fraction(predicted) == pytest.approx(7 / 17)
+    # times from the schedule's start: its rows (and figures) begin at 0 s
+    rows = predicted.rows()  # a DataFrame, or without pandas a list of dicts
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    assert sorted(row["start_s"] for row in rows)[:3] == [0.0, 0.5, 0.5]
+
+
+def test_the_last_stage_turns_back_as_soon_as_its_forward_ends():
+    # (0.25, 0.5) s per stage, m = 1: forwards 0-0.25, 0.25-0.5; backwards 0.5-1, 1-1.5
+    predicted = pp.predict_schedule([(0.25, 0.5)] * 2, 1)
+    spans = [(x.phase, x.details["stage"], x.start, x.end) for x in predicted.events]
+    assert spans == [("apply", 0, 0.0, 0.25), ("apply", 1, 0.25, 0.5),
+                     ("backward", 1, 0.5, 1.0), ("backward", 0, 1.0, 1.5)]  # fmt: skip
 
 
 def data(rows: int = ROWS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +189,41 @@ def test_stage_times_are_the_median_forward_and_backward_of_each_stage(monkeypat
     times = pp.stage_times(pipe, *data(), repeats=3)
     assert times == [(3, 4), (1, 2)]
     assert all(p.grad is None for p in pipe.parameters())  # timing leaves no gradients
+
+
+class Seen(nn.Module):
+    """Passes its input on, noting whether it wants a gradient, its shape, and torch's
+    intra-op threads while it runs."""
+
+    def __init__(self, log: list, name: int):
+        super().__init__()
+        self.log, self.name = log, name
+
+    def forward(self, x):
+        self.log.append((self.name, x.requires_grad, tuple(x.shape), torch.get_num_threads()))
+        return x
+
+
+def test_stage_times_run_each_stage_as_the_pipeline_does():
+    # Stage 0 gets the batch (its gradient not wanted) and sends a vector of 6 x 8 values;
+    # stage 1 gets that vector (wanting its gradient, as backward sends it back), and the
+    # loss runs on its output alone; every stage runs with the pipeline's threads. Three
+    # repeats unless told.
+    log, losses = [], []
+    threads = torch.get_num_threads() + 1  # not what torch has now
+
+    def loss(outputs, targets):
+        losses.append(outputs.shape)
+        return nn.functional.cross_entropy(outputs, targets)
+
+    first = nn.Sequential(Seen(log, 0), nn.Linear(WIDTH, 8), nn.Flatten(0))
+    second = nn.Sequential(nn.Unflatten(0, (ROWS, 8)), Seen(log, 1), nn.Linear(8, WIDTH))
+    stages = [first, second]
+    pipe = pp.Pipeline(stages, dpkit.virtual_devices(2), loss=loss, threads=threads)
+    times = pp.stage_times(pipe, *data())
+    assert len(times) == 2 and all(f > 0 and b > 0 for f, b in times)
+    assert log == [(0, False, (ROWS, WIDTH), threads)] * 3 + [(1, True, (ROWS, 8), threads)] * 3
+    assert losses == [(ROWS, WIDTH)] * 3
 
 
 def test_stage_times_raise_a_stages_error_in_the_caller():
@@ -285,6 +342,9 @@ def test_each_stage_runs_with_the_pipelines_intra_op_threads():
     seen.clear()
     pp.Pipeline(stages, dpkit.virtual_devices(2), 2, threads=None).step(*data())
     assert seen == [before] * 4
+    seen.clear()
+    pp.Pipeline(stages, dpkit.virtual_devices(2), 2, threads=before + 1).step(*data())
+    assert seen == [before + 1] * 4 and torch.get_num_threads() == before
 
 
 def test_a_pipeline_knows_its_stages_parameters_and_clears_their_gradients():
