@@ -200,15 +200,16 @@ class Seen(nn.Module):
         self.log, self.name = log, name
 
     def forward(self, x):
-        self.log.append((self.name, x.requires_grad, tuple(x.shape), torch.get_num_threads()))
+        self.log.append((self.name, x.requires_grad, tuple(x.shape), torch.get_num_threads(),
+                         threading.current_thread().name))  # fmt: skip
         return x
 
 
 def test_stage_times_run_each_stage_as_the_pipeline_does():
     # Stage 0 gets the batch (its gradient not wanted) and sends a vector of 6 x 8 values;
     # stage 1 gets that vector (wanting its gradient, as backward sends it back), and the
-    # loss runs on its output alone; every stage runs with the pipeline's threads. Three
-    # repeats unless told.
+    # loss runs on its output alone; every stage runs with the pipeline's threads, in one
+    # thread of its own. Three repeats unless told.
     log, losses = [], []
     threads = torch.get_num_threads() + 1  # not what torch has now
 
@@ -222,7 +223,12 @@ def test_stage_times_run_each_stage_as_the_pipeline_does():
     pipe = pp.Pipeline(stages, dpkit.virtual_devices(2), loss=loss, threads=threads)
     times = pp.stage_times(pipe, *data())
     assert len(times) == 2 and all(f > 0 and b > 0 for f, b in times)
-    assert log == [(0, False, (ROWS, WIDTH), threads)] * 3 + [(1, True, (ROWS, 8), threads)] * 3
+    timer = "dpkit-stage-timer"  # a thread of its own, named as dpkit's threads are
+    assert (
+        log
+        == [(0, False, (ROWS, WIDTH), threads, timer)] * 3
+        + [(1, True, (ROWS, 8), threads, timer)] * 3
+    )
     assert losses == [(ROWS, WIDTH)] * 3
 
 
