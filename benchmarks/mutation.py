@@ -56,8 +56,9 @@ RESULTS_JSON = ROOT / "benchmarks" / "results" / "mutation.json"
 RESULTS_MD = ROOT / "benchmarks" / "results" / "mutation.md"
 EQUIVALENTS_MD = ROOT / "benchmarks" / "mutation_equivalents.md"
 # Where the copies' files are read from: the working tree, or (``--head``) the last commit
-# unpacked here, so that others' uncommitted edits in a shared tree stay out of a run.
-HEAD_TREE = WORK / "_head"
+# unpacked here (one folder per run, so that two runs on different files can go at once),
+# so that others' uncommitted edits in a shared tree stay out of a run.
+HEAD_TREE = WORK / f"_head-{os.getpid()}"
 
 # The issue's core, in the order a partial run should take them.
 CORE_FILES = (
@@ -748,9 +749,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         _print_overall(write_results({}, equivalents))
         return 0
-    skipped = (*SKIPPED_TESTS, *args.skip_tests)
     source_root = HEAD_TREE if args.head else ROOT
     tree = _head_files() if args.head else _tree_files()
+    try:
+        return _run(args, equivalents, tree, source_root)
+    finally:
+        shutil.rmtree(HEAD_TREE, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, equivalents: list[Equivalent], tree: list[str],
+         source_root: Path) -> int:  # fmt: skip
+    skipped = (*SKIPPED_TESTS, *args.skip_tests)
     kept = [f for f in tree if not any(fnmatch(f, glob) for glob in skipped)]
     per_file, failed = {}, []
     for target in args.files:
