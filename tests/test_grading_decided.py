@@ -28,7 +28,7 @@ from torch import nn
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import counted, decided, outputs, roster
+from dpkit.grading import counted, decided, gradients, outputs, roster
 from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -610,12 +610,14 @@ def right_numbers(test: str, inputs: list) -> dict[str, torch.Tensor]:
     x, y, _ = outputs.seeded_batch(seed, rows)
     model = outputs.seeded_model(seed)
     if test == "test_train_step":
-        sgd, losses = torch.optim.SGD(model.parameters(), lr=0.1), []
-        for _ in range(3):
-            sgd.zero_grad()
+        losses = []
+        for _ in range(3):  # SGD, lr 0.1 (torch.optim's first step imports for 1.5 s)
+            model.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
-            sgd.step()
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.sub_(0.1 * parameter.grad)
             losses.append(loss.item())
         params = {f"param{i}": p.detach() for i, p in enumerate(model.parameters())}
         return {**params, "losses": torch.tensor(losses, dtype=torch.float64)}
@@ -657,7 +659,6 @@ def test_five_checks_of_returned_numbers_are_decided_by_the_parent():
         (7, "test_compare_traffic"),
         (7, "test_traffic_per_lane"),
     ]
-    assert len(decided.CHECKS) == 25
 
 
 @pytest.mark.parametrize("check", COUNTED, ids=lambda check: check.test)
@@ -690,3 +691,81 @@ def test_a_float_that_agrees_with_everything_gains_nothing():
     for check in (c for c in COUNTED if "difference" in c.test):
         chosen = decided.choose([5])
         assert not verdict_of(check, encoded(sent), chosen).passed
+
+
+# --------------------------------------------------------------------------------------
+# The gradients autograd leaves (dpkit/grading/gradients.py), and replicate's outputs.
+
+GRADIENTS = [check for check in decided.CHECKS if check.judge.__module__ == gradients.__name__]
+
+
+def right_gradients(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """Plain autograd's gradients for the inputs, worked out here."""
+    if test == "test_scatter_tensor_gradients":
+        rows, columns, seed = inputs
+        generator = torch.Generator().manual_seed(seed)
+        sizes = [len(c) for c in torch.arange(rows).chunk(4)]
+        return {"grad": torch.cat([torch.randn(n, columns, generator=generator) for n in sizes])}
+    if test == "test_gather_backward":
+        rows, columns, seed = inputs
+        weight = torch.randn(sum(rows), columns, generator=torch.Generator().manual_seed(seed))
+        return {f"grad{i}": piece for i, piece in enumerate(weight.split(rows))}
+    if test == "test_ddp_gradients_match_dataparallel":
+        seed, rows = inputs
+        x, y, _ = outputs.seeded_batch(seed, rows)
+        model = outputs.seeded_model(seed)
+        nn.functional.mse_loss(model(x), y).backward()
+        grads = [p.grad for p in model.parameters()] * 4
+        return {f"grad{i}": grad for i, grad in enumerate(grads)}
+    seed, rows, count = inputs  # task 2
+    x, _, _ = outputs.seeded_batch(seed, rows)
+    model = outputs.seeded_model(seed)
+    if test == "test_replicate_places_replicas":
+        out = model(x).detach()
+        return {f"out{i}": out for i in range(4)}
+    (count * model(x).pow(2).sum()).backward()
+    return {f"grad{i}": p.grad for i, p in enumerate(model.parameters())}
+
+
+def wrong_gradients(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """One mistake each: the chunks' gradients or the pieces' in another order, one
+    replica's output off, lane 0's gradients alone (a reduce that keeps one copy), one
+    replica left out of the all-reduce."""
+    values = right_gradients(test, inputs)
+    names = sorted(values, key=lambda name: int(name.lstrip("gradout") or 0))
+    if test == "test_scatter_tensor_gradients":
+        values["grad"] = values["grad"].flip(0)
+    elif test == "test_gather_backward":
+        values = dict(zip(names, [values[name] for name in reversed(names)]))
+    elif test == "test_replicate_places_replicas":
+        values["out3"] = values["out3"] + 0.5
+    elif test == "test_replicate_gradients":
+        values = {name: grad / inputs[2] for name, grad in values.items()}
+    else:
+        values[names[-1]] = values[names[-1]] * 0.75
+    return values
+
+
+def test_five_checks_of_gradients_and_replicas_are_decided_by_the_parent():
+    assert sorted((c.task, c.test) for c in GRADIENTS) == [
+        (1, "test_scatter_tensor_gradients"),
+        (2, "test_replicate_gradients"),
+        (2, "test_replicate_places_replicas"),
+        (4, "test_gather_backward"),
+        (7, "test_ddp_gradients_match_dataparallel"),
+    ]
+    assert len(decided.CHECKS) == 30
+
+
+@pytest.mark.parametrize("check", GRADIENTS, ids=lambda check: check.test)
+def test_gradients_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    right = verdict_of(check, encoded(right_gradients(check.test, inputs)), chosen)
+    assert right.passed, right.hint
+    wrong = verdict_of(check, encoded(wrong_gradients(check.test, inputs)), chosen)
+    assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
+    other = check.choose(random.Random(1))
+    assert not verdict_of(check, encoded(right_gradients(check.test, other)), chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed

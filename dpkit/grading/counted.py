@@ -103,12 +103,15 @@ def judge_train(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
     if not all(isinstance(p, torch.Tensor) for p in params):
         return NOT_TENSORS
     x, y, _ = seeded_batch(seed, rows)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     for step, got in enumerate(losses.tolist()):
-        optimizer.zero_grad()
+        # plain SGD by hand: torch.optim's first step costs the parent 1.5 s of imports
+        model.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
-        optimizer.step()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                assert parameter.grad is not None
+                parameter -= LEARNING_RATE * parameter.grad
         if not abs(got - loss.item()) < 1e-5:
             return (
                 f"step {step}: loss {got} differs from one device's {loss.item()}; zero the "

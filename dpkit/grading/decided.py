@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import counted, outputs
+from dpkit.grading import counted, gradients, outputs
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -691,6 +691,42 @@ CHECKS = (
         "max_gradient_difference detects a wrong forward",
         counted.difference_inputs,
         counted.judge_difference_large,
+    ),
+    # The gradients autograd leaves, in dpkit.grading.gradients.
+    ParentCheck(
+        1,
+        "test_scatter_tensor_gradients",
+        "gradients flow back from the chunks to the input",
+        gradients.scatter_grad_inputs,
+        gradients.judge_scatter_grad,
+    ),
+    ParentCheck(
+        2,
+        "test_replicate_places_replicas",
+        "replicate makes one working replica per lane, parameters on that lane",
+        gradients.replica_inputs,
+        gradients.judge_replica_outputs,
+    ),
+    ParentCheck(
+        2,
+        "test_replicate_gradients",
+        "gradients of every replica add up in the original module",
+        gradients.replica_inputs,
+        gradients.judge_replica_grads,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_backward",
+        "gradients flow back to every piece, the matching slice each",
+        gradients.gather_grad_inputs,
+        gradients.judge_gather_grad,
+    ),
+    ParentCheck(
+        7,
+        "test_ddp_gradients_match_dataparallel",
+        "all-reduced replica gradients equal DataParallel's gradients",
+        gradients.ddp_inputs,
+        gradients.judge_ddp_grads,
     ),
 )
 
