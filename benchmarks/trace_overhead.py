@@ -74,7 +74,7 @@ UNCHECKED: dict[str, Callable[..., Any]] = {
     "span": lambda *args, **kwargs: _NO_OP,
     "copy_span": lambda *args, **kwargs: _NO_OP,
     "host_span": lambda *args, **kwargs: _NO_OP,
-    "applying": lambda *args, **kwargs: _NO_OP,  # the seam around the replicas' run
+    "applying": lambda worker, *args: nullcontext(worker),  # the seam around the replicas' run
     "holds": lambda *args, **kwargs: None,
     "record_memory": lambda *args, **kwargs: None,
     "enabled": lambda: False,

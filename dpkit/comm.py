@@ -1,15 +1,15 @@
 """The one place where bytes move between devices, and the one place a move is reported.
 
 Four collectives, named and behaving as in ``torch.nn.parallel.comm``: :func:`scatter`,
-:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Every copy they make is reported to
-the transfer listeners (:func:`add_transfer_listener`) by :func:`copy_to`, or, for gather's
-copies straight into its result's slices, as copy_to would. The trace is told in one seam,
-:func:`_copy_group`: each group of copies for one device is one span (phase from the
-collective and the pass, ``scatter`` in forward, ``grad_scatter`` in backward; see
+:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Each moves its tensors in groups,
+one group per device, through one seam, :func:`_copy_group`, which is all that tells anyone
+else about a copy: the transfer listeners (:func:`add_transfer_listener`) hear of every copy
+(:func:`copy_to`); the trace gets one span per group (phase from the collective and the
+pass, ``scatter`` in forward, ``grad_scatter`` in backward; see
 :func:`dpkit.tracing.copy_span`) with the bytes actually copied, then what the copies leave
-on the device (gather, whose copies fill slices, records the same three things itself). A
-tensor already on its target is used as it is, never copied, exactly as torch does for the
-chunk or parameter that already sits on the target GPU.
+on the device; and in a backward on GPU lanes, what a lane reads or made is recorded on the
+right stream (below). A tensor already on its target is used as it is, never copied, exactly
+as torch does for the chunk or parameter that already sits on the target GPU.
 
 On CPU lanes, a copy of 1 MiB or more goes into a block the lane reuses
 (:mod:`dpkit.lane_memory`, like CUDA's caching allocator): fresh memory faults in each page
@@ -21,8 +21,8 @@ own streams (see ``parallel_apply``), which wait for these copies before they st
 tensor made on one stream and read on another must also be *recorded* on the reader's
 stream, or torch's caching allocator may hand its memory to new work on the maker's stream
 while the reader's kernels are still queued: ``parallel_apply`` records what each lane's
-forward reads, and in backward, where no ``parallel_apply`` runs, these functions have
-:mod:`dpkit.lanes` record the gradients they hand to lanes or take from them.
+forward reads, and in backward, where no ``parallel_apply`` runs, the seam has
+:mod:`dpkit.lanes` record the gradients these functions hand to lanes or take from them.
 """
 
 from __future__ import annotations
@@ -131,19 +131,63 @@ def _copy_group(
     destination: Device,
     source: Device | None = None,
     /,
+    into: Sequence[torch.Tensor] | None = None,
+    leaves: Sequence[torch.Tensor] | None = None,
     **details: Any,
 ) -> list[torch.Tensor]:
-    """The collectives' one recording seam: ``group`` copied to ``destination`` by
-    :func:`copy_to`, timed as one span of ``collective`` on ``device`` (its phase follows
-    from the pass) with the bytes actually copied (:func:`copy_to` hands back a tensor that
-    needed no copy), then what the group leaves on ``destination`` (:func:`tracing.holds`:
-    a forward scatter's ``input``, a broadcast's ``parameters``)."""
+    """The collectives' one seam: ``group`` copied to ``destination`` by :func:`copy_to`
+    (or, with ``into``, into those tensors: gather's slices of its result), and reported.
+
+    - The trace: one span of ``collective`` on ``device`` (its phase follows from the pass)
+      with the bytes actually copied (:func:`copy_to` hands back a tensor that needed no
+      copy), then what the group leaves on ``destination`` (``leaves``, by default the
+      group: a forward scatter's ``input``, a broadcast's ``parameters``; gather's pieces
+      name their one result with the last piece).
+    - Streams, in a backward on GPU lanes: what scatter and broadcast hand to a lane is
+      recorded on the lane's stream, where its backward reads it; what reduce_add and
+      gather take from a lane, on this thread's stream, where their copies read it.
+    """
+    if collective in _FROM_LANES:
+        lanes.made_on_lane_streams((group,), (device,))
     with tracing.copy_span(collective, device, **details) as span:
-        copies = [copy_to(t, destination, collective, source) for t in group]
+        if into is None:
+            copies = [copy_to(t, destination, collective, source) for t in group]
+            moved = [t for t, c in zip(group, copies) if c is not t]
+        else:
+            copies = list(into)
+            moved = _copy_into(group, copies, collective, source, destination)
         if span is not None:
-            span.nbytes = sum(tensor_nbytes(t) for t, c in zip(group, copies) if c is not t)
-    tracing.holds(collective, (destination,), group)
+            span.nbytes = sum(map(tensor_nbytes, moved))
+    if collective in _TO_LANES:
+        lanes.read_on_lane_streams((copies,), (destination,))
+    leaves = group if leaves is None else leaves
+    if leaves:
+        tracing.holds(collective, (destination,), leaves)
     return copies
+
+
+_TO_LANES = frozenset((Collective.SCATTER, Collective.BROADCAST))
+_FROM_LANES = frozenset((Collective.REDUCE, Collective.GATHER))
+
+
+def _copy_into(
+    group: Sequence[torch.Tensor],
+    into: Sequence[torch.Tensor],
+    op: Collective,
+    source: Device,
+    destination: Device,
+) -> list[torch.Tensor]:
+    """Each tensor of ``group`` copied into its tensor of ``into`` on ``destination`` (the
+    bytes :func:`copy_to` would move, with no tensor in between); those that moved between
+    devices, each reported as :func:`copy_to` reports a copy."""
+    non_blocking = destination.device_type != "cpu"
+    moved = []
+    for tensor, out in zip(group, into, strict=True):
+        if not source.shares_memory_with(destination):
+            _report(op, tensor, source, destination)
+            moved.append(tensor)
+        out.copy_(tensor, non_blocking=non_blocking)
+    return moved
 
 
 # --------------------------------------------------------------------------------------
@@ -169,7 +213,6 @@ def scatter(
         )  # fmt: skip
         # A new view: tagging one that stays home touches no caller's object.
         results.append(place(moved, device))
-    lanes.read_on_lane_streams([(chunk,) for chunk in results], devices)  # a lane's backward
     return tuple(results)
 
 
@@ -191,7 +234,6 @@ def broadcast(
             _copy_group(Collective.BROADCAST, device, tensors, device, tensors=len(tensors))
             for device in devices
         ]
-    lanes.read_on_lane_streams(copies, devices)  # double backward
     return copies
 
 
@@ -206,7 +248,6 @@ def reduce_add(
     ``destination`` (those already there are not), then summed in device order starting
     from the one on ``destination``, as torch does.
     """
-    lanes.made_on_lane_streams(per_device, devices)  # the lanes' gradients
     reduce = Collective.REDUCE
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
@@ -248,23 +289,14 @@ def gather(
                 f"gather: output {position} has shape {tuple(tensor.shape)} but output 0 has "
                 f"{tuple(first.shape)}; replica outputs may differ only along dim={dim}"
             )
-    lanes.made_on_lane_streams((tensors,), sources)  # the lanes' gradients
     shape = list(first.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
     result = lane_memory.empty(shape, first.dtype, destination)  # torch.empty, reused blocks
-    non_blocking = destination.device_type != "cpu"
-    offset = 0
-    for tensor, source in zip(tensors, sources, strict=True):
-        rows = tensor.shape[dim]
-        with tracing.copy_span(
-            Collective.GATHER, source, rows=rows, destination=destination.name
-        ) as span:
-            if not source.shares_memory_with(destination):
-                _report(Collective.GATHER, tensor, source, destination)
-                if span is not None:
-                    span.nbytes = tensor_nbytes(tensor)
-            # The copy into the result's slice: same bytes as copy_to, no tensor in between.
-            result.narrow(dim, offset, rows).copy_(tensor, non_blocking=non_blocking)
-        offset += rows
-    tracing.holds(Collective.GATHER, (destination,), (result,))
+    pieces = result.split([t.shape[dim] for t in tensors], dim)
+    for tensor, source, piece in zip(tensors, sources, pieces, strict=True):
+        _copy_group(
+            Collective.GATHER, source, (tensor,), destination, source,
+            into=(piece,), leaves=(result,) if piece is pieces[-1] else (),
+            rows=tensor.shape[dim], destination=destination.name,
+        )  # fmt: skip
     return place(result, destination)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,13 +23,22 @@ def tensors_in(obj: Any, found: list[torch.Tensor] | None = None) -> list[torch.
     return found
 
 
-def module_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+def module_tensors(module: nn.Module) -> list[torch.Tensor]:
     """A module's parameters and buffers, a replica's too (whose parameters are attributes,
-    listed in ``_former_parameters`` by replicate)."""
-    for submodule in module.modules():
-        params = getattr(submodule, "_former_parameters", None) or submodule._parameters
-        yield from (t for t in params.values() if t is not None)
-        yield from (t for t in submodule._buffers.values() if t is not None)
+    listed in ``_former_parameters`` by replicate); each module once, as ``modules()``."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [module]
+    while stack:
+        submodule = stack.pop()
+        if id(submodule) in seen:
+            continue
+        seen.add(id(submodule))
+        params = submodule.__dict__.get("_former_parameters") or submodule._parameters
+        found.extend(t for t in params.values() if t is not None)
+        found.extend(t for t in submodule._buffers.values() if t is not None)
+        stack.extend(child for child in submodule._modules.values() if child is not None)
+    return found
 
 
 def tensor_nbytes(tensor: torch.Tensor) -> int:

@@ -72,10 +72,8 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit import lanes, tracing
-from dpkit.context import current_scope, within
 from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices, device_of
 from dpkit.nested import tensors_in
-from dpkit.tracing import Phase
 
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
@@ -108,7 +106,7 @@ def parallel_apply(
     # dpkit: a missing device is found from its input here, before any replica runs (torch:
     # in the worker), and every device becomes a dpkit Device (a lane, an accelerator, the host)
     devices = _resolve_devices(devices, inputs)
-    # dpkit: a GPU lane runs on a stream of its own, which must first wait for the caller's
+    # dpkit: a GPU lane runs on a stream of its own, which first waits for the caller's
     streams, caller_stream = lanes.lane_streams(devices)
     lock = threading.Lock()
     results: dict[int, Any] = {}
@@ -116,7 +114,6 @@ def parallel_apply(
     grad_enabled, autocast_state = torch.is_grad_enabled(), _autocast_state()
     # dpkit: thread-local in torch too, so carried as well: inference mode, intra-op threads
     inference_mode, num_threads = torch.is_inference_mode_enabled(), torch.get_num_threads()
-    scope = current_scope()  # dpkit: the traces recording the caller, to record its workers too
 
     def _worker(
         i: int,
@@ -131,8 +128,7 @@ def parallel_apply(
         _set_current_device(device)  # dpkit: what dpkit.current_device() says in the forward
         try:
             with (
-                within(scope),  # dpkit: the caller's traces record this replica too
-                _device_and_stream(device, stream, caller_stream),  # dpkit: a lane's stream waits
+                _device_and_stream(device, stream),
                 _autocast(device, autocast_state),  # dpkit: the caller's state for this device type
                 torch.inference_mode() if inference_mode else nullcontext(),  # dpkit: carried
             ):
@@ -141,8 +137,7 @@ def parallel_apply(
                     input = (input,)
                 # dpkit: on a GPU lane, what the replica reads is recorded on the lane's stream
                 lanes.record_reads(module, input, kwargs, stream, caller_stream)
-                with tracing.span(Phase.APPLY, device, replica=i):  # dpkit: a trace's apply span
-                    output = module(*input, **kwargs)
+                output = module(*input, **kwargs)
             # dpkit: the tensors the forward made are tagged with its lane
             lanes.tag_new_outputs(output, device, module, input, kwargs, caller_stream)
             with lock:
@@ -154,17 +149,16 @@ def parallel_apply(
             _set_current_device(None)
 
     work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, devices, streams))
-    # dpkit: while tracing, a "dpkit.apply" range for torch's profiler around the workers, and
-    # after them each replica's outputs, activations and backward timer
-    with tracing.applying(work, results):
+    # dpkit: while tracing, each worker runs as a traced replica (see dpkit.tracing.applying)
+    with tracing.applying(_worker, work, results) as worker:
         if len(modules) > 1 or timeout is not None:  # dpkit: timeout= needs a thread, even for one
             # dpkit: daemon threads, so a stuck replica cannot keep the process from exiting
-            threads = [threading.Thread(target=_worker, args=args, daemon=True) for args in work]
+            threads = [threading.Thread(target=worker, args=args, daemon=True) for args in work]
             for thread in threads:
                 thread.start()
             _join(threads, work, timeout)  # dpkit: short joins (Ctrl-C gets through), timeout=
         else:
-            _worker(*work[0])
+            worker(*work[0])
 
     # dpkit: the caller's stream waits for the lanes' and records their outputs
     lanes.lanes_done(streams, caller_stream, results)
@@ -273,18 +267,13 @@ def _set_num_threads(num_threads: int) -> None:
         torch.set_num_threads(num_threads)
 
 
-def _device_and_stream(
-    device: Device, stream: Any | None, caller_stream: Any | None
-) -> AbstractContextManager[Any]:
-    """torch's ``device_index(device), stream`` (nothing on CPU); a GPU lane's stream first
-    waits for the caller's, where scatter and replicate queued the lane's inputs."""
+def _device_and_stream(device: Device, stream: Any | None) -> AbstractContextManager[Any]:
+    """torch's ``device_index(device), stream`` (nothing on CPU)."""
     if stream is None:
         return nullcontext()
     module = torch.get_device_module(device.device_type)
     with ExitStack() as stack:
         stack.enter_context(module.device(device.torch_device))
-        if caller_stream is not None:
-            stream.wait_stream(caller_stream)
         stack.enter_context(module.stream(stream))
         return stack.pop_all()
 

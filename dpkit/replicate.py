@@ -29,11 +29,11 @@ from torch import nn
 from dpkit import comm, tracing
 from dpkit._functions import Broadcast
 from dpkit.devices import Device, DeviceLike, as_devices
-from dpkit.tracing import Phase
 
 T = TypeVar("T", bound=nn.Module)
 
 
+@tracing.replicating  # dpkit: while tracing, building the replica modules is timed from outside
 def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -> list[T]:
     """One replica of ``network`` per device; replica 0 shares storage with ``network``."""
     # dpkit: torch's check that no Python module hides under a ScriptModule, and clear errors
@@ -62,53 +62,46 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
     module_copies: list[list[nn.Module]] = [[] for _ in devices]
     module_indices: dict[nn.Module, int] = {}
 
-    # dpkit: the tensor copies above are traced per device by comm; building the module
-    # objects is Python in this thread, every replica's at once: traced on the source device
-    with tracing.host_span(Phase.REPLICATE, devices[0], what="modules", modules=len(modules)):
-        for i, module in enumerate(modules):
-            module_indices[module] = i
+    for i, module in enumerate(modules):
+        module_indices[module] = i
+        for j in range(num_replicas):
+            replica = module._replicate_for_data_parallel()
+            # DDP reads replicated parameters from here (torch PR #33907 hid them).
+            replica._former_parameters = OrderedDict()
+            module_copies[j].append(replica)
+
+    # torch's loops, each with its test for an absent entry inside the loop over replicas
+    for i, module in enumerate(modules):
+        for key, child in module._modules.items():
             for j in range(num_replicas):
-                replica = module._replicate_for_data_parallel()
-                # DDP reads replicated parameters from here (torch PR #33907 hid them).
-                replica._former_parameters = OrderedDict()
-                module_copies[j].append(replica)
+                replica = module_copies[j][i]
+                if child is None:
+                    replica._modules[key] = None
+                else:
+                    setattr(replica, key, module_copies[j][module_indices[child]])
+        for key, param in module._parameters.items():
+            for j in range(num_replicas):
+                replica = module_copies[j][i]
+                if param is None:
+                    replica._parameters[key] = None
+                else:
+                    param_copy = param_copies[j][param_indices[param]]
+                    # parameters in replicas are no longer leaves,
+                    # so setattr them as non-parameter attributes
+                    setattr(replica, key, param_copy)
+                    # expose the parameter for DDP
+                    replica._former_parameters[key] = param_copy
+        for key, buf in module._buffers.items():
+            for j in range(num_replicas):
+                replica = module_copies[j][i]
+                if buf is None:
+                    replica._buffers[key] = None
+                elif buf.requires_grad and not detach:
+                    setattr(replica, key, buffer_copies_rg[j][buffer_indices_rg[buf]])
+                else:
+                    setattr(replica, key, buffer_copies_not_rg[j][buffer_indices_not_rg[buf]])
 
-        # torch's loops, each with its test for an absent entry inside the loop over replicas
-        for i, module in enumerate(modules):
-            for key, child in module._modules.items():
-                for j in range(num_replicas):
-                    replica = module_copies[j][i]
-                    if child is None:
-                        replica._modules[key] = None
-                    else:
-                        setattr(replica, key, module_copies[j][module_indices[child]])
-            for key, param in module._parameters.items():
-                for j in range(num_replicas):
-                    replica = module_copies[j][i]
-                    if param is None:
-                        replica._parameters[key] = None
-                    else:
-                        param_copy = param_copies[j][param_indices[param]]
-                        # parameters in replicas are no longer leaves,
-                        # so setattr them as non-parameter attributes
-                        setattr(replica, key, param_copy)
-                        # expose the parameter for DDP
-                        replica._former_parameters[key] = param_copy
-            for key, buf in module._buffers.items():
-                for j in range(num_replicas):
-                    replica = module_copies[j][i]
-                    if buf is None:
-                        replica._buffers[key] = None
-                    elif buf.requires_grad and not detach:
-                        setattr(replica, key, buffer_copies_rg[j][buffer_indices_rg[buf]])
-                    else:
-                        setattr(replica, key, buffer_copies_not_rg[j][buffer_indices_not_rg[buf]])
-
-    replicas = [module_copies[j][0] for j in range(num_replicas)]
-    if tracing.enabled():  # dpkit: what each replica holds, known here: the trace need not walk it
-        held = [p + b + c for p, b, c in zip(param_copies, buffer_copies_rg, buffer_copies_not_rg)]
-        tracing.replicated(replicas, held)
-    return replicas  # type: ignore[return-value]
+    return [module_copies[j][0] for j in range(num_replicas)]  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------------------

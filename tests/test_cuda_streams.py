@@ -14,7 +14,7 @@ import itertools
 import math
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -321,6 +321,25 @@ def test_spans_are_timed_on_their_own_devices_stream(gpu):
         assert len(on_device) == 3
     assert [e.device for e in tr.events] == ["cuda:0", "cuda:1"]
     assert all(0 <= e.start <= e.end < math.inf for e in tr.events)
+
+
+def test_a_replicas_apply_is_timed_on_the_stream_it_runs_on(gpu):
+    """The trace opens each replica's apply span before its worker enters its stream: the
+    span's two events still go on that stream (a lane's own; a real device's stream current
+    in the caller), not on the worker's default stream."""
+    sides = [FakeStream("side 0", 0), FakeStream("side 1", 1)]
+    cases = ((gpu_lanes(2), sides[:1], None), (real_gpus(2), sides, sides))
+    for devices, caller_streams, expected in cases:
+        gpu.events.clear()
+        with ExitStack() as stack:
+            for stream in caller_streams:
+                stack.enter_context(gpu.stream(stream))
+            tr = stack.enter_context(dpkit.trace())
+            chunks = [on_gpu(torch.randn(2, 3)) for _ in devices]
+            dpkit.parallel_apply([nn.Identity() for _ in devices], chunks, devices=devices)
+        assert [e.phase for e in tr.events] == ["apply", "apply"]
+        for stream in expected or [gpu.stream_of(device) for device in devices]:
+            assert [e.stream for e in gpu.events].count(stream) == 2, stream
 
 
 def test_a_backward_timed_on_two_streams_waits_for_both_ends(gpu, monkeypatch):

@@ -363,12 +363,12 @@ def test_in_backward_gradients_on_gpu_lanes_are_recorded_on_the_stream_that_read
     with backward_of(1):
         comm.reduce_add(per_device, gpu_lanes[0], gpu_lanes)
     assert ids(recorded) == [([id(c)], "caller") for c in chunks]
-    assert asked == [torch.device("cpu")]
+    assert asked == [torch.device("cpu")] * len(chunks)  # the lanes' GPU, asked per lane
 
     recorded.clear()
     with backward_of(1):
         comm.gather(list(chunks), 0, gpu_lanes[0], gpu_lanes)
-    assert ids(recorded) == [([id(c) for c in chunks], "caller")]
+    assert ids(recorded) == [([id(c)], "caller") for c in chunks]
 
     recorded.clear()
     with backward_of(1):

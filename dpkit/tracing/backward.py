@@ -1,13 +1,16 @@
-"""After each replica's forward: what its outputs and activations hold, and its backward timed.
+"""The seam around a replica's run: its modules built, its forward, what its outputs and
+activations hold, and its backward timed.
 
-``parallel_apply`` runs its workers inside :func:`applying` (DataParallel on one device calls
-its module through :func:`traced_call`), which, while tracing, opens a
-"dpkit.apply" range for torch's profiler in the caller's thread and then hands the finished
-replicas to :func:`after_apply`. Done there, after the workers, so that none of it is timed
-as ``apply`` and no worker waits for the GIL on the trace's behalf: each replica's
-``outputs`` are counted, and :mod:`~dpkit.tracing.replica_graph` walks its autograd graph
-once, for its ``activations`` (the bytes saved for backward) and the nodes where its
-backward starts and ends, which get the hooks of a :class:`ReplicaBackward`.
+``replicate`` is wrapped by :func:`replicating`, which times building the replicas' module
+objects. ``parallel_apply`` runs its workers through :func:`applying` (DataParallel on one
+device calls its module through :func:`traced_call`), which, while tracing, runs each worker
+in the caller's scope as an ``apply`` span on its device, opens a "dpkit.apply" range for
+torch's profiler in the caller's thread, and then hands the finished replicas to
+:func:`after_apply`. Done there, after the workers, so that none of it is timed as ``apply``
+and no worker waits for the GIL on the trace's behalf: each replica's ``outputs`` are
+counted, and :mod:`~dpkit.tracing.replica_graph` walks its autograd graph once, for its
+``activations`` (the bytes saved for backward) and the nodes where its backward starts and
+ends, which get the hooks of a :class:`ReplicaBackward`.
 
 On the CPU, autograd runs every replica's backward in the one thread that called
 ``backward()``, their nodes interleaved, so the replicas' ``backward`` events overlap
@@ -16,17 +19,17 @@ without running in parallel; on GPUs each device has its own backward thread.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from dpkit.context import Scope, current_scope, current_step
-from dpkit.devices import Device
+from dpkit.context import Scope, current_scope, current_step, within
+from dpkit.devices import Device, as_devices
 from dpkit.lanes import stream_of
 from dpkit.nested import module_tensors, tensor_nbytes, tensors_in
 from dpkit.tracing import clock, recorder, replica_graph
@@ -106,16 +109,30 @@ def trace_replica(
         graph.last_node.register_hook(timer.on_end)
 
 
-# What each replica holds, from replicate while tracing, until parallel_apply has run it.
-# Walking a replica's modules for its tensors instead costs about 0.3 M instructions per
-# step for the benchmark's 6-module MLP on 4 lanes (benchmarks/trace_instructions.py).
-_held: weakref.WeakKeyDictionary[nn.Module, list[torch.Tensor]] = weakref.WeakKeyDictionary()
+Replicate = TypeVar("Replicate", bound=Callable[..., Any])
 
 
-def replicated(replicas: Sequence[nn.Module], held: Sequence[list[torch.Tensor]]) -> None:
-    """replicate made ``replicas``; ``held[i]`` is every parameter and buffer of replica i."""
-    for replica, tensors in zip(replicas, held):
-        _held[replica] = tensors
+def replicating(replicate: Replicate) -> Replicate:
+    """``replicate``, which, while tracing, records building its replicas' module objects
+    (Python in the calling thread, every replica's at once) as one more ``replicate`` event
+    on the source device (``what="modules"``), timed by the CPU clock from the end of its
+    last tensor copy (comm's spans, one per device) to its return."""
+
+    @functools.wraps(replicate)
+    def traced_replicate(network: nn.Module, devices: Any, detach: bool = False) -> Any:
+        if not recorder.enabled():
+            return replicate(network, devices, detach)
+        devices = devices if isinstance(devices, Sequence) else list(devices)
+        recorder._last_end.time = clock.now()  # no copies (no tensors): from here
+        replicas = replicate(network, devices, detach)
+        modules = sum(1 for _ in network.modules())
+        source = as_devices(devices)[0]
+        with recorder.host_span(Phase.REPLICATE, source, what="modules", modules=modules) as span:
+            if span is not None:
+                span.start = recorder._last_end.time
+        return replicas
+
+    return traced_replicate  # type: ignore[return-value]
 
 
 def after_apply(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> None:
@@ -127,8 +144,7 @@ def after_apply(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> Non
             continue
         outputs = [output] if isinstance(output, torch.Tensor) else tensors_in(output)
         recorder.record_memory(device, "outputs", sum(map(tensor_nbytes, outputs)))
-        held = _held.pop(module, None)  # any other module is walked
-        given = list(module_tensors(module)) if held is None else held
+        given = module_tensors(module)
         if isinstance(input, torch.Tensor):  # the usual case, without the recursion
             given.append(input)
         else:
@@ -138,17 +154,33 @@ def after_apply(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> Non
         trace_replica(device, outputs, given)
 
 
+Worker = Callable[[int, nn.Module, Any, dict[str, Any], Device, Any], None]
+
+
 @contextmanager
-def applying(work: Sequence[tuple[Any, ...]], results: dict[int, Any]) -> Iterator[None]:
-    """parallel_apply's workers run inside this: while tracing, a "dpkit.apply" range in the
-    caller's thread, which torch's profiler follows (it follows no worker), and once every
-    worker has finished (not after a timeout or Ctrl-C), :func:`after_apply` on ``results``."""
+def applying(
+    worker: Worker, work: Sequence[tuple[Any, ...]], results: dict[int, Any]
+) -> Iterator[Worker]:
+    """parallel_apply's ``worker``, as its workers run it: while tracing, each runs in the
+    caller's scope (the caller's traces record it, in its thread) as an ``apply`` span on its
+    device, timed on the stream it runs on; the workers run inside a "dpkit.apply" range in
+    the caller's thread, which torch's profiler follows (it follows no worker); and once
+    every worker has finished (not after a timeout or Ctrl-C), :func:`after_apply` runs on
+    ``results``."""
     if not recorder.enabled():
-        yield
+        yield worker
         return
+    scope = current_scope()
+
+    def traced_worker(
+        index: int, module: nn.Module, input: Any, kwargs: Any, device: Device, stream: Any
+    ) -> None:
+        with within(scope), recorder.span_on(stream, Phase.APPLY, device, replica=index):
+            worker(index, module, input, kwargs, device, stream)
+
     profiling = torch.autograd._profiler_enabled()
     with torch.autograd.profiler.record_function("dpkit.apply") if profiling else nullcontext():
-        yield
+        yield traced_worker
     after_apply(work, results)
 
 

@@ -8,10 +8,11 @@ each open trace and passed to the hooks in the thread that did the work.
 Who calls what: :mod:`dpkit.comm`, in one seam (``_copy_group``), opens a :func:`copy_span`
 around each group of copies for a device (its phase follows from the copy's
 :class:`~dpkit.tracing.events.Collective` and the pass, read from :mod:`dpkit.context`) and
-says what the copies leave on the device (:func:`holds`); ``parallel_apply`` opens an
-``apply`` :func:`span` per replica and runs its workers inside
-:func:`dpkit.tracing.backward.applying`, which hands their results to ``after_apply``;
-replicate times building the replica modules with a :func:`host_span`; DataParallel begins
+says what the copies leave on the device (:func:`holds`); ``parallel_apply`` runs its
+workers through :func:`dpkit.tracing.backward.applying`, which times each replica's run as an
+``apply`` span (:func:`span_on`, on the stream it runs on) and hands their results to
+``after_apply``; replicate is timed from its last copy to its return, building the replica
+modules (:func:`dpkit.tracing.backward.replicating`, with a :func:`host_span`); DataParallel begins
 each step (:func:`begin_step`) and ends its forward (:func:`end_forward`), where torch's
 allocator is read on real CUDA devices.
 
@@ -204,12 +205,19 @@ class _Span:
     bytes it copied while the span was open."""
 
     __slots__ = ("phase", "device", "step", "details", "nbytes", "cuda", "profiler_range")
-    __slots__ += ("start", "start_event", "recorders")
+    __slots__ += ("start", "start_event", "recorders", "stream")
 
     def __init__(
-        self, phase: str, device: Device, details: dict[str, Any], cuda: bool, recorders: Any
+        self,
+        phase: str,
+        device: Device,
+        details: dict[str, Any],
+        cuda: bool,
+        recorders: Any,
+        stream: Any = None,
     ):
         self.recorders = recorders  # the calling thread's traces (none: for hooks alone)
+        self.stream = stream  # where its CUDA events go (None: the device's current stream)
         self.phase = phase
         self.device = device
         self.step = _current_step()
@@ -230,12 +238,12 @@ class _Span:
         if self.profiler_range is not None:
             self.profiler_range.__enter__()
         if self.cuda:
-            self.start_event = clock.cuda_event_now(self.device)
+            self.start_event = clock.cuda_event_now(self.device, self.stream)
         self.start = clock.now()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        end = clock.now()
+        end = _last_end.time = clock.now()
         if self.profiler_range is not None:
             self.profiler_range.__exit__(*exc_info)
         device = self.device
@@ -244,11 +252,17 @@ class _Span:
             self.details,
         )  # fmt: skip
         if self.cuda:
-            time_on_gpu(event, device, self.start_event, clock.cuda_event_now(device))
+            end_event = clock.cuda_event_now(device, self.stream)
+            time_on_gpu(event, device, self.start_event, end_event)
         for recorder in self.recorders:  # emit, inlined: spans are the most frequent call
             recorder._events.append(event)
         if _hooks:
             emit_to_hooks(event)
+
+
+# When the last span this thread timed ended (the CPU clock): replicate's last copy, where
+# building its module objects begins (dpkit.tracing.backward.replicating).
+_last_end = threading.local()
 
 
 def emit_to_hooks(event: Event) -> None:
@@ -263,13 +277,19 @@ OFF = nullcontext()  # what every span is while nothing listens: gives None
 def span(phase: Phase | str, device: Device, **details: Any) -> Any:
     """A context that records ``phase`` on ``device`` in the current step and gives the
     span, whose ``nbytes`` the caller sets; when nothing listens, :data:`OFF`."""
+    return span_on(None, phase, device, **details)
+
+
+def span_on(stream: Any, phase: Phase | str, device: Device, **details: Any) -> Any:
+    """:func:`span`, timed on ``stream`` on CUDA (None: the device's current stream in this
+    thread): a replica's ``apply``, opened before its worker enters the stream it runs on."""
     if not (_recorders or _hooks):
         return OFF
     recorders = _local.scope.recorders if _recorders else ()  # this thread's traces
     if not (recorders or _hooks):
         return OFF
     name = getattr(phase, "_value_", phase)  # a Phase, or its name (._value_: no property)
-    return _Span(name, device, details, device.device_type == "cuda", recorders)
+    return _Span(name, device, details, device.device_type == "cuda", recorders, stream)
 
 
 def copy_span(collective: Collective, device: Device, **details: Any) -> Any:
