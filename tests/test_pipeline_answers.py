@@ -267,6 +267,7 @@ def test_single_device_gradients_are_autograds_and_leave_the_model_alone():
         ([2, 9, 1, 1, 1, 6], 3, [1, 2]),  # 2 | 9 | 9: nothing holds the 9 with less
         ([1, 1, 1, 1], 4, [1, 2, 3]),
         ([3, 1, 1, 3], 2, [2]),  # 4 | 4
+        ([0.2, 0.3, 0.5], 2, [2]),  # seconds, say: 0.5 | 0.5 beats 0.2 | 0.8
     ],
 )
 def test_split_points_by_hand(sizes, stages, points):
