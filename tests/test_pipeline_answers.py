@@ -523,3 +523,41 @@ def test_mlp_blocks_cut_in_two_as_notebook_07_shows():
     assert [len(stage) for stage in stages] == [3, 4]
     printed = notebook_07_output("strategies = pp.contrast_table(")
     assert printed == "['stage 0: 3 layers', 'stage 1: 4 layers']\n"
+
+
+def sent_during(call) -> list[tuple[str, str, str, int]]:
+    """The copies between devices that ``call()`` makes, as dpkit.comm reports them."""
+    from dpkit.comm import add_transfer_listener
+
+    seen = []
+    handle = add_transfer_listener(
+        lambda t: seen.append((t.op, t.source.name, t.destination.name, t.nbytes))
+    )
+    try:
+        call()
+    finally:
+        handle.remove()
+    return sorted(seen)
+
+
+LANE = ["virtual:0 (cpu)", "virtual:1 (cpu)", "virtual:2 (cpu)"]
+
+
+def test_a_step_sends_activations_forward_and_gradients_back_between_neighbours():
+    # 3 stages, 2 micro-batches of 3 rows x 16 floats (192 bytes): each crossing forward
+    # and back once per micro-batch, neighbour to neighbour; each micro-batch's 3 targets
+    # (int64, 24 bytes) from the host to the last stage, where the loss is. The batch stays
+    # where it is: CPU lane 0's memory is the host's.
+    pipe = pp.pipeline(pp.mlp_blocks(WIDTH, 4), dpkit.virtual_devices(3), micro_batches=2)
+    sent = sent_during(lambda: pipe.step(*data()))
+    expected = [("send", LANE[a], LANE[b], 192) for a, b in [(0, 1), (1, 2), (2, 1), (1, 0)]]
+    assert sent == sorted([*expected * 2, *[("send", "cpu", LANE[2], 24)] * 2])
+
+
+def test_stage_times_send_the_batch_s_activations_as_the_pipeline_does():
+    # the whole batch: 6 x 16 floats (384 bytes) from each stage to the next, and the 6
+    # targets (48 bytes) to the last stage alone
+    pipe = pp.pipeline(pp.mlp_blocks(WIDTH, 4), dpkit.virtual_devices(3), micro_batches=2)
+    sent = sent_during(lambda: pp.stage_times(pipe, *data(), repeats=1))
+    assert sent == sorted([("send", LANE[0], LANE[1], 384), ("send", LANE[1], LANE[2], 384),
+                           ("send", "cpu", LANE[2], 48)])  # fmt: skip
