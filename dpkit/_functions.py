@@ -30,7 +30,7 @@ from torch.autograd import Function
 
 from dpkit import comm
 from dpkit.context import backward_of, current_scope, current_step
-from dpkit.devices import device_of
+from dpkit.lanes import device_of
 
 
 def _backward_in_step_of_forward(function: type[Function]) -> type[Function]:

@@ -30,16 +30,9 @@ import torch
 from torch import nn
 
 from dpkit import tracing
-from dpkit.devices import (
-    Device,
-    DeviceLike,
-    as_device,
-    as_devices,
-    device_of,
-    devices,
-    resides_on,
-)
+from dpkit.devices import Device, DeviceLike, as_device, as_devices, devices
 from dpkit.gather import gather
+from dpkit.lanes import device_of, resides_on
 from dpkit.parallel_apply import check_timeout, parallel_apply
 from dpkit.replicate import check_not_compiled, replicate
 from dpkit.scatter import ChunkSizes, check_dim, scatter_kwargs

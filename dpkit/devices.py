@@ -5,7 +5,8 @@ lives in the same CPU memory and every GPU lane on the same GPU; what makes a la
 is that dpkit gives it its own tensor copies (moving a tensor to another lane is a real
 copy, with real bytes and real time), its own worker thread, and on a GPU its own CUDA
 stream. Plain tensors that dpkit did not place belong to the *home lane*, lane 0, just as
-a model that sits on ``cuda:0`` belongs to ``device_ids[0]`` in ``nn.DataParallel``.
+a model that sits on ``cuda:0`` belongs to ``device_ids[0]`` in ``nn.DataParallel``. The tag
+that says which lane a tensor is on, and the lanes' streams, are :mod:`dpkit.lanes`'.
 
 Kinds of :class:`Device`:
 
@@ -47,21 +48,19 @@ DEVICE_LABELS = {
 
 def __getattr__(name: str) -> Any:
     """Names that moved out stay importable from here for code that has not moved with them:
-    trace labels to :mod:`dpkit.tracing`, ``stream_of`` to :mod:`dpkit.lanes` (imported late:
-    both import this module)."""
+    trace labels to :mod:`dpkit.tracing`; lane tags (``device_of``, ``resides_on``, the tag's
+    attribute) and ``stream_of`` to :mod:`dpkit.lanes` (imported late: both import this
+    module)."""
     if name in ("PREDICTED", "RANK", "KIND_LABELS"):
         from dpkit import tracing
 
         return getattr(tracing, name)
-    if name == "stream_of":
+    if name in ("device_of", "resides_on", "_LANE_ATTRIBUTE", "stream_of"):
         from dpkit import lanes
 
-        return lanes.stream_of
+        return getattr(lanes, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-# Where a tensor that dpkit copied onto a virtual lane records its lane.
-_LANE_ATTRIBUTE = "_dpkit_lane"
 
 # Under the placement check (dpkit.testing.placement_check), CPU lanes pretend to live on a
 # device of their own, apart from plain CPU memory, as lanes on one GPU live on cuda:0.
@@ -350,44 +349,6 @@ def as_devices(specs: Iterable[DeviceLike] | None, argument: str = "devices") ->
             "own device, e.g. dpkit.devices(4)"
         )
     return resolved
-
-
-# --------------------------------------------------------------------------------------
-# Where a tensor lives.
-
-
-def place(tensor: torch.Tensor, device: Device) -> torch.Tensor:
-    """Record that ``tensor``, a new tensor dpkit made for ``device``, lives on that lane."""
-    if device.is_virtual:
-        setattr(tensor, _LANE_ATTRIBUTE, device)
-    return tensor
-
-
-def device_of(tensor: torch.Tensor) -> Device:
-    """The dpkit device a tensor lives on: its lane, its accelerator, or the host."""
-    lane = getattr(tensor, _LANE_ATTRIBUTE, None)
-    if lane is not None:
-        return lane
-    if tensor.is_cpu:
-        return HOST_DEVICE
-    if tensor.is_meta:
-        raise ValueError("a tensor on the meta device holds no data to move between devices")
-    return Device(tensor.device.index or 0, REAL, tensor.device)
-
-
-def resides_on(tensor: torch.Tensor, device: Device) -> bool:
-    """True when ``tensor`` is already on ``device``, so moving it there needs no copy.
-
-    Lane 0 is the home lane: its memory is the plain memory of its torch device. So a tensor
-    dpkit never placed is on lane 0 (and on the host, for a CPU tensor), and a tensor placed
-    on lane 0 is still in that plain memory; only lanes 1, 2, ... hold copies of their own.
-    """
-    if tensor.device != device.memory:
-        return False
-    lane = getattr(tensor, _LANE_ATTRIBUTE, None)
-    if lane is None:
-        return device.holds_plain_memory
-    return lane.shares_memory_with(device)
 
 
 def to_device(obj: Any, device: DeviceLike) -> Any:

@@ -1,6 +1,10 @@
-"""What a lane adds to a replica's run in :func:`dpkit.parallel_apply`: its stream, what it
-reads, and the tag on what it makes. Each GPU lane's own CUDA stream comes from here too
-(:func:`stream_of`).
+"""Lanes: the tag that says which lane a tensor lives on, each GPU lane's own CUDA stream, and
+what a lane adds to a replica's run in :func:`dpkit.parallel_apply` (its stream, what it
+reads, the tag on what it makes).
+
+A virtual lane is not a ``torch.device``: a tensor dpkit copies onto lane *i* is tagged with
+it (:func:`place`), and :func:`device_of` and :func:`resides_on` read the tag, so that a copy
+to another lane of the same memory is a real copy and one to its own lane none.
 
 torch runs each replica on its device's current stream and knows no lanes. A virtual lane
 is a tag on a tensor and, on a GPU, a CUDA stream of its own, so ``parallel_apply`` calls
@@ -12,8 +16,8 @@ why each is needed):
 - :func:`tag_new_outputs`, in a lane's worker: the outputs its forward made, tagged;
 - :func:`lanes_done`, in the caller: its stream waits for the lanes' and records the outputs.
 
-In backward, where no ``parallel_apply`` runs, :mod:`dpkit.comm` has the gradients it hands
-to GPU lanes, or takes from them, recorded on the stream that reads them
+In backward, where no ``parallel_apply`` runs, :mod:`dpkit.comm`'s copy seam has the
+gradients it hands to GPU lanes, or takes from them, recorded on the stream that reads them
 (:func:`read_on_lane_streams`, :func:`made_on_lane_streams`); :func:`record_use` says how.
 """
 
@@ -27,7 +31,7 @@ import torch
 from torch import nn
 
 from dpkit.context import in_backward
-from dpkit.devices import _LANE_ATTRIBUTE, MAX_GPU_LANES, REAL, Device, place
+from dpkit.devices import HOST_DEVICE, MAX_GPU_LANES, REAL, Device
 from dpkit.nested import module_tensors, tensors_in
 
 
@@ -117,6 +121,47 @@ def lanes_done(streams: Sequence[Any], caller_stream: Any, results: dict[int, An
     for stream in streams:
         caller_stream.wait_stream(stream)
     record_use(tensors_in(list(results.values())), caller_stream)
+
+
+# --------------------------------------------------------------------------------------
+# Lane tags: where a tensor lives.
+
+# Where a tensor that dpkit copied onto a virtual lane records its lane.
+_LANE_ATTRIBUTE = "_dpkit_lane"
+
+
+def place(tensor: torch.Tensor, device: Device) -> torch.Tensor:
+    """Record that ``tensor``, a new tensor dpkit made for ``device``, lives on that lane."""
+    if device.is_virtual:
+        setattr(tensor, _LANE_ATTRIBUTE, device)
+    return tensor
+
+
+def device_of(tensor: torch.Tensor) -> Device:
+    """The dpkit device a tensor lives on: its lane, its accelerator, or the host."""
+    lane = getattr(tensor, _LANE_ATTRIBUTE, None)
+    if lane is not None:
+        return lane
+    if tensor.is_cpu:
+        return HOST_DEVICE
+    if tensor.is_meta:
+        raise ValueError("a tensor on the meta device holds no data to move between devices")
+    return Device(tensor.device.index or 0, REAL, tensor.device)
+
+
+def resides_on(tensor: torch.Tensor, device: Device) -> bool:
+    """True when ``tensor`` is already on ``device``, so moving it there needs no copy.
+
+    Lane 0 is the home lane: its memory is the plain memory of its torch device. So a tensor
+    dpkit never placed is on lane 0 (and on the host, for a CPU tensor), and a tensor placed
+    on lane 0 is still in that plain memory; only lanes 1, 2, ... hold copies of their own.
+    """
+    if tensor.device != device.memory:
+        return False
+    lane = getattr(tensor, _LANE_ATTRIBUTE, None)
+    if lane is None:
+        return device.holds_plain_memory
+    return lane.shares_memory_with(device)
 
 
 # --------------------------------------------------------------------------------------

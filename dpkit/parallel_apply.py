@@ -72,7 +72,8 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit import lanes, tracing
-from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices, device_of
+from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices
+from dpkit.lanes import device_of
 from dpkit.nested import tensors_in
 
 

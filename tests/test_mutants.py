@@ -28,7 +28,7 @@ import dpkit
 from dpkit import comm, tracing
 from dpkit import lanes as lanes_module
 from dpkit.context import backward_of
-from dpkit.devices import place, resides_on
+from dpkit.lanes import place, resides_on
 from dpkit.nested import module_tensors
 from dpkit.testing.placement_check import checking_placement
 from dpkit.tracing import export
