@@ -354,6 +354,13 @@ def test_each_stage_runs_with_the_pipelines_intra_op_threads():
     assert seen == [before + 1] * 4 and torch.get_num_threads() == before
 
 
+def test_no_devices_are_refused_by_the_arguments_name():
+    with pytest.raises(ValueError, match="^devices is empty"):
+        pp.pipeline(pp.mlp_blocks(WIDTH, 2), [])
+    with pytest.raises(ValueError, match="^devices is empty"):
+        pp.Pipeline([nn.Linear(2, 2)], [])
+
+
 def test_a_pipeline_knows_its_stages_parameters_and_clears_their_gradients():
     model = pp.mlp_blocks(WIDTH, 3)  # Linear ReLU Linear ReLU Linear: 3 stages of one Linear
     pipe = pp.pipeline(model, dpkit.virtual_devices(3), micro_batches=3)
