@@ -28,12 +28,12 @@ from torch import nn
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import counted, decided, gradients, outputs, roster
+from dpkit.grading import counted, decided, gradients, outputs, roster, weighted
 from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
 NODEID = "exercises/graders/test_task1.py::test_chunk_sizes_property"
-OTHER = "exercises/graders/test_task1.py::test_chunk_sizes_examples"
+OTHER = "exercises/graders/test_task1.py::test_scatter_containers"  # decided in the child
 NAME = "chunk_sizes matches torch.chunk for any batch and device count"
 
 
@@ -127,7 +127,7 @@ def test_a_check_left_out_of_the_records_fails(chosen):
     mine = next(r for r in results if r.check == NAME)
     assert not mine.passed and mine.hint == results_module.LEFT_OUT
     assert [r.check for r in results if r.passed] == [
-        "chunk_sizes matches torch.chunk on the classic examples"
+        "scatter splits tuples, lists and dicts element by element"
     ]
 
 
@@ -754,7 +754,6 @@ def test_five_checks_of_gradients_and_replicas_are_decided_by_the_parent():
         (4, "test_gather_backward"),
         (7, "test_ddp_gradients_match_dataparallel"),
     ]
-    assert len(decided.CHECKS) == 30
 
 
 @pytest.mark.parametrize("check", GRADIENTS, ids=lambda check: check.test)
@@ -767,5 +766,79 @@ def test_gradients_right_pass_and_wrong_or_for_other_inputs_fail(check):
     assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
     other = check.choose(random.Random(1))
     assert not verdict_of(check, encoded(right_gradients(check.test, other)), chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+# --------------------------------------------------------------------------------------
+# Task 6's sizes and simulated time (dpkit/grading/weighted.py), task 1's classic examples.
+
+SIZES = [c for c in decided.CHECKS if c.judge.__module__ == weighted.__name__] + [
+    next(c for c in decided.CHECKS if c.test == "test_chunk_sizes_examples")
+]
+
+
+def right_sizes(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    if test == "test_simulated_step_time":
+        times = [max(r * t / v for r, v in zip(sizes, speeds)) for sizes, speeds, t in inputs]
+        return {"seconds": torch.tensor(times, dtype=torch.float64)}
+    if test == "test_chunk_sizes_examples":
+        answers = [[len(c) for c in torch.arange(b).chunk(n)] if b else [] for b, n in inputs]
+    else:
+        answers = [fastest(batch, speeds) for batch, speeds in inputs]
+    return decided.pack_sizes(answers)
+
+
+def wrong_sizes(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """One mistake each: a time without per-row seconds, an even split (task 1), a row
+    lost, rows rounded by largest remainder (optimality), a size of -1 among equal speeds."""
+    if test == "test_simulated_step_time":
+        times = [max(r / v for r, v in zip(sizes, speeds)) for sizes, speeds, _ in inputs]
+        return {"seconds": torch.tensor(times, dtype=torch.float64)}
+    if test == "test_chunk_sizes_examples":
+        even = [[b // n + (i < b % n) for i in range(min(b, n))] for b, n in inputs]
+        return decided.pack_sizes(even)
+    answers = [fastest(batch, speeds) for batch, speeds in inputs]
+    if test == "test_sizes_are_optimal":
+        answers = [largest_remainder(batch, speeds) for batch, speeds in inputs]
+    elif test == "test_equal_speeds_balance":
+        last = next(i for i, (batch, speeds) in enumerate(inputs) if len(speeds) > 1)
+        answers[last] = [0] * len(inputs[last][1])
+        answers[last][0], answers[last][1] = inputs[last][0] + 1, -1
+    else:
+        answers[0][0] -= 1
+    return decided.pack_sizes(answers)
+
+
+def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
+    total = sum(speeds)
+    sizes = [int(batch * speed / total) for speed in speeds]
+    for _ in range(batch - sum(sizes)):
+        sizes[min(range(len(speeds)), key=lambda i: sizes[i] - batch * speeds[i] / total)] += 1
+    return sizes
+
+
+def test_35_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 35
+    assert sorted(c.test for c in SIZES) == [
+        "test_chunk_sizes_examples",
+        "test_equal_speeds_balance",
+        "test_simulated_step_time",
+        "test_sizes_are_a_split",
+        "test_sizes_are_optimal",
+    ]
+
+
+@pytest.mark.parametrize("check", SIZES, ids=lambda check: check.test)
+def test_sizes_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    right = verdict_of(check, encoded(right_sizes(check.test, inputs)), chosen)
+    assert right.passed, right.hint
+    wrong = verdict_of(check, encoded(wrong_sizes(check.test, inputs)), chosen)
+    assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
+    if check.test != "test_chunk_sizes_examples":  # the classic examples are fixed
+        other = check.choose(random.Random(1))
+        assert not verdict_of(check, encoded(right_sizes(check.test, other)), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed

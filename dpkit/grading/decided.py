@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import counted, gradients, outputs
+from dpkit.grading import counted, gradients, outputs, weighted
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -102,7 +102,7 @@ def judge_chunk_sizes(pairs: list, values: Mapping[str, torch.Tensor]) -> str | 
     if len(lengths) != len(pairs) or bool((lengths < 0).any()) or lengths.sum() != len(sizes):
         return "the outputs sent for chunk_sizes do not answer the inputs the grader chose"
     for (batch, devices), got in zip(pairs, torch.split(sizes, lengths.tolist())):
-        want = [len(chunk) for chunk in torch.empty(batch).chunk(devices)]
+        want = torch_sizes(batch, devices)
         if got.tolist() != want:
             return (
                 f"chunk_sizes({batch}, {devices}) returned {got.tolist()}, torch.chunk gives "
@@ -727,6 +727,42 @@ CHECKS = (
         "all-reduced replica gradients equal DataParallel's gradients",
         gradients.ddp_inputs,
         gradients.judge_ddp_grads,
+    ),
+    ParentCheck(
+        1,
+        "test_chunk_sizes_examples",
+        "chunk_sizes matches torch.chunk on the classic examples",
+        lambda rng: [[10, 4], [6, 4], [8, 4], [1, 4], [3, 1], [0, 4]],  # fixed, judged here
+        judge_chunk_sizes,
+    ),
+    # Task 6's sizes and simulated time, in dpkit.grading.weighted.
+    ParentCheck(
+        6,
+        "test_sizes_are_a_split",
+        "weighted_chunk_sizes returns one whole-row size per device, adding up to the batch",
+        weighted.split_inputs,
+        weighted.judge_split,
+    ),
+    ParentCheck(
+        6,
+        "test_equal_speeds_balance",
+        "equal speeds give sizes that differ by at most one",
+        weighted.balance_inputs,
+        weighted.judge_balance,
+    ),
+    ParentCheck(
+        6,
+        "test_sizes_are_optimal",
+        "weighted_chunk_sizes minimises the slowest device's time",
+        weighted.optimal_inputs,
+        weighted.judge_optimal,
+    ),
+    ParentCheck(
+        6,
+        "test_simulated_step_time",
+        "simulated_step_time is the time of the slowest device",
+        weighted.simulated_inputs,
+        weighted.judge_simulated,
     ),
 )
 

@@ -19,6 +19,7 @@ with a clear error, so the two lists cannot silently differ.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,7 +62,8 @@ def _parametrize_ids(function: ast.FunctionDef, where: str) -> list[str] | None:
     return list(values)
 
 
-def checks_in(source: str | bytes, task: int) -> list[Check]:
+@functools.lru_cache(maxsize=64)  # a class's runs share one trusted copy: parse it once
+def checks_in(source: str | bytes, task: int) -> tuple[Check, ...]:
     """The checks grader ``test_task{task}.py`` defines, in the order pytest runs them."""
     where = f"{GRADERS}/test_task{task}.py"
     tree = ast.parse(source, filename=where)
@@ -80,7 +82,7 @@ def checks_in(source: str | bytes, task: int) -> list[Check]:
             for id_ in ids:
                 label = name if doc and doc.strip() else f"{node.name}[{id_}]"
                 checks.append(Check(task, f"{where}::{node.name}[{id_}]", f"{label} ({id_})"))
-    return checks
+    return tuple(checks)
 
 
 def roster(files: Mapping[str, bytes], tasks: Sequence[int]) -> list[Check]:

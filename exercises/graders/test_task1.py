@@ -66,15 +66,12 @@ def with_reference_scatter_tensor(exercise, monkeypatch):
     return exercise
 
 
-def test_chunk_sizes_examples(exercise):
+def test_chunk_sizes_examples(exercise, request):
     """chunk_sizes matches torch.chunk on the classic examples"""
-    for batch, num_devices in [(10, 4), (6, 4), (8, 4), (1, 4), (3, 1), (0, 4)]:
-        got = exercise.chunk_sizes(batch, num_devices)
-        want = torch_sizes(batch, num_devices)
-        assert list(got) == want, (
-            f"chunk_sizes({batch}, {num_devices}) returned {got}, torch.chunk gives {want}: "
-            "chunks hold ceil(batch / num_devices) rows, the last one what is left"
-        )
+    nodeid = request.node.nodeid
+    pairs = decided.inputs_here(nodeid)  # (10, 4), (6, 4), ... judged by the parent
+    answers = [[int(size) for size in exercise.chunk_sizes(*pair)] for pair in pairs]
+    decided.answer(nodeid, pairs, decided.pack_sizes(answers))
 
 
 def test_chunk_sizes_property(exercise, request):
