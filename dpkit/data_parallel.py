@@ -167,10 +167,8 @@ def _parallel_forward(
     if not inputs and not kwargs:
         inputs, kwargs = ((),), ({},)
     if len(device_ids) == 1 and timeout is None:
-        if tracing_on:  # dpkit: the call recorded as replica 0's forward on its device
-            result = tracing.traced_call(module, inputs[0], kwargs[0], device_ids[0])
-        else:
-            result = module(*inputs[0], **kwargs[0])
+        # torch's module(*inputs[0], **kwargs[0]); dpkit: while tracing, replica 0's forward
+        result = tracing.traced_call(module, inputs[0], kwargs[0], device_ids[0])
     elif len(device_ids) == 1:  # dpkit: timeout= needs a worker thread, even for one device
         result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
     else:

@@ -25,19 +25,12 @@ def tensors_in(obj: Any, found: list[torch.Tensor] | None = None) -> list[torch.
 
 def module_tensors(module: nn.Module) -> list[torch.Tensor]:
     """A module's parameters and buffers, a replica's too (whose parameters are attributes,
-    listed in ``_former_parameters`` by replicate); each module once, as ``modules()``."""
+    listed in ``_former_parameters`` by replicate)."""
     found: list[torch.Tensor] = []
-    seen: set[int] = set()
-    stack = [module]
-    while stack:
-        submodule = stack.pop()
-        if id(submodule) in seen:
-            continue
-        seen.add(id(submodule))
+    for submodule in module.modules():
         params = submodule.__dict__.get("_former_parameters") or submodule._parameters
         found.extend(t for t in params.values() if t is not None)
         found.extend(t for t in submodule._buffers.values() if t is not None)
-        stack.extend(child for child in submodule._modules.values() if child is not None)
     return found
 
 

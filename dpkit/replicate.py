@@ -135,10 +135,10 @@ def _check_replicable(network: nn.Module) -> None:
             )
     for module in network.modules():
         check_not_compiled(module, "module" if module is network else "a submodule of module")
-    try:  # torch's check that no Python module hides under a ScriptModule (private API)
-        from torch.nn.parallel.replicate import _replicatable_module
-    except ImportError:  # pragma: no cover - depends on the torch version
-        return
+    # torch's check that no Python module hides under a ScriptModule (its private helper, read
+    # when called: torch.nn.parallel's replicate function hides the module of the same name)
+    from torch.nn.parallel.replicate import _replicatable_module
+
     if not _replicatable_module(network):
         raise RuntimeError(
             "Cannot replicate network where python modules are children of ScriptModule"

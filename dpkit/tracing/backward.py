@@ -188,7 +188,9 @@ def traced_call(module: nn.Module, input: Any, kwargs: dict[str, Any], device: D
     """``module(*input, **kwargs)`` in the caller's thread, where DataParallel on one device
     calls its module, as torch's does, recorded as replica 0's forward on ``device`` (an
     ``apply`` span, the module's parameters, its outputs and activations, its backward): a
-    trace of one device shows the step's work, not a scatter alone."""
+    trace of one device shows the step's work, not a scatter alone. Not tracing: the call."""
+    if not recorder.enabled():
+        return module(*input, **kwargs)
     with recorder.span(Phase.APPLY, device, replica=0, thread="caller"):
         output = module(*input, **kwargs)
     held = [*module.parameters(), *module.buffers()]
