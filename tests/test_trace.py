@@ -249,6 +249,28 @@ def test_phases_are_ordered_on_each_device(batch):
         assert reduce.end <= sum_event.start
 
 
+class _SlowToReplicate(nn.Linear):
+    """A layer whose module object takes 10 ms to replicate (its tensors copy at once)."""
+
+    def _replicate_for_data_parallel(self):
+        time.sleep(0.01)
+        return super()._replicate_for_data_parallel()
+
+
+def test_the_modules_event_times_building_the_replica_modules():
+    """replicate is timed from outside (tracing.replicating): the modules event runs from its
+    last copy to its return, so it holds the time spent building each replica's module."""
+    devs = lanes(2)
+    with dpkit.trace() as tr:
+        dpkit.replicate(_SlowToReplicate(2, 2), devs)
+    events = tr.events  # new objects on every read
+    built = one(events, "replicate", devs[0].name, what="modules")
+    copies = [e for e in events if e.phase == "replicate" and e is not built]
+    assert built.details["modules"] == 1 and len(copies) == 2
+    assert built.duration >= 0.02  # two replicas of the one module
+    assert max(e.end for e in copies) <= built.start
+
+
 def test_building_the_replica_modules_is_timed_between_the_copies_and_apply():
     """replicate copies tensors per device, then builds every replica's module objects in
     the caller's thread: that second part is one more replicate event, on the source."""

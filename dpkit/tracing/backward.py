@@ -122,7 +122,8 @@ def replicating(replicate: Replicate) -> Replicate:
     def traced_replicate(network: nn.Module, devices: Any, detach: bool = False) -> Any:
         if not recorder.enabled():
             return replicate(network, devices, detach)
-        devices = devices if isinstance(devices, Sequence) else list(devices)
+        if isinstance(devices, Iterator):  # read twice: by replicate, and for its source
+            devices = list(devices)
         recorder._last_end.time = clock.now()  # no copies (no tensors): from here
         replicas = replicate(network, devices, detach)
         modules = sum(1 for _ in network.modules())
