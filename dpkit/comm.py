@@ -149,7 +149,7 @@ def _copy_group(
       gather take from a lane, on this thread's stream, where their copies read it.
     """
     if collective in _FROM_LANES:
-        lanes.made_on_lane_streams((group,), (device,))
+        lanes.made_on_lane_stream(group, device)
     with tracing.copy_span(collective, device, **details) as span:
         if into is None:
             copies = [copy_to(t, destination, collective, source) for t in group]
@@ -160,7 +160,7 @@ def _copy_group(
         if span is not None:
             span.nbytes = sum(map(tensor_nbytes, moved))
     if collective in _TO_LANES:
-        lanes.read_on_lane_streams((copies,), (destination,))
+        lanes.read_on_lane_stream(copies, destination)
     leaves = group if leaves is None else leaves
     if leaves:
         tracing.holds(collective, (destination,), leaves)

@@ -18,7 +18,7 @@ why each is needed):
 
 In backward, where no ``parallel_apply`` runs, :mod:`dpkit.comm`'s copy seam has the
 gradients it hands to GPU lanes, or takes from them, recorded on the stream that reads them
-(:func:`read_on_lane_streams`, :func:`made_on_lane_streams`); :func:`record_use` says how.
+(:func:`read_on_lane_stream`, :func:`made_on_lane_stream`); :func:`record_use` says how.
 """
 
 from __future__ import annotations
@@ -247,24 +247,17 @@ def _dense_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (tensor,)
 
 
-def read_on_lane_streams(
-    per_device: Sequence[Sequence[torch.Tensor]], devices: Sequence[Device]
-) -> None:
-    """In a backward on GPU lanes: record ``per_device[j]``, copies comm made on this
-    thread's stream for ``devices[j]``, on that lane's stream, where its backward reads them."""
-    if devices[0].has_own_stream and in_backward():
-        for tensors, device in zip(per_device, devices):
-            record_use(tensors, stream_of(device))
+def read_on_lane_stream(tensors: Sequence[torch.Tensor], lane: Device) -> None:
+    """In a backward on GPU lanes: record ``tensors``, copies comm made on this thread's
+    stream for ``lane``, on the lane's stream, where its backward reads them."""
+    if lane.has_own_stream and in_backward():
+        record_use(tensors, stream_of(lane))
 
 
-def made_on_lane_streams(
-    per_device: Iterable[Sequence[torch.Tensor]], devices: Sequence[Device]
-) -> None:
-    """In a backward on GPU lanes: record gradients the lanes made on their streams as read
-    on this thread's current stream of their GPU, where comm queues the copies and sums that
-    read them (a copy into CPU memory too)."""
-    if devices[0].has_own_stream and in_backward():
-        lane = devices[0]
-        stream = torch.get_device_module(lane.device_type).current_stream(lane.torch_device)
-        for tensors in per_device:
-            record_use(tensors, stream)
+def made_on_lane_stream(tensors: Sequence[torch.Tensor], lane: Device) -> None:
+    """In a backward on GPU lanes: record gradients ``lane`` made on its stream as read on
+    this thread's current stream of its GPU, where comm queues the copies and sums that read
+    them (a copy into CPU memory too)."""
+    if lane.has_own_stream and in_backward():
+        module = torch.get_device_module(lane.device_type)
+        record_use(tensors, module.current_stream(lane.torch_device))
