@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import platform
 import statistics
@@ -60,17 +61,15 @@ def _fastest(work: Callable[[], Any], repeats: int, on: Sequence[Device] = ()) -
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
     """A tqdm bar over the calibration's steps, where installed."""
-    bar = None
-    if enabled:
-        with contextlib.suppress(ImportError):
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(_STEPS), desc="calibrating", unit="step")
     try:
-        yield (lambda name: (bar.set_postfix_str(name), bar.update(1))) if bar else (lambda _: None)
-    finally:
-        if bar is not None:
-            bar.close()
+        from tqdm.auto import tqdm
+    except ImportError:
+        enabled = False
+    if not enabled:
+        yield lambda _: None
+        return
+    with tqdm(total=len(_STEPS), desc="calibrating", unit="step") as bar:
+        yield lambda name: (bar.set_postfix_str(name), bar.update(1))
 
 
 # Bytes written between two timed copies of measure_link: more than the last-level cache
@@ -250,8 +249,6 @@ def measure_module_overhead(lanes: Sequence[Device], repeats: int) -> float:
     return max(best, FLOOR)
 
 
-# DataParallel's four steps, each timed as a call in an untraced step (:class:`_Timed`)
-CALLS = ("scatter", "replicate", "parallel_apply", "gather")
 # what a measured step holds: the step's wall time, each call's, and loss.backward()'s
 SEGMENTS = ("step", "scatter", "replicate", "apply", "gather", "backward_call")
 # on one lane (no replicas, no threads): the step, the forward's call and the backward's
@@ -259,25 +256,21 @@ ONE_LANE_SEGMENTS = ("step", "forward_call", "backward_call")
 
 
 class _Timed(dpkit.DataParallel):
-    """DataParallel whose four steps note their wall times in ``self.took``."""
+    """DataParallel whose four steps, each a call in an untraced step, note their wall
+    times in ``self.took``."""
 
     took: dict[str, float]
 
-
-def _timed_call(name: str) -> Callable[..., Any]:
-    base = getattr(dpkit.DataParallel, name)
-
-    def call(self: _Timed, *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, name: str, *args: Any, **kwargs: Any) -> Any:
         start = host_clock.now(self.device_ids)  # on GPU lanes: once their work is done
-        result = base(self, *args, **kwargs)
+        result = getattr(dpkit.DataParallel, name)(self, *args, **kwargs)
         self.took[name] = host_clock.now(self.device_ids) - start
         return result
 
-    return call
-
-
-for _name in CALLS:
-    setattr(_Timed, _name, _timed_call(_name))
+    scatter = functools.partialmethod(_timed, "scatter")
+    replicate = functools.partialmethod(_timed, "replicate")
+    parallel_apply = functools.partialmethod(_timed, "parallel_apply")
+    gather = functools.partialmethod(_timed, "gather")
 
 
 def measure_steps(

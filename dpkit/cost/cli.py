@@ -45,18 +45,6 @@ FIELD_UNITS = {spec.name: spec.metadata["unit"] for spec in fields(Hardware)}
 # -- hardware files --------------------------------------------------------------------------
 
 
-def _toml_module(where: str) -> Any:
-    try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:
-        try:
-            import tomli as tomllib  # the same parser, for Python 3.10
-        except ModuleNotFoundError:
-            raise ValueError(f"{where}: reading TOML on Python 3.10 needs the tomli package "
-                             "(pip install tomli)") from None  # fmt: skip
-    return tomllib
-
-
 def _refuse_unknown(where: str, what: str, keys: Any, known: Any) -> None:
     for key in keys:
         if key not in known:
@@ -162,10 +150,17 @@ def load_hardware_file(path: str | Path) -> Hardware:
         raise ValueError(f"{where}: no such file; {EXAMPLE_FILE} is one to copy") from None
     except (OSError, UnicodeDecodeError) as error:
         raise ValueError(f"{where}: cannot read it ({error})") from None
-    toml = _toml_module(where)
     try:
-        data = toml.loads(text)
-    except toml.TOMLDecodeError as error:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib  # the same parser, for Python 3.10
+        except ModuleNotFoundError:
+            raise ValueError(f"{where}: reading TOML on Python 3.10 needs the tomli package "
+                             "(pip install tomli)") from None  # fmt: skip
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{where}: not valid TOML: {error}") from None
     return hardware_from_mapping(data, where)
 
