@@ -351,3 +351,39 @@ def test_the_all_reduce_ends_once_the_emulated_link_has_carried_the_ring_s_bytes
     hook.recorded_allreduce(recorder, Bucket(list(model.parameters()))).wait()
     ((_, start, end, _, _, details),) = recorder.events
     assert end - start >= 0.048 and details["emulated_link_bytes_per_s"] == 1000.0
+
+
+def test_dpkit_plan_s_options_their_defaults_choices_and_help(monkeypatch, capsys):
+    import re
+
+    from dpkit.cli import main as dpkit_main
+
+    made_up_predictions(monkeypatch)
+    monkeypatch.setenv("COLUMNS", "200")  # argparse's help on one line per option
+
+    def says(text: str, printed: str) -> bool:  # the text whole, as its own words
+        return re.search(rf"(^|\s){re.escape(text)}(\s|$)", printed, re.MULTILINE) is not None
+
+    assert plan_module.main([]) == 0
+    assert capsys.readouterr().out.startswith("wide-mlp on 8 x A100, global batch 256 ")
+    for wrong in (["--model", "resnet-9000"], ["--hardware", "a-toaster"]):
+        with pytest.raises(SystemExit) as refused:
+            plan_module.main(wrong)
+        assert refused.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plan_module.main(["--help"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: python -m dpkit.ddp.plan ")
+    assert says(plan_module.DESCRIPTION, printed)
+    for text in ("a model of dpkit.cost.models", "--hardware PRESET",
+                 "a preset (dpkit predict --list)", "global batch",
+                 "default: all of the preset's"):  # fmt: skip
+        assert says(text, printed), text
+    assert "{" + ",".join(cost.models.MODEL_NAMES) + "}" in printed
+    with pytest.raises(SystemExit):
+        dpkit_main(["--help"])
+    assert says("which engine for a model, batch and machine (predicted memory and time)",
+                capsys.readouterr().out)  # fmt: skip
+    with pytest.raises(SystemExit):
+        dpkit_main(["plan", "--help"])
+    assert says(plan_module.DESCRIPTION, capsys.readouterr().out)
