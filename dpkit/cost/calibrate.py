@@ -34,6 +34,7 @@ import dpkit
 from dpkit import host_clock
 from dpkit.cost.hardware import Hardware, Link, OpSamples
 from dpkit.cost.models import COURSE_MODELS, course_model, sample_input
+from dpkit.cost.predict import predict
 from dpkit.cost.presets import this_machine_default
 from dpkit.cost.profile import profile, rows_like, run_passes
 from dpkit.devices import Device
@@ -333,8 +334,6 @@ def predicted_segments(predicted: Any) -> dict[str, float]:
 
 def _relative_errors(hardware: Hardware, steps: Sequence[Measured]) -> np.ndarray:
     """Predicted over measured less one, for every measured time of every step."""
-    from dpkit.cost.predict import predict
-
     errors = []
     for module, sample, batch, n, measured in steps:
         predicted = predicted_segments(predict(module, sample, batch, n, hardware))

@@ -2,15 +2,9 @@
 ``dpkit demo`` prints and draws a measured one, every output labelled predicted: the time of
 each phase, the step's time, and the bytes each device holds beside its capacity.
 
-    dpkit predict --list                                   the machines, one per line
-    dpkit predict --hardware 8xA100-SXM-NVLink --devices 8 --batch 512 --model cnn
-    dpkit predict --hardware 2x8xA100-10GbE --devices 16 --batch 4096 --strategy ddp --out /tmp/p
-    dpkit predict --hardware 8xA100-SXM-NVLink --strategy ddp --amp bf16 --optimizer adam
-    dpkit predict --hardware-file docs/examples/my_machine.toml --devices 16   your machine
-    dpkit predict --hardware this-machine --calibrate      measure this machine first (~2 s)
-
 A hardware file (TOML) is every field of :class:`~dpkit.cost.Hardware`, or ``base =
-"<preset>"`` and the fields that change, in SI units; ``docs/hardware_file.md`` documents it.
+"<preset>"`` and the fields that change, in SI units; ``docs/hardware_file.md`` documents it,
+with runs of every option (``--list``, ``--hardware-file``, ``--calibrate``, ...).
 """
 
 from __future__ import annotations
