@@ -28,7 +28,7 @@ from torch import nn
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import counted, decided, gradients, outputs, roster, weighted
+from dpkit.grading import counted, decided, gradients, outputs, roster, shapes, weighted
 from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -407,6 +407,14 @@ def test_gradients_equal_to_anything_fail_the_broadcast_check():
 # The transfer-count checks: the copies a primitive makes, sent as (source, destination,
 # bytes); the parent computes the copies the sizes it chose call for.
 
+
+def differ(one: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> bool:
+    """Whether two answers differ: fresh inputs can, rarely, call for the same answer."""
+    return one.keys() != other.keys() or not all(
+        one[k].shape == other[k].shape and torch.equal(one[k], other[k]) for k in one
+    )
+
+
 COPIES = [check for check in decided.CHECKS if "_copies" in check.judge.__code__.co_names]
 
 
@@ -475,7 +483,7 @@ def test_copies_right_pass_and_wrong_or_for_other_inputs_fail(check):
     assert not wrong.passed and wrong.hint not in (decided.MISSING, decided.NOT_COPIES), wrong.hint
     # the copies of the sizes graded before the parent chose them, or of other fresh ones
     other = check.choose(random.Random(1))
-    if other != inputs:
+    if differ(right_copies(check.test, other), right_copies(check.test, inputs)):
         assert not verdict_of(check, encoded(right_copies(check.test, other)), chosen).passed
     for values in (None, encoded({"transfers": torch.zeros(3, 2, dtype=torch.int64)})):
         assert not verdict_of(check, values, chosen).passed
@@ -557,7 +565,8 @@ def test_outputs_right_pass_and_wrong_or_for_other_inputs_fail(check):
     wrong = verdict_of(check, encoded(wrong_outputs(check.test, inputs)), chosen)
     assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
     other = check.choose(random.Random(1))
-    assert not verdict_of(check, encoded(right_outputs(check.test, other)), chosen).passed
+    if differ(right_outputs(check.test, other), right_outputs(check.test, inputs)):
+        assert not verdict_of(check, encoded(right_outputs(check.test, other)), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed
 
@@ -671,7 +680,8 @@ def test_numbers_right_pass_and_wrong_or_for_other_inputs_fail(check):
     assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
     if check.test != "test_gradient_difference_small":  # any tiny number is right there
         other = check.choose(random.Random(1))
-        assert not verdict_of(check, encoded(right_numbers(check.test, other)), chosen).passed
+        if differ(right_numbers(check.test, other), right_numbers(check.test, inputs)):
+            assert not verdict_of(check, encoded(right_numbers(check.test, other)), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed
 
@@ -765,7 +775,8 @@ def test_gradients_right_pass_and_wrong_or_for_other_inputs_fail(check):
     wrong = verdict_of(check, encoded(wrong_gradients(check.test, inputs)), chosen)
     assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
     other = check.choose(random.Random(1))
-    assert not verdict_of(check, encoded(right_gradients(check.test, other)), chosen).passed
+    if differ(right_gradients(check.test, other), right_gradients(check.test, inputs)):
+        assert not verdict_of(check, encoded(right_gradients(check.test, other)), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed
 
@@ -818,8 +829,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_35_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 35
+def test_38_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 38
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",
@@ -839,6 +850,77 @@ def test_sizes_right_pass_and_wrong_or_for_other_inputs_fail(check):
     assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
     if check.test != "test_chunk_sizes_examples":  # the classic examples are fixed
         other = check.choose(random.Random(1))
-        assert not verdict_of(check, encoded(right_sizes(check.test, other)), chosen).passed
+        if differ(right_sizes(check.test, other), right_sizes(check.test, inputs)):
+            assert not verdict_of(check, encoded(right_sizes(check.test, other)), chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+# --------------------------------------------------------------------------------------
+# Shapes and counts (dpkit/grading/shapes.py).
+
+SHAPES = [check for check in decided.CHECKS if check.judge.__module__ == shapes.__name__]
+
+
+def right_shapes(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    if test == "test_scatter_tensor_dim_and_small_batch":
+        rows, columns, depth, small, seed = inputs
+        generator = torch.Generator().manual_seed(seed)
+        wide = torch.randn(rows, columns, depth, generator=generator)
+        few = torch.randn(small, 2, generator=generator)
+        along = {f"dim{i}": chunk for i, chunk in enumerate(wide.chunk(4, dim=1))}
+        return {**along, **{f"small{i}": row for i, row in enumerate(few.chunk(4))}}
+    if test == "test_gather_scalar_backward":
+        count, seed = inputs
+        generator = torch.Generator().manual_seed(seed)
+        torch.randn(count, generator=generator)  # the pieces' values
+        weight = torch.randn(count, generator=generator)
+        grads = {f"grad{i}": w for i, w in enumerate(weight.unbind())}
+        return {**grads, **{f"returned{i}": w for i, w in enumerate(weight.unbind())}}
+    rows, few, _ = inputs  # task 5: the lanes replicas ran on
+    chunks = len(torch.arange(rows).chunk(4))
+    return {
+        "big": torch.arange(chunks),
+        "small": torch.arange(few),
+        "one": torch.tensor([-1]),
+    }
+
+
+def wrong_shapes(test: str, inputs: list) -> dict[str, torch.Tensor]:
+    """One mistake each: chunks along rows, (1,)-shaped gradients for scalar pieces, a
+    replica on every lane for a small batch."""
+    values = right_shapes(test, inputs)
+    if test == "test_scatter_tensor_dim_and_small_batch":
+        rows, columns, depth, small, seed = inputs
+        wide = torch.randn(rows, columns, depth, generator=torch.Generator().manual_seed(seed))
+        values = {k: v for k, v in values.items() if not k.startswith("dim")}
+        values |= {f"dim{i}": chunk for i, chunk in enumerate(wide.chunk(4))}
+    elif test == "test_gather_scalar_backward":
+        values = {k: v.view(1) if k.startswith("returned") else v for k, v in values.items()}
+    else:
+        values["small"] = torch.arange(4)
+    return values
+
+
+def test_three_checks_of_shapes_and_lanes_are_decided_by_the_parent():
+    assert sorted((c.task, c.test) for c in SHAPES) == [
+        (1, "test_scatter_tensor_dim_and_small_batch"),
+        (4, "test_gather_scalar_backward"),
+        (5, "test_forward_uses_lanes"),
+    ]
+
+
+@pytest.mark.parametrize("check", SHAPES, ids=lambda check: check.test)
+def test_shapes_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    right = verdict_of(check, encoded(right_shapes(check.test, inputs)), chosen)
+    assert right.passed, right.hint
+    wrong = verdict_of(check, encoded(wrong_shapes(check.test, inputs)), chosen)
+    assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
+    if check.test != "test_forward_uses_lanes":  # other sizes often run as many replicas
+        other = check.choose(random.Random(1))
+        if differ(right_shapes(check.test, other), right_shapes(check.test, inputs)):
+            assert not verdict_of(check, encoded(right_shapes(check.test, other)), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed

@@ -31,7 +31,10 @@ processes, the signed channel, a fresh process after a crash), ``apart`` (a clas
 namespaces), ``forkserver`` (a class's runs forked with torch imported), ``cleanup``
 (removing a run's folder), ``harness`` (the grading process), ``warden`` (its one-way audit
 hook), ``fence`` (its seccomp filter: no signals, tracing or memory access outside the
-run), ``decided`` (checks the parent decides from the outputs sent back), ``rules`` (each
+run), ``roster`` (the list of checks, read from the graders' text: what is scored),
+``decided`` (checks the parent decides from the outputs sent back; its judges of returned
+tensors, numbers, gradients, task 6's sizes and shapes are in ``outputs``, ``counted``,
+``gradients``, ``weighted`` and ``shapes``), ``rules`` (each
 task's forbidden calls), ``checks`` (helpers for graders), ``results`` (report, CSVs,
 feedback), ``similarity`` (copied code), ``command`` (the CLI).
 The threat model is in ``docs/instructors.md``.

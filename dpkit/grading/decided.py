@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import counted, gradients, outputs, weighted
+from dpkit.grading import counted, gradients, outputs, shapes, weighted
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -763,6 +763,28 @@ CHECKS = (
         "simulated_step_time is the time of the slowest device",
         weighted.simulated_inputs,
         weighted.judge_simulated,
+    ),
+    # Shapes and counts, in dpkit.grading.shapes.
+    ParentCheck(
+        1,
+        "test_scatter_tensor_dim_and_small_batch",
+        "scatter_tensor splits along dim and leaves devices idle for a small batch",
+        shapes.dim_inputs,
+        shapes.judge_dim,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_scalar_backward",
+        "a scalar piece gets a scalar gradient",
+        shapes.scalar_grad_inputs,
+        shapes.judge_scalar_grad,
+    ),
+    ParentCheck(
+        5,
+        "test_forward_uses_lanes",
+        "one replica runs per lane that got a chunk, on that lane",
+        shapes.lanes_inputs,
+        shapes.judge_lanes,
     ),
 )
 

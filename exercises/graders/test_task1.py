@@ -17,7 +17,7 @@ import torch
 
 from dpkit.comm import copy_to
 from dpkit.devices import resides_on
-from dpkit.grading import decided, gradients, outputs
+from dpkit.grading import decided, gradients, outputs, shapes
 from dpkit.grading.rules import lent
 
 pytestmark = pytest.mark.task1
@@ -121,18 +121,14 @@ def test_scatter_tensor_counts_bytes(with_torch_sizes, lanes, transfers, request
     decided.answer(nodeid, inputs, decided.pack_transfers(transfers))
 
 
-def test_scatter_tensor_dim_and_small_batch(with_torch_sizes, lanes):
+def test_scatter_tensor_dim_and_small_batch(with_torch_sizes, lanes, request):
     """scatter_tensor splits along dim and leaves devices idle for a small batch"""
-    exercise = with_torch_sizes
-    x = torch.randn(2, 6, 3)
-    chunks = exercise.scatter_tensor(x, lanes, dim=1)
-    shapes = [tuple(c.shape) for c in chunks]
-    assert shapes == [(2, 2, 3)] * 3, (
-        f"6 columns over 4 lanes along dim=1 should give 3 chunks of shape (2, 2, 3), got "
-        f"{shapes}; split along dim, not along rows"
-    )
-    small = exercise.scatter_tensor(torch.randn(3, 2), lanes)
-    assert len(small) == 3, f"3 rows over 4 lanes make 3 chunks, got {len(small)}"
+    nodeid = request.node.nodeid
+    inputs = decided.inputs_here(nodeid)
+    wide, small = shapes.dim_tensors(*inputs)
+    along = with_torch_sizes.scatter_tensor(wide, lanes, dim=1)
+    few = with_torch_sizes.scatter_tensor(small, lanes)
+    decided.answer(nodeid, inputs, {**outputs.listed("dim", along), **outputs.listed("small", few)})
 
 
 def test_scatter_tensor_gradients(with_torch_sizes, lanes, request):

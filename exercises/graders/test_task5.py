@@ -1,8 +1,8 @@
 """Grader for task 5: compose DataParallel and prove gradient equivalence.
 
-Under ``dpkit grade`` the checks of the forward's output and of its gradients are decided
-by the grader's parent process, from the values sent back for a model and batch it chose
-(:mod:`dpkit.grading.decided`).
+Under ``dpkit grade`` every check is decided by the grader's parent process, from the
+outputs, gradients, losses, differences and lanes sent back for a model and batches it
+chose (:mod:`dpkit.grading.decided`).
 """
 
 import pytest
@@ -18,19 +18,9 @@ EXERCISE = "task5_data_parallel.py"
 FORBIDDEN = ("dpkit.data_parallel.DataParallel.__init__", "dpkit.data_parallel.data_parallel")
 
 
-def make_module() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-
-
 class Pairwise(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a * b
-
-
-def batch(rows: int = 10):
-    generator = torch.Generator().manual_seed(1)
-    return torch.randn(rows, 4, generator=generator), torch.randn(rows, 2, generator=generator)
 
 
 def test_forward_matches_module(exercise, lanes, request):
@@ -44,25 +34,23 @@ def test_forward_matches_module(exercise, lanes, request):
     decided.answer(nodeid, inputs, {"out": out, "product": product})
 
 
-def test_forward_uses_lanes(exercise, lanes):
+def test_forward_uses_lanes(exercise, lanes, request):
     """one replica runs per lane that got a chunk, on that lane"""
-    module = make_module()
-    seen = []
-    module.register_forward_hook(lambda *_: seen.append(dpkit.current_device()))
-    exercise.data_parallel_forward(module, (batch(10)[0],), lanes)
-    assert sorted(d.index for d in seen if d is not None) == [0, 1, 2, 3], (
-        f"replicas ran on lanes {sorted(str(d) for d in seen)}; expected one on each of the 4 "
-        "lanes (through dpkit.parallel_apply)"
-    )
-    seen.clear()
-    exercise.data_parallel_forward(module, (batch(3)[0],), lanes)
-    assert len(seen) == 3, (
-        f"3 rows over 4 lanes should run 3 replicas, ran {len(seen)}: replicate only onto "
-        "the devices that got a chunk"
-    )
-    seen.clear()
-    exercise.data_parallel_forward(module, (batch(3)[0],), lanes[:1])
-    assert len(seen) == 1, "with one device, run the module once, directly"
+    nodeid = request.node.nodeid
+    rows, few, seed = inputs = decided.inputs_here(nodeid)
+    module = outputs.seeded_model(seed)
+    seen = {"big": [], "small": [], "one": []}
+    for name, count, on in (("big", rows, lanes), ("small", few, lanes), ("one", few, lanes[:1])):
+        hook = module.register_forward_hook(
+            lambda *_, into=seen[name]: into.append(dpkit.current_device())
+        )
+        exercise.data_parallel_forward(module, (outputs.seeded_batch(seed, count)[0],), on)
+        hook.remove()
+    lanes_seen = {
+        name: torch.tensor([-1 if d is None else d.index for d in found], dtype=torch.int64)
+        for name, found in seen.items()
+    }
+    decided.answer(nodeid, inputs, lanes_seen)
 
 
 def test_gradients_match_single_device(exercise, lanes, request):
