@@ -40,9 +40,9 @@ from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, blas_workspaces, ddp_memory, dp_memory, optimizer_copies
 from dpkit.cost.presets import preset
 from dpkit.cost.profile import Profile, profile
-from dpkit.devices import KIND_LABELS, PREDICTED, Device
+from dpkit.devices import Device
 from dpkit.scatter import torch_chunk_sizes
-from dpkit.tracing import Event, Phase, Trace
+from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
 
 STRATEGIES = ("dp", "ddp")
 # torch.nn.parallel.DistributedDataParallel's defaults: bucket_cap_mb=25, and a first bucket
