@@ -158,8 +158,10 @@ def test_a_strategy_that_cannot_run_does_not_fit_and_is_not_the_smallest():
     rows = rows_of(5.0)
     rows[0] = row("DataParallel", 0, math.inf)  # beyond one machine
     assert choose(rows, 100 * GiB).endswith("; DataParallel: would not fit, or cannot run here")
-    nothing = choose(rows, 5 * GiB)
-    assert nothing.startswith("nothing fits 5.0 GiB a device: the smallest is pipeline at 10 GiB")
+    assert choose(rows, 5 * GiB) == (
+        "nothing fits 5.0 GiB a device: the smallest is pipeline at 10 GiB; add devices, shard "
+        "further (FSDP with a pipeline), or shrink the batch (activations) or the optimizer state"
+    )
 
 
 def test_dpkit_plan_defaults_to_every_device_of_the_preset(monkeypatch, capsys):
@@ -365,7 +367,9 @@ def test_dpkit_plan_s_options_their_defaults_choices_and_help(monkeypatch, capsy
         return re.search(rf"(^|\s){re.escape(text)}(\s|$)", printed, re.MULTILINE) is not None
 
     assert plan_module.main([]) == 0
-    assert capsys.readouterr().out.startswith("wide-mlp on 8 x A100, global batch 256 ")
+    printed = capsys.readouterr().out
+    assert printed.startswith("wide-mlp on 8 x A100, global batch 256 ")
+    assert re.search(r"^choice: \w", printed, re.MULTILINE)  # the choice on a line of its own
     for wrong in (["--model", "resnet-9000"], ["--hardware", "a-toaster"]):
         with pytest.raises(SystemExit) as refused:
             plan_module.main(wrong)
