@@ -19,6 +19,7 @@ import io
 import math
 import random
 import sys
+from collections import OrderedDict, namedtuple
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,21 @@ from torch import nn
 import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
-from dpkit.grading import counted, decided, gradients, outputs, roster, shapes, weighted
+from dpkit.grading import (
+    counted,
+    decided,
+    gradients,
+    outputs,
+    roster,
+    shapes,
+    structure,
+    weighted,
+)
 from dpkit.grading import results as results_module
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
 NODEID = "exercises/graders/test_task1.py::test_chunk_sizes_property"
-OTHER = "exercises/graders/test_task1.py::test_scatter_containers"  # decided in the child
+OTHER = "exercises/graders/test_task1.py::test_scatter_namedtuple_and_shared_objects"
 NAME = "chunk_sizes matches torch.chunk for any batch and device count"
 
 
@@ -126,8 +136,8 @@ def test_a_check_left_out_of_the_records_fails(chosen):
     results = grading.results_from_records(decided.decide(records, chosen), None, [1], checks)
     mine = next(r for r in results if r.check == NAME)
     assert not mine.passed and mine.hint == results_module.LEFT_OUT
-    assert [r.check for r in results if r.passed] == [
-        "scatter splits tuples, lists and dicts element by element"
+    assert [r.check for r in results if r.passed] == [  # decided in the child
+        "scatter keeps namedtuples and shares other objects by reference"
     ]
 
 
@@ -829,8 +839,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_38_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 38
+def test_40_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 40
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",
@@ -922,5 +932,59 @@ def test_shapes_right_pass_and_wrong_or_for_other_inputs_fail(check):
         other = check.choose(random.Random(1))
         if differ(right_shapes(check.test, other), right_shapes(check.test, inputs)):
             assert not verdict_of(check, encoded(right_shapes(check.test, other)), chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+# --------------------------------------------------------------------------------------
+# Nested outputs (dpkit/grading/structure.py): described as text, with their tensors.
+
+Result = namedtuple("Result", ["logits", "loss"])
+Result.__module__ = "test_task4"  # as the grader's namedtuple is named in a grading run
+STRUCTURES = [c for c in decided.CHECKS if c.judge.__module__ == structure.__name__]
+
+
+def right_structure(test: str, inputs: list) -> list:
+    """What a right scatter or gather returns, built here."""
+    if test == "test_scatter_containers":
+        x, y = structure.scatter_tensors(*inputs)
+        xs, ys = x.chunk(4), y.chunk(4)
+        return [(a, [b, a]) for a, b in zip(xs, ys)] + [
+            OrderedDict(a=a, b=b) for a, b in zip(xs, ys)
+        ]
+    outputs_ = structure.replica_outputs(*inputs, Result)
+    gathered = {
+        "out": [torch.cat([o["out"][0] for o in outputs_]), None],
+        "extra": Result(
+            torch.cat([o["extra"].logits for o in outputs_]),
+            torch.stack([o["extra"].loss for o in outputs_]),
+        ),
+    }
+    return [gathered]
+
+
+def wrong_structure(test: str, inputs: list) -> list:
+    """One mistake each: an OrderedDict scattered into plain dicts, a namedtuple gathered
+    into a plain tuple."""
+    values = right_structure(test, inputs)
+    if test == "test_scatter_containers":
+        return [dict(v) if isinstance(v, OrderedDict) else v for v in values]
+    values[0]["extra"] = tuple(values[0]["extra"])
+    return values
+
+
+@pytest.mark.parametrize("check", STRUCTURES, ids=lambda check: check.test)
+def test_structures_right_pass_and_wrong_or_for_other_inputs_fail(check):
+    chosen = decided.choose([check.task])
+    inputs = chosen[check.key]
+    sent = structure.pack(right_structure(check.test, inputs))
+    right = verdict_of(check, decided.encode(sent), chosen)
+    assert right.passed, right.hint
+    wrong = verdict_of(
+        check, decided.encode(structure.pack(wrong_structure(check.test, inputs))), chosen
+    )
+    assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
+    other = structure.pack(right_structure(check.test, check.choose(random.Random(1))))
+    assert not verdict_of(check, decided.encode(other), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed

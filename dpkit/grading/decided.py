@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import counted, gradients, outputs, shapes, weighted
+from dpkit.grading import counted, gradients, outputs, shapes, structure, weighted
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -785,6 +785,21 @@ CHECKS = (
         "one replica runs per lane that got a chunk, on that lane",
         shapes.lanes_inputs,
         shapes.judge_lanes,
+    ),
+    # Nested outputs, in dpkit.grading.structure.
+    ParentCheck(
+        1,
+        "test_scatter_containers",
+        "scatter splits tuples, lists and dicts element by element",
+        structure.scatter_inputs,
+        structure.judge_scatter,
+    ),
+    ParentCheck(
+        4,
+        "test_gather_containers",
+        "gather handles dicts, lists, tuples, namedtuples and None",
+        structure.gather_inputs,
+        structure.judge_gather,
     ),
 )
 

@@ -1,0 +1,177 @@
+"""More checks the parent decides: nested outputs (tuples, lists, dicts, namedtuples, None).
+
+The surprise first: a container cannot travel as tensors, so the grading process sends a
+description of it, one line of text per container (its type's module and name, its keys,
+where its tensors and Nones are: ``builtins.tuple(T,builtins.list(T,T))``), as bytes in a
+tensor, and the tensors in the order the description names them. The parent builds the
+description and the tensors the right answer has, from the sizes and seed it chose, and
+compares both. Each function here is one side of a check that
+:data:`dpkit.grading.decided.CHECKS` lists.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from dpkit.grading.outputs import ALL_LANES, NOT_TENSORS
+
+
+def describe(value: Any) -> tuple[str, list[torch.Tensor]]:
+    """``value`` as a line of text and its tensors in order (see the module's docstring)."""
+    if isinstance(value, torch.Tensor):
+        return "T", [value]
+    if value is None:
+        return "None", []
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    tensors: list[torch.Tensor] = []
+    if isinstance(value, Mapping):
+        parts = []
+        for key, item in value.items():
+            text, found = describe(item)
+            parts.append(f"{key}:{text}")
+            tensors += found
+        return f"{kind}{{{','.join(parts)}}}", tensors
+    if isinstance(value, (list, tuple)):
+        parts = []
+        for item in value:
+            text, found = describe(item)
+            parts.append(text)
+            tensors += found
+        return f"{kind}({','.join(parts)})", tensors
+    return f"object {kind}", []
+
+
+def pack(values: list[Any]) -> dict[str, torch.Tensor]:
+    """Each of ``values`` described, a line each, with all their tensors."""
+    lines, tensors = [], []
+    for value in values:
+        text, found = describe(value)
+        lines.append(text)
+        tensors += found
+    data = torch.tensor(list("\n".join(lines).encode()), dtype=torch.uint8)
+    return {"text": data, **{f"t{index}": t for index, t in enumerate(tensors)}}
+
+
+def _unpack(values: Mapping[str, torch.Tensor]) -> tuple[list[str], list[torch.Tensor]] | None:
+    data = values.get("text")
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
+        return None
+    tensors = []
+    while f"t{len(tensors)}" in values:
+        tensors.append(values[f"t{len(tensors)}"])
+    try:
+        return bytes(data.tolist()).decode().split("\n"), tensors
+    except UnicodeDecodeError:
+        return None
+
+
+def _same(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    return len(got) == len(want) and all(
+        isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        for a, b in zip(got, want)
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Task 1: scatter of a tuple holding a list, and of an OrderedDict.
+
+
+def scatter_inputs(rng: random.Random) -> list[int]:
+    """The batch's rows (5-16) and its values' seed."""
+    return [rng.randint(5, 16), rng.randrange(2**62)]
+
+
+def scatter_tensors(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 2, generator=generator), torch.randn(rows, generator=generator)
+
+
+def judge_scatter(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    x, y = scatter_tensors(*inputs)
+    sent = _unpack(values)
+    if sent is None:
+        return NOT_TENSORS
+    lines, tensors = sent
+    xs, ys = x.chunk(ALL_LANES), y.chunk(ALL_LANES)
+    nested = [(a, [b, a]) for a, b in zip(xs, ys)]
+    mappings = [OrderedDict(a=a, b=b) for a, b in zip(xs, ys)]
+    want_lines, want_tensors = (
+        [describe(v)[0] for v in nested + mappings],
+        [t for v in nested + mappings for t in describe(v)[1]],
+    )
+    if len(lines) != len(want_lines):
+        return f"expected {len(xs)} entries (one per lane) for each input, got another number"
+    if lines[: len(xs)] != want_lines[: len(xs)]:
+        return (
+            f"scatter((x, [y, x]), lanes) gave {lines[0]!r} on lane 0; a tuple input gives a "
+            "tuple per device, a list a list"
+        )
+    if lines[len(xs) :] != want_lines[len(xs) :]:
+        kinds = sorted({line.split("{")[0].rsplit(".", 1)[-1] for line in lines[len(xs) :]})
+        return (
+            f"scatter(OrderedDict(a=x, b=y), lanes) gave {kinds} per device; a mapping stays "
+            "the same type, with its keys: build each device's dict with type(inputs)(...)"
+        )
+    if not _same(tensors, want_tensors):
+        return "the pieces are not the rows of each tensor that torch.chunk gives each lane"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 4: gather of dicts holding lists (with a None) and namedtuples (with a scalar).
+
+
+def gather_inputs(rng: random.Random) -> list:
+    """The replicas (2-4), each one's rows (1-3) and the values' seed."""
+    return [[rng.randint(1, 3) for _ in range(rng.randint(2, ALL_LANES))], rng.randrange(2**62)]
+
+
+def replica_outputs(rows: list[int], seed: int, result: Any) -> list[dict]:
+    """Each replica's output: ``{"out": [(rows, 1), None], "extra": result(logits, loss)}``,
+    ``result`` the grader's namedtuple (the parent uses a stand-in of the same name)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        {
+            "out": [torch.randn(count, 1, generator=generator), None],
+            "extra": result(
+                torch.randn(1, 3, generator=generator), torch.randn((), generator=generator)
+            ),
+        }
+        for count in rows
+    ]
+
+
+def judge_gather(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    rows, seed = inputs
+    sent = _unpack(values)
+    if sent is None:
+        return NOT_TENSORS
+    lines, tensors = sent
+    outputs = replica_outputs(rows, seed, lambda logits, loss: (logits, loss))
+    out, extra = "out:builtins.list(T,None)", "extra:test_task4.Result(T,T)"
+    orders = {f"builtins.dict{{{out},{extra}}}": 0, f"builtins.dict{{{extra},{out}}}": 1}
+    if len(lines) != 1 or lines[0] not in orders:  # keys in either order, as a set compares
+        return (
+            f"gathering dicts of a list (with a None) and a Result namedtuple gave {lines[0]!r}; "
+            "a dict gathers into a dict with the same keys, a list into a list, None into "
+            "None, and a namedtuple must stay a Result"
+        )
+    want = [
+        torch.cat([o["out"][0] for o in outputs]),
+        torch.cat([o["extra"][0] for o in outputs]),
+        torch.stack([o["extra"][1] for o in outputs]),
+    ]
+    if orders[lines[0]]:
+        want = want[1:] + want[:1]
+    if not _same(tensors, want):
+        return (
+            f"the gathered tensors are not the replicas' pieces concatenated (shapes "
+            f"{[tuple(t.shape) for t in tensors]}, expected {[tuple(t.shape) for t in want]}): "
+            "scalars gather into a vector"
+        )
+    return None
