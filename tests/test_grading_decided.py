@@ -513,6 +513,14 @@ OUTPUTS = [check for check in decided.CHECKS if check.judge.__module__ == output
 
 def right_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
     """What a right primitive returns, computed here with plain torch."""
+    if test in ("test_apply_replica_stores_output", "test_outputs_in_order"):
+        factors, length, (first, _), seed = inputs
+        generator = torch.Generator().manual_seed(seed)
+        x = [torch.randn(length, generator=generator) for _ in range(len(factors) + 1)]
+        if test == "test_outputs_in_order":
+            return {f"out{i}": f * given for i, (f, given) in enumerate(zip(factors, x))}
+        second = factors[1] * x[1] + x[-1]
+        return {"keys": torch.tensor([first]), "first": factors[0] * x[0], "second": second}
     if test.startswith("test_ring_any_size"):
         shape, count, seed = inputs
         total = sum(decided.lane_values(shape, count, seed))
@@ -538,10 +546,15 @@ def right_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
 
 def wrong_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
     """One mistake each: a lane's sum off, the chunks or copies in another order, one output
-    row off, gradients doubled (each lane's mean loss added up, not the batch's mean)."""
+    row off, gradients doubled (each lane's mean loss added up, not the batch's mean), a
+    tuple input's output that is not module(*input), outputs in reverse order."""
     values = right_outputs(test, inputs)
     names = sorted(values)
-    if test.startswith("test_ring_any_size"):
+    if test == "test_apply_replica_stores_output":  # module(input) for the tuple, not (*input)
+        values["second"] = values["second"] - values["second"] + values["first"]
+    elif test == "test_outputs_in_order":  # in the order the threads finished: reversed
+        values = dict(zip(names, [values[name] for name in reversed(names)]))
+    elif test.startswith("test_ring_any_size"):
         values[names[-1]] = values[names[-1]] + 1
     elif test in ("test_scatter_tensor_places_chunks", "test_broadcast_forward_layout"):
         values = dict(zip(names, [values[name] for name in reversed(names)]))
@@ -556,10 +569,12 @@ def wrong_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
     return values
 
 
-def test_eight_checks_of_returned_tensors_are_decided_by_the_parent():
+def test_ten_checks_of_returned_tensors_are_decided_by_the_parent():
     assert sorted((c.task, c.test) for c in OUTPUTS) == [
         (1, "test_scatter_tensor_places_chunks"),
         (2, "test_broadcast_forward_layout"),
+        (3, "test_apply_replica_stores_output"),
+        (3, "test_outputs_in_order"),
         (5, "test_forward_matches_module"),
         (5, "test_gradients_match_single_device"),
         *sorted((7, f"test_ring_any_size[{case}]") for case in outputs.RING_SIZES),
@@ -839,8 +854,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_40_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 40
+def test_42_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 42
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",

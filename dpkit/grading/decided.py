@@ -801,6 +801,20 @@ CHECKS = (
         structure.gather_inputs,
         structure.judge_gather,
     ),
+    ParentCheck(
+        3,
+        "test_apply_replica_stores_output",
+        "apply_replica stores the output under the replica's index",
+        outputs.replica_inputs,
+        outputs.judge_apply_replica,
+    ),
+    ParentCheck(
+        3,
+        "test_outputs_in_order",
+        "parallel_apply returns each replica's output, in replica order",
+        outputs.replica_inputs,
+        outputs.judge_in_order,
+    ),
 )
 
 

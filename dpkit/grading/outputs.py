@@ -200,3 +200,52 @@ def judge_gradients(inputs: list, values: Mapping[str, torch.Tensor]) -> str | N
         if not torch.allclose(got, parameter.grad, atol=1e-5):
             return f"{name}.grad differs from one device"
     return None
+
+
+# --------------------------------------------------------------------------------------
+# Task 3: what apply_replica stores and what parallel_apply returns, replica by replica.
+
+
+def replica_inputs(rng: random.Random) -> list:
+    """2 to 4 replicas' factors (each multiplies its input), the input length and the
+    inputs' seed; apply_replica's check uses the first two replicas, at indices 1-3."""
+    count = rng.randint(2, ALL_LANES)
+    factors = [round(rng.uniform(-3.0, 3.0), 2) for _ in range(count)]
+    return [factors, rng.randint(1, 5), rng.sample(range(1, ALL_LANES), 2), rng.randrange(2**62)]
+
+
+def replica_tensors(count: int, length: int, seed: int) -> list[torch.Tensor]:
+    """One input per replica, and one more (a second positional argument)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(length, generator=generator) for _ in range(count + 1)]
+
+
+def judge_apply_replica(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    factors, length, (first, second), seed = inputs
+    x = replica_tensors(len(factors), length, seed)
+    keys, one, two = (values.get(name) for name in ("keys", "first", "second"))
+    if not all(isinstance(t, torch.Tensor) for t in (keys, one, two)):
+        return NOT_TENSORS
+    assert keys is not None and one is not None and two is not None
+    if keys.tolist() != [first]:
+        return f"results should have key {first} only, got {keys.tolist()}"
+    if one.shape != x[0].shape or not torch.allclose(one, factors[0] * x[0]):
+        return f"results[{first}] is not module(input)"
+    if two.shape != x[1].shape or not torch.allclose(two, factors[1] * x[1] + x[-1]):
+        return "a tuple input holds the positional arguments: call module(*input)"
+    return None
+
+
+def judge_in_order(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    factors, length, _, seed = inputs
+    x = replica_tensors(len(factors), length, seed)
+    got = _listed(values, "out")
+    if got is None or len(got) != len(factors):
+        return f"return a list with {len(factors)} outputs"
+    for index, (out, factor, given) in enumerate(zip(got, factors, x)):
+        if out.shape != given.shape or not torch.allclose(out, factor * given):
+            return (
+                f"output {index} is not replica {index}'s: keep outputs in replica order, "
+                "not in the order the threads finished"
+            )
+    return None

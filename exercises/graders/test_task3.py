@@ -1,4 +1,10 @@
-"""Grader for task 3: parallel_apply, one thread per replica."""
+"""Grader for task 3: parallel_apply, one thread per replica.
+
+Under ``dpkit grade`` the checks of what apply_replica stores and of the outputs' order are
+decided by the grader's parent process, from the tensors sent back for factors and inputs
+it chose (:mod:`dpkit.grading.outputs`); the others observe threads, grad modes and
+exceptions, and stay in the grading process.
+"""
 
 import threading
 
@@ -6,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from dpkit.grading import decided, outputs
 from dpkit.grading.checks import must_raise
 
 pytestmark = pytest.mark.task3
@@ -41,18 +48,23 @@ class Failing(nn.Module):
         raise self.error
 
 
-def test_apply_replica_stores_output(exercise, lanes):
+def test_apply_replica_stores_output(exercise, lanes, request):
     """apply_replica stores the output under the replica's index"""
+    # The grader's parent chose the factors, indices and inputs, and judges what is stored
+    # (dpkit.grading.outputs).
+    nodeid = request.node.nodeid
+    factors, length, (first, second), seed = inputs = decided.inputs_here(nodeid)
+    x = outputs.replica_tensors(len(factors), length, seed)
     results = {}
-    exercise.apply_replica(2, Recorder(3.0), torch.ones(2), lanes[2], True, results)
-    assert list(results) == [2], f"results should have key 2 only, got {list(results)}"
-    assert torch.allclose(results[2], torch.full((2,), 3.0)), "results[2] is not module(input)"
-    exercise.apply_replica(
-        1, Recorder(2.0), (torch.ones(2), torch.ones(2)), lanes[1], True, results
-    )
-    assert torch.allclose(results[1], torch.full((2,), 3.0)), (
-        "a tuple input holds the positional arguments: call module(*input)"
-    )
+    exercise.apply_replica(first, Recorder(factors[0]), x[0], lanes[first], True, results)
+    keys = torch.tensor(list(results), dtype=torch.int64)
+    assert first in results, f"results should have key {first}, got {list(results)}"
+    stored = results[first]
+    module = Recorder(factors[1])
+    exercise.apply_replica(second, module, (x[1], x[-1]), lanes[second], True, results)
+    assert second in results, f"results should have key {second}, got {list(results)}"
+    values = {"keys": keys, "first": stored, "second": results[second]}
+    decided.answer(nodeid, inputs, values)
 
 
 def test_apply_replica_catches(exercise, lanes):
@@ -137,18 +149,15 @@ def test_apply_replica_sets_grad_mode(exercise, lanes):
     )
 
 
-def test_outputs_in_order(exercise, lanes):
+def test_outputs_in_order(exercise, lanes, request):
     """parallel_apply returns each replica's output, in replica order"""
-    modules = [Recorder(float(i + 1)) for i in range(4)]
-    inputs = [torch.full((2,), 10.0 * i) for i in range(4)]
-    outputs = exercise.parallel_apply(modules, inputs, lanes)
-    assert isinstance(outputs, list) and len(outputs) == 4, "return a list with 4 outputs"
-    for index, output in enumerate(outputs):
-        want = (index + 1) * 10.0 * index
-        assert torch.allclose(output, torch.full((2,), want)), (
-            f"output {index} is {output.tolist()}, expected {want}: keep outputs in replica "
-            "order, not in the order the threads finished"
-        )
+    nodeid = request.node.nodeid
+    factors, length, _, seed = inputs = decided.inputs_here(nodeid)
+    x = outputs.replica_tensors(len(factors), length, seed)
+    modules = [Recorder(factor) for factor in factors]
+    got = exercise.parallel_apply(modules, x[: len(factors)], lanes[: len(factors)])
+    assert isinstance(got, list), f"return a list, got {type(got).__name__}"
+    decided.answer(nodeid, inputs, outputs.listed("out", got))
 
 
 def test_one_thread_per_replica(exercise, lanes):
