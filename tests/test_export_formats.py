@@ -15,8 +15,8 @@ from torch import nn
 
 import dpkit
 from dpkit import tracing
-from dpkit.devices import KIND_LABELS, PREDICTED, VIRTUAL_CPU
-from dpkit.tracing import export
+from dpkit.devices import VIRTUAL_CPU
+from dpkit.tracing import KIND_LABELS, PREDICTED, export
 from dpkit.tracing.events import ALLOCATED, Event, MemoryRecord
 
 recorder = importlib.import_module("dpkit.tracing.recorder")

@@ -18,8 +18,8 @@ import dpkit
 from dpkit import pipeline as pp
 from dpkit import viz
 from dpkit.ddp import Comparison, DDPResult
-from dpkit.devices import RANK, VIRTUAL_CPU
-from dpkit.tracing import Event, Trace
+from dpkit.devices import VIRTUAL_CPU
+from dpkit.tracing import RANK, Event, Trace
 from dpkit.verdict import Outcome
 from dpkit.viz import beyond
 from dpkit.viz.explorer import figure_png
