@@ -35,10 +35,11 @@ GiB = 2**30
 
 # DDP over 4 devices (64 rows, 16 a device) and one device (the whole 64 rows), bytes per
 # device by category; the pipeline's micro-batch, m = 4 x 4 = 16 of 4 rows, on one device.
-DDP_HELD = {"parameters": 400, "input": 40, "activations": 80, "outputs": 8, "gradients": 400,
-            "buckets": 400, "optimizer": 800}  # fmt: skip
-ONE_HELD = {"parameters": 400, "input": 160, "activations": 320, "outputs": 32,
-            "gradients": 400, "buckets": 400, "optimizer": 800}  # fmt: skip
+# (Not multiples of 4: a share of the 4 devices is rounded down to whole bytes.)
+DDP_HELD = {"parameters": 403, "input": 40, "activations": 80, "outputs": 8, "gradients": 403,
+            "buckets": 403, "optimizer": 806}  # fmt: skip
+ONE_HELD = {"parameters": 403, "input": 160, "activations": 322, "outputs": 32,
+            "gradients": 403, "buckets": 403, "optimizer": 806}  # fmt: skip
 
 
 def made_up_predictions(monkeypatch):
@@ -72,7 +73,8 @@ def two_linears() -> nn.Module:
     return nn.Sequential(nn.Linear(10, 20), nn.Linear(20, 5))
 
 
-MACHINE = dataclasses.replace(cost.preset("8xA100-SXM-NVLink"), memory_capacity=1500)
+# ZeRO-1's bytes exactly (below): it fits
+MACHINE = dataclasses.replace(cost.preset("8xA100-SXM-NVLink"), memory_capacity=1538)
 
 
 def test_the_plan_derives_zero_fsdp_and_the_pipeline_from_ddp_by_hand(monkeypatch):
@@ -87,20 +89,41 @@ def test_the_plan_derives_zero_fsdp_and_the_pipeline_from_ddp_by_hand(monkeypatc
         "DataParallel": (1000, True, 10.0),  # the fullest device
         "DDP": (2128, False, 4.0),
         # DDP's bytes with the optimizer's 800 / 4; its step + half an all-reduce (1 ms)
-        "ZeRO-1": (400 + 40 + 80 + 8 + 400 + 400 + 200, False, 5.0),
+        "ZeRO-1": (403 + 40 + 80 + 8 + 403 + 403 + 201, True, 5.0),  # 1,538
         # parameters, gradients, optimizer / 4, no buckets, + the largest layer's 880
-        "FSDP": (100 + 40 + 80 + 8 + 100 + 200 + 880, True, 5.0),
+        "FSDP": (100 + 40 + 80 + 8 + 100 + 201 + 880, True, 5.0),
         # one device's bytes with parameters, gradients, optimizer and activations / 4, no
         # buckets; a micro-batch's 1 ms / 4 stages x (16 + 4 - 1)
-        "pipeline": (100 + 160 + 80 + 32 + 100 + 200, True, 0.25 * 19),
+        "pipeline": (100 + 160 + 80 + 32 + 100 + 201, True, 0.25 * 19),
     }
     for name, (nbytes, fits, ms) in expected.items():
         assert (rows[name]["predicted bytes/device"], rows[name]["fits"]) == (nbytes, fits)
         assert rows[name]["predicted step ms"] == pytest.approx(ms)
-    assert "m=16" in rows["pipeline"]["how"]
+    assert {name: r["how"] for name, r in rows.items()} == {
+        "DataParallel": "dpkit.cost.predict, 'dp'",
+        "DDP": "dpkit.cost.predict, 'ddp'",
+        "ZeRO-1": "DDP, state / n; + an all-gather",
+        "FSDP": "DDP, all / n + a layer; + an all-gather",
+        "pipeline": "a micro-batch's step / n x (m + n - 1), m=16; sends left out",
+    }
 
 
-@pytest.mark.parametrize(("batch", "micro", "rows"), [(8, 8, 1), (40, 16, 2), (12, 12, 1)])
+def test_a_prediction_without_optimizer_state_shards_none(monkeypatch):
+    # plain SGD holds no optimizer state: ZeRO-1 on one device holds what DDP does
+    held = {"parameters": 400, "gradients": 400}
+
+    def predict(model, sample, batch, n, machine, strategy, optimizer):
+        return SimpleNamespace(held=[dict(held)], memory_per_device=[800] * n, step_time=0.001)
+
+    monkeypatch.setattr(cost, "predict", predict)
+    monkeypatch.setattr(cost, "allreduce", lambda nbytes, n, machine: 0.0)
+    rows = {r["strategy"]: r for r in plan(two_linears(), None, 8, 1, MACHINE, "sgd")}
+    assert rows["ZeRO-1"]["predicted bytes/device"] == 800
+
+
+@pytest.mark.parametrize(
+    ("batch", "micro", "rows"), [(8, 8, 1), (40, 16, 2), (12, 12, 1), (1, 1, 1)]
+)
 def test_the_pipeline_takes_four_micro_batches_a_stage_or_a_row_each(monkeypatch, batch, micro,
                                                                     rows):  # fmt: skip
     calls = made_up_predictions(monkeypatch)
