@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dpkit", "dpkit.viz", "dpkit.ddp", "dpkit.pipeline", "dpkit.tracing")
+PACKAGES = ("dpkit", "dpkit.viz", "dpkit.ddp", "dpkit.pipeline", "dpkit.tracing", "dpkit.grading")
 # How the course names each package: `import dpkit`, `from dpkit import viz, ddp` and
 # `from dpkit import pipeline as pp`.
 ALIASES = {"dpkit": "dpkit", "viz": "dpkit.viz", "ddp": "dpkit.ddp", "pp": "dpkit.pipeline"}
@@ -29,6 +29,7 @@ STILL_IMPORTABLE = {
     "dpkit.ddp": ("DDPResult", "Comparison", "Workload", "merged_trace", "free_port"),
     "dpkit.pipeline": ("Pipeline", "split_model", "split_points", "busy_seconds"),
     "dpkit.tracing": ("span", "copy_span", "after_apply", "begin_step", "record_memory"),
+    "dpkit.grading": ("add_grade_command", "find_exercises", "task_files", "check_writable"),
 }
 
 
