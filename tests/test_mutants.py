@@ -10,6 +10,7 @@ The last section checks the run's own list of survivors kept on purpose.
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import importlib.util
@@ -1226,16 +1227,33 @@ def _load_mutation_script():
     return module
 
 
-def test_every_listed_survivor_names_a_core_function_its_lines_and_a_reason():
-    """A malformed entry would match nothing, and its mutant would count as a survivor."""
+def _defines(module: str, mangled: str) -> bool:
+    """Whether ``module``'s source still defines the function mutmut names ``mangled``
+    (``x_name`` for a function, ``xǁClassǁmethod`` for a method)."""
+    source = Path(__file__).resolve().parents[1] / (module.replace(".", "/") + ".py")
+    tree = ast.parse(source.read_text())
+    if mangled.startswith("xǁ"):
+        _, owner, name = mangled.split("ǁ")
+        bodies = [n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
+    else:
+        owner, name = None, mangled.removeprefix("x_")
+        bodies = [tree.body]
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return any(isinstance(n, functions) and n.name == name for body in bodies for n in body)
+
+
+def test_every_listed_survivor_names_an_audited_function_its_lines_and_a_reason():
+    """A malformed entry would match nothing, and its mutant would count as a survivor; an
+    entry whose function was renamed or moved matches nothing either (stale)."""
     mutation = _load_mutation_script()
     entries = mutation.load_equivalents()
     text = mutation.EQUIVALENTS_MD.read_text()
     assert len(entries) == text.count("\n### ")
-    core = {mutation.module_of(path) for path in mutation.CORE_FILES}
+    audited = {mutation.module_of(path) for path in (*mutation.CORE_FILES, *mutation.BEYOND_CORE)}
     for entry in entries:
-        module = entry.function.rpartition(".")[0]
-        assert module in core, entry.name
+        module, _, mangled = entry.function.rpartition(".")
+        assert module in audited, entry.name
+        assert _defines(module, mangled), f"{entry.name}: no such function any more"
         assert any(line.startswith("-") for line in entry.change), entry.name
         assert len(entry.reason) > 20, entry.name
     gpu_section = text[text.index("\n## Only on a GPU") :]
