@@ -111,3 +111,53 @@ def test_a_grader_whose_checks_cannot_be_listed_is_refused():
     computed = source.replace('ids=["10 over 4 lanes",', 'ids=[str(4) + " lanes",')
     with pytest.raises(roster.RosterError, match="literal string ids"):
         roster.checks_in(computed, 7)
+
+
+GRADER_BY_VALUE = '''
+import pytest
+
+
+@pytest.mark.parametrize("rows", [10, 7, -1, 2.5, True, None])
+def test_rows(rows):
+    """rows"""
+
+
+@pytest.mark.parametrize("name", ["ring", "tree"])
+def test_names(name):
+    """names"""
+
+
+def test_plain():
+    """plain"""
+'''
+
+
+def test_the_roster_names_literal_values_as_pytest_collects_them(tmp_path):
+    """An instructor's grader (the template's) may parametrize over plain values without
+    ids=: the roster names them as pytest does, checked against pytest's own collection."""
+    graders = tmp_path / "exercises" / "graders"
+    graders.mkdir(parents=True)
+    (graders / "test_task8.py").write_text(GRADER_BY_VALUE)
+    collected = pytest.main(
+        ["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         str(graders / "test_task8.py")],
+        plugins=[collector := _Collector()],
+    )  # fmt: skip
+    assert collected == 0
+    listed = [check.nodeid for check in roster.checks_in(GRADER_BY_VALUE, 8)]
+    assert listed == collector.nodeids
+
+
+def test_values_pytest_would_rename_are_refused():
+    for values in ('["a", "a"]', '["", "b"]', "[[1], [2]]", '["é"]'):
+        source = f'import pytest\n@pytest.mark.parametrize("v", {values})\ndef test_v(v): pass\n'
+        with pytest.raises(roster.RosterError, match="literal string ids"):
+            roster.checks_in(source, 8)
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.nodeids: list[str] = []
+
+    def pytest_collection_finish(self, session) -> None:
+        self.nodeids = [item.nodeid for item in session.items]

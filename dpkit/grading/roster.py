@@ -9,7 +9,8 @@ reports no outcome for fails, a check it reports that is not on the list counts 
 
 What pytest would collect is mirrored for what the graders use: module-level ``test_*``
 functions in source order, one check each, or one per id of a single
-``pytest.mark.parametrize(..., ids=[...])`` whose ids are written out as strings; a
+``pytest.mark.parametrize(..., ids=[...])`` whose ids are written out as strings (or, without
+``ids=``, of one argument's literal numbers or plain strings, which pytest names by value); a
 check's name is its docstring's first line, with the id in brackets (as
 :func:`dpkit.grading.harness.check_name` names it in the grading process). A grader that
 uses anything else (a test class, ids computed at import, two parametrize marks) is refused
@@ -51,6 +52,8 @@ def _parametrize_ids(function: ast.FunctionDef, where: str) -> list[str] | None:
     ids = next((k.value for k in marks[0].keywords if k.arg == "ids"), None)
     try:
         values = ast.literal_eval(ids) if ids is not None and len(marks) == 1 else None
+        if ids is None and len(marks) == 1:
+            values = _pytest_ids(*(ast.literal_eval(a) for a in marks[0].args[:2]))
     except ValueError:
         values = None
     if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
@@ -60,6 +63,22 @@ def _parametrize_ids(function: ast.FunctionDef, where: str) -> list[str] | None:
             "without running it"
         )
     return list(values)
+
+
+def _pytest_ids(argnames: object, argvalues: object) -> list[str] | None:
+    """The ids pytest gives one argument's literal values when no ``ids=`` is written: the
+    value itself for numbers, booleans, None and printable ASCII strings. None for anything
+    else (several arguments, other values, or ids pytest would have to make unique)."""
+    if not isinstance(argnames, str) or "," in argnames or not isinstance(argvalues, list):
+        return None
+    plain = (int, float, bool, type(None))
+    ids = [
+        value if isinstance(value, str) else str(value)
+        for value in argvalues
+        if isinstance(value, plain) or (isinstance(value, str) and value.isprintable() and value)
+    ]
+    ascii_only = all(id_.isascii() for id_ in ids)
+    return ids if len(ids) == len(argvalues) == len(set(ids)) and ascii_only else None
 
 
 @functools.lru_cache(maxsize=64)  # a class's runs share one trusted copy: parse it once
