@@ -72,11 +72,15 @@ def grade(folder: Path, jobs: int | None, timeout: float | None) -> dict:
     if run.returncode != 0:
         raise SystemExit(f"grading failed ({run.returncode}):\n{run.stderr}")
     scores: dict[str, list[int]] = {}
+    failed: dict[str, list[str]] = {}  # what each student lost, to tell a flaky check
     with open(out, newline="") as file:
         for row in csv.DictReader(file):
             score = scores.setdefault(row["student"], [0, 0])
             score[0] += row["result"] == "pass"
             score[1] += 1
+            if row["result"] != "pass":
+                lost = f"task {row['task']}: {row['check']}: {row['hint'][:300]}"
+                failed.setdefault(row["student"], []).append(lost)
     lines = [line for line in run.stdout.splitlines() if line.startswith("[")]
     return {
         "wall_s": round(wall, 1),
@@ -88,6 +92,7 @@ def grade(folder: Path, jobs: int | None, timeout: float | None) -> dict:
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "scores": {student: f"{p}/{n}" for student, (p, n) in sorted(scores.items())},
+        "failed": failed,
         "first_line_s": _seconds(lines[0]) if lines else None,
         "lines": len(lines),
     }

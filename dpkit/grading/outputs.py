@@ -79,9 +79,14 @@ def judge_ring_size(inputs: list, values: Mapping[str, torch.Tensor]) -> str | N
 # Task 1's scatter_tensor: torch.chunk's chunks of a fresh tensor over the 4 lanes.
 
 
+# Rows that torch.chunk cuts into 4 chunks: not 9 (3 chunks of 3), which a correct
+# scatter_tensor returns and the grader's per-lane checks would index past.
+FOUR_CHUNK_ROWS = [rows for rows in range(7, 41) if len(torch.empty(rows).chunk(4)) == 4]
+
+
 def scatter_input_inputs(rng: random.Random) -> list[int]:
-    """A tensor's rows (7-40: 4 chunks) and columns (1-5), and its values' seed."""
-    return [rng.randint(7, 40), rng.randint(1, 5), rng.randrange(2**62)]
+    """A tensor's rows (7-40, making 4 chunks) and columns (1-5), and its values' seed."""
+    return [rng.choice(FOUR_CHUNK_ROWS), rng.randint(1, 5), rng.randrange(2**62)]
 
 
 def scatter_input(rows: int, columns: int, seed: int) -> torch.Tensor:
