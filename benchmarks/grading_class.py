@@ -48,10 +48,12 @@ def make_class(folder: Path, students: int, hang: int, crash: int) -> None:
         student.mkdir(parents=True)
         for path in solutions:
             source = path.read_text()
+            # At the module's end: a line before its `from __future__` import would make the
+            # file a SyntaxError, not a hang or a crash.
             if index < hang and path.name.startswith("task3_"):
-                source = "import time\ntime.sleep(3600)\n" + source
+                source += "\nimport time\n\ntime.sleep(3600)\n"
             elif hang <= index < hang + crash and path.name.startswith("task1_"):
-                source = "import os\nos._exit(0)\n" + source
+                source += "\nimport os\n\nos._exit(0)\n"
             (student / path.name).write_text(source)
 
 
