@@ -30,6 +30,7 @@ import dpkit
 from dpkit import grading
 from dpkit.comm import copy_to
 from dpkit.grading import (
+    conduct,
     counted,
     decided,
     gradients,
@@ -854,8 +855,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_42_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 42
+def test_48_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 48
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",
@@ -1013,3 +1014,139 @@ def test_scatter_inputs_always_make_four_chunks_so_a_right_answer_is_never_faile
     for _ in range(500):
         rows, _, _ = outputs.scatter_input_inputs(rng)
         assert len(torch.empty(rows).chunk(4)) == 4, rows
+
+
+# --------------------------------------------------------------------------------------
+# Task 3's grad modes and exceptions (dpkit/grading/conduct.py): the grader's own checks run
+# here on the solution and on solutions with one mistake, and what they would send goes
+# through decide().
+
+CONDUCT = [check for check in decided.CHECKS if check.judge.__module__ == conduct.__name__]
+
+
+def _module(name: str, path: Path, source: str):  # noqa: ANN202 - a module built here
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+GRADER3 = EXERCISES / "graders" / "test_task3.py"
+grader3 = _module(  # its task marker is the graders' conftest's, unknown here
+    "dpkit_grader_task3", GRADER3, GRADER3.read_text().replace("pytestmark = pytest.mark.task3", "")
+)
+
+
+def task3_with(old: str = "", new: str = ""):  # noqa: ANN201 - the solution, one line changed
+    source = (SOLUTIONS / "task3_parallel_apply.py").read_text()
+    assert source.count(old) == 1 if old else True, f"the solution no longer has {old!r}"
+    return _module("dpkit_task3_variant", SOLUTIONS / "x.py", source.replace(old, new, 1))
+
+
+class _Node:
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+class _Request:
+    def __init__(self, nodeid: str) -> None:
+        self.node = _Node(nodeid)
+
+
+def sent_by(check: decided.ParentCheck, exercise, inputs: list, monkeypatch) -> str:  # noqa: ANN001
+    """What the grader's check sends for ``inputs`` with ``exercise`` (unjudged here)."""
+    nodeid = f"exercises/graders/{check.key}"
+    sent: list = []
+    monkeypatch.setenv(decided.ENVIRONMENT, decided.json.dumps({check.key: inputs}))
+    monkeypatch.setattr(decided, "answer", lambda _n, _i, values: sent.append(values))
+    lanes = dpkit.virtual_devices(4, on="cpu")
+    getattr(grader3, check.test)(exercise, lanes, _Request(nodeid))
+    assert len(sent) == 1
+    return decided.encode(sent[0])
+
+
+def test_six_checks_of_grad_modes_and_exceptions_are_decided_by_the_parent():
+    assert sorted(c.test for c in CONDUCT) == [
+        "test_apply_replica_catches",
+        "test_apply_replica_sets_grad_mode",
+        "test_exception_carried_back",
+        "test_grad_mode_carried",
+        "test_reraise_falls_back_to_runtime_error",
+        "test_reraise_names_replica",
+    ]
+
+
+@pytest.mark.parametrize("check", CONDUCT, ids=lambda check: check.test)
+def test_the_solution_passes_every_draw_and_other_answers_fail(check, monkeypatch):
+    """A hundred fresh draws each: the parent's inputs never fail a right solution; what it
+    sends for other inputs, and unreadable values, fail."""
+    solution = task3_with()
+    rng = random.Random(3)
+    for _ in range(100):
+        inputs = check.choose(rng)
+        chosen = {check.key: inputs}
+        right = verdict_of(check, sent_by(check, solution, inputs, monkeypatch), chosen)
+        assert right.passed, (inputs, right.hint)
+    mine = decided.decode(sent_by(check, solution, inputs, monkeypatch))
+    other = sent_by(check, solution, check.choose(random.Random(1)), monkeypatch)
+    if differ(decided.decode(other), mine):  # four grad-mode pairs have only 24 orders
+        assert not verdict_of(check, other, chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+CONDUCT_WRONG = [  # (check, the solution's line, the mistake, the hint the parent gives)
+    (
+        "test_apply_replica_sets_grad_mode",
+        "    torch.set_grad_enabled(grad_enabled)\n",
+        "",
+        "call torch.set_grad_enabled(grad_enabled) in the worker",
+    ),
+    (
+        "test_grad_mode_carried",
+        "grad_enabled = torch.is_grad_enabled()",
+        "grad_enabled = True",
+        "pass torch.is_grad_enabled() to the workers",
+    ),
+    (
+        "test_apply_replica_catches",
+        "ReplicaFailure(index, device, error, traceback.format_exc())",
+        "ReplicaFailure(index, device, error, str(error))",
+        "store traceback.format_exc() as the traceback text",
+    ),
+    (
+        "test_apply_replica_catches",
+        "ReplicaFailure(index, device, error, traceback.format_exc())",
+        "ReplicaFailure(index, device, type(error)(*error.args), traceback.format_exc())",
+        "keep the original exception",
+    ),
+    (
+        "test_reraise_names_replica",
+        'f"in replica {failure.index} on device {failure.device}',
+        'f"in replica {failure.index}',
+        "the message should say 'in replica",
+    ),
+    (
+        "test_reraise_falls_back_to_runtime_error",
+        "raise RuntimeError(message) from failure.exception",
+        "raise RuntimeError(message)",
+        "raise the RuntimeError from the original exception",
+    ),
+    (
+        "test_exception_carried_back",
+        "for output in outputs:\n        if isinstance",
+        "for output in reversed(outputs):\n        if isinstance",
+        "re-raise the failure of the lowest replica index",
+    ),
+]
+
+
+@pytest.mark.parametrize("test, old, new, hint", CONDUCT_WRONG, ids=lambda v: v[:40])
+def test_one_mistake_fails_its_check_in_the_parent(test, old, new, hint, monkeypatch):
+    check = next(c for c in CONDUCT if c.test == test)
+    wrong = task3_with(old, new)
+    inputs = check.choose(random.Random(5))
+    result = verdict_of(check, sent_by(check, wrong, inputs, monkeypatch), {check.key: inputs})
+    assert not result.passed and hint in result.hint, result.hint

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import counted, gradients, outputs, shapes, structure, weighted
+from dpkit.grading import conduct, counted, gradients, outputs, shapes, structure, weighted
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -814,6 +814,48 @@ CHECKS = (
         "parallel_apply returns each replica's output, in replica order",
         outputs.replica_inputs,
         outputs.judge_in_order,
+    ),
+    ParentCheck(
+        3,
+        "test_apply_replica_sets_grad_mode",
+        "apply_replica runs the module under the grad mode it is given",
+        conduct.grad_mode_inputs,
+        conduct.judge_grad_mode,
+    ),
+    ParentCheck(
+        3,
+        "test_grad_mode_carried",
+        "parallel_apply carries the caller's grad mode into the threads",
+        conduct.carried_inputs,
+        conduct.judge_carried,
+    ),
+    ParentCheck(
+        3,
+        "test_apply_replica_catches",
+        "apply_replica stores a ReplicaFailure instead of raising",
+        conduct.catches_inputs,
+        conduct.judge_catches,
+    ),
+    ParentCheck(
+        3,
+        "test_reraise_names_replica",
+        "reraise keeps the exception type and names the replica and device",
+        conduct.names_inputs,
+        conduct.judge_names,
+    ),
+    ParentCheck(
+        3,
+        "test_reraise_falls_back_to_runtime_error",
+        "reraise raises RuntimeError for a type that cannot be built from one message",
+        conduct.fallback_inputs,
+        conduct.judge_fallback,
+    ),
+    ParentCheck(
+        3,
+        "test_exception_carried_back",
+        "an exception in a replica is raised in the caller, naming the replica",
+        conduct.carried_back_inputs,
+        conduct.judge_carried_back,
     ),
 )
 

@@ -1,9 +1,10 @@
 """Grader for task 3: parallel_apply, one thread per replica.
 
-Under ``dpkit grade`` the checks of what apply_replica stores and of the outputs' order are
-decided by the grader's parent process, from the tensors sent back for factors and inputs
-it chose (:mod:`dpkit.grading.outputs`); the others observe threads, grad modes and
-exceptions, and stay in the grading process.
+Under ``dpkit grade`` every check but one is decided by the grader's parent process, from
+what is sent back for inputs it chose: what apply_replica stores and the outputs' order
+(:mod:`dpkit.grading.outputs`), the grad modes the grader's modules saw and the exceptions'
+types and messages (:mod:`dpkit.grading.conduct`). Whether the replicas run in threads at
+the same time stays in the grading process.
 """
 
 import threading
@@ -12,8 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpkit.grading import decided, outputs
-from dpkit.grading.checks import must_raise
+from dpkit.grading import conduct, decided, outputs
 
 pytestmark = pytest.mark.task3
 EXERCISE = "task3_parallel_apply.py"
@@ -67,41 +67,62 @@ def test_apply_replica_stores_output(exercise, lanes, request):
     decided.answer(nodeid, inputs, values)
 
 
-def test_apply_replica_catches(exercise, lanes):
+def test_apply_replica_catches(exercise, lanes, request):
     """apply_replica stores a ReplicaFailure instead of raising"""
-    results = {}
+    # The parent chose the replica, the exception type and a fresh message, and judges what
+    # is stored (dpkit.grading.conduct).
+    nodeid = request.node.nodeid
+    index, kind, message = inputs = decided.inputs_here(nodeid)
+    error, results = conduct.ERRORS[kind](message), {}
     try:
-        exercise.apply_replica(
-            1, Failing(ValueError("boom")), torch.ones(1), lanes[1], True, results
-        )
-    except ValueError:
+        exercise.apply_replica(index, Failing(error), torch.ones(1), lanes[index], True, results)
+    except conduct.ERRORS[kind]:
         pytest.fail("apply_replica let the exception escape; catch it and store it", pytrace=False)
-    failure = results.get(1)
+    failure = results.get(index)
     assert isinstance(failure, exercise.ReplicaFailure), (
-        f"results[1] should be a ReplicaFailure, got {type(failure).__name__}"
+        f"results[{index}] should be a ReplicaFailure, got {type(failure).__name__}"
     )
-    assert failure.index == 1 and failure.device == lanes[1], "record the index and the device"
-    assert isinstance(failure.exception, ValueError), "keep the original exception"
-    assert "boom" in failure.traceback, "store traceback.format_exc() as the traceback text"
+    device = getattr(failure, "device", None)
+    fields = [
+        failure.index if type(failure.index) is int else -1,
+        next((lane for lane, d in enumerate(lanes) if d is device or d == device), -1),
+        0 if failure.exception is error else -1,
+    ]
+    values = {
+        "keys": torch.tensor([k if type(k) is int else -1 for k in results], dtype=torch.int64),
+        "failure": torch.tensor(fields, dtype=torch.int64),
+        "traceback": conduct.text(str(failure.traceback)),
+    }
+    decided.answer(nodeid, inputs, values)
 
 
-def test_reraise_names_replica(exercise, lanes):
-    """reraise keeps the exception type and names the replica and device"""
+def _raised(call) -> BaseException | None:  # noqa: ANN001 - a function of no arguments
+    """What ``call`` raised (None: it returned); a stub's NotImplementedError goes through."""
     try:
-        raise KeyError("missing")
-    except KeyError as error:
-        failure = exercise.ReplicaFailure(3, lanes[3], error, "Traceback: the worker's text")
-    with must_raise(
-        KeyError,
-        "reraise(ReplicaFailure(3, lanes[3], KeyError('missing'), ...))",
-        "raise a new exception of the original's type, its message naming the replica",
-    ) as raised:
-        exercise.reraise(failure)
-    message = str(raised.value)
-    assert f"in replica 3 on device {lanes[3]}" in message, (
-        f"the message should say 'in replica 3 on device {lanes[3]}', got {message!r}"
-    )
-    assert "the worker's text" in message, "include the worker's traceback in the message"
+        call()
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the parent judges its type and message
+        return error
+    return None
+
+
+def test_reraise_names_replica(exercise, lanes, request):
+    """reraise keeps the exception type and names the replica and device"""
+    nodeid = request.node.nodeid
+    index, lane, kind, message, worker = inputs = decided.inputs_here(nodeid)
+    try:
+        raise conduct.ERRORS[kind](message)
+    except Exception as error:  # noqa: BLE001 - the type the parent chose
+        failure = exercise.ReplicaFailure(
+            index, lanes[lane], error, f"Traceback: the worker's text, {worker}"
+        )
+    raised = _raised(lambda: exercise.reraise(failure))
+    values = {
+        "kind": torch.tensor([conduct.kind_of(raised)], dtype=torch.int64),
+        "message": conduct.text(str(raised)),
+    }
+    decided.answer(nodeid, inputs, values)
 
 
 class NeedsTwo(Exception):
@@ -111,42 +132,34 @@ class NeedsTwo(Exception):
         super().__init__(f"{code}: {detail}")
 
 
-def test_reraise_falls_back_to_runtime_error(exercise, lanes):
+def test_reraise_falls_back_to_runtime_error(exercise, lanes, request):
     """reraise raises RuntimeError for a type that cannot be built from one message"""
-    original = NeedsTwo(7, "bad input")
-    failure = exercise.ReplicaFailure(2, lanes[2], original, "Traceback: the worker's text")
-    try:
-        exercise.reraise(failure)
-    except NotImplementedError:  # a RuntimeError too: the stub's TODO, not a fallback
-        raise
-    except RuntimeError as error:
-        assert f"in replica 2 on device {lanes[2]}" in str(error), (
-            f"the RuntimeError should say 'in replica 2 on device {lanes[2]}', got {error}"
-        )
-        assert error.__cause__ is original, (
-            "raise the RuntimeError from the original exception (raise ... from ...), so its "
-            "traceback is kept"
-        )
-        return
-    except Exception as error:  # noqa: BLE001 - what the student's reraise raised instead
-        pytest.fail(
-            f"reraise raised {type(error).__name__} ({error}) for an exception whose type "
-            "needs two arguments, losing the replica and the original error: when "
-            "type(exception)(message) fails, raise RuntimeError(message) from the original",
-            pytrace=False,
-        )
-    pytest.fail("reraise returned instead of raising", pytrace=False)
+    nodeid = request.node.nodeid
+    index, lane, code, detail = inputs = decided.inputs_here(nodeid)
+    original = NeedsTwo(code, detail)
+    failure = exercise.ReplicaFailure(index, lanes[lane], original, "Traceback: the worker's text")
+    raised = _raised(lambda: exercise.reraise(failure))
+    cause = 0 if raised is not None and raised.__cause__ is original else -1
+    values = {
+        "kind": torch.tensor([conduct.kind_of(raised), cause], dtype=torch.int64),
+        "message": conduct.text(str(raised)),
+    }
+    decided.answer(nodeid, inputs, values)
 
 
-def test_apply_replica_sets_grad_mode(exercise, lanes):
+def test_apply_replica_sets_grad_mode(exercise, lanes, request):
     """apply_replica runs the module under the grad mode it is given"""
-    module, results = Recorder(1.0), {}
-    with torch.enable_grad():
-        exercise.apply_replica(0, module, torch.ones(1), lanes[0], False, results)
-    assert module.grad_enabled is False, (
-        "apply_replica(..., grad_enabled=False, ...) ran the module with grad enabled: call "
-        "torch.set_grad_enabled(grad_enabled) in the worker before running the module"
-    )
+    # The parent chose the order of the (caller's mode, mode given) pairs and judges the
+    # mode the grader's module saw inside its forward (dpkit.grading.conduct).
+    nodeid = request.node.nodeid
+    pairs = decided.inputs_here(nodeid)
+    seen = []
+    for outer, given in pairs:
+        module, results = Recorder(1.0), {}
+        with torch.set_grad_enabled(outer):
+            exercise.apply_replica(0, module, torch.ones(1), lanes[0], given, results)
+        seen.append(getattr(module, "grad_enabled", None))
+    decided.answer(nodeid, pairs, {"seen": conduct.flags(seen)})
 
 
 def test_outputs_in_order(exercise, lanes, request):
@@ -175,50 +188,45 @@ def test_one_thread_per_replica(exercise, lanes):
     assert len(threads) == 4, f"4 replicas ran in {len(threads)} thread(s); use one each"
 
 
-def test_grad_mode_carried(exercise, lanes):
+def test_grad_mode_carried(exercise, lanes, request):
     """parallel_apply carries the caller's grad mode into the threads"""
-    modules = [Recorder(1.0) for _ in range(3)]
-    with torch.no_grad():
-        outputs = exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
-    if any(module.grad_enabled for module in modules):
+    nodeid = request.node.nodeid
+    count, modes = inputs = decided.inputs_here(nodeid)
+    seen, needs = [], []
+    for mode in modes:
+        modules = [Recorder(1.0) for _ in range(count)]
+        with torch.set_grad_enabled(mode):
+            got = exercise.parallel_apply(modules, [torch.ones(1)] * count, lanes[:count])
+        seen += [getattr(module, "grad_enabled", None) for module in modules]
+        needs += [getattr(output, "requires_grad", None) for output in got[:count]]
+        needs += [None] * (count - len(got))
+    probe = None  # whether the value reached the workers: apply_replica told False
+    if any(flag != mode for flag, mode in zip(seen, [m for m in modes for _ in range(count)])):
         probe, results = Recorder(1.0), {}
-        exercise.apply_replica(0, probe, torch.ones(1), lanes[0], False, results)
-        missing = (  # the value never reached the workers, or they did not apply it
-            "pass torch.is_grad_enabled() to the workers"
-            if probe.grad_enabled is False
-            else "each worker must apply the caller's mode with "
-            "torch.set_grad_enabled(grad_enabled) before running its replica"
-        )
-        pytest.fail(
-            "replicas ran with grad enabled under torch.no_grad(): grad mode is thread-local; "
-            + missing,
-            pytrace=False,
-        )
-    assert not any(output.requires_grad for output in outputs)
-    outputs = exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
-    assert all(output.requires_grad for output in outputs), "with grad on, outputs need grad"
+        with torch.enable_grad():
+            exercise.apply_replica(0, probe, torch.ones(1), lanes[0], False, results)
+        probe = getattr(probe, "grad_enabled", None)
+    values = {"seen": conduct.flags(seen), "requires_grad": conduct.flags(needs)}
+    decided.answer(nodeid, inputs, {**values, "probe": conduct.flags([probe])})
 
 
-def test_exception_carried_back(exercise, lanes):
+def test_exception_carried_back(exercise, lanes, request):
     """an exception in a replica is raised in the caller, naming the replica"""
-    modules = [Recorder(1.0), Failing(ValueError("bad shape")), Recorder(1.0), Recorder(1.0)]
-    with must_raise(
-        ValueError,
-        "parallel_apply on 4 replicas where replica 1 raises ValueError('bad shape')",
-        "after joining the threads, re-raise the first failure with reraise",
-    ) as raised:
-        exercise.parallel_apply(modules, [torch.ones(1)] * 4, lanes)
-    message = str(raised.value)
-    assert "in replica 1" in message and "bad shape" in message, (
-        f"the error should name replica 1 and keep the original message, got {message!r}"
-    )
-    modules = [Recorder(1.0), Failing(TypeError("late")), Failing(KeyError("early?"))]
-    with must_raise(
-        TypeError,
-        "parallel_apply where replica 1 raises TypeError and replica 2 KeyError",
-        "re-raise the failure of the lowest replica index, whichever finished first",
-    ) as raised:
-        exercise.parallel_apply(modules, [torch.ones(1)] * 3, lanes[:3])
-    assert "in replica 1" in str(raised.value), (
-        f"the TypeError should name replica 1, got {str(raised.value)!r}"
-    )
+    # The parent chose which replicas fail, with which types and fresh messages; it judges
+    # the type and message the caller received (dpkit.grading.conduct).
+    nodeid = request.node.nodeid
+    runs = decided.inputs_here(nodeid)
+    values = {}
+    kinds = []
+    for number, (count, failures) in enumerate(runs):
+        modules = [Recorder(1.0) for _ in range(count)]
+        for index, kind, message in failures:
+            modules[index] = Failing(conduct.ERRORS[kind](message))
+        ones = [torch.ones(1)] * count
+        raised = _raised(
+            lambda m=modules, x=ones, c=count: exercise.parallel_apply(m, x, lanes[:c])
+        )
+        kinds.append(conduct.kind_of(raised))
+        values[f"message{number}"] = conduct.text(str(raised))
+    values["kinds"] = torch.tensor(kinds, dtype=torch.int64)
+    decided.answer(nodeid, runs, values)
