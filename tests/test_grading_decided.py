@@ -34,6 +34,7 @@ from dpkit.grading import (
     counted,
     decided,
     gradients,
+    identity,
     outputs,
     roster,
     shapes,
@@ -137,9 +138,9 @@ def test_a_check_left_out_of_the_records_fails(chosen):
     results = grading.results_from_records(decided.decide(records, chosen), None, [1], checks)
     mine = next(r for r in results if r.check == NAME)
     assert not mine.passed and mine.hint == results_module.LEFT_OUT
-    assert [r.check for r in results if r.passed] == [  # decided in the child
-        "scatter keeps namedtuples and shares other objects by reference"
-    ]
+    # every check of task 1 is the parent's now: the other "passed", sent without values,
+    # does not stand either
+    assert [r.check for r in results if r.passed] == []
 
 
 @pytest.mark.parametrize("check", decided.CHECKS, ids=lambda check: check.key)
@@ -855,8 +856,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_48_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 48
+def test_50_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 50
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",
@@ -1033,16 +1034,24 @@ def _module(name: str, path: Path, source: str):  # noqa: ANN202 - a module buil
     return module
 
 
-GRADER3 = EXERCISES / "graders" / "test_task3.py"
-grader3 = _module(  # its task marker is the graders' conftest's, unknown here
-    "dpkit_grader_task3", GRADER3, GRADER3.read_text().replace("pytestmark = pytest.mark.task3", "")
-)
+def grader(task: int):  # noqa: ANN201 - the grader's module, loaded here
+    path = EXERCISES / "graders" / f"test_task{task}.py"
+    source = path.read_text().replace(f"pytestmark = pytest.mark.task{task}", "")
+    return _module(f"dpkit_grader_task{task}", path, source)  # its marker is the conftest's
+
+
+GRADERS = {task: grader(task) for task in (1, 2, 3)}
+
+
+def solution_variant(task: int, old: str = "", new: str = ""):  # noqa: ANN201 - one line changed
+    name = {1: "task1_scatter.py", 2: "task2_replicate.py", 3: "task3_parallel_apply.py"}[task]
+    source = (SOLUTIONS / name).read_text()
+    assert source.count(old) == 1 if old else True, f"the solution no longer has {old!r}"
+    return _module(f"dpkit_task{task}_variant", SOLUTIONS / name, source.replace(old, new, 1))
 
 
 def task3_with(old: str = "", new: str = ""):  # noqa: ANN201 - the solution, one line changed
-    source = (SOLUTIONS / "task3_parallel_apply.py").read_text()
-    assert source.count(old) == 1 if old else True, f"the solution no longer has {old!r}"
-    return _module("dpkit_task3_variant", SOLUTIONS / "x.py", source.replace(old, new, 1))
+    return solution_variant(3, old, new)
 
 
 class _Node:
@@ -1062,7 +1071,7 @@ def sent_by(check: decided.ParentCheck, exercise, inputs: list, monkeypatch) -> 
     monkeypatch.setenv(decided.ENVIRONMENT, decided.json.dumps({check.key: inputs}))
     monkeypatch.setattr(decided, "answer", lambda _n, _i, values: sent.append(values))
     lanes = dpkit.virtual_devices(4, on="cpu")
-    getattr(grader3, check.test)(exercise, lanes, _Request(nodeid))
+    getattr(GRADERS[check.task], check.test)(exercise, lanes, _Request(nodeid))
     assert len(sent) == 1
     return decided.encode(sent[0])
 
@@ -1149,4 +1158,67 @@ def test_one_mistake_fails_its_check_in_the_parent(test, old, new, hint, monkeyp
     wrong = task3_with(old, new)
     inputs = check.choose(random.Random(5))
     result = verdict_of(check, sent_by(check, wrong, inputs, monkeypatch), {check.key: inputs})
+    assert not result.passed and hint in result.hint, result.hint
+
+
+# --------------------------------------------------------------------------------------
+# Object identity (dpkit/grading/identity.py): the graders' own checks run here.
+
+IDENTITY = [check for check in decided.CHECKS if check.judge.__module__ == identity.__name__]
+
+
+def test_two_checks_of_object_identity_are_decided_by_the_parent():
+    assert sorted((c.task, c.test) for c in IDENTITY) == [
+        (1, "test_scatter_namedtuple_and_shared_objects"),
+        (2, "test_replicate_leaves_module_alone"),
+    ]
+
+
+@pytest.mark.parametrize("check", IDENTITY, ids=lambda check: check.test)
+def test_identity_right_on_every_draw_and_other_answers_fail(check, monkeypatch):
+    """A hundred fresh draws each (1 to 16 rows: any number of chunks) never fail the
+    solution; what it sends for other inputs, and unreadable values, fail."""
+    solution = solution_variant(check.task)
+    rng = random.Random(4)
+    for _ in range(100):
+        inputs = check.choose(rng)
+        chosen = {check.key: inputs}
+        right = verdict_of(check, sent_by(check, solution, inputs, monkeypatch), chosen)
+        assert right.passed, (inputs, right.hint)
+    other = sent_by(check, solution, check.choose(random.Random(1)), monkeypatch)
+    assert not verdict_of(check, other, chosen).passed
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(check, values, chosen).passed
+
+
+IDENTITY_WRONG = [  # (task, the solution's text, the mistake, the hint the parent gives)
+    (
+        1,
+        "type(inputs)(*shares) for shares",
+        "tuple(shares) for shares",
+        "a namedtuple must stay a Pair",
+    ),
+    (
+        1,
+        "return [inputs for _ in devices]",
+        "return [inputs] + [None] * (len(devices) - 1)",
+        "shared",
+    ),
+    (
+        2,
+        "    return replicas",
+        "    for index, name in enumerate(names):  # the module becomes lane 0's replica\n"
+        "        swap_parameter(module, name, copies[index])\n"
+        "    return replicas",
+        "the module's parameters changed: swap them in the replicas only",
+    ),
+]
+
+
+@pytest.mark.parametrize("task, old, new, hint", IDENTITY_WRONG, ids=lambda v: str(v)[:30])
+def test_one_identity_mistake_fails_its_check_in_the_parent(task, old, new, hint, monkeypatch):
+    check = next(c for c in IDENTITY if c.task == task)
+    inputs = check.choose(random.Random(6))
+    sent = sent_by(check, solution_variant(task, old, new), inputs, monkeypatch)
+    result = verdict_of(check, sent, {check.key: inputs})
     assert not result.passed and hint in result.hint, result.hint

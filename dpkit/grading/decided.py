@@ -44,7 +44,16 @@ from typing import Any
 
 import torch
 
-from dpkit.grading import conduct, counted, gradients, outputs, shapes, structure, weighted
+from dpkit.grading import (
+    conduct,
+    counted,
+    gradients,
+    identity,
+    outputs,
+    shapes,
+    structure,
+    weighted,
+)
 from dpkit.grading.outputs import lane_values
 
 ENVIRONMENT = "DPKIT_PARENT_INPUTS"  # the inputs the parent chose, as JSON, by check
@@ -856,6 +865,20 @@ CHECKS = (
         "an exception in a replica is raised in the caller, naming the replica",
         conduct.carried_back_inputs,
         conduct.judge_carried_back,
+    ),
+    ParentCheck(
+        1,
+        "test_scatter_namedtuple_and_shared_objects",
+        "scatter keeps namedtuples and shares other objects by reference",
+        identity.shared_inputs,
+        identity.judge_shared,
+    ),
+    ParentCheck(
+        2,
+        "test_replicate_leaves_module_alone",
+        "replicate leaves the module's own parameters in place",
+        identity.module_inputs,
+        identity.judge_module_alone,
     ),
 )
 

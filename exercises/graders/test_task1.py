@@ -3,9 +3,10 @@
 Each check tests one function: the scatter_tensor checks run with torch.chunk's sizes in
 place of the student's chunk_sizes, the scatter checks with a reference scatter_tensor, so
 one wrong chunk_sizes fails only the chunk_sizes checks and every hint names the function
-that is wrong. Under ``dpkit grade`` the property check of chunk_sizes and the bytes
-scatter_tensor copies are decided by the grader's parent process, from the sizes and the
-copies sent back on inputs it chose (:mod:`dpkit.grading.decided`).
+that is wrong. Under ``dpkit grade`` every check is decided by the grader's parent process,
+from the values sent back on inputs it chose (:data:`dpkit.grading.decided.CHECKS`), the
+shared objects' identity as the index of the input object in each place
+(:mod:`dpkit.grading.identity`).
 """
 
 import math
@@ -17,7 +18,7 @@ import torch
 
 from dpkit.comm import copy_to
 from dpkit.devices import resides_on
-from dpkit.grading import decided, gradients, outputs, shapes, structure
+from dpkit.grading import decided, gradients, identity, outputs, shapes, structure
 from dpkit.grading.rules import lent
 
 pytestmark = pytest.mark.task1
@@ -160,18 +161,28 @@ def test_scatter_containers(with_reference_scatter_tensor, lanes, request):
     decided.answer(nodeid, inputs, structure.pack([*per_device, *dicts]))
 
 
-def test_scatter_namedtuple_and_shared_objects(with_reference_scatter_tensor, lanes):
+def test_scatter_namedtuple_and_shared_objects(with_reference_scatter_tensor, lanes, request):
     """scatter keeps namedtuples and shares other objects by reference"""
+    # The parent chose the rows, the label and how many objects are shared; it judges, for
+    # every entry, which input object is in each place (identity as an index) and the
+    # image chunks (dpkit.grading.identity).
     exercise = with_reference_scatter_tensor
-    note = {"not": "a tensor"}.keys()  # any non-container object
-    batch = Pair(image=torch.randn(5, 3), label="cat")
-    per_device = exercise.scatter((batch, note), lanes)
-    assert len(per_device) == 3, (
-        f"5 rows over 4 lanes make 3 chunks (2, 2, 1), so 3 entries; got {len(per_device)}"
-    )
-    for entry in per_device:
-        pair, shared = entry
-        assert type(pair) is Pair, f"a namedtuple must stay a Pair, got {type(pair).__name__}"
-        assert pair.label == "cat", "a string inside a namedtuple is shared, not split"
-        assert shared is note, "objects that are not tensors or containers are shared as-is"
-    assert [len(e[0].image) for e in per_device] == [2, 2, 1]
+    nodeid = request.node.nodeid
+    rows, columns, seed, label, count = inputs = decided.inputs_here(nodeid)
+    shared = [{"not": "a tensor", "copy": i}.keys() for i in range(count)]  # not containers
+    given = [label, *shared]
+    batch = Pair(image=identity.shared_image(rows, columns, seed), label=label)
+    per_device = exercise.scatter((batch, *shared), lanes)
+    places, values = [], {}
+    for index, entry in enumerate(per_device):
+        parts = list(entry) if type(entry) is tuple else []
+        pair = parts[0] if parts else None
+        row = [0 if type(entry) is tuple else -1, 0 if type(pair) is Pair else -1]
+        row.append(identity.index_of(getattr(pair, "label", None), given))
+        row += [identity.index_of(part, given) for part in parts[1:]]
+        places.append((row + [-1] * (3 + count))[: 3 + count])
+        image = getattr(pair, "image", None)
+        if isinstance(image, torch.Tensor):
+            values[f"image{index}"] = image
+    values["places"] = torch.tensor(places, dtype=torch.int64).reshape(-1, 3 + count)
+    decided.answer(nodeid, inputs, values)

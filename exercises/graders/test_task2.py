@@ -1,8 +1,9 @@
 """Grader for task 2: replicate, with a broadcast whose backward reduce-adds gradients.
 
-Under ``dpkit grade`` the check that Broadcast.backward sums the copies' gradients and the
-two checks of the bytes Broadcast copies are decided by the grader's parent process, from
-the gradients and the copies sent back on inputs it chose (:mod:`dpkit.grading.decided`).
+Under ``dpkit grade`` the checks :data:`dpkit.grading.decided.CHECKS` lists are decided by
+the grader's parent process, from the values sent back on inputs it chose: the gradients,
+the copies, and which parameters the module holds after replicate, as the index of the one
+it held before (:mod:`dpkit.grading.identity`).
 """
 
 import random
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from dpkit.devices import resides_on
-from dpkit.grading import decided, outputs
+from dpkit.grading import decided, identity, outputs
 
 pytestmark = pytest.mark.task2
 EXERCISE = "task2_replicate.py"
@@ -23,11 +24,6 @@ FORBIDDEN = (
     "dpkit._functions.Broadcast.apply",
     "dpkit._functions.ReduceAddCoalesced.apply",
 )
-
-
-def small_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
 def test_broadcast_forward_layout(exercise, lanes, request):
@@ -131,11 +127,21 @@ def test_replicate_gradients(exercise, lanes, request):
     decided.answer(nodeid, inputs, outputs.listed("grad", [p.grad for p in model.parameters()]))
 
 
-def test_replicate_leaves_module_alone(exercise, lanes):
+def test_replicate_leaves_module_alone(exercise, lanes, request):
     """replicate leaves the module's own parameters in place"""
-    model = small_model()
-    before = [(name, id(param)) for name, param in model.named_parameters()]
+    # The parent chose the model's seed; it judges which of the parameters before replicate
+    # each one after is (identity as an index) and their values (dpkit.grading.identity).
+    nodeid = request.node.nodeid
+    (seed,) = inputs = decided.inputs_here(nodeid)
+    model = outputs.seeded_model(seed)
+    before = list(model.parameters())
     exercise.replicate(model, lanes)
-    after = [(name, id(param)) for name, param in model.named_parameters()]
-    assert after == before, "the module's parameters changed: swap them in the replicas only"
-    assert all(isinstance(p, nn.Parameter) for p in model.parameters())
+    after = [param for _, param in model.named_parameters()]
+    values = {
+        "same": torch.tensor([identity.index_of(p, before) for p in after], dtype=torch.int64),
+        "parameter": torch.tensor(
+            [0 if isinstance(p, nn.Parameter) else -1 for p in after], dtype=torch.int64
+        ),
+    }
+    values.update({f"value{i}": p for i, p in enumerate(after)})
+    decided.answer(nodeid, inputs, values)
