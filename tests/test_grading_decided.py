@@ -856,8 +856,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_50_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 50
+def test_51_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 51
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",
@@ -1076,15 +1076,34 @@ def sent_by(check: decided.ParentCheck, exercise, inputs: list, monkeypatch) -> 
     return decided.encode(sent[0])
 
 
-def test_six_checks_of_grad_modes_and_exceptions_are_decided_by_the_parent():
+def test_seven_checks_of_threads_grad_modes_and_exceptions_are_decided_by_the_parent():
     assert sorted(c.test for c in CONDUCT) == [
         "test_apply_replica_catches",
         "test_apply_replica_sets_grad_mode",
         "test_exception_carried_back",
         "test_grad_mode_carried",
+        "test_one_thread_per_replica",
         "test_reraise_falls_back_to_runtime_error",
         "test_reraise_names_replica",
     ]
+
+
+@pytest.mark.parametrize(
+    "threads, arrivals, hint",
+    [
+        ([0, 1, 2], [0, 1, 2], "a replica ran in the caller's thread"),
+        ([1, 1, 2], [0, 1, 2], "3 replicas ran in 2 thread(s); use one each"),
+        ([1, 2, 3], [0, 0, 0], "did not all run at the same time"),
+        ([1, 2, -1], [0, 1, 2], "did not run every replica"),
+    ],
+)
+def test_threads_that_are_not_one_each_and_at_once_fail(threads, arrivals, hint):
+    """Without the barrier's own failure (which fails in the grading process), a replica
+    run by the caller, two replicas in one thread, or arrivals that did not meet."""
+    check = next(c for c in CONDUCT if c.test == "test_one_thread_per_replica")
+    values = {"threads": torch.tensor(threads), "arrivals": torch.tensor(arrivals)}
+    result = verdict_of(check, encoded(values), {check.key: [3]})
+    assert not result.passed and hint in result.hint, result.hint
 
 
 @pytest.mark.parametrize("check", CONDUCT, ids=lambda check: check.test)

@@ -89,6 +89,34 @@ def kind_name(kind: int) -> str:
 
 
 # --------------------------------------------------------------------------------------
+# Threads: every replica in its own thread, all running at once.
+
+
+def threads_inputs(rng: random.Random) -> list[int]:
+    """How many replicas (2 to 4) must meet at the grader's barrier."""
+    return [rng.randint(2, ALL_LANES)]
+
+
+def judge_threads(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    (count,) = inputs
+    threads = _ints(values, "threads", count)  # 0: the caller's thread, then 1, 2, ...
+    arrivals = _ints(values, "arrivals", count)  # the barrier's numbers, 0 to count - 1
+    if threads is None or arrivals is None:
+        return NOT_SENT
+    if -1 in threads:
+        return "parallel_apply did not run every replica"
+    if 0 in threads:
+        return "a replica ran in the caller's thread: start one thread per replica"
+    if sorted(threads) != list(range(1, count + 1)):
+        return f"{count} replicas ran in {len(set(threads))} thread(s); use one each"
+    if sorted(arrivals) != list(range(count)):
+        return (
+            "the replicas did not all run at the same time: start every thread before joining any"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------------------
 # Grad modes: apply_replica under the mode it is given, parallel_apply under the caller's.
 
 

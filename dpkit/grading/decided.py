@@ -867,6 +867,13 @@ CHECKS = (
         conduct.judge_carried_back,
     ),
     ParentCheck(
+        3,
+        "test_one_thread_per_replica",
+        "parallel_apply runs every replica at the same time, each in its own thread",
+        conduct.threads_inputs,
+        conduct.judge_threads,
+    ),
+    ParentCheck(
         1,
         "test_scatter_namedtuple_and_shared_objects",
         "scatter keeps namedtuples and shares other objects by reference",

@@ -1,10 +1,9 @@
 """Grader for task 3: parallel_apply, one thread per replica.
 
-Under ``dpkit grade`` every check but one is decided by the grader's parent process, from
-what is sent back for inputs it chose: what apply_replica stores and the outputs' order
-(:mod:`dpkit.grading.outputs`), the grad modes the grader's modules saw and the exceptions'
-types and messages (:mod:`dpkit.grading.conduct`). Whether the replicas run in threads at
-the same time stays in the grading process.
+Under ``dpkit grade`` every check is decided by the grader's parent process, from what is
+sent back for inputs it chose: what apply_replica stores and the outputs' order
+(:mod:`dpkit.grading.outputs`), the threads and grad modes the grader's modules saw and the
+exceptions' types and messages (:mod:`dpkit.grading.conduct`).
 """
 
 import threading
@@ -34,8 +33,8 @@ class Recorder(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         self.thread = threading.get_ident()
         self.grad_enabled = torch.is_grad_enabled()
-        if self.barrier is not None:
-            self.barrier.wait()  # passes only when every replica is running at the same time
+        if self.barrier is not None:  # passes only when every replica runs at the same time
+            self.arrival = self.barrier.wait()  # 0 to parties - 1, one each
         return self.weight * x if y is None else self.weight * x + y
 
 
@@ -173,19 +172,36 @@ def test_outputs_in_order(exercise, lanes, request):
     decided.answer(nodeid, inputs, outputs.listed("out", got))
 
 
-def test_one_thread_per_replica(exercise, lanes):
+def test_one_thread_per_replica(exercise, lanes, request):
     """parallel_apply runs every replica at the same time, each in its own thread"""
-    barrier = threading.Barrier(4, timeout=3)
-    modules = [Recorder(1.0, barrier) for _ in range(4)]
+    # The parent chose how many replicas meet at the barrier; it judges the threads they
+    # ran in (as indices: 0 the caller's, then each other thread in the order first seen)
+    # and the barrier's arrival numbers (dpkit.grading.conduct).
+    nodeid = request.node.nodeid
+    (count,) = inputs = decided.inputs_here(nodeid)
+    barrier = threading.Barrier(count, timeout=3)
+    modules = [Recorder(1.0, barrier) for _ in range(count)]
     try:
-        exercise.parallel_apply(modules, [torch.ones(1)] * 4, lanes)
+        exercise.parallel_apply(modules, [torch.ones(1)] * count, lanes[:count])
     except threading.BrokenBarrierError:
         pytest.fail(
             "the replicas did not all run at the same time: start every thread before joining any",
             pytrace=False,
         )
-    threads = {module.thread for module in modules}
-    assert len(threads) == 4, f"4 replicas ran in {len(threads)} thread(s); use one each"
+    seen = [threading.get_ident()]
+    for module in modules:
+        thread = getattr(module, "thread", None)
+        if thread is not None and thread not in seen:
+            seen.append(thread)
+    threads = [seen.index(m.thread) if hasattr(m, "thread") else -1 for m in modules]
+    arrivals = [getattr(module, "arrival", -1) for module in modules]
+    values = {
+        "threads": torch.tensor(threads, dtype=torch.int64),
+        "arrivals": torch.tensor(
+            [a if type(a) is int else -1 for a in arrivals], dtype=torch.int64
+        ),
+    }
+    decided.answer(nodeid, inputs, values)
 
 
 def test_grad_mode_carried(exercise, lanes, request):
