@@ -811,9 +811,11 @@ def test_gradients_right_pass_and_wrong_or_for_other_inputs_fail(check):
 # --------------------------------------------------------------------------------------
 # Task 6's sizes and simulated time (dpkit/grading/weighted.py), task 1's classic examples.
 
-SIZES = [c for c in decided.CHECKS if c.judge.__module__ == weighted.__name__] + [
-    next(c for c in decided.CHECKS if c.test == "test_chunk_sizes_examples")
-]
+SIZES = [  # measure_step_time's check runs the grader's own, below
+    c
+    for c in decided.CHECKS
+    if c.judge.__module__ == weighted.__name__ and c.test != "test_measure_step_time"
+] + [next(c for c in decided.CHECKS if c.test == "test_chunk_sizes_examples")]
 
 
 def right_sizes(test: str, inputs: list) -> dict[str, torch.Tensor]:
@@ -856,8 +858,8 @@ def largest_remainder(batch: int, speeds: list[float]) -> list[int]:
     return sizes
 
 
-def test_51_checks_are_decided_by_the_parent():
-    assert len(decided.CHECKS) == 51
+def test_52_checks_are_decided_by_the_parent():
+    assert len(decided.CHECKS) == 52
     assert sorted(c.test for c in SIZES) == [
         "test_chunk_sizes_examples",
         "test_equal_speeds_balance",
@@ -1040,11 +1042,16 @@ def grader(task: int):  # noqa: ANN201 - the grader's module, loaded here
     return _module(f"dpkit_grader_task{task}", path, source)  # its marker is the conftest's
 
 
-GRADERS = {task: grader(task) for task in (1, 2, 3)}
+GRADERS = {task: grader(task) for task in (1, 2, 3, 6)}
 
 
 def solution_variant(task: int, old: str = "", new: str = ""):  # noqa: ANN201 - one line changed
-    name = {1: "task1_scatter.py", 2: "task2_replicate.py", 3: "task3_parallel_apply.py"}[task]
+    name = {
+        1: "task1_scatter.py",
+        2: "task2_replicate.py",
+        3: "task3_parallel_apply.py",
+        6: "task6_weighted.py",
+    }[task]
     source = (SOLUTIONS / name).read_text()
     assert source.count(old) == 1 if old else True, f"the solution no longer has {old!r}"
     return _module(f"dpkit_task{task}_variant", SOLUTIONS / name, source.replace(old, new, 1))
@@ -1071,7 +1078,11 @@ def sent_by(check: decided.ParentCheck, exercise, inputs: list, monkeypatch) -> 
     monkeypatch.setenv(decided.ENVIRONMENT, decided.json.dumps({check.key: inputs}))
     monkeypatch.setattr(decided, "answer", lambda _n, _i, values: sent.append(values))
     lanes = dpkit.virtual_devices(4, on="cpu")
-    getattr(GRADERS[check.task], check.test)(exercise, lanes, _Request(nodeid))
+    test = getattr(GRADERS[check.task], check.test)
+    if "lanes" in test.__code__.co_varnames[: test.__code__.co_argcount]:
+        test(exercise, lanes, _Request(nodeid))
+    else:
+        test(exercise, _Request(nodeid))
     assert len(sent) == 1
     return decided.encode(sent[0])
 
@@ -1241,3 +1252,56 @@ def test_one_identity_mistake_fails_its_check_in_the_parent(task, old, new, hint
     sent = sent_by(check, solution_variant(task, old, new), inputs, monkeypatch)
     result = verdict_of(check, sent, {check.key: inputs})
     assert not result.passed and hint in result.hint, result.hint
+
+
+# --------------------------------------------------------------------------------------
+# Task 6's measure_step_time (dpkit/grading/weighted.py): the grader's check runs here.
+
+MEASURED = next(c for c in decided.CHECKS if c.test == "test_measure_step_time")
+
+
+def test_measure_step_time_right_on_fresh_draws_and_wrong_times_fail(monkeypatch):
+    """Ten fresh draws never fail the solution (each sleeps about 50 ms); a measurement
+    longer than the call, shorter than the slowest sleep, or as long as the sleeps one
+    after another fails."""
+    solution = solution_variant(6)
+    rng = random.Random(7)
+    for _ in range(10):
+        inputs = MEASURED.choose(rng)
+        chosen = {MEASURED.key: inputs}
+        right = verdict_of(MEASURED, sent_by(MEASURED, solution, inputs, monkeypatch), chosen)
+        assert right.passed, (inputs, right.hint)
+    sizes, speeds, per_row = inputs
+    sleeps = [rows * per_row / speed for rows, speed in zip(sizes, speeds)]
+    for measured, outside, hint in (
+        (0.3, 0.1, "longer than the call itself"),
+        (max(sleeps) / 2, 1.0, "the slowest device sleeps"),
+        (sum(sleeps), 1.0, "start every thread before joining any"),
+    ):
+        values = {"seconds": torch.tensor([measured, outside], dtype=torch.float64)}
+        result = verdict_of(MEASURED, encoded(values), chosen)
+        assert not result.passed and hint in result.hint, result.hint
+    for values in (None, encoded({"x": torch.zeros(1)})):
+        assert not verdict_of(MEASURED, values, chosen).passed
+
+
+def test_threads_joined_one_by_one_fail_measure_step_time(monkeypatch):
+    sequential = solution_variant(
+        6,
+        "    for thread in threads:\n        thread.start()\n    for thread in threads:\n",
+        "    for thread in threads:\n        thread.start()\n",
+    )
+    inputs = MEASURED.choose(random.Random(8))
+    sent = sent_by(MEASURED, sequential, inputs, monkeypatch)
+    result = verdict_of(MEASURED, sent, {MEASURED.key: inputs})
+    assert not result.passed and "start every thread before joining any" in result.hint
+
+
+def test_measure_inputs_always_leave_the_old_slack_so_a_right_answer_is_never_failed():
+    """The fixed case left 145 ms between the sleeps at once and one after another for
+    sleep's overshoot on a busy machine; no draw leaves less."""
+    rng = random.Random(0)
+    for _ in range(500):
+        sizes, speeds, per_row = MEASURED.choose(rng)
+        sleeps = [rows * per_row / speed for rows, speed in zip(sizes, speeds)]
+        assert max(sleeps) <= 0.07 and sum(sleeps) - max(sleeps) >= 0.15 - 1e-9, sleeps

@@ -1,9 +1,9 @@
 """Checks the parent decides: the student's outputs come back as data, the verdict is made here.
 
-The surprise first: for most checks the grading process's word decides the grade, and that
-process runs the student's code, so everything behind its word (the harness, its key, the
-graders' asserts) is within the submission's reach. A check listed here is decided the
-other way round, as a pilot of that split (see the threat model in docs/instructors.md):
+The surprise first: the grading process runs the student's code, so everything behind its
+word (the harness, its key, the graders' asserts) is within the submission's reach. So
+every check of the graders is listed here and decided the other way round (see the threat
+model in docs/instructors.md):
 
 - the parent (:mod:`dpkit.grading.sandbox`, which never imports a submission) chooses the
   inputs afresh for every run and hands them over in the run's environment;
@@ -772,6 +772,13 @@ CHECKS = (
         "simulated_step_time is the time of the slowest device",
         weighted.simulated_inputs,
         weighted.judge_simulated,
+    ),
+    ParentCheck(
+        6,
+        "test_measure_step_time",
+        "measure_step_time runs the devices at the same time and measures real time",
+        weighted.measured_inputs,
+        weighted.judge_measured,
     ),
     # Shapes and counts, in dpkit.grading.shapes.
     ParentCheck(

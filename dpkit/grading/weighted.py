@@ -157,3 +157,48 @@ def judge_simulated(cases: list, values: Mapping[str, torch.Tensor]) -> str | No
                 "lasts as long as the slowest device"
             )
     return None
+
+
+# --------------------------------------------------------------------------------------
+# measure_step_time: the devices sleep at the same time, and the time is the wall clock's.
+
+PER_ROW = 0.005  # seconds each row sleeps at speed 1
+
+
+def measured_inputs(rng: random.Random) -> list:
+    """4 or 5 devices' sizes and speeds (0.5, 1 or 2), each sleeping 50-60 ms: at once
+    they take the longest sleep, one after another at least 150 ms more (the grader's
+    fixed case left 145 ms for sleep's overshoot on a busy machine; so does this)."""
+    while True:
+        speeds = [rng.choice((0.5, 1.0, 2.0)) for _ in range(rng.randint(4, 5))]
+        sizes = [max(1, round(rng.uniform(0.05, 0.06) * s / PER_ROW)) for s in speeds]
+        sleeps = [rows * PER_ROW / speed for rows, speed in zip(sizes, speeds)]
+        if max(sleeps) <= 0.07 and sum(sleeps) - max(sleeps) >= 0.15:
+            return [sizes, speeds, PER_ROW]
+
+
+def judge_measured(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    sizes, speeds, per_row = inputs
+    times = values.get("seconds")  # (what measure_step_time returned, the call's own time)
+    if not isinstance(times, torch.Tensor) or times.dtype != torch.float64:
+        return "the outputs sent for measure_step_time are not the times asked for"
+    if times.shape != (2,):
+        return "the outputs sent for measure_step_time do not answer the inputs chosen"
+    measured, outside = times.tolist()
+    sleeps = [rows * per_row / speed for rows, speed in zip(sizes, speeds)]
+    longest, together = max(sleeps), sum(sleeps)
+    if not measured <= outside + 1e-3:
+        return "the measured time is longer than the call itself"
+    if not measured >= longest - 1e-3:
+        return (
+            f"measured {measured:.3f} s, but the slowest device sleeps {longest:.3f} s: sleep in "
+            "each thread and time from the first start to the last join"
+        )
+    if (
+        not measured < together - 0.005
+    ):  # one after another: at least the sum, sleep never undershoots
+        return (
+            f"measured {measured:.3f} s; the {len(sizes)} devices take {longest:.3f} s together, "
+            f"{together:.3f} s one after another: start every thread before joining any"
+        )
+    return None

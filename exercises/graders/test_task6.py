@@ -1,7 +1,7 @@
 """Grader for task 6: weighted scatter for unequal devices, and the straggler effect.
 
-Under ``dpkit grade`` every check but measure_step_time's is decided by the grader's parent
-process, from the sizes, times and report computed here on inputs it chose
+Under ``dpkit grade`` every check is decided by the grader's parent process, from the
+sizes, times and report computed here on inputs it chose
 (:mod:`dpkit.grading.decided`, :mod:`dpkit.grading.weighted`).
 """
 
@@ -72,21 +72,18 @@ def test_simulated_step_time(exercise, request):
     decided.answer(nodeid, cases, {"seconds": torch.tensor(seconds, dtype=torch.float64)})
 
 
-def test_measure_step_time(exercise):
+def test_measure_step_time(exercise, request):
     """measure_step_time runs the devices at the same time and measures real time"""
-    sizes, speeds, per_row = [10, 10, 20, 10], [1.0, 1.0, 2.0, 1.0], 0.005
+    # The parent chose the sizes and speeds (4 or 5 devices sleeping 50-60 ms each) and
+    # judges the time returned against the call's own time and the sleeps
+    # (dpkit.grading.weighted).
+    nodeid = request.node.nodeid
+    sizes, speeds, per_row = inputs = decided.inputs_here(nodeid)
     start = time.perf_counter()
     measured = exercise.measure_step_time(sizes, speeds, per_row)
     outside = time.perf_counter() - start
-    assert measured <= outside + 1e-3, "the measured time is longer than the call itself"
-    assert measured >= 0.05 - 1e-3, (
-        f"measured {measured:.3f} s, but each device sleeps 0.05 s: sleep in each thread and "
-        "time from the first start to the last join"
-    )
-    assert measured < 0.195, (  # one after another takes at least 0.2 s: sleep never undershoots
-        f"measured {measured:.3f} s; the 4 devices take 0.05 s together, 0.2 s one after "
-        "another: start every thread before joining any"
-    )
+    seconds = torch.tensor([float(measured), outside], dtype=torch.float64)
+    decided.answer(nodeid, inputs, {"seconds": seconds})
 
 
 def test_straggler_report(exercise, request):
