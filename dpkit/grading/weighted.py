@@ -194,9 +194,8 @@ def judge_measured(inputs: list, values: Mapping[str, torch.Tensor]) -> str | No
             f"measured {measured:.3f} s, but the slowest device sleeps {longest:.3f} s: sleep in "
             "each thread and time from the first start to the last join"
         )
-    if (
-        not measured < together - 0.005
-    ):  # one after another: at least the sum, sleep never undershoots
+    # One after another takes at least the sum: sleep never undershoots.
+    if not measured < together - 0.005:  # NaN fails too
         return (
             f"measured {measured:.3f} s; the {len(sizes)} devices take {longest:.3f} s together, "
             f"{together:.3f} s one after another: start every thread before joining any"
