@@ -43,6 +43,7 @@ No ``from __future__ import annotations`` here: DDP checks the hook's annotation
 annotations would fail that check.
 """
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -67,10 +68,14 @@ def powersgd_rank(compression: str | None) -> int | None:
     Raises ValueError for anything else, naming what is accepted."""
     if compression is None or compression in ("bf16", "fp16"):
         return None
-    if isinstance(compression, str) and compression.startswith("powersgd"):
-        rank = compression.removeprefix("powersgd").removeprefix("-") or "1"
-        if rank.isdigit() and int(rank) >= 1:
-            return int(rank)
+    # Exactly "powersgd" or "powersgd-R" (or "powersgdR"): "powersgd-" is a typo, not rank 1.
+    match = (
+        re.fullmatch(r"powersgd(?:-?([0-9]+))?", compression)
+        if isinstance(compression, str)
+        else None
+    )
+    if match and int(match.group(1) or 1) >= 1:
+        return int(match.group(1) or 1)
     raise ValueError(
         "compression must be None, 'bf16', 'fp16', 'powersgd' or 'powersgd-R' (R a whole "
         f"number of at least 1: the rank of the approximation), got {compression!r}"
