@@ -95,6 +95,7 @@ SKIPPED_TESTS = ("tests/test_ddp*.py", "tests/test_instructor_kit.py")
 # it). A test file found so is copied even where SKIPPED_TESTS would leave it out; none of
 # these patterns finds a test that starts DDP ranks (those call ``ddp.run_ddp``).
 _PIPELINE_TESTS = r"dpkit\.pipeline\b|from dpkit import .*\bpipeline\b"
+_COST_TESTS = r"dpkit\.cost\b|from dpkit import .*\bcost\b"
 BEYOND_CORE = {
     "dpkit/pipeline/stages.py": _PIPELINE_TESTS,
     "dpkit/pipeline/contrast.py": _PIPELINE_TESTS,
@@ -102,6 +103,10 @@ BEYOND_CORE = {
     "dpkit/pipeline/schedule.py": _PIPELINE_TESTS,
     "dpkit/ddp/plan.py": r"dpkit\.ddp\.plan\b|from dpkit\.ddp import .*\bplan\b",
     "dpkit/ddp/hook.py": r"dpkit\.ddp\.hook\b|from dpkit\.ddp import .*\bhook\b",
+    "dpkit/cost/collectives.py": _COST_TESTS,
+    "dpkit/cost/compute.py": _COST_TESTS,
+    "dpkit/cost/memory.py": _COST_TESTS,
+    "dpkit/cost/hardware.py": _COST_TESTS,
 }
 BEYOND_CORE_GOAL = 0.90
 PYTEST_ARGS = ("-m", MARKERS, "-p", "no:cacheprovider")
