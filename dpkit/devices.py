@@ -82,7 +82,7 @@ class Device:
     index: int
     kind: str
     torch_device: torch.device
-    # Derived once here: every copy and every traced event reads them, and
+    # Derived once, in __post_init__: every copy and every traced event reads them, and
     # torch.device.type builds a new string on each call.
     name: str = field(init=False, compare=False, repr=False)
     is_virtual: bool = field(init=False, compare=False, repr=False)
@@ -101,24 +101,28 @@ class Device:
     has_own_allocator: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        torch_device = self.torch_device
-        if torch_device.type != "cpu" and torch_device.index is None:
+        where = self.torch_device
+        if where.type != "cpu" and where.index is None:
             # "cuda" means the current device in torch, device 0 for dpkit as for DataParallel;
             # normalised so that Device(0, REAL, "cuda") and Device(0, REAL, "cuda:0") agree.
-            torch_device = torch.device(torch_device.type, 0)
-            object.__setattr__(self, "torch_device", torch_device)
-        object.__setattr__(self, "name", self._name())
-        object.__setattr__(self, "is_virtual", self.kind in (VIRTUAL_GPU, VIRTUAL_CPU))
-        object.__setattr__(self, "device_type", torch_device.type)
-        cpu = torch_device.type == "cpu"
-        object.__setattr__(self, "memory", torch.device("cpu") if cpu else torch_device)
-        checked = torch_device == CHECKED_LANE_MEMORY
-        plain = not self.is_virtual or (self.index == 0 and not checked)
-        object.__setattr__(self, "holds_plain_memory", plain)
-        object.__setattr__(self, "has_own_stream", self.kind == VIRTUAL_GPU)
-        object.__setattr__(
-            self, "has_own_allocator", self.kind == REAL and torch_device.type == "cuda"
-        )
+            where = torch.device(where.type, 0)
+        if self.kind == REAL:
+            name = str(where)
+        elif self.kind == HOST:
+            name = "cpu"
+        else:
+            name = f"virtual:{self.index} ({'cpu' if self.kind == VIRTUAL_CPU else where})"
+        is_virtual = self.kind in (VIRTUAL_GPU, VIRTUAL_CPU)
+        set_once = object.__setattr__  # the dataclass is frozen
+        set_once(self, "torch_device", where)
+        set_once(self, "name", name)
+        set_once(self, "is_virtual", is_virtual)
+        set_once(self, "device_type", where.type)
+        set_once(self, "memory", torch.device("cpu") if where.type == "cpu" else where)
+        plain = not is_virtual or (self.index == 0 and where != CHECKED_LANE_MEMORY)
+        set_once(self, "holds_plain_memory", plain)
+        set_once(self, "has_own_stream", self.kind == VIRTUAL_GPU)
+        set_once(self, "has_own_allocator", self.kind == REAL and where.type == "cuda")
 
     @property
     def label(self) -> str:
@@ -128,18 +132,8 @@ class Device:
     def shares_memory_with(self, other: Device) -> bool:
         """Whether a tensor on this device is also on ``other`` without a copy: the same
         device, or the host and lane 0 of ordinary CPU lanes (one plain memory)."""
-        if self == other:
-            return True
         both_plain = self.holds_plain_memory and other.holds_plain_memory
-        return both_plain and self.memory == other.memory
-
-    def _name(self) -> str:
-        if self.kind == REAL:
-            return str(self.torch_device)
-        if self.kind == HOST:
-            return "cpu"
-        where = "cpu" if self.kind == VIRTUAL_CPU else str(self.torch_device)
-        return f"virtual:{self.index} ({where})"
+        return self == other or (both_plain and self.memory == other.memory)
 
     def __str__(self) -> str:
         return self.name
@@ -203,8 +197,7 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
     """
     n = _check_count(n)
     if on is None:
-        kind = accelerator_type()
-        on = torch.device(kind, 0) if kind is not None else torch.device("cpu")
+        on = accelerator_type() or "cpu"
     try:
         on = torch.device(on)
     except (RuntimeError, TypeError):
@@ -213,11 +206,10 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
             "the GPU, or leave it out to pick the GPU when there is one"
         ) from None
     if on.type == "cpu":
-        memory = torch.device("cpu")
-        if _placement_check is not None:
-            _placement_check()
-            memory = CHECKED_LANE_MEMORY
-        return [Device(i, VIRTUAL_CPU, memory) for i in range(n)]
+        if _placement_check is None:
+            return [Device(i, VIRTUAL_CPU, torch.device("cpu")) for i in range(n)]
+        _placement_check()
+        return [Device(i, VIRTUAL_CPU, CHECKED_LANE_MEMORY) for i in range(n)]
     if on.type != accelerator_type():
         raise ValueError(
             f"on={str(on)!r}: no {on.type} accelerator is available here; use on='cpu'"
@@ -228,9 +220,7 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
             f"{MAX_GPU_LANES} CUDA streams per device and lanes sharing a stream would run one "
             f"after another; use n<={MAX_GPU_LANES}, or on='cpu' for more lanes"
         )
-    if on.index is None:
-        on = torch.device(on.type, 0)
-    return [Device(i, VIRTUAL_GPU, on) for i in range(n)]
+    return [Device(i, VIRTUAL_GPU, on) for i in range(n)]  # Device makes "cuda" cuda:0
 
 
 def devices(n: int | None = None) -> list[Device]:
@@ -241,23 +231,23 @@ def devices(n: int | None = None) -> list[Device]:
     """
     count = accelerator_count()
     if n is None:
-        return real_devices() if count > 0 else virtual_devices(4)
-    n = _check_count(n)
-    return real_devices(n) if n <= count else virtual_devices(n)
+        n = count or 4
+    return real_devices(n) if _check_count(n) <= count else virtual_devices(n)
 
 
 def describe_choice(n: int) -> str:
     """One line saying which kind of device ``devices(n)`` gives on this machine, and why."""
     chosen = devices(n)
-    count = accelerator_count()
-    kind = chosen[0].kind
-    if kind == REAL:
-        real = f"{n} real accelerator" + ("" if n == 1 else "s")
-        return f"devices({n}) -> {real}: " + ", ".join(d.name for d in chosen)
-    have = f"{count} real accelerator" + ("" if count == 1 else "s")
-    lanes = f"{n} virtual lane" + ("" if n == 1 else "s")
-    where = "the GPU, a CUDA stream each" if kind == VIRTUAL_GPU else "the CPU, a thread each"
-    return f"devices({n}) -> {lanes} on {where} (this machine has {have})"
+    if chosen[0].kind == REAL:
+        names = ", ".join(d.name for d in chosen)
+        return f"devices({n}) -> {_counted(n, 'real accelerator')}: {names}"
+    where = "the GPU, a CUDA stream each" if chosen[0].has_own_stream else "the CPU, a thread each"
+    have = _counted(accelerator_count(), "real accelerator")
+    return f"devices({n}) -> {_counted(n, 'virtual lane')} on {where} (this machine has {have})"
+
+
+def _counted(count: int, thing: str) -> str:
+    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
 
 
 # --------------------------------------------------------------------------------------
@@ -289,25 +279,25 @@ def as_device(spec: DeviceLike, like: Device | None = None, argument: str = "dev
         raise TypeError(f"{argument} must be a device, got {spec!r}")
     if isinstance(spec, int):
         return _resolve_int(spec, like)
-    if isinstance(spec, (str, torch.device)):
-        try:
-            device = torch.device(spec)
-        except RuntimeError as error:
-            raise ValueError(f"{argument}={spec!r} is not a device name: {error}") from None
-        if device.type == "cpu":
-            return HOST_DEVICE
-        index = 0 if device.index is None else device.index
-        if device.type != accelerator_type() or index >= accelerator_count():
-            raise ValueError(
-                f"{argument}={str(spec)!r} does not exist on this machine "
-                f"({accelerator_count()} accelerators); use dpkit.virtual_devices(n) for "
-                "virtual lanes or dpkit.devices(n) to pick what exists"
-            )
-        return Device(index, REAL, torch.device(device.type, index))
-    raise TypeError(
-        f"{argument} must be a dpkit.Device, an int, a string like 'cuda:0' or a "
-        f"torch.device, got {type(spec).__name__}"
-    )
+    if not isinstance(spec, (str, torch.device)):
+        raise TypeError(
+            f"{argument} must be a dpkit.Device, an int, a string like 'cuda:0' or a "
+            f"torch.device, got {type(spec).__name__}"
+        )
+    try:
+        device = torch.device(spec)
+    except RuntimeError as error:
+        raise ValueError(f"{argument}={spec!r} is not a device name: {error}") from None
+    if device.type == "cpu":
+        return HOST_DEVICE
+    index = device.index or 0
+    if device.type != accelerator_type() or index >= accelerator_count():
+        raise ValueError(
+            f"{argument}={str(spec)!r} does not exist on this machine "
+            f"({accelerator_count()} accelerators); use dpkit.virtual_devices(n) for "
+            "virtual lanes or dpkit.devices(n) to pick what exists"
+        )
+    return Device(index, REAL, device)
 
 
 def as_devices(specs: Iterable[DeviceLike] | None, argument: str = "devices") -> list[Device]:
@@ -326,10 +316,8 @@ def as_devices(specs: Iterable[DeviceLike] | None, argument: str = "devices") ->
     specs = list(specs)
     if not specs:
         raise ValueError(f"{argument} is empty; pass at least one device, e.g. dpkit.devices(2)")
-    like = None
-    plain_ints = [s for s in specs if isinstance(s, int) and not isinstance(s, bool)]
-    if len(plain_ints) == len(specs) and max(plain_ints) >= accelerator_count():
-        like = virtual_devices(1)[0]
+    ints = all(isinstance(s, int) and not isinstance(s, bool) for s in specs)
+    like = virtual_devices(1)[0] if ints and max(specs) >= accelerator_count() else None
     resolved = [as_device(s, like=like, argument=argument) for s in specs]
     kinds = {d.kind for d in resolved}
     if len(kinds) > 1:
@@ -373,9 +361,7 @@ def to_device(obj: Any, device: DeviceLike) -> Any:
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     if isinstance(obj, dict):
         return type(obj)((key, to_device(value, device)) for key, value in obj.items())
-    if isinstance(obj, torch.Tensor) or hasattr(obj, "to"):
-        return obj.to(device.torch_device)
-    return obj
+    return obj.to(device.torch_device) if hasattr(obj, "to") else obj
 
 
 def _names_checked_lanes(spec: Any) -> bool:
