@@ -60,12 +60,8 @@ def record_reads(
 ) -> None:
     """On a GPU lane (``caller_stream`` is not None): record on the lane's stream the CUDA
     tensors its replica reads that were made on the caller's stream."""
-    if caller_stream is None:
-        return
-    record_use(module_tensors(module), stream)
-    record_use(tensors_in(input), stream)
-    if kwargs:
-        record_use(tensors_in(kwargs), stream)
+    if caller_stream is not None:
+        record_use(module_tensors(module) + tensors_in((input, kwargs)), stream)
 
 
 def tag_new_outputs(
@@ -81,13 +77,13 @@ def tag_new_outputs(
     is the user's (or another replica's), and tagging it would move it to this lane for good."""
     if not device.is_virtual:  # only virtual lanes are tags: nothing to walk on a real GPU
         return
-    tensors = tensors_in(output)
-    if caller_stream is not None:  # a GPU lane's CPU tensors (a count, say) are the host's
-        tensors = [t for t in tensors if t.device == device.torch_device]
     new = [
         t
-        for t in tensors
-        if getattr(t, _LANE_ATTRIBUTE, None) is None and not isinstance(t, nn.Parameter)
+        for t in tensors_in(output)
+        if getattr(t, _LANE_ATTRIBUTE, None) is None
+        and not isinstance(t, nn.Parameter)
+        # a GPU lane's CPU tensors (a count, say) are the host's
+        and (caller_stream is None or t.device == device.torch_device)
     ]
     # An output with a grad_fn was made by autograd in this forward; a leaf may be older.
     if any(t.grad_fn is None for t in new):
@@ -100,13 +96,8 @@ def tag_new_outputs(
 def _tensor_ids_before(module: nn.Module, input: Any, kwargs: dict[str, Any]) -> set[int]:
     """The tensors a replica could return without making them: its inputs, and its
     modules' buffers and tensor attributes (a replica's parameters are attributes too)."""
-    ids = {id(t) for t in tensors_in(input)}
-    if kwargs:
-        ids.update(id(t) for t in tensors_in(kwargs))
-    stack = [module]
-    while stack:
-        submodule = stack.pop()
-        stack.extend(child for child in submodule._modules.values() if child is not None)
+    ids = {id(t) for t in tensors_in((input, kwargs))}
+    for submodule in module.modules():
         ids.update(id(v) for v in submodule.__dict__.values() if isinstance(v, torch.Tensor))
         ids.update(id(t) for t in submodule._buffers.values() if t is not None)
     return ids
@@ -159,9 +150,7 @@ def resides_on(tensor: torch.Tensor, device: Device) -> bool:
     if tensor.device != device.memory:
         return False
     lane = getattr(tensor, _LANE_ATTRIBUTE, None)
-    if lane is None:
-        return device.holds_plain_memory
-    return lane.shares_memory_with(device)
+    return device.holds_plain_memory if lane is None else lane.shares_memory_with(device)
 
 
 # --------------------------------------------------------------------------------------
@@ -171,13 +160,6 @@ _lane_streams: dict[torch.device, list[Any]] = {}  # the lanes' streams, by GPU,
 _lane_streams_lock = threading.Lock()
 
 
-def _lane_priority(module: Any) -> int:
-    """The priority the lanes' streams take: torch's highest (its range's second number, -3
-    where the GPU allows it), whose pool the code around dpkit rarely draws from."""
-    priority_range = getattr(module.Stream, "priority_range", None)
-    return priority_range()[1] if priority_range is not None else -1
-
-
 def _new_lane_streams(module: Any, gpu: torch.device) -> list[Any]:
     """One stream per possible lane of ``gpu``, all taken in one go from torch's pool of 32 of
     the highest priority, not the default one: the pool hands its streams out round-robin, so
@@ -185,7 +167,10 @@ def _new_lane_streams(module: Any, gpu: torch.device) -> list[Any]:
     library's side stream) would be the lanes' own, and their work would wait for a lane's
     instead of overlapping it. Taken one at a time, with other code taking some in between,
     they could also come back to a lane that already has one."""
-    priority = _lane_priority(module)
+    # torch's highest priority (its range's second number, -3 where the GPU allows it),
+    # whose pool the code around dpkit rarely draws from.
+    priority_range = getattr(module.Stream, "priority_range", None)
+    priority = priority_range()[1] if priority_range is not None else -1
     for _ in range(3):
         streams = [module.Stream(gpu, priority=priority) for _ in range(MAX_GPU_LANES)]
         if len({stream.stream_id for stream in streams}) == MAX_GPU_LANES:
@@ -205,14 +190,10 @@ def stream_of(device: Device) -> Any | None:
     module = torch.get_device_module(device.device_type)
     if device.kind == REAL:
         return module.current_stream(device.torch_device)
-    streams = _lane_streams.get(device.torch_device)
-    if streams is None:
-        with _lane_streams_lock:
-            streams = _lane_streams.get(device.torch_device)
-            if streams is None:
-                streams = _new_lane_streams(module, device.torch_device)
-                _lane_streams[device.torch_device] = streams
-    return streams[device.index]
+    with _lane_streams_lock:  # two threads asking at once must not both take 32 streams
+        if device.torch_device not in _lane_streams:
+            _lane_streams[device.torch_device] = _new_lane_streams(module, device.torch_device)
+        return _lane_streams[device.torch_device][device.index]
 
 
 # --------------------------------------------------------------------------------------
