@@ -3,13 +3,10 @@
 The surprise first: on CPU lanes the "hardware" is mostly software. A copy between lanes is
 a memcpy plus dpkit's Python around it, a replica's forward is kernels plus Python that the
 replicas' threads take turns running (the GIL), and all the lanes share a couple of cores.
-So calibration times, in order: (1) copies between lanes, the link; (2) ``compute_units``;
-(3) every aten op of generic probes and of ``models``, ``op_seconds``, and the roofline for
-ops never timed; (4) traced ``parallel_apply`` and ``replicate`` calls, ``thread_start`` and
-``module_overhead``; (5) untraced DataParallel training steps on 1, 2 and all lanes, to which
-the other host terms (:data:`FITTED`) are fitted through :func:`~dpkit.cost.predict` itself.
-Nothing is fitted per model. Every timing is the fastest of its repeats; about 4 s with
-``quick=True``, 10 s without.
+So calibration times the copies, the cores, every aten op of generic probes and of the
+models, and the primitives' own host costs, then fits the other host terms (:data:`FITTED`)
+to untraced DataParallel steps through :func:`~dpkit.cost.predict` itself. Nothing is fitted
+per model. About 4 s with ``quick=True``, 10 s without.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from dpkit.cost.profile import profile, rows_like, run_passes
 from dpkit.devices import Device
 
 _STEPS = ("copies", "cores", "ops", "primitives", "steps")
-# fitted from steps (item 5)
+# the host terms fitted to measured steps (measure_steps, fit_host_terms)
 FITTED = ("op_overhead", "backward_op_overhead", "gil_handoff", "copy_overhead", "step_overhead")
 FLOOR = 1e-7  # no host term is fitted below 0.1 us
 # a measured step: model, sample, batch, lanes, and seconds by phase ("step": the wall time)
@@ -73,20 +70,13 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
         yield lambda name: (bar.set_postfix_str(name), bar.update(1))
 
 
-# Bytes written between two timed copies of measure_link: more than the last-level cache
-# of the machines the course runs on (32 MiB on its 2-core VM, an AMD EPYC), so that every
-# copy reads its source from memory as a step's copies do.
+# Bytes measure_link writes between two timed copies on CPU lanes: more than the last-level
+# cache of the machines the course runs on (32 MiB on its 2-core VM, an AMD EPYC). Why: a
+# step's copies read tensors its own work pushed out of the caches (the batch, behind the
+# previous backward), at memory's speed. A tensor scattered again and again is read from the
+# cache: on the course's VM a 1.6 MB chunk took 52 us that way and 208 us after eviction (31
+# against 7.7 GB/s); the steps' scatters took 200-320 us.
 EVICT_BYTES = 64 * 2**20
-
-
-def evict_caches(buffer: torch.Tensor) -> None:
-    """Push the CPU caches' contents out by writing ``buffer`` (:data:`EVICT_BYTES`).
-
-    Why: a step's copies read tensors its own work pushed out of the caches (the batch,
-    behind the previous backward), at memory's speed. A tensor scattered again and again
-    is read from the cache: on the course's VM a 1.6 MB chunk took 52 us that way and
-    208 us after eviction (31 against 7.7 GB/s); the steps' scatters took 200-320 us."""
-    buffer.add_(1.0)
 
 
 def measure_link(
@@ -94,12 +84,11 @@ def measure_link(
     evict: Callable[[], None] | None = None,
 ) -> Link:  # fmt: skip
     """The link between lanes from traced scatters, each after ``evict`` (default on CPU
-    lanes: :func:`evict_caches`): per size, the median over lanes of their fastest copy;
-    the bandwidth is the slope between the smallest and the largest size (one slow copy
-    would tilt a least-squares line), the latency a lone clone of 16 floats."""
+    lanes: writing :data:`EVICT_BYTES`): per size, the median over lanes of their fastest
+    copy; the bandwidth is the slope between the smallest and the largest size (one slow
+    copy would tilt a least-squares line), the latency a lone clone of 16 floats."""
     if evict is None and lanes[0].torch_device.type == "cpu":
-        buffer = torch.zeros(EVICT_BYTES // 4)
-        evict = lambda: evict_caches(buffer)  # noqa: E731
+        evict = functools.partial(torch.zeros(EVICT_BYTES // 4).add_, 1.0)
     per_size: dict[int, float] = {}
     for nbytes in sizes:
         rows = len(lanes)
@@ -278,10 +267,10 @@ def measure_steps(
     modules: Sequence[tuple[nn.Module, torch.Tensor]], lanes: Sequence[Device],
     counts: Sequence[int], rows_per_lane: Sequence[int], repeats: int,
 ) -> list[Measured]:  # fmt: skip
-    """Untraced DataParallel training steps (forward, cross-entropy, backward) of each
-    module on ``counts`` lanes with ``rows_per_lane``, ``repeats`` of each in two rounds,
-    each round after one to warm up: the fastest wall time of the step, of
-    ``loss.backward()``, and of the forward (one lane) or each of DataParallel's calls.
+    """Untraced DataParallel training steps (forward, cross-entropy, backward) of each module
+    on ``counts`` lanes with ``rows_per_lane``, ``repeats`` in two rounds, each after one to
+    warm up: the fastest wall time of the step, of ``loss.backward()``, and of the forward
+    (one lane) or each of DataParallel's calls.
 
     Why untraced: a trace walks each replica's graph (a learner's loop does not), and its
     phases time the copies, not the Python around them that a step pays too (the scatter

@@ -3,19 +3,14 @@
 The surprise first: nothing here is a hand formula, except where torch counts nothing. The
 FLOPs are what ``torch.utils.flop_counter.FlopCounterMode`` counts for each aten op the
 module really runs, forward and backward; the bytes are the sizes of each op's tensors; the
-activations are what autograd really saved (:mod:`dpkit.tracing.replica_graph`).
+activations are what autograd really saved (:mod:`dpkit.tracing.replica_graph`). An op that
+does a matmul's work uncounted (attention, ``nn.LSTM``, fast paths) gets an estimate from its
+maths (:data:`ESTIMATES`); any other compute-heavy op without a count makes :func:`profile`
+warn. numpy inside a custom autograd Function runs no aten op: no dispatch mode sees it, and
+its work is missing without a warning.
 
-Where torch counts 0 FLOPs for an op that does a matmul's work (attention, ``nn.LSTM``, the
-fast paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``), the op gets an
-estimate from its maths and shapes (:data:`ESTIMATES`, ``OpCost.estimated``); any other
-compute-heavy op without a count makes :func:`profile` warn, naming the op and its share of
-the pass's bytes. numpy inside a custom autograd Function runs no aten op: no dispatch mode
-sees it, and its work is missing without a warning.
-
-The module runs on 2 to 5 rows, and each count is fitted as ``a + b * rows + c * rows**2``
-(:func:`fit_rows`: exact for layers, and for work growing with the batch squared such as
-``x @ x.T``). Profiles are cached per module, input shapes, train/eval mode and trainable
-parameters: a widget sweeping batch sizes profiles once.
+The module runs on 2 to 5 rows, each count fitted to rows (:func:`fit_rows`). Profiles are
+cached: a widget sweeping batch sizes profiles once.
 """
 
 from __future__ import annotations
@@ -145,14 +140,11 @@ class Profile:
         return rows * self.output_row_bytes
 
     def grad_output_bytes(self, rows: int) -> int:
-        """Bytes of the outputs that require grad at ``rows`` rows: what the loss reads and
-        what DataParallel's backward scatters."""
         per_row = self.grad_output_row_bytes
         return rows * (self.output_row_bytes if per_row is None else per_row)
 
     @property
     def grad_output_count(self) -> int:
-        """How many output tensors require grad (each its own scatter in the backward)."""
         count = self.grad_output_tensors
         return self.output_tensors if count is None else count
 
@@ -352,13 +344,10 @@ def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
     branch predictor learns its comparisons), which made the course CNN's calibrated
     forward a third faster than a learner's random images take."""
     first = sample.detach()[:1].reshape(-1)
-    size = first.numel()
-    batch = first.new_empty((rows, size))  # made from the sample: on its device, or lane
-    # a fixed stride through the row: deterministic, and no two of the first `size` alike
+    batch = first.new_empty((rows, first.numel()))  # made from the sample: on its device, or lane
+    # each row rolled 7919 places (a prime) further than the one before: deterministic
     for row in range(rows):
-        shift = (row * 7919) % size if size else 0
-        batch[row, : size - shift] = first[shift:]
-        batch[row, size - shift :] = first[:shift]
+        batch[row] = first.roll(-row * 7919)
     return batch.reshape(rows, *sample.shape[1:])
 
 
@@ -406,13 +395,12 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
                kwargs: dict[str, Any] | None = None, amp: torch.dtype | None = None,
                ready: list[int] | None = None, calls: list[int] | None = None,
                ) -> tuple[list[tuple], list[tuple], Any, int]:  # fmt: skip
-    """A forward (under autocast to ``amp``, if given) and a backward of ``module`` on
-    ``inputs`` (a tensor, or positional inputs) and ``kwargs``, recorded op by op: the
-    forward's ops, the backward's, the output and the activations' bytes. The backward is
-    a replica's: from the :func:`gradient_roots`, seeded with ones, to the trainable
-    parameters, outside autocast as torch recommends. ``ready`` gets, per trainable
-    parameter, how many backward ops had run when its gradient was ready; ``calls`` the
-    forward's :func:`python_calls`."""
+    """A forward (under autocast to ``amp``) and a backward of ``module`` on ``inputs`` (a
+    tensor, or positional inputs) and ``kwargs``, recorded op by op: the forward's ops, the
+    backward's, the output and the activations' bytes. The backward is a replica's: from
+    the :func:`gradient_roots`, seeded with ones, to the trainable parameters, outside
+    autocast as torch recommends. ``ready`` gets, per trainable parameter, how many backward
+    ops had run when its gradient was ready; ``calls`` the forward's :func:`python_calls`."""
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     kwargs = kwargs or {}
     given_inputs = tensors_in([args, kwargs])
@@ -421,7 +409,7 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
     outer = counter if counter is not None else nullcontext()
     if calls is not None:  # a forward of its own: the recorders' own Python would count
         with _autocast(amp, given_inputs):
-            calls[:] = [python_calls(lambda: module(*args, **kwargs))[1]]
+            calls[:] = [python_calls(lambda: module(*args, **kwargs))]
     with outer, OpRecorder(counter, timed) as forward, _autocast(amp, given_inputs):
         output = module(*args, **kwargs)
     found = output_tensors(output)
@@ -458,9 +446,9 @@ _QUERIES = ("_get_tracing_state", "_has_torch_function", "dim", "size", "is_", "
 _HANDLERS = ("placement_check.py", "overrides.py", "_python_dispatch.py")
 
 
-def python_calls(work: Any) -> tuple[Any, int]:
-    """``work()``'s result, and how many of torch's C functions (not queries of shape or
-    state) its Python called: an eager forward's host work, read with ``sys.setprofile``."""
+def python_calls(work: Callable[[], Any]) -> int:
+    """How many of torch's C functions (not queries of shape or state) ``work()``'s Python
+    called: an eager forward's host work, read with ``sys.setprofile``."""
     count = 0
 
     def note(frame: Any, event: str, function: Any) -> None:
@@ -476,16 +464,17 @@ def python_calls(work: Any) -> tuple[Any, int]:
     previous = sys.getprofile()
     sys.setprofile(note)
     try:
-        result = work()
+        work()
     finally:
         sys.setprofile(previous)
-    return result, count
+    return count
 
 
 def fit_rows(values: Sequence[float]) -> Coefficients:
-    """``values`` at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)``: the
-    quadratic through the first three if it meets the fourth (exact in floats for integer
-    counts), else the line through the first and the last."""
+    """``values`` at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)`` of
+    ``a + b * rows + c * rows**2``: the quadratic through the first three if it meets the
+    fourth (exact for layers, and for work growing with the batch squared such as
+    ``x @ x.T``), else the line through the first and the last."""
     (r1, r2, r3), (v1, v2, v3, check) = PROFILE_ROWS, values
     slope_low, slope_high = (v2 - v1) / (r2 - r1), (v3 - v2) / (r3 - r2)
     c = (slope_high - slope_low) / (r3 - r1)
