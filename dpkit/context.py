@@ -61,10 +61,9 @@ def current_scope() -> Scope:
 def open_scope() -> Scope:
     """This thread's scope, a new one if it had none (an outermost trace begins: its steps
     count from 1)."""
-    scope = _local.scope
-    if scope is NO_SCOPE:
-        scope = _local.scope = Scope()
-    return scope
+    if _local.scope is NO_SCOPE:
+        _local.scope = Scope()
+    return _local.scope
 
 
 def close_scope(scope: Scope) -> None:
@@ -92,9 +91,8 @@ class within:  # noqa: N801 (a context manager named as the function it replaced
 
 def begin_step() -> int:
     """A new step begins in this thread's scope (a DataParallel forward): its number."""
-    scope = _local.scope
-    scope.step += 1
-    return scope.step
+    _local.scope.step += 1
+    return _local.scope.step
 
 
 def current_step() -> int:
@@ -116,8 +114,7 @@ def backward_of(step: int, scope: Scope | None = None) -> Iterator[None]:
     in autograd's threads (one per GPU). Where it does (a backward on the CPU runs in the
     thread that called ``backward()``), the traces open there record it.
     """
-    before_step = _local.step
-    before_scope = _local.scope
+    before_step, before_scope = _local.step, _local.scope
     _local.step = step
     if scope is not None and not before_scope.recorders:
         _local.scope = scope

@@ -348,30 +348,22 @@ def to_device(obj: Any, device: DeviceLike) -> Any:
     memory (nothing moves), and under :mod:`dpkit.testing.placement_check` the lanes' own device.
     Lanes 1, 2, ... get their copies from scatter and replicate, never from here.
     """
-    if _placement_check is not None and _names_checked_lanes(device):
-        device = virtual_devices(1)[0]  # lanes[0].torch_device: the checked lanes' memory
-    device = as_device(device, argument="device")
-    if device.is_virtual and device.index != 0:
+    target = as_device(device, argument="device")
+    # Under the placement check, the checked lanes' pretend device (cpu:0) is lane 0's.
+    if _placement_check is not None and isinstance(device, (str, torch.device)):
+        if torch.device(device) == CHECKED_LANE_MEMORY:  # a valid name: as_device took it
+            target = virtual_devices(1)[0]  # lanes[0].torch_device: the checked lanes' memory
+    if target.is_virtual and target.index != 0:
         raise ValueError(
-            f"device={device}: only lane 0 holds data you create; scatter and replicate make "
+            f"device={target}: only lane 0 holds data you create; scatter and replicate make "
             "the other lanes' copies. Pass devices[0]"
         )
     if isinstance(obj, (list, tuple)):
-        moved = [to_device(item, device) for item in obj]
+        moved = [to_device(item, target) for item in obj]
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     if isinstance(obj, dict):
-        return type(obj)((key, to_device(value, device)) for key, value in obj.items())
-    return obj.to(device.torch_device) if hasattr(obj, "to") else obj
-
-
-def _names_checked_lanes(spec: Any) -> bool:
-    """Whether ``spec`` is the pretend device of CPU lanes under the placement check."""
-    if not isinstance(spec, (str, torch.device)):
-        return False
-    try:
-        return torch.device(spec) == CHECKED_LANE_MEMORY
-    except RuntimeError:
-        return False  # as_device says what is wrong with it
+        return type(obj)((key, to_device(value, target)) for key, value in obj.items())
+    return obj.to(target.torch_device) if hasattr(obj, "to") else obj
 
 
 # The lane the current worker thread runs on, for code that wants to know (dpkit.current_device).
