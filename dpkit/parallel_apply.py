@@ -1,9 +1,8 @@
 """parallel_apply: run replica *i* on input *i*, each in its own thread, on its own device.
 
-The function ``parallel_apply`` reads line for line against torch's (same steps, same order).
-What dpkit adds is a helper called at the step it extends, with a ``# dpkit:`` comment there
-saying what it adds; the helpers follow the function, and those of lanes are in
-:mod:`dpkit.lanes`.
+``parallel_apply`` and its ``_worker`` read line for line against torch's. Each dpkit addition
+is a named helper (defined after the function, or in :mod:`dpkit.lanes` for lanes) called
+where a ``# dpkit:`` comment says what it adds.
 
 The surprises first, as in ``torch.nn.parallel.parallel_apply``:
 
@@ -63,8 +62,8 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -73,7 +72,6 @@ from torch._utils import ExceptionWrapper
 
 from dpkit import lanes, tracing
 from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices
-from dpkit.lanes import device_of
 from dpkit.nested import tensors_in
 
 
@@ -107,14 +105,12 @@ def parallel_apply(
     # dpkit: a missing device is found from its input here, before any replica runs (torch:
     # in the worker), and every device becomes a dpkit Device (a lane, an accelerator, the host)
     devices = _resolve_devices(devices, inputs)
-    # dpkit: a GPU lane runs on a stream of its own, which first waits for the caller's
+    # dpkit: torch's current stream per device, or a GPU lane's own, which waits for the caller's
     streams, caller_stream = lanes.lane_streams(devices)
     lock = threading.Lock()
     results: dict[int, Any] = {}
-    # dpkit: autocast per device type, with its dtype (torch: one flag)
-    grad_enabled, autocast_state = torch.is_grad_enabled(), _autocast_state()
-    # dpkit: thread-local in torch too, so carried as well: inference mode, intra-op threads
-    inference_mode, num_threads = torch.is_inference_mode_enabled(), torch.get_num_threads()
+    # dpkit: torch's grad mode and autocast flag, and more of what torch keeps per thread
+    modes = _CallersModes()
 
     def _worker(
         i: int,
@@ -124,15 +120,9 @@ def parallel_apply(
         device: Device,
         stream: Any | None,
     ) -> None:
-        torch.set_grad_enabled(grad_enabled)
-        _set_num_threads(num_threads)  # dpkit: the caller's intra-op thread count
-        _set_current_device(device)  # dpkit: what dpkit.current_device() says in the forward
         try:
-            with (
-                _device_and_stream(device, stream),
-                _autocast(device, autocast_state),  # dpkit: the caller's state for this device type
-                torch.inference_mode() if inference_mode else nullcontext(),  # dpkit: carried
-            ):
+            # dpkit: torch's grad mode, device_index, stream and autocast, and more (_CallersModes)
+            with modes.entered(device, stream):
                 # this also avoids accidental slicing of `input` if it is a Tensor
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
@@ -146,8 +136,6 @@ def parallel_apply(
         except BaseException:  # dpkit: SystemExit and KeyboardInterrupt too (torch: Exception)
             with lock:
                 results[i] = _ReplicaFailure(where=f"in replica {i} on device {device}")
-        finally:
-            _set_current_device(None)
 
     work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, devices, streams))
     # dpkit: while tracing, each worker runs as a traced replica (see dpkit.tracing.applying)
@@ -191,11 +179,9 @@ def _check_arguments(
     that ``timeout`` is a number of seconds a thread can wait."""
     arguments = dict(modules=modules, inputs=inputs, kwargs_tup=kwargs_tup, devices=devices)
     for name, value in arguments.items():
-        if value is None and name in ("kwargs_tup", "devices"):
-            continue
-        if value is None:
+        if value is None and name in ("modules", "inputs"):
             raise ValueError(f"{name} is None; pass {_WHAT_TO_PASS[name]}")
-        if not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+        if value is not None and not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
             raise TypeError(
                 f"{name} must be a list or tuple, got a {type(value).__name__}; pass "
                 f"{_WHAT_TO_PASS[name]} (a generator can be turned into one with list(...))"
@@ -245,48 +231,49 @@ def _resolve_devices(devices: Sequence[DeviceLike | None], inputs: Sequence[Any]
                     f"in replica {i}, no device was given and no tensor input was found, so "
                     "the device cannot be resolved; pass devices=[...] to parallel_apply"
                 )
-            device = device_of(tensor)
+            device = lanes.device_of(tensor)
         found.append(device)
     return as_devices(found, argument="devices")
 
 
-# Modes torch keeps per thread, carried into the workers beyond torch's grad mode.
+class _CallersModes:
+    """What torch keeps per thread, read in the caller and entered in each worker: torch's
+    grad mode and autocast (per device type, with its dtype, where torch carries one flag),
+    and beyond torch's, inference mode and the intra-op thread count (the module docstring
+    says why each matters)."""
 
+    def __init__(self) -> None:
+        self.grad_enabled = torch.is_grad_enabled()
+        # torch keeps one autocast state per device type
+        self.autocast: dict[str, tuple[bool, torch.dtype]] = {}
+        for kind in ("cpu", "cuda"):
+            self.autocast[kind] = (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+        self.inference_mode = torch.is_inference_mode_enabled()
+        self.num_threads = torch.get_num_threads()
 
-def _autocast_state() -> dict[str, tuple[bool, torch.dtype]]:
-    """Whether autocast is on, and at which dtype, for each device type, in this thread."""
-    return {
-        device_type: (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        for device_type in ("cpu", "cuda")
-    }
-
-
-def _set_num_threads(num_threads: int) -> None:
-    """Give this worker thread the caller's intra-op thread count (see the module docstring:
-    a new thread would otherwise start with OpenMP's default team)."""
-    if torch.get_num_threads() != num_threads:
-        torch.set_num_threads(num_threads)
-
-
-def _device_and_stream(device: Device, stream: Any | None) -> AbstractContextManager[Any]:
-    """torch's ``device_index(device), stream`` (nothing on CPU)."""
-    if stream is None:
-        return nullcontext()
-    module = torch.get_device_module(device.device_type)
-    with ExitStack() as stack:
-        stack.enter_context(module.device(device.torch_device))
-        stack.enter_context(module.stream(stream))
-        return stack.pop_all()
-
-
-def _autocast(
-    device: Device, autocast_state: dict[str, tuple[bool, torch.dtype]]
-) -> AbstractContextManager[Any]:
-    """torch's ``autocast(device_type, enabled=...)``, at the caller's dtype for the device's
-    type (CPU's for a device type without its own autocast state)."""
-    autocast_type = device.device_type if device.device_type in autocast_state else "cpu"
-    enabled, dtype = autocast_state[autocast_type]
-    return torch.autocast(autocast_type, dtype=dtype, enabled=enabled)
+    @contextmanager
+    def entered(self, device: Device, stream: Any | None) -> Iterator[None]:
+        """torch's worker's ``set_grad_enabled``, ``device_index``, ``stream`` and ``autocast``,
+        the caller's other modes, and the device ``dpkit.current_device()`` names."""
+        torch.set_grad_enabled(self.grad_enabled)
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        # CPU's autocast state for a device type without its own
+        autocast_type = device.device_type if device.device_type in self.autocast else "cpu"
+        enabled, dtype = self.autocast[autocast_type]
+        # torch's device_index(device) and stream, on an accelerator (stream is None on CPU)
+        accelerator = torch.get_device_module(device.device_type) if stream is not None else None
+        _set_current_device(device)
+        try:
+            with (
+                accelerator.device(device.torch_device) if accelerator else nullcontext(),
+                accelerator.stream(stream) if accelerator else nullcontext(),
+                torch.autocast(autocast_type, dtype=dtype, enabled=enabled),
+                torch.inference_mode() if self.inference_mode else nullcontext(),
+            ):
+                yield
+        finally:
+            _set_current_device(None)
 
 
 # No hang without a way out.
