@@ -33,7 +33,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,12 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from dpkit.devices import CHECKED_LANE_MEMORY, VIRTUAL_CPU, Device
+from dpkit.lanes import _LANE_ATTRIBUTE as _TAG
 
 ENVIRONMENT_VARIABLE = "DPKIT_CHECK_PLACEMENT"
 HOME_LANE = Device(0, VIRTUAL_CPU, CHECKED_LANE_MEMORY)
 # The module, not the function dpkit.devices that hides it once dpkit is imported.
 devices = importlib.import_module("dpkit.devices")
-_TAG = devices._LANE_ATTRIBUTE
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper each time: compare with ==
 
 # Operations torch allows across devices: copies between them, indexing a device's tensor
@@ -110,15 +110,14 @@ def _check_same_device(func: Any, args: Any, kwargs: dict[str, Any]) -> Device |
             lane = lane or found
         elif tensor.dim() > 0 and tensor.device.type == "cpu":
             host = tensor
-    if lane is not None and host is not None and func not in _CROSS_DEVICE:
-        if not _called_by_primitive():
-            name = getattr(func, "__name__", str(func))
-            raise RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two "
-                f"devices, {CHECKED_LANE_MEMORY} and cpu! (in {name}; dpkit's placement "
-                f"check: data on {lane} met a tensor of shape {tuple(host.shape)} left on the "
-                f"host CPU; move it with .to(lanes[0].torch_device), as on a GPU)"
-            )
+    mixed = lane is not None and host is not None and func not in _CROSS_DEVICE
+    if mixed and not _called_by_primitive():
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"{CHECKED_LANE_MEMORY} and cpu! (in {getattr(func, '__name__', func)}; dpkit's "
+            f"placement check: data on {lane} met a tensor of shape {tuple(host.shape)} left "
+            "on the host CPU; move it with .to(lanes[0].torch_device), as on a GPU)"
+        )
     return lane
 
 
@@ -126,15 +125,12 @@ def _tag(result: Any, lane: Device | None) -> Any:
     """Put ``lane``'s tag on the tensors an operation returned (None: leave them on the host)."""
     if lane is None:
         return result
-    if isinstance(result, torch.Tensor):
-        if _lane(result) is None:
-            try:
-                setattr(result, _TAG, lane)
-            except (AttributeError, RuntimeError):  # a tensor type that takes no attributes
-                pass
-    elif isinstance(result, (list, tuple)):
+    if isinstance(result, (list, tuple)):
         for item in result:
             _tag(item, lane)
+    elif isinstance(result, torch.Tensor) and _lane(result) is None:
+        with suppress(AttributeError, RuntimeError):  # a tensor type that takes no attributes
+            setattr(result, _TAG, lane)
     return result
 
 
@@ -154,7 +150,7 @@ class _PlacementMode(TorchFunctionMode):
         if _mode is None:  # the check is off: a mode left in another thread does nothing
             return func(*args, **kwargs)
         if func is torch.Tensor.to or func is torch.Tensor.cpu:
-            return self._move(func, args, kwargs)
+            return _move(func, args, kwargs)
         if func is torch.Tensor.numpy and _lane(args[0]) is not None:
             raise TypeError(
                 f"can't convert {CHECKED_LANE_MEMORY} device type tensor to numpy (it is on "
@@ -163,36 +159,35 @@ class _PlacementMode(TorchFunctionMode):
             )
         if func == _SET_DATA:  # param.data = ... (how module.to() moves a parameter)
             result = func(*args, **kwargs)
-            lane = _lane(args[1]) if isinstance(args[1], torch.Tensor) else None
+            lane = _lane(args[1])
             if lane is not None or _lane(args[0]) is not None:
                 setattr(args[0], _TAG, lane)
             return result
         lane = _check_same_device(func, args, kwargs)
         device = kwargs.get("device")
-        if device is not None and lane is None:  # a factory: torch.randn(..., device=...)
-            lane = HOME_LANE if torch.device(device) == CHECKED_LANE_MEMORY else None
+        if lane is None and device is not None and torch.device(device) == CHECKED_LANE_MEMORY:
+            lane = HOME_LANE  # a factory: torch.randn(..., device=lanes[0].torch_device)
         return _tag(func(*args, **kwargs), lane)
 
-    @staticmethod
-    def _move(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        tensor = args[0]
-        if func is torch.Tensor.cpu:
-            return _to_host(tensor, func(*args, **kwargs))
-        target = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
-        if target is not None and not isinstance(target, torch.device):
-            target = torch.device(target)
-        result = func(*args, **kwargs)
-        if target == CHECKED_LANE_MEMORY:
-            if _lane(tensor) is not None:  # already on a lane of this device: no move
-                return _tag(result, _lane(tensor))
-            # From the host onto the lanes' device: a copy, as onto cuda:0.
-            if result.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
-                result = result.clone()
-            setattr(result, _TAG, HOME_LANE)
-            return result
-        if target is not None and target.type == "cpu":
-            return _to_host(tensor, result)
-        return _tag(result, _lane(tensor))
+
+def _move(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``tensor.to(...)`` or ``tensor.cpu()``: onto the lanes' device from the host is a copy
+    onto lane 0, as onto ``cuda:0``; onto the CPU a copy to the host, as from a GPU."""
+    tensor = args[0]
+    if func is torch.Tensor.cpu:
+        return _to_host(tensor, func(*args, **kwargs))
+    target = torch._C._nn._parse_to(*args[1:], **kwargs)[0]  # a torch.device, or None
+    result = func(*args, **kwargs)
+    if target == CHECKED_LANE_MEMORY:
+        if _lane(tensor) is not None:  # already on a lane of this device: no move
+            return _tag(result, _lane(tensor))
+        if result.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            result = result.clone()
+        setattr(result, _TAG, HOME_LANE)
+        return result
+    if target is not None and target.type == "cpu":
+        return _to_host(tensor, result)
+    return _tag(result, _lane(tensor))
 
 
 _original_parameter_new = nn.Parameter.__new__
@@ -201,7 +196,7 @@ _original_parameter_new = nn.Parameter.__new__
 def _parameter_new(cls, data=None, requires_grad=True):
     """``nn.Parameter(lane_tensor)`` stays on the lane, as ``nn.Parameter(cuda_tensor)`` does."""
     parameter = _original_parameter_new(cls, data, requires_grad)
-    if data is not None and _lane(data) is not None:
+    if _lane(data) is not None:
         setattr(parameter, _TAG, _lane(data))
     return parameter
 
