@@ -4,20 +4,14 @@ The surprise first: the prediction *is* a trace, with the phases, bytes (exact: 
 from the model's tensors), steps and memory records a measured ``dpkit.trace()`` has; only
 its times come from the cost model. Every summary, export and figure works on it.
 
-``"dp"`` on GPUs (``nn.DataParallel``: one process, one node): scatter copies each chunk
-    from device 0; replicate is an NCCL broadcast, then the replica modules built in Python;
-    a thread per replica launches its forward (their Python takes turns with the GIL);
-    gather copies the outputs onto device 0; the loss runs there; backward scatters its
-    gradient (of the outputs that require grad: the loss reads no other), each GPU runs its
-    replica's backward, and once *all* are done an NCCL reduce sums the gradients
-    (:mod:`dpkit.cost.collectives`; without peer to peer NCCL's path through host memory).
-``"dp"`` on virtual lanes (dpkit's CPU lanes): the same phases, but the host makes every
-    copy itself, through device 0, the threads share the cores, and autograd runs all
-    replicas' backward in one thread.
-``"ddp"`` (``DistributedDataParallel``, a process per device, any number of nodes): the
-    buffers broadcast at each forward, a forward and a backward per rank, the gradients
-    copied into buckets (25 MiB, the first 1 MiB) and each bucket all-reduced once its last
-    gradient is ready, overlapping the rest of the backward; then back into ``.grad``.
+``"dp"`` (``nn.DataParallel``: one process, one node): scatter from device 0, replicate, a
+thread per replica for the forward (their Python takes turns with the GIL), gather onto
+device 0 and the loss there; backward scatters its gradient, each replica runs its backward,
+and once *all* are done the gradients are summed onto device 0. GPUs copy and run NCCL calls
+(:mod:`dpkit.cost.collectives`); on virtual lanes (dpkit's CPU lanes) the host makes every
+copy itself and the threads share the cores. ``"ddp"`` (``DistributedDataParallel``, a
+process per device, any number of nodes): a forward and a backward per rank, each gradient
+bucket all-reduced once its last gradient is ready, overlapping the rest of the backward.
 
 A step is forward and backward (the optimizer's state is in the memory, its step is not).
 Times come from two clocks, the host's and each device's queue.
@@ -152,16 +146,15 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
     state = ["new" for _ in every]  # new, waiting (for the GIL), python, kernel, done
     left, ends = [0.0 for _ in every], [0.0 for _ in every]
     waiting: list[int] = []
-    holder: int | None = None
     now = min(begin)
     while any(s != "done" for s in state):
         for i in every:
             if state[i] == "new" and begin[i] <= now:
                 state[i] = "waiting"
                 waiting.append(i)
-        if holder is None and waiting:
-            holder = waiting.pop(0)
-            state[holder], left[holder] = "python", python[holder]
+        if waiting and "python" not in state:  # the GIL is free: the first to ask takes it
+            first = waiting.pop(0)
+            state[first], left[first] = "python", python[first]
         running = [i for i in every if state[i] in ("python", "kernel")]
         rate = min(1.0, units / len(running)) if running else 1.0
         step_to = min((left[i] / rate for i in running), default=math.inf)
@@ -175,8 +168,7 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
         for i in running:
             if left[i] > 1e-15:
                 continue
-            if state[i] == "python":
-                holder = None
+            if state[i] == "python":  # lets the GIL go
                 state[i], left[i] = "kernel", kernel[i]
                 continue
             left_calls[i] -= 1
@@ -233,13 +225,12 @@ def _loss(step: _Step, hardware: Hardware, output_bytes: int) -> None:
 
 
 def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
-            tensors: int = 1, **details: Any) -> list[float]:  # fmt: skip
+            tensors: int = 1) -> list[float]:  # fmt: skip
     """Copies between device 0 and each device (``sizes[i]`` bytes; entry 0 is device 0's
     own), returning when each is done. Virtual lanes: the host makes each, one after
     another. GPUs: the copies out of device 0 run at once, sharing its link; those into it
     (gather) one after another on its stream, its own piece copied within its memory."""
     link, done = hardware.device_link(), []
-    local = phase is Phase.GATHER
     outward = phase in (Phase.SCATTER, Phase.GRAD_SCATTER, Phase.REPLICATE)
     moved = sum(sizes[1:])
     per_copy = tensors * hardware.op_overhead  # its ops; and dpkit's Python around them,
@@ -250,7 +241,7 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
     for index, size in enumerate(sizes):
         moves = index > 0 and size > 0
         wire = tensors * link.latency + size / link.bandwidth if moves else 0.0
-        if index == 0 and local:
+        if index == 0 and phase is Phase.GATHER:
             wire = 2 * elementwise_time(size, hardware)
         if hardware.virtual_lanes:
             start, end = step.busy(per_copy + wire)
@@ -261,13 +252,12 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
         else:  # into device 0, one after another on its stream
             start = max(step.host, step.device[0], step.device[index])
             end = step.device[0] = start + wire
-        step.event(phase, index, start, end, size if moves else 0, **details)
+        step.event(phase, index, start, end, size if moves else 0)
         done.append(end)
     return done
 
 
-def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> None:
-    sizes = torch_chunk_sizes(batch, len(step.names))
+def _dp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int]) -> None:
     n, lanes = len(sizes), hardware.virtual_lanes
     forward = {r: pass_time(model.forward, r, hardware, False) for r in set(sizes)}
     backward = {r: pass_time(model.backward, r, hardware, True) for r in set(sizes)}
@@ -275,9 +265,9 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, batch: int) -> Non
     _copies(step, hardware, Phase.SCATTER, [model.input_bytes(r) for r in sizes])
     if n == 1:  # DataParallel calls the module itself: no replicas, no threads
         note = "one device: the module itself"
-        step.run(Phase.APPLY, 0, _lasts(forward[batch], hardware), replica=0, note=note)
-        _loss(step, hardware, model.grad_output_bytes(batch))
-        step.run(Phase.BACKWARD, 0, _lasts(backward[batch], hardware))
+        step.run(Phase.APPLY, 0, _lasts(forward[sizes[0]], hardware), replica=0, note=note)
+        _loss(step, hardware, model.grad_output_bytes(sizes[0]))
+        step.run(Phase.BACKWARD, 0, _lasts(backward[sizes[0]], hardware))
         return
     _replicate(step, model, hardware, n)
     _apply(step, model, hardware, sizes, forward)
@@ -406,19 +396,8 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
     return [ends[i] if 0 <= i < len(ends) else last for i in model.gradient_ops]
 
 
-def _bucket_copies(model: Profile, hardware: Hardware) -> PassTime:
-    """DDP's reducer copying each gradient into its bucket (``copy_grad_to_bucket``), and
-    after the all-reduces back into ``.grad`` (``finalize_bucket_dense``), one rank too;
-    ``gradient_as_bucket_view`` skips the copy back."""
-    return PassTime(
-        host=len(model.gradient_sizes) * hardware.backward_op_overhead,
-        device=elementwise_time(2 * model.gradient_bytes, hardware),
-    )
-
-
-def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
+def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
               bucket_bytes: int, bucket_view: bool) -> None:  # fmt: skip
-    sizes = torch_chunk_sizes(batch, len(step.names))
     n = len(sizes)
     start = step.host + hardware.step_overhead / 4
     if model.buffer_sizes and n > 1:  # broadcast_buffers=True: rank 0's, every forward
@@ -430,7 +409,10 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, batch: int,
             step.event(Phase.REPLICATE, index, start, start + took, moved, what="buffers")
         start += took
     forward = [pass_time(model.forward, rows, hardware, False) for rows in sizes]
-    copies = _bucket_copies(model, hardware)
+    # DDP's reducer copies each gradient into its bucket (copy_grad_to_bucket), and after the
+    # all-reduces back into .grad (finalize_bucket_dense) unless gradient_as_bucket_view
+    copies = PassTime(len(model.gradient_sizes) * hardware.backward_op_overhead,
+                      elementwise_time(2 * model.gradient_bytes, hardware))  # fmt: skip
     backward = [pass_time(model.backward, rows, hardware, True) for rows in sizes]
     backward = [PassTime(t.host + copies.host, t.device + copies.device) for t in backward]
     # each rank's loss on its own outputs that require grad (and autograd's start)
@@ -481,16 +463,6 @@ def _record_memory(trace: PredictedTrace, names: list[str], step: int, model: Pr
                 trace._memory.append((names[index], category, int(part), step, PREDICTED))
 
 
-def _count(devices: int | Sequence[Device]) -> int:
-    is_list = isinstance(devices, Sequence) and not isinstance(devices, str)
-    if isinstance(devices, bool) or not (isinstance(devices, int) or is_list):
-        raise TypeError(f"devices must be a count (e.g. 8) or a list of devices, got {devices!r}")
-    count = len(devices) if is_list else devices
-    if count < 1:
-        raise ValueError(f"devices must be at least 1, got {count}")
-    return count
-
-
 def predict(model: nn.Module, sample_input: Any, batch_size: int,
             devices: int | Sequence[Device], hardware: Hardware | str, strategy: str = "dp",
             steps: int = 1, *, sample_kwargs: Mapping[str, Any] | None = None,
@@ -519,7 +491,12 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     if not (isinstance(bucket_cap_mb, (int, float)) and 0 < bucket_cap_mb < float("inf")):
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
     optimizer_copies(optimizer)
-    count = _count(devices)
+    is_list = isinstance(devices, Sequence) and not isinstance(devices, str)
+    if isinstance(devices, bool) or not (isinstance(devices, int) or is_list):
+        raise TypeError(f"devices must be a count (e.g. 8) or a list of devices, got {devices!r}")
+    count = len(devices) if is_list else devices
+    if count < 1:
+        raise ValueError(f"devices must be at least 1, got {count}")
     if strategy == "dp" and count > hardware.devices_per_node:  # one process, one machine
         raise ValueError(
             f"strategy='dp' on {count} devices: nn.DataParallel is one process with a thread "
@@ -537,14 +514,13 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
         trace.held = dp_memory(cost, sizes, optimizer, gpu, workspace)
     else:
         trace.held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view, workspace)
-    start = 0.0
+    start, cap = 0.0, round(bucket_cap_mb * 1024 * 1024)
     for number in range(1, steps + 1):
         step = _Step(trace, names, number, start, [start] * count)
         if strategy == "dp":
-            _dp_step(step, cost, hardware, batch_size)
+            _dp_step(step, cost, hardware, sizes)
         else:
-            cap = round(bucket_cap_mb * 1024 * 1024)
-            _ddp_step(step, cost, hardware, batch_size, cap, gradient_as_bucket_view)
+            _ddp_step(step, cost, hardware, sizes, cap, gradient_as_bucket_view)
         # after the last phase: autograd finishing (gradients into .grad), the step's end
         end = max(step.host, *step.device) + hardware.step_overhead / 4
         trace.step_bounds[number] = (start, end)
