@@ -114,11 +114,10 @@ def copy_to(
 
     ``source`` says where the tensor is when its tag cannot (gradients carry no lane tag).
     """
-    there = (
-        resides_on(tensor, destination)
-        if source is None
-        else source.shares_memory_with(destination)
-    )
+    if source is None:
+        there = resides_on(tensor, destination)
+    else:
+        there = source.shares_memory_with(destination)
     if there:
         return tensor  # the caller's own object: never tagged, never copied
     _report(op, tensor, source, destination)
@@ -154,9 +153,13 @@ def _copy_group(
         if into is None:
             copies = [copy_to(t, destination, collective, source) for t in group]
             moved = [t for t, c in zip(group, copies) if c is not t]
-        else:
+        else:  # the bytes copy_to would move, with no tensor in between
             copies = list(into)
-            moved = _copy_into(group, copies, collective, source, destination)
+            moved = [] if source.shares_memory_with(destination) else list(group)
+            for tensor in moved:
+                _report(collective, tensor, source, destination)
+            for tensor, out in zip(group, copies, strict=True):
+                out.copy_(tensor, non_blocking=destination.device_type != "cpu")
         if span is not None:
             span.nbytes = sum(map(tensor_nbytes, moved))
     if collective in _TO_LANES:
@@ -169,26 +172,6 @@ def _copy_group(
 
 _TO_LANES = frozenset((Collective.SCATTER, Collective.BROADCAST))
 _FROM_LANES = frozenset((Collective.REDUCE, Collective.GATHER))
-
-
-def _copy_into(
-    group: Sequence[torch.Tensor],
-    into: Sequence[torch.Tensor],
-    op: Collective,
-    source: Device,
-    destination: Device,
-) -> list[torch.Tensor]:
-    """Each tensor of ``group`` copied into its tensor of ``into`` on ``destination`` (the
-    bytes :func:`copy_to` would move, with no tensor in between); those that moved between
-    devices, each reported as :func:`copy_to` reports a copy."""
-    non_blocking = destination.device_type != "cpu"
-    moved = []
-    for tensor, out in zip(group, into, strict=True):
-        if not source.shares_memory_with(destination):
-            _report(op, tensor, source, destination)
-            moved.append(tensor)
-        out.copy_(tensor, non_blocking=non_blocking)
-    return moved
 
 
 # --------------------------------------------------------------------------------------
@@ -255,16 +238,15 @@ def reduce_add(
         details = dict(tensors=len(tensors), destination=destination.name)
         on_destination.append(_copy_group(reduce, device, tensors, destination, device, **details))
     root = next((j for j, d in enumerate(devices) if d == destination), 0)
-    order = [root] + [j for j in range(len(devices)) if j != root]
     results = []
     with tracing.copy_span(reduce, destination, what="sum", tensors=len(on_destination[0])):
-        for same_tensor in zip(*on_destination, strict=True):
-            total = same_tensor[order[0]]
-            if len(order) > 1:
-                total = total + same_tensor[order[1]]  # a new tensor: the inputs stay untouched
-                for j in order[2:]:
-                    total.add_(same_tensor[j])
-            results.append(place(total, destination))
+        for inputs in zip(*on_destination, strict=True):
+            result, nonroot = inputs[root], [t for j, t in enumerate(inputs) if j != root]
+            if nonroot:
+                result = result + nonroot[0]  # a new tensor: the inputs stay untouched
+            for other in nonroot[1:]:
+                result.add_(other)
+            results.append(place(result, destination))
     return results
 
 
@@ -282,8 +264,7 @@ def gather(
     first = tensors[0]
     dim = dim % first.dim()
     for position, tensor in enumerate(tensors):
-        same_rank = tensor.dim() == first.dim()
-        if not same_rank or any(
+        if tensor.dim() != first.dim() or any(
             a != b for axis, (a, b) in enumerate(zip(tensor.shape, first.shape)) if axis != dim
         ):
             raise ValueError(
