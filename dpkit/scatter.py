@@ -17,9 +17,10 @@ tensor split by one call onto several devices, positional and keyword alike, mus
 same size along ``dim`` (torch zips chunks of different batches, dropping rows, or hands a
 replica a short keyword tensor that broadcasts). Sparse and nested tensors get a clear error.
 
-``scatter`` and ``scatter_kwargs`` read line for line against torch's; each dpkit addition is
-called where it applies, with a ``# dpkit:`` comment saying what it adds, and defined after
-them (how each tensor is split: :class:`_Split`; the chunk plans; the checks).
+``scatter`` and ``scatter_kwargs`` read line for line against torch's
+(``torch/nn/parallel/scatter_gather.py``); a ``# dpkit:`` comment marks what differs. dpkit's
+additions follow them in two parts: how one call splits each tensor (:class:`_Split` and its
+checks), then the chunk plans (``chunk_sizes=``).
 """
 
 from __future__ import annotations
@@ -44,16 +45,13 @@ def _is_namedtuple(obj: Any) -> bool:
 def scatter(
     inputs: Any, target_gpus: Sequence[DeviceLike], dim: int = 0, chunk_sizes: ChunkSizes = None
 ) -> Any:
-    """Split tensors in ``inputs`` into chunks on ``target_gpus``; share other objects.
+    """Slice tensors into chunks on ``target_gpus`` (any devices, lanes too); share other objects.
 
-    Returns a tuple of chunks for a tensor, else a list with one entry per used device,
-    exactly as ``torch.nn.parallel.scatter``. Every tensor split must have the same size
-    along ``dim`` (torch would zip chunks of different batches, dropping rows; see the
-    module docstring). ``target_gpus`` keeps torch's name; any devices will do, virtual
-    lanes included.
+    As ``torch.nn.parallel.scatter``: a tuple of chunks for a tensor, else a list with one entry
+    per device used. Every tensor split must have the same size along ``dim``.
     """
-    # dpkit: clear errors for dim and target_gpus, which become dpkit Devices (lanes too),
-    # and each tensor's chunks planned and checked by one _Split (scatter_kwargs' if given)
+    # dpkit: one _Split checks dim and target_gpus (which become dpkit Devices) and plans each
+    # tensor's chunks; scatter_kwargs passes its own, shared by its two calls
     split = chunk_sizes
     if not isinstance(split, _Split):
         split = _Split(target_gpus, dim, chunk_sizes, inputs=inputs)
@@ -61,9 +59,9 @@ def scatter(
 
     def scatter_map(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
-            # dpkit: the devices used and the chunk sizes (torch: all, and torch.chunk's)
-            devices, sizes = split(obj)
-            return Scatter.apply(devices, sizes, dim, None, obj)
+            # dpkit: split(obj) gives the devices used and the chunk sizes (torch: all devices,
+            # and None for torch.chunk's); None: read the source device off the tensor
+            return Scatter.apply(*split(obj), dim, None, obj)
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj))]
         if isinstance(obj, tuple) and len(obj) > 0:
@@ -91,10 +89,10 @@ def scatter_kwargs(
 ) -> tuple[tuple[Any, ...], tuple[dict[str, Any], ...]]:
     """Scatter positional and keyword inputs; pad the shorter side as torch does.
 
-    Positional and keyword tensors must have one batch size. Padding copies torch's rule
-    literally, including its comparison of the keyword chunks with ``len(inputs)`` (the number
-    of positional arguments, not of their chunks): with a batch of 2 rows on 4 devices and a
-    keyword flag, devices 2 and 3 get the flag and no input, as in torch.
+    The padding copies torch's rule literally, including its comparison of the keyword chunks
+    with ``len(inputs)`` (the number of positional arguments, not of their chunks): with a
+    batch of 2 rows on 4 devices and a keyword flag, devices 2 and 3 get the flag and no
+    input, as in torch.
     """
     # dpkit: one _Split for both calls, so that positional and keyword tensors have one batch
     chunk_sizes = _Split(target_gpus, dim, chunk_sizes, inputs=inputs, kwargs=kwargs)
@@ -108,15 +106,15 @@ def scatter_kwargs(
 
 
 # --------------------------------------------------------------------------------------
-# dpkit's additions: how each tensor is split, the chunk plans, the checks.
+# dpkit's additions, 1: how one call splits each tensor, and the checks on the way.
 
 
 class _Split:
     """How one scatter (or both of scatter_kwargs') splits each tensor: checked that it can
-    be split and that it has the size along ``dim`` of the first one (the batch), then cut
-    into ``plan_chunks``' sizes on the first devices. Onto one device nothing is split, so
-    tensors of any sizes go whole, as in torch. ``named``: what the caller was given, which
-    the error for two batch sizes lists."""
+    be split and that it has the first one's size along ``dim`` (the batch), then cut into
+    ``plan_chunks``' sizes on the first devices. Onto one device nothing is split, so tensors
+    of any sizes go whole, as in torch. ``named``: what the caller was given, which the error
+    for two batch sizes lists."""
 
     def __init__(
         self, target_gpus: Sequence[DeviceLike], dim: int, chunk_sizes: ChunkSizes, **named: Any
@@ -138,36 +136,118 @@ class _Split:
         return self.devices[: len(sizes)], sizes
 
 
-def check_dim(dim: Any) -> int:
-    """``dim`` if it is an int; else a clear error (``dim='0'`` would fail deep inside)."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
+def check_dim(dim: Any, shape: Sequence[int] | None = None, of: str = "an input") -> int:
+    """``dim`` if it is an int (``dim='0'`` would fail deep inside) and, if ``shape`` is
+    given, one of its dimensions; else a clear error. ``of``: what has ``shape``."""
+    if not _is_int(dim):
         raise TypeError(
             f"dim must be an int (the dimension to split and gather along), got {dim!r} "
             f"({type(dim).__name__}); pass e.g. dim=0"
         )
+    if shape is not None and not -len(shape) <= dim < len(shape):
+        raise ValueError(
+            f"dim={dim} is out of range for {of} of shape {tuple(shape)}; use a dim between "
+            f"{-len(shape)} and {len(shape) - 1}"
+        )
     return dim
 
 
-def _check_plan(size: Any, num_devices: Any) -> None:
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError(f"size must be a number of rows (an int), got {size!r}")
-    if size < 0:
-        raise ValueError(f"size must be a number of rows (an int >= 0), got {size}")
-    _check_count(num_devices, argument="num_devices")
+def _check_splittable(tensor: torch.Tensor, dim: int) -> None:
+    if tensor.is_nested:
+        raise TypeError(
+            "cannot scatter a nested tensor: its rows have different shapes, so it has no "
+            f"size along dim={dim} to split; pass x.to_padded_tensor(0.0) (and a mask if the "
+            "module needs one)"
+        )
+    if tensor.layout != torch.strided:
+        raise TypeError(
+            f"cannot scatter a sparse tensor (layout {tensor.layout}); scatter splits dense "
+            "tensors: pass x.to_dense(), or, if every replica needs the whole tensor, keep it "
+            "in the module (e.g. module.register_buffer) instead of passing it as an input"
+        )
+    if tensor.dim() == 0:
+        raise ValueError(
+            f"cannot scatter a 0-dim tensor (a scalar) along dim={dim}; pass it as a Python "
+            "number to share it with every device, or give it a batch dimension"
+        )
+    check_dim(dim, tensor.shape)
+    if tensor.shape[dim] == 0:
+        raise ValueError(
+            f"the input of shape {tuple(tensor.shape)} is empty along dim={dim}, so there is "
+            "nothing to split; pass a batch with at least one sample"
+        )
+
+
+def _batch_mismatch(dim: int, **named: Any) -> ValueError:
+    sizes = [found for name, obj in named.items() for found in _sizes_along(obj, dim, name)]
+    listed = ", ".join(f"{path} has {size}" for path, size in sizes)
+    return ValueError(
+        f"scatter splits every tensor along dim={dim} into the same chunks, so all must have "
+        f"the same size there (the batch), but {listed} (torch would silently drop rows, or "
+        "hand a replica a short tensor that broadcasts); pass tensors of one batch size, and "
+        "keep a tensor that every replica needs whole in the module (e.g. "
+        "module.register_buffer), which replicate copies to every device"
+    )
+
+
+def _sizes_along(obj: Any, dim: int, path: str) -> list[tuple[str, int]]:
+    """Each tensor in ``obj`` that has a dimension ``dim``, by where it is (``inputs[0]``,
+    ``kwargs['mask']``), with its size along ``dim``."""
+    if isinstance(obj, torch.Tensor):
+        return [(path, obj.shape[dim])] if -obj.dim() <= dim < obj.dim() else []
+    if not isinstance(obj, (list, tuple, dict)):
+        return []
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    return [found for key, item in items for found in _sizes_along(item, dim, f"{path}[{key!r}]")]
+
+
+# --------------------------------------------------------------------------------------
+# dpkit's additions, 2: the chunk plans (chunk_sizes=).
+
+
+def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> list[int]:
+    """The chunk sizes scatter uses for ``size`` rows over ``num_devices`` devices."""
+    _check_plan(size, num_devices)
+    if chunk_sizes is None:
+        return torch_chunk_sizes(size, num_devices)
+    if chunk_sizes == "balanced":
+        return balanced_chunk_sizes(size, num_devices)
+    if isinstance(chunk_sizes, str):
+        raise ValueError(
+            f"chunk_sizes={chunk_sizes!r} is not known; use None (torch.chunk), 'balanced', a "
+            "list of sizes, or a function (batch, num_devices) -> sizes"
+        )
+    sizes = chunk_sizes(size, num_devices) if callable(chunk_sizes) else chunk_sizes
+    if not isinstance(sizes, (list, tuple)):
+        what = "the chunk_sizes function returned" if callable(chunk_sizes) else "chunk_sizes is"
+        raise TypeError(
+            f"{what} {sizes!r}, not a list of sizes; chunk_sizes must give a list of positive "
+            f"ints that add up to the batch size {size}, e.g. "
+            f"{balanced_chunk_sizes(size, num_devices)}"
+        )
+    sizes = list(sizes)
+    if not all(_is_int(s) and s >= 1 for s in sizes) or sum(sizes) != size:
+        raise ValueError(
+            f"chunk_sizes={sizes} must be positive ints that add up to the batch size {size} "
+            f"(not booleans), e.g. {balanced_chunk_sizes(size, num_devices)}"
+        )
+    if len(sizes) > num_devices:
+        raise ValueError(f"chunk_sizes={sizes} has more chunks than the {num_devices} devices")
+    return sizes
 
 
 def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
-    """The sizes ``torch.chunk(x, num_devices)`` gives for ``size`` rows (maybe fewer chunks).
+    """The sizes ``torch.chunk(x, num_devices)`` gives for ``size`` rows: chunks of
+    ``ceil(size / num_devices)`` rows, the last one what is left (so maybe fewer chunks).
 
     One case differs on purpose: no rows give no chunks (``[]``), where torch.chunk gives
     ``num_devices`` empty ones and torch's DataParallel would run every replica on nothing.
     """
     _check_plan(size, num_devices)
-    if size <= 0:
+    if size == 0:
         return []
     chunk = math.ceil(size / num_devices)
-    full, remainder = divmod(size, chunk)
-    return [chunk] * full + ([remainder] if remainder else [])
+    return [min(chunk, size - start) for start in range(0, size, chunk)]
 
 
 def balanced_chunk_sizes(size: int, num_devices: int) -> list[int]:
@@ -207,91 +287,13 @@ def weighted_chunk_sizes(size: int, num_devices: int, weights: Sequence[float]) 
     return sizes
 
 
-def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> list[int]:
-    """The chunk sizes scatter uses for ``size`` rows over ``num_devices`` devices."""
-    _check_plan(size, num_devices)
-    if chunk_sizes is None:
-        return torch_chunk_sizes(size, num_devices)
-    if chunk_sizes == "balanced":
-        return balanced_chunk_sizes(size, num_devices)
-    if isinstance(chunk_sizes, str):
-        raise ValueError(
-            f"chunk_sizes={chunk_sizes!r} is not known; use None (torch.chunk), 'balanced', a "
-            "list of sizes, or a function (batch, num_devices) -> sizes"
-        )
-    sizes = chunk_sizes(size, num_devices) if callable(chunk_sizes) else chunk_sizes
-    if not isinstance(sizes, (list, tuple)):
-        what = "the chunk_sizes function returned" if callable(chunk_sizes) else "chunk_sizes is"
-        raise TypeError(
-            f"{what} {sizes!r}, not a list of sizes; chunk_sizes must give a list of positive "
-            f"ints that add up to the batch size {size}, e.g. "
-            f"{balanced_chunk_sizes(size, num_devices)}"
-        )
-    sizes = list(sizes)
-    if (
-        any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
-        or sum(sizes) != size
-    ):
-        raise ValueError(
-            f"chunk_sizes={sizes} must be positive ints that add up to the batch size {size} "
-            f"(not booleans), e.g. {balanced_chunk_sizes(size, num_devices)}"
-        )
-    if len(sizes) > num_devices:
-        raise ValueError(f"chunk_sizes={sizes} has more chunks than the {num_devices} devices")
-    return sizes
+def _check_plan(size: Any, num_devices: Any) -> None:
+    if not _is_int(size):
+        raise TypeError(f"size must be a number of rows (an int), got {size!r}")
+    if size < 0:
+        raise ValueError(f"size must be a number of rows (an int >= 0), got {size}")
+    _check_count(num_devices, argument="num_devices")
 
 
-def _check_splittable(tensor: torch.Tensor, dim: int) -> None:
-    if tensor.is_nested:
-        raise TypeError(
-            "cannot scatter a nested tensor: its rows have different shapes, so it has no "
-            f"size along dim={dim} to split; pass x.to_padded_tensor(0.0) (and a mask if the "
-            "module needs one)"
-        )
-    if tensor.layout != torch.strided:
-        raise TypeError(
-            f"cannot scatter a sparse tensor (layout {tensor.layout}); scatter splits dense "
-            "tensors: pass x.to_dense(), or, if every replica needs the whole tensor, keep it "
-            "in the module (e.g. module.register_buffer) instead of passing it as an input"
-        )
-    if tensor.dim() == 0:
-        raise ValueError(
-            f"cannot scatter a 0-dim tensor (a scalar) along dim={dim}; pass it as a Python "
-            "number to share it with every device, or give it a batch dimension"
-        )
-    if not -tensor.dim() <= dim < tensor.dim():
-        raise ValueError(
-            f"dim={dim} is out of range for an input of shape {tuple(tensor.shape)}; use a dim "
-            f"between {-tensor.dim()} and {tensor.dim() - 1}"
-        )
-    if tensor.shape[dim] == 0:
-        raise ValueError(
-            f"the input of shape {tuple(tensor.shape)} is empty along dim={dim}, so there is "
-            "nothing to split; pass a batch with at least one sample"
-        )
-
-
-def _sizes_along(obj: Any, dim: int, path: str) -> list[tuple[str, int]]:
-    """Each tensor in ``obj`` that scatter splits, by where it is (``inputs[0]``,
-    ``kwargs['mask']``), with its size along ``dim``."""
-    if isinstance(obj, torch.Tensor):
-        return [(path, obj.shape[dim])] if -obj.dim() <= dim < obj.dim() else []
-    if isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    elif isinstance(obj, dict):
-        items = obj.items()
-    else:
-        return []
-    return [found for key, item in items for found in _sizes_along(item, dim, f"{path}[{key!r}]")]
-
-
-def _batch_mismatch(dim: int, **named: Any) -> ValueError:
-    sizes = [found for name, obj in named.items() for found in _sizes_along(obj, dim, name)]
-    listed = ", ".join(f"{path} has {size}" for path, size in sizes)
-    return ValueError(
-        f"scatter splits every tensor along dim={dim} into the same chunks, so all must have "
-        f"the same size there (the batch), but {listed} (torch would silently drop rows, or "
-        "hand a replica a short tensor that broadcasts); pass tensors of one batch size, and "
-        "keep a tensor that every replica needs whole in the module (e.g. "
-        "module.register_buffer), which replicate copies to every device"
-    )
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
