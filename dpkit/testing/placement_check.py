@@ -53,26 +53,21 @@ _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper each time: compare
 # Operations torch allows across devices: copies between them, indexing a device's tensor
 # with a host index, questions about tensors that read no data, and packing a padded batch
 # (torch wants its ``lengths`` on the CPU whatever device the batch is on).
-_CROSS_DEVICE = frozenset(
-    {
-        torch._has_compatible_shallow_copy_type,
-        torch._pack_padded_sequence,
-        torch.Tensor.copy_,
-        torch.Tensor.__getitem__,
-        torch.Tensor.__setitem__,
-        torch.Tensor.__deepcopy__,
-        torch.Tensor.__repr__,
-        torch.Tensor.__format__,
-    }
-)
+_CROSS_DEVICE = {
+    torch._has_compatible_shallow_copy_type,
+    torch._pack_padded_sequence,
+    torch.Tensor.copy_,
+    torch.Tensor.__getitem__,
+    torch.Tensor.__setitem__,
+    torch.Tensor.__deepcopy__,
+    torch.Tensor.__repr__,
+    torch.Tensor.__format__,
+}
 # dpkit's primitives move bytes between devices on purpose; the check is for their callers.
-_PRIMITIVES = frozenset(
-    f"dpkit.{name}"
-    for name in (
-        "comm", "scatter", "replicate", "parallel_apply", "gather", "data_parallel",
-        "_functions", "devices", "context", "nested",
-    )
-)  # fmt: skip
+_PRIMITIVES = {
+    "dpkit.comm", "dpkit.scatter", "dpkit.replicate", "dpkit.parallel_apply", "dpkit.gather",
+    "dpkit.data_parallel", "dpkit._functions", "dpkit.devices", "dpkit.context", "dpkit.nested",
+}  # fmt: skip
 
 
 def _lane(tensor: torch.Tensor) -> Device | None:
