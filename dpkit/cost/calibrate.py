@@ -330,26 +330,24 @@ def _relative_errors(hardware: Hardware, steps: Sequence[Measured]) -> np.ndarra
     return np.array(errors)
 
 
-def fit_host_terms(
-    hardware: Hardware, steps: Sequence[Measured], names: Sequence[str] = FITTED, rounds: int = 4
-) -> Hardware:
-    """``hardware`` with the host terms ``names`` fitted to the measured ``steps``: least
+def fit_host_terms(hardware: Hardware, steps: Sequence[Measured], rounds: int = 4) -> Hardware:
+    """``hardware`` with the host terms :data:`FITTED` fitted to the measured ``steps``: least
     squares of the relative errors, Gauss-Newton with finite differences through
     ``predict`` itself (so the fit follows the model's formulas), never below :data:`FLOOR`.
     A term no measured time depends on keeps its value."""
     for _ in range(rounds):
         errors = _relative_errors(hardware, steps)
         columns = []
-        for name in names:
+        for name in FITTED:
             delta = max(0.05 * getattr(hardware, name), 1e-6)
             bumped = dataclasses.replace(hardware, **{name: getattr(hardware, name) + delta})
             columns.append((_relative_errors(bumped, steps) - errors) / delta)
         jacobian = np.stack(columns, axis=1)
         used = np.abs(jacobian).sum(axis=0) > 0
-        change = np.zeros(len(names))
+        change = np.zeros(len(FITTED))
         change[used] = np.linalg.lstsq(jacobian[:, used], -errors, rcond=None)[0]
         hardware = dataclasses.replace(hardware, **{
-            name: max(getattr(hardware, name) + step, FLOOR) for name, step in zip(names, change)
+            name: max(getattr(hardware, name) + step, FLOOR) for name, step in zip(FITTED, change)
         })  # fmt: skip
     return hardware
 

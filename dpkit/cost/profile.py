@@ -208,8 +208,7 @@ def _attention_flops(query: Any, key: Any, value: Any, backward: bool) -> float:
 
 
 def _native_mha(args: tuple, kwargs: dict) -> float:
-    """``nn.MultiheadAttention``'s fast path (eval, no gradients): the q, k, v and output
-    projections and the attention over all heads."""
+    """``nn.MultiheadAttention``'s fast path (eval, no gradients): 4 projections, attention."""
     query, key, value, embed_dim = args[0], args[1], args[2], args[3]
     projections = 2.0 * embed_dim * embed_dim * (2 * _tokens(query) + _tokens(key) + _tokens(value))
     return projections + 4.0 * _tokens(query) * key.shape[-2] * embed_dim
