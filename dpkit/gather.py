@@ -15,8 +15,10 @@ The surprises first, as in ``torch.nn.parallel.gather``:
   ``zip()`` error on dicts with other keys, a tensor against a tuple, or tuples of other
   lengths; dpkit raises one ``ValueError`` naming the replicas and what each returned.
 
-``gather`` reads line for line against torch's; each dpkit addition is a helper called where
-it applies, with a ``# dpkit:`` comment saying what it adds, defined after the function.
+``gather`` reads line for line against torch's (``torch/nn/parallel/scatter_gather.py``); a
+``# dpkit:`` comment marks what differs, and dpkit's additions follow it: where the output
+goes (:func:`_destination`), then the checks of the replicas' outputs (:func:`_check_outputs`
+and the errors it raises).
 """
 
 from __future__ import annotations
@@ -35,32 +37,26 @@ from dpkit.scatter import _is_namedtuple, check_dim
 
 def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> Any:
     """Gather one output per replica into a single output on ``target_device``."""
-    check_dim(dim)  # dpkit: clear errors for a bad dim or no outputs
-    if len(outputs) == 0:
-        raise ValueError("outputs is empty; pass one output per replica")
+    check_dim(dim)  # dpkit: a clear error for a bad dim
     # dpkit: a dpkit Device (a lane, an accelerator, the host); an int is of the outputs' kind
-    destination = _target(target_device, outputs)
+    destination = _destination(target_device, outputs)
 
     def gather_map(outputs: Sequence[Any], path: tuple[Any, ...] = ()) -> Any:
-        # dpkit: one clear error if the replicas returned different structures; ``path`` says
-        # where (torch checks only that dicts have as many keys)
-        _same_structure(outputs, path)
+        # dpkit: a clear error where torch fails obscurely or not at all (see the module
+        # docstring); ``path`` says where in the output
+        _check_outputs(outputs, dim, path)
         out = outputs[0]
         if isinstance(out, torch.Tensor):
-            _check_gatherable(out, dim)  # dpkit: a clear error for a dim out of range
             # dpkit: the device each piece came from, where backward sends its gradient
-            input_devices = tuple(device_of(t) for t in outputs)
-            return Gather.apply(destination, dim, input_devices, *outputs)
+            return Gather.apply(destination, dim, tuple(map(device_of, outputs)), *outputs)
         if out is None:
             return None
         if isinstance(out, dict):
             return type(out)((k, gather_map([d[k] for d in outputs], (*path, k))) for k in out)
-        if isinstance(out, (list, tuple)):  # dpkit: torch also maps over any other type
-            gathered = [gather_map(items, (*path, i)) for i, items in enumerate(zip(*outputs))]
-            if _is_namedtuple(out):
-                return type(out)._make(gathered)
-            return type(out)(gathered)
-        raise _cannot_gather(out)  # dpkit: what cannot be combined, and what to return instead
+        gathered = [gather_map(items, (*path, i)) for i, items in enumerate(zip(*outputs))]
+        if _is_namedtuple(out):
+            return type(out)._make(gathered)
+        return type(out)(gathered)
 
     # Recursive function calls like this create reference cycles.
     # Setting the function to None clears the refcycle.
@@ -75,10 +71,34 @@ def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> A
 # dpkit's additions, in the order gather calls them.
 
 
-def _target(target_device: DeviceLike, outputs: Sequence[Any]) -> Device:
+def _destination(target_device: DeviceLike, outputs: Sequence[Any]) -> Device:
+    if len(outputs) == 0:
+        raise ValueError("outputs is empty; pass one output per replica")
     first = get_a_var(list(outputs))
     like = device_of(first) if first is not None else None
     return as_device(target_device, like=like, argument="target_device")
+
+
+def _check_outputs(outputs: Sequence[Any], dim: int, path: tuple[Any, ...]) -> None:
+    """The replicas' outputs at ``path`` are of a type gather combines, all of one structure
+    (torch checks only that dicts have as many keys) and, for tensors, have ``dim``."""
+    out = outputs[0]
+    if isinstance(out, torch.Tensor):
+        same = all(isinstance(o, torch.Tensor) for o in outputs)
+    elif out is None:
+        same = all(o is None for o in outputs)
+    elif isinstance(out, dict):
+        same = all(isinstance(d, dict) and d.keys() == out.keys() for d in outputs)
+    elif isinstance(out, (list, tuple)):
+        same = all(isinstance(o, (list, tuple)) and len(o) == len(out) for o in outputs)
+    else:
+        raise _cannot_gather(out)
+    if not same:
+        raise _different_structures(outputs, path)
+    if isinstance(out, torch.Tensor) and out.dim() == 0 and dim != 0:
+        raise ValueError(f"replica outputs are scalars, which gather only along dim=0, not {dim}")
+    if isinstance(out, torch.Tensor) and out.dim() > 0:
+        check_dim(dim, out.shape, of="replica outputs")
 
 
 def _cannot_gather(value: Any) -> TypeError:
@@ -92,6 +112,26 @@ def _cannot_gather(value: Any) -> TypeError:
     return TypeError(f"gather cannot combine replica outputs of type {kind}; {hint}")
 
 
+def _different_structures(outputs: Sequence[Any], path: tuple[Any, ...]) -> ValueError:
+    replicas: dict[str, list[str]] = {}
+    for index, output in enumerate(outputs):
+        replicas.setdefault(_describe(output), []).append(str(index))
+    returned = "; ".join(
+        f"replica{'s' if len(indices) > 1 else ''} {', '.join(indices)}: {what}"
+        for what, indices in replicas.items()
+    )
+    at = f" at output{''.join(f'[{key!r}]' for key in path)}" if path else ""
+    # torch's own words first where torch has them: dicts with other numbers of keys
+    key_counts = {len(o) if isinstance(o, dict) else None for o in outputs}
+    torch_words = None not in key_counts and len(key_counts) > 1
+    return ValueError(
+        f"{'All dicts must have the same number of keys. ' if torch_words else ''}gather cannot "
+        f"combine replica outputs of different structures{at} ({returned}); make every "
+        "replica return the same structure: the same containers, lengths and keys, with "
+        "tensors in the same places"
+    )
+
+
 def _describe(output: Any) -> str:
     if isinstance(output, torch.Tensor):
         return "a tensor"
@@ -102,52 +142,3 @@ def _describe(output: Any) -> str:
     if isinstance(output, (list, tuple)):
         return f"a {type(output).__name__} of {len(output)}"
     return f"a {type(output).__name__}"
-
-
-def _different_structures(
-    outputs: Sequence[Any], path: tuple[Any, ...], first: str = ""
-) -> ValueError:
-    replicas: dict[str, list[int]] = {}
-    for index, output in enumerate(outputs):
-        replicas.setdefault(_describe(output), []).append(index)
-    returned = "; ".join(
-        f"replica{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}: {what}"
-        for what, indices in replicas.items()
-    )
-    where = "".join(f"[{key!r}]" for key in path)
-    at = f" at output{where}" if path else ""
-    return ValueError(
-        f"{first}gather cannot combine replica outputs of different structures{at} ("
-        f"{returned}); make every replica return the same structure: the same containers, "
-        "lengths and keys, with tensors in the same places"
-    )
-
-
-def _same_structure(outputs: Sequence[Any], path: tuple[Any, ...]) -> None:
-    out = outputs[0]
-    if isinstance(out, torch.Tensor):
-        same = all(isinstance(o, torch.Tensor) for o in outputs)
-    elif out is None:
-        same = all(o is None for o in outputs)
-    elif isinstance(out, dict):
-        same = all(isinstance(d, dict) and d.keys() == out.keys() for d in outputs)
-        if not same and all(isinstance(d, dict) for d in outputs):
-            if any(len(d) != len(out) for d in outputs):  # torch's words first
-                first = "All dicts must have the same number of keys. "
-                raise _different_structures(outputs, path, first)
-    elif isinstance(out, (list, tuple)):
-        same = all(isinstance(o, (list, tuple)) and len(o) == len(out) for o in outputs)
-    else:
-        return  # not gatherable at all: _cannot_gather says so
-    if not same:
-        raise _different_structures(outputs, path)
-
-
-def _check_gatherable(output: torch.Tensor, dim: int) -> None:
-    if output.dim() == 0 and dim != 0:
-        raise ValueError(f"replica outputs are scalars, which gather only along dim=0, not {dim}")
-    if output.dim() > 0 and not -output.dim() <= dim < output.dim():
-        raise ValueError(
-            f"dim={dim} is out of range for replica outputs of shape {tuple(output.shape)}; "
-            f"use a dim between {-output.dim()} and {output.dim() - 1}"
-        )
