@@ -90,12 +90,6 @@ class ReduceAddCoalesced(Function):
         return (None, None) + Broadcast.apply(ctx.source_devices, *grad_outputs)
 
 
-_SCALAR_WARNING = (
-    "Was asked to gather along dimension 0, but all input tensors were scalars; "
-    "will instead unsqueeze and return a vector."
-)
-
-
 @_backward_in_step_of_forward
 class Gather(Function):
     @staticmethod
@@ -107,8 +101,12 @@ class Gather(Function):
         ctx.input_devices = input_devices
         if all(t.dim() == 0 for t in inputs) and dim == 0:
             inputs = tuple(t.view(1) for t in inputs)
-            # 3: the frame torch's stacklevel=2 names (autograd's apply), past the decorator's
-            warnings.warn(_SCALAR_WARNING, stacklevel=3)
+            warnings.warn(
+                "Was asked to gather along dimension 0, but all input tensors were scalars; "
+                "will instead unsqueeze and return a vector.",
+                # 3: the frame torch's stacklevel=2 names (autograd's apply), past the decorator's
+                stacklevel=3,
+            )
             ctx.unsqueezed_scalar = True
         else:
             ctx.unsqueezed_scalar = False
@@ -122,7 +120,7 @@ class Gather(Function):
         )
         if ctx.unsqueezed_scalar:
             scattered_grads = tuple(g[0] for g in scattered_grads)
-        return (None, None, None) + tuple(scattered_grads)
+        return (None, None, None) + scattered_grads
 
 
 @_backward_in_step_of_forward
@@ -137,6 +135,5 @@ class Scatter(Function):
 
     @staticmethod
     def backward(ctx, *grad_output):
-        devices = ctx.target_devices[: len(grad_output)]
-        gathered = Gather.apply(ctx.input_device, ctx.dim, devices, *grad_output)
+        gathered = Gather.apply(ctx.input_device, ctx.dim, ctx.target_devices, *grad_output)
         return None, None, None, None, gathered
