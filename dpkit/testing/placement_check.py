@@ -132,9 +132,7 @@ def _tag(result: Any, lane: Device | None) -> Any:
 def _to_host(tensor: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     """``tensor`` brought to the host: a copy without a lane tag, as ``.cpu()`` of a GPU tensor
     (``result`` is what torch returned, ``tensor`` itself when it saw nothing to move)."""
-    if _lane(tensor) is None or result is not tensor:
-        return result  # made inside this handler: untagged
-    return result.clone()
+    return result.clone() if result is tensor and _lane(tensor) is not None else result
 
 
 class _PlacementMode(TorchFunctionMode):
