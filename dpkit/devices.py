@@ -266,9 +266,7 @@ def _resolve_int(index: int, like: Device | None) -> Device:
                 f"fewer device_ids, or dpkit.virtual_devices(n, on='cpu') for more lanes"
             )
         return Device(index, like.kind, like.torch_device)
-    if index < accelerator_count():
-        return real_devices(index + 1)[index]
-    return virtual_devices(index + 1)[index]
+    return devices(index + 1)[index]  # a real device where it exists, else a lane
 
 
 def as_device(spec: DeviceLike, like: Device | None = None, argument: str = "device") -> Device:
