@@ -1,10 +1,7 @@
 """``dpkit predict``: a predicted training step on a named machine, printed and drawn like
-``dpkit demo`` prints and draws a measured one, every output labelled predicted: the time of
-each phase, the step's time, and the bytes each device holds beside its capacity.
-
-A hardware file (TOML) is every field of :class:`~dpkit.cost.Hardware`, or ``base =
-"<preset>"`` and the fields that change, in SI units; ``docs/hardware_file.md`` documents it,
-with runs of every option (``--list``, ``--hardware-file``, ``--calibrate``, ...).
+``dpkit demo`` prints and draws a measured one, every output labelled predicted. The machine
+is a preset or a hardware file (TOML, SI units; ``docs/hardware_file.md``, with runs of every
+option). Below, in order: reading hardware files, the report, the command.
 """
 
 from __future__ import annotations
@@ -34,9 +31,6 @@ TEXT_FIELDS = ("name", "description", "device_name", "source")
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 _FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
 FIELD_UNITS = {spec.name: spec.metadata["unit"] for spec in fields(Hardware)}
-
-
-# -- hardware files --------------------------------------------------------------------------
 
 
 def _refuse_unknown(where: str, what: str, keys: Any, known: Any) -> None:
@@ -134,8 +128,7 @@ def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file")
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
-    """The machine a TOML hardware file describes (:func:`hardware_from_mapping`); a
-    ValueError naming the file for anything wrong."""
+    """The machine a TOML hardware file describes; a ValueError naming the file if wrong."""
     path = Path(path)
     where = f"--hardware-file {path}"
     try:
@@ -157,9 +150,6 @@ def load_hardware_file(path: str | Path) -> Hardware:
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{where}: not valid TOML: {error}") from None
     return hardware_from_mapping(data, where)
-
-
-# -- the report ------------------------------------------------------------------------------
 
 
 def _unit(nbytes: float) -> tuple[str, int, int]:
@@ -215,8 +205,7 @@ def fit_verdict(trace: PredictedTrace) -> str:
 
 
 def report(trace: PredictedTrace, model: str, files: dict[str, Path | None], settings: str) -> str:
-    """What ``dpkit predict`` prints: the machine, the per-phase summary, the step time, the
-    bytes each device holds against its capacity, whether it fits, where the files are."""
+    """What ``dpkit predict`` prints, every number labelled predicted."""
     machine = trace.machine
     lines = [
         f"PREDICTED by dpkit's cost model, not measured: {machine.name}",
@@ -239,9 +228,6 @@ def report(trace: PredictedTrace, model: str, files: dict[str, Path | None], set
         lines.append(f"{what + ':':<22}{path if path is not None else 'skipped (no matplotlib)'}")
     lines.append("  open trace.json at https://ui.perfetto.dev: a track per predicted device.")
     return "\n".join(lines)
-
-
-# -- the command -----------------------------------------------------------------------------
 
 
 def _out_folder(text: str) -> Path:
@@ -277,11 +263,9 @@ def _write_files(trace: PredictedTrace, out: Path) -> dict[str, Path | None]:
             figure.savefig(files[what], dpi=120)
             plt.close(figure)
     except OSError as error:
-        where = Path(error.filename) if error.filename else out
+        where = Path(error.filename).name if error.filename else out.name
         why = error.strerror or str(error)
-        raise ValueError(
-            f"--out {out}: cannot write {where.name} there ({why}); {_FIX_OUT}"
-        ) from None
+        raise ValueError(f"--out {out}: cannot write {where} there ({why}); {_FIX_OUT}") from None
     return files
 
 

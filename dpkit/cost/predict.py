@@ -297,9 +297,7 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int]) 
 def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     """The parameters, then the buffers, to every device (GPUs: an NCCL broadcast per
     10 MiB; lanes: a copy per tensor); then the replica modules, built by the host."""
-    for sizes in (model.parameter_sizes, model.buffer_sizes):
-        if not sizes:
-            continue
+    for sizes in filter(None, (model.parameter_sizes, model.buffer_sizes)):
         if hardware.virtual_lanes:
             _copies(step, hardware, Phase.REPLICATE, [0] + [sum(sizes)] * (n - 1),
                     tensors=len(sizes))  # fmt: skip
