@@ -172,15 +172,14 @@ def _move(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     target = torch._C._nn._parse_to(*args[1:], **kwargs)[0]  # a torch.device, or None
     result = func(*args, **kwargs)
     if target == CHECKED_LANE_MEMORY:
-        if _lane(tensor) is not None:  # already on a lane of this device: no move
-            return _tag(result, _lane(tensor))
-        if result.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
-            result = result.clone()
-        setattr(result, _TAG, HOME_LANE)
-        return result
-    if target is not None and target.type == "cpu":
+        if _lane(tensor) is None:  # from the host: a copy onto lane 0
+            if result.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+                result = result.clone()
+            setattr(result, _TAG, HOME_LANE)
+            return result
+    elif target is not None and target.type == "cpu":
         return _to_host(tensor, result)
-    return _tag(result, _lane(tensor))
+    return _tag(result, _lane(tensor))  # on a lane already, it stays there
 
 
 _original_parameter_new = nn.Parameter.__new__
