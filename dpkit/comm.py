@@ -214,11 +214,10 @@ def broadcast(
                 f"{device_of(tensor)}; move the module to devices[0] first"
             )
     with torch.no_grad():
-        copies = [
+        return [
             _copy_group(Collective.BROADCAST, device, tensors, device, tensors=len(tensors))
             for device in devices
         ]
-    return copies
 
 
 def reduce_add(

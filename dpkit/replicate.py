@@ -122,6 +122,7 @@ def check_not_compiled(module: nn.Module, where: str = "module") -> None:
 
 
 def _check_replicable(network: nn.Module) -> None:
+    """Clear errors for what torch would fail on later, then torch's own first check."""
     if not isinstance(network, nn.Module):
         raise TypeError(
             f"module must be a torch.nn.Module, got {type(network).__name__}; to run a plain "
