@@ -512,7 +512,8 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
         trace.held = dp_memory(cost, sizes, optimizer, gpu, workspace)
     else:
         trace.held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view, workspace)
-    start, cap = 0.0, round(bucket_cap_mb * 1024 * 1024)
+    cap = round(bucket_cap_mb * 1024 * 1024)  # DDP's bucket_cap_mb, in bytes
+    start = 0.0
     for number in range(1, steps + 1):
         step = _Step(trace, names, number, start, [start] * count)
         if strategy == "dp":
