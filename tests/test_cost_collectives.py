@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import dpkit.cost as cost
@@ -25,6 +27,7 @@ def test_nccl_broadcast_and_reduce_take_about_one_model_over_the_bus_bandwidth()
     # 1 GB at 100 GB/s = 10 ms, whatever n; each of 3 calls pays 7 ring steps of 2 us
     assert cost.broadcast(1e9, 8, link, calls=3) == pytest.approx(0.010 + 3 * 7 * 2e-6)
     assert cost.reduce(1e9, 8, link, calls=3) == cost.broadcast(1e9, 8, link, calls=3)
+    assert cost.reduce(1e9, 8, link) == pytest.approx(0.010 + 7 * 2e-6)  # one call by default
     assert cost.broadcast(1e9, 1, link) == 0
 
 
@@ -34,6 +37,7 @@ def test_coalesced_calls_pack_tensors_into_10_mib_buffers_as_torch_does():
     assert messages([4 * mib, 4 * mib, 4 * mib]) == 2  # 8 MiB, then 4 MiB
     assert messages([4 * mib, 6 * mib]) == 1  # exactly 10 MiB fits
     assert messages([30 * mib, 1, 1]) == 2  # a large tensor alone, then the small ones
+    assert messages([4 * mib, 6 * mib, 4 * mib, 6 * mib]) == 2  # each buffer starts empty
     assert messages([]) == 0
 
 
@@ -56,6 +60,7 @@ def test_allreduce_across_nodes_runs_at_the_node_ports_together():
     # 8 HDR ports of 24 GB/s (200 Gb/s, 96 % reached) = 192 GB/s per node, under NVSwitch's 230
     across = allreduce_link(ib, 16)
     assert across.bandwidth == pytest.approx(8 * 24e9)
+    assert "across nodes" in across.source  # what the tables print as the link's source
     assert across.latency == ib.node_to_node.latency  # every ring step waits for the network
     eth = cost.preset("2x8xA100-10GbE")
     assert allreduce_link(eth, 16).bandwidth == pytest.approx(1.25e9 * 0.5)  # one 10 GbE port
@@ -69,6 +74,13 @@ def test_h100_all_reduces_with_nvlink_sharp_inside_a_node_and_its_ring_elsewhere
     assert busbw == pytest.approx(480e9, rel=0.01)  # nccl-tests#212: NVLS ~480 GB/s
     four = cost.bus_bandwidth(8 << 30, cost.allreduce(8 << 30, 4, h100), 4)
     assert four == pytest.approx(275e9 * 2 * 3 / 4, rel=0.01)  # algbw x 2 (n - 1) / n
+    # NVLink SHARP is NVSwitch's, inside a node: two nodes' all-reduce is a ring over IB
+    two = dataclasses.replace(h100, nodes=2, nics_per_node=8)
+    assert cost.allreduce(1e9, 16, two) == cost.ring_allreduce(1e9, 16, allreduce_link(two, 16))
+    # the faster of ring and switch, on any number of devices of a node (a made-up switch
+    # faster than the ring: 1 GB at 1,000 GB/s after one message's latency)
+    fast = dataclasses.replace(h100, allreduce_bandwidth=1000e9)
+    assert cost.allreduce(1e9, 2, fast) == pytest.approx(h100.device_to_device.latency + 1e-3)
     # broadcast and reduce (DataParallel's) run the ring: 370 GB/s
     assert cost.broadcast(8 << 30, 8, h100.device_link()) == pytest.approx(
         (8 << 30) / 370e9, rel=0.01
