@@ -70,7 +70,7 @@ CORE_FILES = (
     "dpkit/parallel_apply.py",
     "dpkit/lanes.py",
     "dpkit/data_parallel.py",
-    "dpkit/devices.py",
+    "dpkit/device.py",
     "dpkit/tracing/recorder.py",
     "dpkit/tracing/export.py",
 )

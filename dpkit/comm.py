@@ -37,7 +37,7 @@ from torch.utils.hooks import RemovableHandle
 
 from dpkit import lane_memory, lanes, tracing
 from dpkit.context import in_backward
-from dpkit.devices import Device
+from dpkit.device import Device
 from dpkit.lanes import device_of, place, resides_on
 from dpkit.nested import tensor_nbytes
 from dpkit.tracing import Collective, Phase

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from dpkit import tracing
-from dpkit.devices import Device, DeviceLike, as_device, as_devices, devices
+from dpkit.device import Device, DeviceLike, as_device, as_devices, devices
 from dpkit.gather import gather
 from dpkit.lanes import device_of, resides_on
 from dpkit.parallel_apply import check_timeout, parallel_apply

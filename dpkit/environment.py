@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dpkit.devices import accelerator_count, accelerator_type, describe_choice
+from dpkit.device import accelerator_count, accelerator_type, describe_choice
 
 MIN_TORCH = (2, 4)
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dpkit._functions import Gather
-from dpkit.devices import Device, DeviceLike, as_device
+from dpkit.device import Device, DeviceLike, as_device
 from dpkit.lanes import device_of
 from dpkit.parallel_apply import get_a_var
 from dpkit.scatter import _is_namedtuple, check_dim

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dpkit.devices import Device
+from dpkit.device import Device
 
 
 def gpus_of(devices: Iterable[Device]) -> list[torch.device]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from dpkit.devices import Device
+from dpkit.device import Device
 
 MIN_BYTES = 2**20  # malloc hands smaller ones back from its heap, already touched, as fast
 MAX_BYTES = 512 * 2**20  # per lane: blocks in use and free together

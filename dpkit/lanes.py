@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from dpkit.context import in_backward
-from dpkit.devices import HOST_DEVICE, MAX_GPU_LANES, REAL, Device
+from dpkit.device import HOST_DEVICE, MAX_GPU_LANES, REAL, Device
 from dpkit.nested import module_tensors, tensors_in
 
 

@@ -71,7 +71,7 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit import lanes, tracing
-from dpkit.devices import Device, DeviceLike, _set_current_device, as_devices
+from dpkit.device import Device, DeviceLike, _set_current_device, as_devices
 from dpkit.nested import tensors_in
 
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from dpkit import comm, tracing
 from dpkit._functions import Broadcast
-from dpkit.devices import Device, DeviceLike, as_devices
+from dpkit.device import Device, DeviceLike, as_devices
 
 T = TypeVar("T", bound=nn.Module)
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from dpkit._functions import Scatter
-from dpkit.devices import Device, DeviceLike, _check_count, as_devices
+from dpkit.device import Device, DeviceLike, _check_count, as_devices
 
 ChunkSizes = str | Sequence[int] | Callable[[int, int], Sequence[int]] | None
 

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from dpkit.devices import Device
+from dpkit.device import Device
 
 
 @dataclass

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from dpkit.comm import copy_to
-from dpkit.devices import Device, device_of
+from dpkit.device import Device
+from dpkit.lanes import device_of
 
 
 class Gather(torch.autograd.Function):

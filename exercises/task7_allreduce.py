@@ -34,7 +34,7 @@ from torch import nn
 
 import dpkit
 from dpkit.comm import copy_to, reduce_add
-from dpkit.devices import Device
+from dpkit.device import Device
 
 Traffic = dict[int, tuple[int, int]]
 

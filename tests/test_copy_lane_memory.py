@@ -15,7 +15,7 @@ from torch import nn
 
 import dpkit
 from dpkit import comm, lane_memory
-from dpkit.devices import virtual_devices
+from dpkit.device import virtual_devices
 
 pytestmark = pytest.mark.skipif(
     lane_memory._use_count is None, reason="this torch cannot count a storage's users"

@@ -25,7 +25,7 @@ from torch import nn
 import dpkit
 from dpkit import comm, tracing
 from dpkit.context import backward_of
-from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_GPU, Device
+from dpkit.device import HOST_DEVICE, REAL, VIRTUAL_GPU, Device
 from dpkit.tracing import backward as trace_backward
 from dpkit.tracing import clock as trace_clock
 
@@ -121,7 +121,7 @@ class FakeGpu:
         return FakeEvent(self)
 
     def stream_of(self, device: Device) -> FakeStream | None:
-        """dpkit.devices.stream_of on this GPU: a lane's own stream, a real device's current."""
+        """dpkit.lanes.stream_of on this GPU: a lane's own stream, a real device's current."""
         if device.device_type == "cpu":
             return None
         if device.kind == REAL:

@@ -210,8 +210,9 @@ def test_the_powersgd_rank_is_the_number_after_powersgd(compression, rank):
     assert hook.powersgd_rank(compression) == rank
 
 
-@pytest.mark.parametrize("wrong", ["powersgd-0", "powersgd-x", "powersgd--2", "powersgd-1.5", "powersgd-",
-                                   "powersgd-\u0663", "int8", "", 2, "BF16"])  # fmt: skip
+@pytest.mark.parametrize("wrong", ["powersgd-0", "powersgd-x", "powersgd--2", "powersgd-1.5",
+                                   "powersgd-", "powersgd-\u0663", "int8", "", 2,
+                                   "BF16"])  # fmt: skip
 def test_anything_else_is_refused_naming_what_is_accepted(wrong):
     with pytest.raises(ValueError, match=r"^compression must be None, 'bf16', 'fp16', 'powersgd'"):
         hook.powersgd_rank(wrong)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from lanes import recorded_transfers
 
 import dpkit
+import dpkit.device as devices_module
 from dpkit import Device
 from dpkit import lanes as lanes_module
 
@@ -198,7 +197,6 @@ class _RoundRobinPool:
 
 
 def test_the_lanes_of_one_gpu_get_distinct_streams_taken_in_one_go():
-    devices_module = sys.modules["dpkit.devices"]
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
     for _ in range(7):  # other code took some streams before dpkit's first lane
         pool.Stream(torch.device("cuda", 0), priority=-3)
@@ -209,7 +207,6 @@ def test_the_lanes_of_one_gpu_get_distinct_streams_taken_in_one_go():
 def test_streams_made_after_the_lanes_are_not_a_lanes_own():
     """torch.cuda.Stream() after the lanes exist (a side stream, a library's) must not be a
     lane's stream: its work would wait for that lane's instead of overlapping it."""
-    devices_module = sys.modules["dpkit.devices"]
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES)
     lanes = {s.stream_id for s in lanes_module._new_lane_streams(pool, torch.device("cuda", 0))}
     later = [pool.Stream(torch.device("cuda", 0)).stream_id for _ in range(40)]
@@ -217,14 +214,13 @@ def test_streams_made_after_the_lanes_are_not_a_lanes_own():
 
 
 def test_lane_streams_that_would_repeat_are_refused_with_a_clear_error():
-    devices_module = sys.modules["dpkit.devices"]
     pool = _RoundRobinPool(devices_module.MAX_GPU_LANES, others_take_every=3)
     with pytest.raises(RuntimeError, match="distinct CUDA streams"):
         lanes_module._new_lane_streams(pool, torch.device("cuda", 0))
 
 
 def test_more_device_ids_than_a_gpu_has_lane_streams_is_a_clear_error():
-    from dpkit.devices import MAX_GPU_LANES, VIRTUAL_GPU, as_device
+    from dpkit.device import MAX_GPU_LANES, VIRTUAL_GPU, as_device
 
     gpu_lane = Device(0, VIRTUAL_GPU, torch.device("cuda", 0))  # as device_ids=[0..] on 1 GPU
     assert as_device(MAX_GPU_LANES - 1, like=gpu_lane).index == MAX_GPU_LANES - 1

@@ -22,10 +22,10 @@ import torch
 
 import dpkit
 from dpkit import lanes as lanes_module
-from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
+from dpkit.device import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
 
-# The module, which dpkit.devices (the function) hides.
-dev = importlib.import_module("dpkit.devices")
+# The module behind dpkit.devices (the function).
+dev = importlib.import_module("dpkit.device")
 
 
 class FakeStream:
@@ -316,13 +316,13 @@ def test_a_tensor_on_a_gpu_is_on_that_real_device():
     def on(device):  # a tensor as far as device_of looks at it
         return types.SimpleNamespace(is_cpu=False, is_meta=False, device=torch.device(device))
 
-    assert dev.device_of(on("cuda:1")) == Device(1, REAL, torch.device("cuda", 1))
-    assert dev.device_of(on("cuda")) == Device(0, REAL, torch.device("cuda", 0))
+    assert lanes_module.device_of(on("cuda:1")) == Device(1, REAL, torch.device("cuda", 1))
+    assert lanes_module.device_of(on("cuda")) == Device(0, REAL, torch.device("cuda", 0))
 
 
 def test_a_meta_tensor_has_no_device_to_move_from():
     with pytest.raises(ValueError, match=r"^a tensor on the meta device holds no data to move"):
-        dev.device_of(torch.empty(2, device="meta"))
+        lanes_module.device_of(torch.empty(2, device="meta"))
 
 
 def test_to_device_keeps_named_tuples(machine):

@@ -15,7 +15,7 @@ from torch import nn
 
 import dpkit
 from dpkit import tracing
-from dpkit.devices import VIRTUAL_CPU
+from dpkit.device import VIRTUAL_CPU
 from dpkit.tracing import KIND_LABELS, PREDICTED, export
 from dpkit.tracing.events import ALLOCATED, Event, MemoryRecord
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import parallel as torch_parallel
 
 import dpkit
-from dpkit.devices import HOST_DEVICE
+from dpkit.device import HOST_DEVICE
 from dpkit.lanes import stream_of
 from dpkit.tracing import clock as trace_clock
 

@@ -29,7 +29,7 @@ EXERCISES = ROOT / "exercises"
 NAMES = grading.task_files(EXERCISES)
 STUB1 = (EXERCISES / NAMES[1]).read_text()
 SOLUTION1 = (EXERCISES / "solutions" / NAMES[1]).read_text()
-IMPORTS = "from dpkit.devices import Device\n"
+IMPORTS = "from dpkit.device import Device\n"
 
 
 def stub_with(prelude: str) -> str:

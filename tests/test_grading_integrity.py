@@ -122,7 +122,7 @@ ALIAS = SOLUTION[6].replace("def weighted_chunk_sizes(", "def _mine(") + (
 def stub_with(prelude: str) -> str:
     """The task 1 stub with ``prelude`` run at import (after the stub's own imports)."""
     return STUB1.replace(
-        "from dpkit.devices import Device\n", "from dpkit.devices import Device\n" + prelude, 1
+        "from dpkit.device import Device\n", "from dpkit.device import Device\n" + prelude, 1
     )
 
 
@@ -140,8 +140,8 @@ def graded(tmp_path_factory):
         "=HYPERLINK(1)\x1b[31m forge results": {1: stub_with(FORGE_RESULTS)},
         "b edit the graders, exit 0 in a check": {
             1: EXIT_0_IN_SCATTER.replace(
-                "from dpkit.devices import Device\n",
-                "from dpkit.devices import Device\n"
+                "from dpkit.device import Device\n",
+                "from dpkit.device import Device\n"
                 + EDIT_GRADERS.format(checkout=str(exercises / "graders")),
                 1,
             )

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
 NAMES = grading.task_files(EXERCISES)
 SOLUTION1 = (EXERCISES / "solutions" / NAMES[1]).read_text()
-IMPORTS = "from dpkit.devices import Device\n"
+IMPORTS = "from dpkit.device import Device\n"
 
 # Each prelude runs at import with BYSTANDER and GRADER (this test's process) defined:
 # routes only the warden and the kernel see (a plain os.kill of a pid, getattr, a thread, a

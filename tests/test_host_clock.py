@@ -7,7 +7,7 @@ import torch
 
 import dpkit
 from dpkit import host_clock
-from dpkit.devices import VIRTUAL_GPU, Device
+from dpkit.device import VIRTUAL_GPU, Device
 
 
 def test_now_waits_for_each_gpu_the_devices_use_once(monkeypatch):

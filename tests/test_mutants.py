@@ -26,6 +26,7 @@ from lanes import lanes, recorded_transfers
 from torch import nn
 
 import dpkit
+import dpkit.device as devices_module
 from dpkit import comm, tracing
 from dpkit import lanes as lanes_module
 from dpkit.context import backward_of
@@ -35,7 +36,6 @@ from dpkit.testing.placement_check import checking_placement
 from dpkit.tracing import export
 from dpkit.tracing.events import Event, MemoryRecord
 
-devices_module = sys.modules["dpkit.devices"]  # dpkit.devices is also the function
 Pair = namedtuple("Pair", ["first", "second"])
 
 
@@ -1066,7 +1066,7 @@ def test_to_device_keeps_a_namedtuples_type_and_refuses_other_lanes_word_for_wor
 def test_to_device_under_the_placement_check_keeps_the_host_and_refuses_a_bad_name():
     # Only the checked lanes' pretend device means lane 0; the host is the host, and a name
     # torch cannot parse gets as_device's error, not lane 0.
-    from dpkit.devices import HOST_DEVICE
+    from dpkit.device import HOST_DEVICE
     from dpkit.testing.placement_check import checking_placement
 
     with checking_placement():

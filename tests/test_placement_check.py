@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 import dpkit
+import dpkit.device as devices_module
 from dpkit.testing.placement_check import checking_placement, write_kernel_config
 
 ROOT = Path(__file__).resolve().parents[1]
-devices_module = sys.modules["dpkit.devices"]  # dpkit.devices is also the function
 
 
 @pytest.fixture

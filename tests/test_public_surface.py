@@ -96,3 +96,15 @@ def test_names_that_left_all_are_still_importable(package):
     for name in STILL_IMPORTABLE[package]:
         assert name not in module.__all__
         assert getattr(module, name) is not None
+
+
+def test_the_device_module_is_not_hidden_by_the_devices_function():
+    import dpkit
+    import dpkit.device as module  # the module of Device, devices(), virtual_devices(), ...
+
+    assert isinstance(module, types.ModuleType) and module.Device is dpkit.Device
+    assert callable(dpkit.devices) and dpkit.devices is module.devices
+    # its old name, dpkit.devices, still imports for code written against it
+    from dpkit.devices import Device, virtual_devices
+
+    assert Device is dpkit.Device and virtual_devices is dpkit.virtual_devices

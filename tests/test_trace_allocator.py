@@ -18,7 +18,7 @@ from torch import nn
 
 import dpkit
 from dpkit import viz
-from dpkit.devices import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
+from dpkit.device import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
 from dpkit.tracing import ALLOCATED, PEAK, MemoryRecord, allocator
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 import dpkit
 from dpkit import tracing
-from dpkit.devices import virtual_devices
+from dpkit.device import virtual_devices
 
 
 def mlp() -> nn.Module:

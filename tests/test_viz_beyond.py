@@ -18,7 +18,7 @@ import dpkit
 from dpkit import pipeline as pp
 from dpkit import viz
 from dpkit.ddp import Comparison, DDPResult
-from dpkit.devices import VIRTUAL_CPU
+from dpkit.device import VIRTUAL_CPU
 from dpkit.tracing import RANK, Event, Trace
 from dpkit.verdict import Outcome
 from dpkit.viz import beyond

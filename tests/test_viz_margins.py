@@ -14,7 +14,7 @@ import pytest
 from matplotlib.legend import Legend
 from matplotlib.text import Text
 
-from dpkit.devices import VIRTUAL_CPU
+from dpkit.device import VIRTUAL_CPU
 from dpkit.tracing import Event, Trace
 from dpkit.viz import margins
 from dpkit.viz.common import notebook_timeline

@@ -21,7 +21,7 @@ from matplotlib.text import Text
 
 from dpkit import viz
 from dpkit.ddp import Comparison, DDPResult
-from dpkit.devices import VIRTUAL_CPU
+from dpkit.device import VIRTUAL_CPU
 from dpkit.tracing import RANK, Event, Trace
 from dpkit.viz import beyond, scaling
 from dpkit.viz.common import ONE_DEVICE

@@ -34,7 +34,7 @@ from dpkit.cost.models import COURSE_MODELS, course_model, sample_input
 from dpkit.cost.predict import predict
 from dpkit.cost.presets import this_machine_default
 from dpkit.cost.profile import profile, rows_like, run_passes
-from dpkit.devices import Device
+from dpkit.device import Device
 
 _STEPS = ("copies", "cores", "ops", "primitives", "steps")
 # the host terms fitted to measured steps (measure_steps, fit_host_terms)

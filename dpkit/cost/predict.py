@@ -34,7 +34,7 @@ from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, blas_workspaces, ddp_memory, dp_memory, optimizer_copies
 from dpkit.cost.presets import preset
 from dpkit.cost.profile import Profile, profile
-from dpkit.devices import Device
+from dpkit.device import Device
 from dpkit.scatter import torch_chunk_sizes
 from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
 

@@ -38,7 +38,7 @@ from torch import nn
 
 from dpkit import context, tracing
 from dpkit.comm import copy_to
-from dpkit.devices import Device, as_devices
+from dpkit.device import Device, as_devices
 from dpkit.lanes import stream_of
 from dpkit.nested import tensor_nbytes
 from dpkit.pipeline.stages import place_stages, split_model

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from dpkit.devices import Device
+from dpkit.device import Device
 
 
 def parameter_count(module: nn.Module) -> int:

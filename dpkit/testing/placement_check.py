@@ -4,7 +4,7 @@ The surprise first: on a laptop, code that forgets to put its model on the devic
 runs, because lane 0 of ordinary CPU lanes *is* the plain CPU memory every tensor starts
 in. On a GPU box the same code fails (the model is on the CPU, not on ``cuda:0``). With the
 placement check on, CPU lanes behave like lanes on a GPU: they live on a pretend device,
-``cpu:0`` (:data:`dpkit.devices.CHECKED_LANE_MEMORY`), and plain CPU tensors are on the
+``cpu:0`` (:data:`dpkit.device.CHECKED_LANE_MEMORY`), and plain CPU tensors are on the
 *host*, apart from every lane. So on a machine without a GPU:
 
 - ``DataParallel`` refuses a model that was not moved to ``device_ids[0]``, with torch's
@@ -28,7 +28,6 @@ parameter made from lane data stays there. It slows every torch call in that thr
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import threading
@@ -41,13 +40,12 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from dpkit.devices import CHECKED_LANE_MEMORY, VIRTUAL_CPU, Device
+from dpkit import device
+from dpkit.device import CHECKED_LANE_MEMORY, VIRTUAL_CPU, Device
 from dpkit.lanes import _LANE_ATTRIBUTE as _TAG
 
 ENVIRONMENT_VARIABLE = "DPKIT_CHECK_PLACEMENT"
 HOME_LANE = Device(0, VIRTUAL_CPU, CHECKED_LANE_MEMORY)
-# The module, not the function dpkit.devices that hides it once dpkit is imported.
-devices = importlib.import_module("dpkit.devices")
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper each time: compare with ==
 
 # Operations torch allows across devices: copies between them, indexing a device's tensor
@@ -66,7 +64,7 @@ _CROSS_DEVICE = {
 # dpkit's primitives move bytes between devices on purpose; the check is for their callers.
 _PRIMITIVES = {
     "dpkit.comm", "dpkit.scatter", "dpkit.replicate", "dpkit.parallel_apply", "dpkit.gather",
-    "dpkit.data_parallel", "dpkit._functions", "dpkit.devices", "dpkit.context", "dpkit.nested",
+    "dpkit.data_parallel", "dpkit._functions", "dpkit.device", "dpkit.context", "dpkit.nested",
 }  # fmt: skip
 
 
@@ -214,7 +212,7 @@ def enable() -> None:
     _follow_this_thread()
     _mode = _followed.mode
     nn.Parameter.__new__ = staticmethod(_parameter_new)  # type: ignore[method-assign]
-    devices._placement_check = _follow_this_thread
+    device._placement_check = _follow_this_thread
 
 
 def disable() -> None:
@@ -223,7 +221,7 @@ def disable() -> None:
     global _mode
     if _mode is None:
         return
-    devices._placement_check = None
+    device._placement_check = None
     nn.Parameter.__new__ = staticmethod(_original_parameter_new)  # type: ignore[method-assign]
     mode, _mode = _mode, None
     if getattr(_followed, "mode", None) is mode:

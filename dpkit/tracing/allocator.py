@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from dpkit.devices import Device
+from dpkit.device import Device
 
 
 def devices_with_allocator(devices: Iterable[Device]) -> tuple[Device, ...]:

@@ -29,7 +29,7 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from dpkit.context import Scope, current_scope, current_step, within
-from dpkit.devices import Device, as_devices
+from dpkit.device import Device, as_devices
 from dpkit.lanes import stream_of
 from dpkit.nested import module_tensors, tensor_nbytes, tensors_in
 from dpkit.tracing import clock, recorder, replica_graph

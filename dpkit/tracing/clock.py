@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dpkit.devices import Device
+from dpkit.device import Device
 from dpkit.tracing.events import Event
 
 now = time.perf_counter  # bound once: read twice per event

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dpkit.devices import DEVICE_LABELS, HOST
+from dpkit.device import DEVICE_LABELS, HOST
 from dpkit.tracing.events import (
     ALLOCATOR_CATEGORIES,
     BACKWARD,

@@ -37,7 +37,7 @@ from torch.utils.hooks import RemovableHandle
 
 from dpkit import context
 from dpkit.context import Scope
-from dpkit.devices import Device
+from dpkit.device import Device
 from dpkit.nested import tensor_nbytes
 from dpkit.tracing import allocator, clock, export
 from dpkit.tracing.events import (

@@ -18,7 +18,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from dpkit.devices import Device
+from dpkit.device import Device
 from dpkit.threads import intra_op_threads  # noqa: F401 (the explorers import it from here)
 from dpkit.tracing import Trace
 from dpkit.viz.explorer import drawn_marker

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from dpkit.devices import VIRTUAL_CPU
+from dpkit.device import VIRTUAL_CPU
 from dpkit.tracing.events import (
     ALLOCATED,
     ALLOCATOR_CATEGORIES,

@@ -29,8 +29,8 @@ from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 from dpkit.comm import add_transfer_listener
-from dpkit.devices import Device
-from dpkit.devices import devices as pick_devices
+from dpkit.device import Device
+from dpkit.device import devices as pick_devices
 from dpkit.replicate import replicate
 from dpkit.tracing import Phase
 from dpkit.viz.common import DIAGRAM_DPI, FIGURE_WIDTH, MAX_DEVICES, ONE_DEVICE, DeviceFactory

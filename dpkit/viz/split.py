@@ -31,8 +31,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from dpkit.devices import Device, device_of
-from dpkit.devices import devices as pick_devices
+from dpkit.device import Device
+from dpkit.device import devices as pick_devices
+from dpkit.lanes import device_of
 from dpkit.scatter import scatter, scatter_kwargs
 from dpkit.tracing import Phase
 from dpkit.tracing.export import as_dataframe

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import Phase, settings
 
 import dpkit
-from dpkit.devices import Device
+from dpkit.device import Device
 from dpkit.grading import rules
 from dpkit.grading.harness import record_hint
 from dpkit.grading.layout import submission_file, task_numbers

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from dpkit.comm import copy_to
-from dpkit.devices import resides_on
 from dpkit.grading import decided, gradients, identity, outputs, shapes, structure
 from dpkit.grading.rules import lent
+from dpkit.lanes import resides_on
 
 pytestmark = pytest.mark.task1
 EXERCISE = "task1_scatter.py"

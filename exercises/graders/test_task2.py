@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from dpkit.devices import resides_on
 from dpkit.grading import decided, identity, outputs
+from dpkit.lanes import resides_on
 
 pytestmark = pytest.mark.task2
 EXERCISE = "task2_replicate.py"

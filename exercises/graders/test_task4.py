@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from dpkit.comm import copy_to
-from dpkit.devices import resides_on
 from dpkit.grading import decided, gradients, outputs, shapes, structure
 from dpkit.grading.checks import must_raise
+from dpkit.lanes import resides_on
 
 pytestmark = pytest.mark.task4
 EXERCISE = "task4_gather.py"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dpkit.comm import copy_to
-from dpkit.devices import Device
+from dpkit.device import Device
 
 
 def chunk_sizes(batch: int, num_devices: int) -> list[int]:

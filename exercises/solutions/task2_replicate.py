@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from dpkit.comm import copy_to
-from dpkit.devices import Device
+from dpkit.device import Device
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import dpkit
-from dpkit.devices import Device
+from dpkit.device import Device
 
 Forward = Callable[[nn.Module, tuple[torch.Tensor, ...], Sequence[Device]], torch.Tensor]
 

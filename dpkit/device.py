@@ -46,22 +46,6 @@ DEVICE_LABELS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved out stay importable from here for code that has not moved with them:
-    trace labels to :mod:`dpkit.tracing`; lane tags (``device_of``, ``resides_on``, the tag's
-    attribute) and ``stream_of`` to :mod:`dpkit.lanes` (imported late: both import this
-    module)."""
-    if name in ("PREDICTED", "RANK", "KIND_LABELS"):
-        from dpkit import tracing
-
-        return getattr(tracing, name)
-    if name in ("device_of", "resides_on", "_LANE_ATTRIBUTE", "stream_of"):
-        from dpkit import lanes
-
-        return getattr(lanes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # Under the placement check (dpkit.testing.placement_check), CPU lanes pretend to live on a
 # device of their own, apart from plain CPU memory, as lanes on one GPU live on cuda:0.
 CHECKED_LANE_MEMORY = torch.device("cpu", 0)
