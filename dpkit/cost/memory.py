@@ -70,7 +70,7 @@ def dp_memory(
     dpkit's lanes (each its chunk; the host reduces tensor by tensor)."""
     gradients = model.gradient_bytes
     held = [_replica(model, rows) for rows in sizes]
-    for device in held[1:] if len(sizes) > 1 else []:
+    for device in held[1:]:
         device["gradients"] = gradients  # the replica's own, until the reduce
     first = held[0]
     first["gradients"] = gradients * (2 if len(sizes) > 1 else 1)  # .grad, and replica 0's
