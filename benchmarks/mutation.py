@@ -35,6 +35,7 @@ Results, merged file by file into what earlier runs measured:
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -223,6 +224,49 @@ def match_equivalent(name: str, diff: str, equivalents: list[Equivalent]) -> Equ
     return next((e for e in equivalents if matches(e)), None)
 
 
+# A message's wording: what users read is tested once, from docs/bad_input.md's table;
+# elsewhere tests check the error's type and the words that matter (issue 32). So a mutant
+# that only rewrites a message's text as mutmut rewrites strings (wrapped in "XX", upper- or
+# lower-cased) and survives is the tool's own equivalent, found here, not listed by hand.
+WORDING = "a message's wording: only the text of an error or warning changes (found by the tool)"
+
+
+def message_lines(source: str) -> set[str]:
+    """The source lines (stripped) holding the text of an error or a warning: string literals
+    inside a ``raise``, an exception's or a warning's constructor, or ``warnings.warn``."""
+    lines = source.splitlines()
+
+    def is_message(node: ast.AST) -> bool:
+        if isinstance(node, ast.Raise):
+            return True
+        if not isinstance(node, ast.Call):
+            return False
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name.endswith(("Error", "Exception", "Warning")) or name == "warn"
+
+    found = set()
+    for node in filter(is_message, ast.walk(ast.parse(source))):
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+                found.update(
+                    lines[n - 1].strip() for n in range(inner.lineno, inner.end_lineno + 1)
+                )
+    return found
+
+
+def is_wording(diff: str, messages: set[str]) -> bool:
+    """The mutant changes one line of a message (:func:`message_lines`) and only as mutmut
+    rewrites a string: the line with "XX" around a literal, or in another case."""
+    change = _change_of(diff)
+    if len(change) != 2 or not (change[0][0] == "-" and change[1][0] == "+"):
+        return False
+    before, after = change[0][1:], change[1][1:]
+    return (
+        before in messages and after != before and after.replace("XX", "").lower() == before.lower()
+    )
+
+
 # --------------------------------------------------------------------------------------
 # A copy of the working tree per core file
 
@@ -373,10 +417,14 @@ def recheck_survivors(workdir: Path, target: str, equivalents: list[Equivalent])
         diff_by_name = diffs(workdir, target, undecided)
     except Exception:  # an older or partial mutants folder: recheck them all
         diff_by_name = {}
+    messages = (
+        message_lines((workdir / target).read_text()) if (workdir / target).exists() else set()
+    )
     reset = 0
     for name in undecided:
-        if codes[name] == SURVIVED and match_equivalent(
-            name, diff_by_name.get(name, ""), equivalents
+        diff = diff_by_name.get(name, "")
+        if codes[name] == SURVIVED and (
+            match_equivalent(name, diff, equivalents) or is_wording(diff, messages)
         ):
             continue
         codes[name] = None
@@ -439,15 +487,18 @@ def summarize(
     caught_statuses = ("killed", "timeout", "crashed")
     open_names = [n for n, s in statuses.items() if s not in (*caught_statuses, "not checked")]
     diff_by_name = diffs(workdir, target, open_names) if open_names else {}
+    messages = message_lines((workdir / target).read_text())
     survivors, equivalent, gpu_only = [], [], []
     for name in sorted(open_names, key=_mutant_order):
         diff = diff_by_name[name]
         match = match_equivalent(name, diff, equivalents) if statuses[name] == "survived" else None
-        if match is None:
-            survivors.append({"name": name, "status": statuses[name], "diff": diff})
-        else:
+        if match is not None:
             listed = gpu_only if match.gpu_only else equivalent
             listed.append({"name": name, "diff": diff, "reason": match.reason})
+        elif statuses[name] == "survived" and is_wording(diff, messages):
+            equivalent.append({"name": name, "diff": diff, "reason": WORDING})
+        else:
+            survivors.append({"name": name, "status": statuses[name], "diff": diff})
     counts = {
         s: sum(1 for v in statuses.values() if v == s) for s in sorted(set(statuses.values()))
     }

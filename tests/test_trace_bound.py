@@ -60,12 +60,8 @@ def test_the_first_kept_step_has_a_memory_summary_and_the_last_dropped_one_a_cle
     with dpkit.trace(keep_steps=5) as bounded:
         train(23)
     assert str(bounded.memory_summary(step=19)).startswith("step 19, bytes")
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError, match=r"^step=18 was dropped: .*keep_steps=5 .*from step 19"):
         bounded.memory_summary(step=18)
-    assert str(error.value) == (
-        "step=18 was dropped: this trace keeps the last keep_steps=5 steps (from step 19); "
-        "pick a later step, or record with dpkit.trace(keep_steps=None) to keep every step"
-    )
 
 
 @pytest.mark.parametrize("keep, steps", [(1, 3), (8, 9)])
