@@ -59,6 +59,7 @@ def _take(
     block, another thread would find the block free too."""
     with _lock:
         blocks = _blocks.setdefault(device, {}).setdefault(nbytes, [])
+        _lane_bytes.setdefault(device, 0)
         block = next((b for b in blocks if _is_free(b)), None)
         if block is not None:
             blocks.remove(block)  # to the end: the free ones stay in front
@@ -68,12 +69,12 @@ def _take(
         if block is None:
             if len(blocks) >= MAX_BLOCKS_PER_SIZE:
                 return None
-            if _lane_bytes.get(device, 0) + nbytes > MAX_BYTES:
+            if _lane_bytes[device] + nbytes > MAX_BYTES:
                 _evict(device, nbytes)
-                if _lane_bytes.get(device, 0) + nbytes > MAX_BYTES:
+                if _lane_bytes[device] + nbytes > MAX_BYTES:
                     return None
             block = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-            _lane_bytes[device] = _lane_bytes.get(device, 0) + nbytes
+            _lane_bytes[device] += nbytes
         blocks.append(block)
         tensor = torch.empty(0, dtype=dtype)
         if stride is None:
@@ -83,7 +84,7 @@ def _take(
 
 def _evict(device: Device, wanted: int) -> None:
     """Drop free blocks of ``device`` until ``wanted`` more bytes fit (the lock is held)."""
-    for size, blocks in _blocks.get(device, {}).items():
+    for size, blocks in _blocks[device].items():
         for block in [b for b in blocks if _is_free(b)]:
             blocks.remove(block)
             _lane_bytes[device] -= size
@@ -154,4 +155,4 @@ def release(device: Device | None = None) -> None:
                 free = [block for block in blocks if _is_free(block)]
                 for block in free:
                     blocks.remove(block)
-                _lane_bytes[lane] = _lane_bytes.get(lane, 0) - size * len(free)
+                _lane_bytes[lane] -= size * len(free)  # a lane with blocks has a count
