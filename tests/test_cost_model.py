@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import warnings
 
 import pytest
@@ -345,19 +346,56 @@ def test_a_sample_row_is_what_the_bytes_scale_with():
         ({"tensor_core_efficiency": {"float32": 0.0}}, "tensor_core_efficiency"),
         ({"op_seconds": {"aten.mm": ((1e6, "2 us"),)}}, r"op_seconds\['aten.mm'\].*pairs"),
         ({"op_seconds": {"aten.mm": ((1e6,),)}}, r"op_seconds\['aten.mm'\].*pairs"),
+        ({"op_seconds": [("aten.mm", ((1e6, 1e-3),))]}, "op_seconds must map names"),
     ],
 )
 def test_hardware_refuses_what_makes_no_sense(changes, words):
-    with pytest.raises((TypeError, ValueError), match=words):
-        made_up(**changes)
+    with pytest.raises((TypeError, ValueError), match=rf"^Hardware 'made-up': .*(?:{words})"):
+        made_up(**changes)  # the machine named first: a hardware file may hold several
 
 
 @pytest.mark.parametrize(
     ("bandwidth", "latency"), [(0, 1e-6), (float("nan"), 1e-6), (1e9, -1.0), (1e9, math.inf)]
 )
 def test_a_link_refuses_what_would_divide_by_zero_or_poison_the_times(bandwidth, latency):
-    with pytest.raises(ValueError, match="Link"):
+    with pytest.raises(ValueError, match=r"^Link: (bandwidth|latency)="):
         Link(bandwidth, latency)
+
+
+def test_a_number_in_the_wrong_form_is_refused_with_its_unit_and_an_example():
+    with pytest.raises(TypeError, match=r"peak_flops\['float32'\]='19.5 TFLOP/s' must be a plain "
+                       r"number of FLOP/s \(SI units, no suffixes; e.g. 312e12"):  # fmt: skip
+        made_up(peak_flops={"float32": "19.5 TFLOP/s"})
+    with pytest.raises(TypeError, match=r"latency='5 us' must be a plain number of seconds"):
+        Link(1e9, "5 us")
+
+
+def test_a_rate_is_asked_for_by_name_or_by_torch_dtype_and_a_missing_one_names_the_others():
+    a100 = cost.preset("8xA100-SXM-NVLink")
+    assert a100.flops_per_second(torch.bfloat16) == a100.flops_per_second("bfloat16") > 0
+    with pytest.raises(ValueError, match=r"no bfloat16 rate \(it has float16, float32\)"):
+        cost.preset("T4-PCIe3").flops_per_second(torch.bfloat16)
+
+
+def test_links_say_where_their_numbers_come_from():
+    t4 = cost.preset("T4-PCIe3")  # no peer to peer: copies go down to the host and up
+    assert t4.device_link().source == "through host memory: down and up"
+    assert t4.network_link().source == t4.node_to_node.source
+
+
+@pytest.mark.parametrize(("fraction", "warns"), [(0.4, False), (0.5, False), (0.51, True)])
+def test_without_peer_to_peer_a_device_link_above_half_the_host_link_is_questioned(fraction, warns):
+    host = Link(10 * GB, 1e-6, "PCIe")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made_up(
+            peer_to_peer=False, host_to_device=host, device_to_device=Link(fraction * 10 * GB, 1e-6)
+        )
+    questions = [str(w.message) for w in caught if "peer_to_peer is false" in str(w.message)]
+    assert bool(questions) == warns
+    if warns:  # the machine named, its number and the bound
+        assert questions[0].startswith("Hardware 'made-up': ")
+        assert "5.1 GB/s, above host_to_device / 2 (5 GB/s)" in questions[0]
 
 
 def test_dataparallel_beyond_one_node_teaches_ddp():
@@ -490,3 +528,13 @@ def test_the_calls_counted_are_the_model_s_under_dpkit_s_placement_check_too():
     with checking_placement():  # its TorchFunctionMode calls torch again for every call
         checked = cost.profile(two_layers(), torch.randn(1, 4)).forward.calls
     assert plain == checked == 3
+
+
+def test_the_question_points_at_the_line_that_made_the_machine():
+    numbers = {f.name: getattr(made_up(), f.name) for f in dataclasses.fields(Hardware)}
+    numbers.update(peer_to_peer=False, device_to_device=Link(9 * GB, 1e-6))  # above 1 GB / 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        Hardware(**numbers)
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]

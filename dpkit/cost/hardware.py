@@ -53,9 +53,8 @@ def check(owner: str, name: str, value: object, unit: str) -> None:
             raise TypeError(f"{owner}: {name}={value!r} must be {wanted}")
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        example = f"; e.g. {EXAMPLES[unit]}" if unit in EXAMPLES else ""
         raise TypeError(f"{owner}: {name}={value!r} must be a plain number of {unit} "
-                        f"(SI units, no suffixes{example})")  # fmt: skip
+                        f"(SI units, no suffixes; e.g. {EXAMPLES[unit]})")  # fmt: skip
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{owner}: {name}={value!r} must be finite and above 0")
     if unit == "whole number" and value != int(value):
