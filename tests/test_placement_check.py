@@ -16,6 +16,7 @@ from torch import nn
 
 import dpkit
 import dpkit.device as devices_module
+from dpkit.testing import placement_check
 from dpkit.testing.placement_check import checking_placement, write_kernel_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,3 +253,43 @@ def test_to_device_under_the_check_still_refuses_other_lanes_and_bad_names(check
         dpkit.to_device(torch.randn(2), checked_lanes[1])
     with pytest.raises(ValueError, match="is not a device name"):
         dpkit.to_device(torch.randn(2), "nosuch")
+
+
+@pytest.mark.parametrize(("value", "on"), [("", False), ("0", False), (" 0 ", False), ("1", True),
+                                            (" yes ", True)])  # fmt: skip
+def test_the_switch_in_the_environment_turns_the_check_on_unless_empty_or_0(monkeypatch, value, on):
+    monkeypatch.setenv(placement_check.ENVIRONMENT_VARIABLE, value)
+    try:
+        placement_check.enable_from_environment()
+        assert placement_check.active() is on
+    finally:
+        placement_check.disable()
+    monkeypatch.delenv(placement_check.ENVIRONMENT_VARIABLE)
+    placement_check.enable_from_environment()
+    assert not placement_check.active()
+
+
+def test_the_kernel_config_can_be_written_again_into_the_same_folder(tmp_path):
+    first = write_kernel_config(tmp_path / "ipython")
+    assert write_kernel_config(tmp_path / "ipython") == first and first.exists()
+
+
+def test_moves_and_parameters_keep_their_keyword_arguments(checked_lanes):
+    home = checked_lanes[0].torch_device
+    moved = torch.ones(2, 3).to(device=home, dtype=torch.float64)  # keywords only
+    assert dpkit.device_of(moved) == checked_lanes[0] and moved.dtype == torch.float64
+    images = torch.ones(2, 3, 4, 5).to(home)
+    back = images.cpu(memory_format=torch.channels_last)  # a keyword .cpu() takes
+    assert back.is_contiguous(memory_format=torch.channels_last)
+    assert dpkit.device_of(back).kind == "host"
+    frozen = nn.Parameter(torch.ones(2, device=home), requires_grad=False)
+    assert not frozen.requires_grad and dpkit.device_of(frozen) == checked_lanes[0]
+
+
+def test_a_tensor_the_host_already_has_is_copied_onto_lane_0_not_shared(checked_lanes):
+    host = torch.ones(3)
+    on_lane = host.to(checked_lanes[0].torch_device)
+    assert on_lane.data_ptr() != host.data_ptr()  # a copy, as onto cuda:0
+    on_lane.add_(1)
+    assert torch.equal(host, torch.ones(3))
+    assert dpkit.device_of(host).kind == "host"
