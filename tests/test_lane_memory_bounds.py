@@ -130,12 +130,12 @@ def test_tensors_whose_copy_is_not_a_plain_clone_keep_torchs_clone(special):
 def test_a_lane_fills_exactly_to_its_bound_without_evicting():
     free = block(seed=1)
     del free  # 1 KiB free
-    two = block(kib=2)  # 1 + 2 = 3 KiB: room without evicting the free block
-    assert lane_memory.cached_bytes(LANE) == 3 * KIB
+    block(kib=2)  # 1 + 2 = 3 KiB: room without evicting the free block
+    assert lane_memory.cached_bytes(LANE) == 3 * KIB  # blocks in use or free
     fresh = virtual_devices(8, on="cpu")[7]  # a lane no test has used
-    whole = lane_memory.copy(torch.ones(3 * KIB // 4), fresh)
+    ones = torch.ones(3 * KIB // 4)
+    assert torch.equal(lane_memory.copy(ones, fresh), ones)
     assert lane_memory.cached_bytes(fresh) == 3 * KIB  # its bound exactly, on a new lane
-    assert two.numel() == whole.numel() * 2 // 3
 
 
 def test_a_lane_evicts_as_many_free_blocks_as_needed_and_no_more_than_exist():
