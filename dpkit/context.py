@@ -97,8 +97,7 @@ def begin_step() -> int:
 
 def current_step() -> int:
     """The step of the backward this thread runs, else the step the last forward began."""
-    step = _local.step
-    return _local.scope.step if step is None else step
+    return _local.scope.step if _local.step is None else _local.step
 
 
 def in_backward() -> bool:
@@ -121,5 +120,4 @@ def backward_of(step: int, scope: Scope | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        _local.step = before_step
-        _local.scope = before_scope
+        _local.step, _local.scope = before_step, before_scope

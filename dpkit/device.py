@@ -90,20 +90,16 @@ class Device:
             # "cuda" means the current device in torch, device 0 for dpkit as for DataParallel;
             # normalised so that Device(0, REAL, "cuda") and Device(0, REAL, "cuda:0") agree.
             where = torch.device(where.type, 0)
-        if self.kind == REAL:
-            name = str(where)
-        elif self.kind == HOST:
-            name = "cpu"
-        else:
-            name = f"virtual:{self.index} ({'cpu' if self.kind == VIRTUAL_CPU else where})"
+        memory = torch.device("cpu") if where.type == "cpu" else where
         is_virtual = self.kind in (VIRTUAL_GPU, VIRTUAL_CPU)
+        plain = not is_virtual or (self.index == 0 and where != CHECKED_LANE_MEMORY)
         set_once = object.__setattr__  # the dataclass is frozen
         set_once(self, "torch_device", where)
-        set_once(self, "name", name)
+        # A lane is named by the memory its bytes are in: "virtual:2 (cpu)", "virtual:2 (cuda:0)".
+        set_once(self, "name", f"virtual:{self.index} ({memory})" if is_virtual else str(where))
         set_once(self, "is_virtual", is_virtual)
         set_once(self, "device_type", where.type)
-        set_once(self, "memory", torch.device("cpu") if where.type == "cpu" else where)
-        plain = not is_virtual or (self.index == 0 and where != CHECKED_LANE_MEMORY)
+        set_once(self, "memory", memory)
         set_once(self, "holds_plain_memory", plain)
         set_once(self, "has_own_stream", self.kind == VIRTUAL_GPU)
         set_once(self, "has_own_allocator", self.kind == REAL and where.type == "cuda")

@@ -14,11 +14,8 @@ def tensors_in(obj: Any, found: list[torch.Tensor] | None = None) -> list[torch.
     found = [] if found is None else found
     if isinstance(obj, torch.Tensor):
         found.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            tensors_in(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
+    elif isinstance(obj, (list, tuple, dict)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
             tensors_in(item, found)
     return found
 
