@@ -97,6 +97,14 @@ SKIPPED_TESTS = ("tests/test_ddp*.py", "tests/test_instructor_kit.py")
 # these patterns finds a test that starts DDP ranks (those call ``ddp.run_ddp``).
 _PIPELINE_TESTS = r"dpkit\.pipeline\b|from dpkit import .*\bpipeline\b"
 _COST_TESTS = r"dpkit\.cost\b|from dpkit import .*\bcost\b"
+
+
+def _grading_tests(module: str) -> str:
+    """The test files that import ``dpkit.grading.<module>``: by its dotted name, or by name
+    from ``dpkit.grading`` (``from dpkit.grading import (a, b, ...)`` spans lines)."""
+    return rf"dpkit\.grading\.{module}\b|from dpkit\.grading import (\([^)]*|[^\n(]*)\b{module}\b"
+
+
 BEYOND_CORE = {
     "dpkit/pipeline/stages.py": _PIPELINE_TESTS,
     "dpkit/pipeline/contrast.py": _PIPELINE_TESTS,
@@ -113,6 +121,12 @@ BEYOND_CORE = {
     "dpkit/testing/placement_check.py": (
         r"placement_check import .*\bchecking_placement\b|dpkit\.testing\.placement_check import"
     ),
+    # The parent's checks: each module is imported by name, on one line or in parentheses.
+    "dpkit/grading/weighted.py": _grading_tests("weighted"),
+    "dpkit/grading/gradients.py": _grading_tests("gradients"),
+    "dpkit/grading/shapes.py": _grading_tests("shapes"),
+    "dpkit/grading/similarity.py": _grading_tests("similarity"),
+    "dpkit/grading/outputs.py": _grading_tests("outputs"),
 }
 BEYOND_CORE_GOAL = 0.90
 PYTEST_ARGS = ("-m", MARKERS, "-p", "no:cacheprovider")
