@@ -22,12 +22,25 @@ records read them).
 Only tensors whose copy would be a plain ``clone`` into fresh memory take blocks: contiguous,
 strided, not a tensor subclass, of at least :data:`MIN_BYTES`, and not while autograd would
 record the copy or inference mode is on (those keep torch's own ``clone``). Each lane keeps at
-most :data:`MAX_BYTES` in blocks; :func:`release` gives the free ones back.
+most :data:`MAX_BYTES` in blocks, in use or free. Free blocks go back on their own once no
+block has been taken for :data:`IDLE_SECONDS` (a daemon thread, started with the first block
+and ended when the pool is empty: an idle process holds neither); :func:`release` gives them
+back at once, as ``torch.cuda.empty_cache`` does.
+
+Why a private torch function decides what is free: the public way round, blocks of Python
+memory (``torch.frombuffer`` over a ``bytearray``, free when ``sys.getrefcount`` says only the
+pool holds it), gives storages torch cannot resize, so ``chunk.resize_(...)``, which works on
+torch's own ``clone``, would raise "Trying to resize storage that is not resizable"; its
+memory is 16-byte aligned where torch's allocator gives 64; and it would need a new storage
+per take to be counted at all. Without ``_storage_Use_Count`` nothing is pooled: every copy
+is a fresh allocation, slower but the same values.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +51,7 @@ from dpkit.device import Device
 MIN_BYTES = 2**20  # malloc hands smaller ones back from its heap, already touched, as fast
 MAX_BYTES = 512 * 2**20  # per lane: blocks in use and free together
 MAX_BLOCKS_PER_SIZE = 64  # blocks of one size a lane tracks (more in use: plain allocations)
+IDLE_SECONDS = 2.0  # no block taken for this long: the free blocks go back to the system
 
 # torch's count of references to a storage (torch >= 2.1); without it, nothing is pooled.
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -45,10 +59,25 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _lock = threading.Lock()
 _blocks: dict[Device, dict[int, list[Any]]] = {}  # lane -> size -> storages
 _lane_bytes: dict[Device, int] = {}
+_idle = threading.Condition(_lock)  # the releaser waits on it; release() wakes it
+_last_take = 0.0  # time.monotonic() of the latest take
+_releaser: threading.Thread | None = None
+
+
+def _forked() -> None:
+    global _releaser
+    _releaser = None  # the parent's thread is not in the child: its first take starts one
+    _lock.release()
+
+
+# A fork copies _lock as it is: taken for the fork, so that no thread is halfway through the
+# pool then (a lock copied while another thread held it would never be released).
+os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_forked)
 
 
 def _is_free(storage: Any) -> bool:
-    return _use_count(storage._cdata) == 1  # the pool's own reference only
+    # The pool's own reference only; with the count switched off, no block is known free.
+    return _use_count is not None and _use_count(storage._cdata) == 1
 
 
 def _take(
@@ -57,7 +86,14 @@ def _take(
     """A tensor on a free block of exactly ``nbytes`` of ``device``'s (or a new block), or
     None when the lane's pool is full. The tensor is made under the lock: until it holds the
     block, another thread would find the block free too."""
+    global _last_take, _releaser
     with _lock:
+        _last_take = time.monotonic()
+        if _releaser is None:
+            _releaser = threading.Thread(
+                target=_release_when_idle, name="dpkit-lane-memory", daemon=True
+            )
+            _releaser.start()  # it waits for the lock, so it finds this block in the pool
         blocks = _blocks.setdefault(device, {}).setdefault(nbytes, [])
         _lane_bytes.setdefault(device, 0)
         block = next((b for b in blocks if _is_free(b)), None)
@@ -80,6 +116,20 @@ def _take(
         if stride is None:
             return tensor.set_(block, 0, shape)
         return tensor.set_(block, 0, shape, stride)
+
+
+def _release_when_idle() -> None:
+    """The releaser: frees the free blocks once no block was taken for IDLE_SECONDS, until
+    the pool holds no block at all (blocks in use keep it waking, once per IDLE_SECONDS)."""
+    global _releaser
+    with _lock:
+        while any(_lane_bytes.values()):
+            idle = time.monotonic() - _last_take
+            if idle >= IDLE_SECONDS:
+                _release_free(list(_blocks))
+                idle = 0.0
+            _idle.wait(IDLE_SECONDS - idle)
+        _releaser = None
 
 
 def _evict(device: Device, wanted: int) -> None:
@@ -150,9 +200,14 @@ def release(device: Device | None = None) -> None:
     """Give back the free blocks of ``device`` (of every lane: None), as
     ``torch.cuda.empty_cache`` does; blocks in use stay their users'."""
     with _lock:
-        for lane in [device] if device is not None else list(_blocks):
-            for size, blocks in _blocks.get(lane, {}).items():
-                free = [block for block in blocks if _is_free(block)]
-                for block in free:
-                    blocks.remove(block)
-                _lane_bytes[lane] -= size * len(free)  # a lane with blocks has a count
+        _release_free([device] if device is not None else list(_blocks))
+        _idle.notify()  # the releaser ends now if the pool is empty
+
+
+def _release_free(lanes: list[Device]) -> None:
+    for lane in lanes:  # the lock is held
+        for size, blocks in _blocks.get(lane, {}).items():
+            free = [block for block in blocks if _is_free(block)]
+            for block in free:
+                blocks.remove(block)
+            _lane_bytes[lane] -= size * len(free)  # a lane with blocks has a count
