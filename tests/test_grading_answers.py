@@ -85,6 +85,15 @@ def test_sizes_that_are_not_one_int64_list_per_case_are_refused(values):
         assert judge(cases, values) == weighted.NOT_SIZES
 
 
+def test_an_empty_list_of_sizes_is_told_as_what_came_back():
+    cases = [[5, [1.0]], [2, [1.0, 2.0]]]
+    values = pack_sizes([[], [0, 2]])
+    assert weighted.judge_split(cases, values) == (
+        "weighted_chunk_sizes(5, [1.0]) returned []: one size >= 0 per device, adding up to "
+        "the batch 5"
+    )
+
+
 def test_equal_speeds_allow_sizes_one_apart_and_no_more():
     cases = [[10, [1.0, 1.0, 1.0]], [0, [1.0] * 4], [2, [1.0] * 5]]
     assert weighted.judge_balance(cases, pack_sizes([[3, 4, 3], [0] * 4, [1, 0, 0, 1, 0]])) is None
@@ -94,17 +103,20 @@ def test_equal_speeds_allow_sizes_one_apart_and_no_more():
     )
     hint = weighted.judge_balance(cases, pack_sizes([[3, 4, 3], [0] * 4, [2, 0, 0, 0, 0]]))
     assert hint is not None and "2 rows over 5 equal devices gave [2, 0, 0, 0, 0]" in hint
-    # a split that does not add up is told so first
-    hint = weighted.judge_balance(cases, pack_sizes([[3, 3, 3], [0] * 4, [1, 0, 0, 1, 0]]))
-    assert hint is not None and "adding up to the batch 10" in hint
+    # a split that does not add up is told so first, unbalanced or not
+    for sizes in ([3, 3, 3], [5, 0, 0]):
+        hint = weighted.judge_balance(cases, pack_sizes([sizes, [0] * 4, [1, 0, 0, 1, 0]]))
+        assert hint is not None and hint.endswith("adding up to the batch 10"), hint
 
 
 def test_a_split_slower_than_the_best_is_told_both_times():
     cases = [[2, [1.0, 3.0]], [3, [1.0, 2.0]]]
     assert weighted.judge_optimal(cases, pack_sizes([[0, 2], [1, 2]])) is None
     hint = weighted.judge_optimal(cases, pack_sizes([[1, 1], [1, 2]]))  # largest remainder
-    assert hint is not None and hint.startswith(
-        "sizes [1, 1] for speeds [1.0, 3.0] take 1.0000, but 0.6667 is possible"
+    assert hint == (
+        "sizes [1, 1] for speeds [1.0, 3.0] take 1.0000, but 0.6667 is possible: give each "
+        "row to the device with the smallest (rows + 1) / speed; rounding proportional shares "
+        "is not enough"
     )
     hint = weighted.judge_optimal(cases, pack_sizes([[0, 2], [0, 3]]))  # 1.5 s, not 1 s
     assert hint is not None and "take 1.5000, but 1.0000 is possible" in hint
@@ -117,15 +129,18 @@ def test_the_simulated_time_is_the_slowest_devices_rows_times_seconds_per_row_ov
     cases = [[[2, 3], [1.0, 2.0], 0.5], [[0, 4], [1.0, 4.0], 0.25]]
     assert weighted.judge_simulated(cases, times(1.0, 0.25)) is None
     hint = weighted.judge_simulated(cases, times(0.75, 0.25))
-    assert hint is not None and hint.startswith(
-        "simulated_step_time([2, 3], [1.0, 2.0], 0.5) gave 0.75, but the slowest device needs 1 s"
+    assert hint == (
+        "simulated_step_time([2, 3], [1.0, 2.0], 0.5) gave 0.75, but the slowest device needs "
+        "1 s (rows * per_row_seconds / speed), and the step lasts as long as the slowest device"
     )
     hint = weighted.judge_simulated(cases, times(1.0, 1.0))  # rows / speed, no seconds per row
-    assert hint is not None and "needs 0.25 s" in hint
-    assert "not the times" in weighted.judge_simulated(cases, {"seconds": torch.ones(2)})
-    assert "not the times" in weighted.judge_simulated(cases, {})
+    assert hint is not None and "gave 1.0, but the slowest device needs 0.25 s" in hint
+    not_times = "the outputs sent for simulated_step_time are not the times asked for"
+    assert weighted.judge_simulated(cases, {"seconds": torch.ones(2)}) == not_times
+    assert weighted.judge_simulated(cases, {}) == not_times
+    not_answers = "the outputs sent for simulated_step_time do not answer the inputs chosen"
     for wrong_shape in (times(1.0), times(1.0, 0.25, 0.0), {"seconds": torch.ones(2, 1).double()}):
-        assert "do not answer" in weighted.judge_simulated(cases, wrong_shape)
+        assert weighted.judge_simulated(cases, wrong_shape) == not_answers
 
 
 def test_the_simulated_time_is_right_to_one_part_in_a_billion_or_a_billionth_of_a_second():
@@ -140,10 +155,26 @@ def test_the_simulated_time_is_right_to_one_part_in_a_billion_or_a_billionth_of_
     assert weighted.judge_simulated(small, times(0.125 + 8e-10)) is None
     assert weighted.judge_simulated(small, times(0.125 + 1.5e-9)) is not None
     assert weighted.judge_simulated(one, times(float("nan"))) is not None
+    idle = [[[0], [1.0], 0.5]]  # 0 s: a billionth of a second either way, the edge included
+    assert weighted.judge_simulated(idle, times(1e-9)) is None
+    assert weighted.judge_simulated(idle, times(-1e-9)) is None
+    assert weighted.judge_simulated(idle, times(1.5e-9)) is not None
 
 
 # Two devices sleeping 50 ms each: 50 ms at once, 100 ms one after another.
 MEASURED = [[10, 10], [1.0, 1.0], 0.005]
+LONGER = "the measured time is longer than the call itself"
+SHORTER = (
+    "measured 0.048 s, but the slowest device sleeps 0.050 s: sleep in each thread and time "
+    "from the first start to the last join"
+)
+
+
+def in_a_row(measured: str) -> str:
+    return (
+        f"measured {measured} s; the 2 devices take 0.050 s together, 0.100 s one after "
+        "another: start every thread before joining any"
+    )
 
 
 @pytest.mark.parametrize(
@@ -151,26 +182,30 @@ MEASURED = [[10, 10], [1.0, 1.0], 0.005]
     [
         (0.06, 0.07, None),
         (0.0705, 0.07, None),  # the call's own time is read a little later
-        (0.0715, 0.07, "longer than the call itself"),
+        (0.07 + 1e-3, 0.07, None),  # a millisecond later at most
+        (0.0715, 0.07, LONGER),
         (0.0495, 0.07, None),  # a millisecond's slack under the slowest sleep
-        (0.0484, 0.07, "measured 0.048 s, but the slowest device sleeps 0.050 s"),
+        (10 * 0.005 / 1.0 - 1e-3, 0.07, None),  # the slack's edge
+        (0.0484, 0.07, SHORTER),
         (0.0945, 0.2, None),  # 5 ms short of one after another
-        (0.0955, 0.2, "the 2 devices take 0.050 s together, 0.100 s one after another"),
-        (float("nan"), 0.2, "longer than the call itself"),  # NaN fails every comparison
+        (2 * (10 * 0.005 / 1.0) - 0.005, 0.2, in_a_row("0.095")),  # the edge  # 5 ms short at least
+        (0.0972, 0.2, in_a_row("0.097")),
+        (float("nan"), 0.2, LONGER),  # NaN fails every comparison
     ],
 )
 def test_a_measured_step_lies_between_the_slowest_sleep_and_the_sleeps_in_a_row(
     measured, outside, hint
 ):
-    got = weighted.judge_measured(MEASURED, times(measured, outside))
-    assert got == hint if hint is None else hint in got
+    assert weighted.judge_measured(MEASURED, times(measured, outside)) == hint
 
 
 def test_a_measured_step_must_be_two_float64_times():
-    assert "not the times" in weighted.judge_measured(MEASURED, {"seconds": torch.ones(2)})
-    assert "not the times" in weighted.judge_measured(MEASURED, {})
+    not_times = "the outputs sent for measure_step_time are not the times asked for"
+    assert weighted.judge_measured(MEASURED, {"seconds": torch.ones(2)}) == not_times
+    assert weighted.judge_measured(MEASURED, {}) == not_times
+    not_answers = "the outputs sent for measure_step_time do not answer the inputs chosen"
     for wrong_shape in (times(0.06), times(0.06, 0.07, 0.08)):
-        assert "do not answer" in weighted.judge_measured(MEASURED, wrong_shape)
+        assert weighted.judge_measured(MEASURED, wrong_shape) == not_answers
 
 
 def draws(choose, count: int = 400) -> list:
