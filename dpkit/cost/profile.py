@@ -1,16 +1,13 @@
 """A model's cost, read off the real module running on a sample input: :func:`profile`.
 
 The surprise first: nothing here is a hand formula, except where torch counts nothing. The
-FLOPs are what ``torch.utils.flop_counter.FlopCounterMode`` counts for each aten op the
-module really runs, forward and backward; the bytes are the sizes of each op's tensors; the
-activations are what autograd really saved (:mod:`dpkit.tracing.replica_graph`). An op that
-does a matmul's work uncounted (attention, ``nn.LSTM``, fast paths) gets an estimate from its
-maths (:data:`ESTIMATES`); any other compute-heavy op without a count makes :func:`profile`
-warn. numpy inside a custom autograd Function runs no aten op: no dispatch mode sees it, and
-its work is missing without a warning.
-
-The module runs on 2 to 5 rows, each count fitted to rows (:func:`fit_rows`). Profiles are
-cached: a widget sweeping batch sizes profiles once.
+FLOPs are what ``FlopCounterMode`` counts for each aten op the module really runs, forward
+and backward; the bytes, the sizes of each op's tensors; the activations, what autograd
+really saved (:mod:`dpkit.tracing.replica_graph`). An op doing a matmul's work uncounted
+(attention, ``nn.LSTM``, fast paths) gets an estimate from its maths (:data:`ESTIMATES`);
+any other compute-heavy op without a count makes :func:`profile` warn. numpy inside a custom
+autograd Function runs no aten op, so its work is missing without a warning. The module
+runs on 2 to 5 rows, each count fitted to rows (:func:`fit_rows`).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,18 +48,16 @@ def _evaluate(coefficients: Sequence[float], rows: int) -> float:
     return max(0.0, sum(c * rows**power for power, c in enumerate(coefficients)))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class OpCost:
-    """One aten op of a pass: ``flops`` and ``nbytes`` (read + written; 0 for a view) as
-    ``(a, b, c)`` of rows; ``kind`` ``"matmul"``, ``"conv"`` or ``"memory"``; ``dtype`` the
-    one it computes in; ``estimated``: the FLOPs are dpkit's estimate (:data:`ESTIMATES`)."""
+    """One aten op of a pass, its ``flops`` and ``nbytes`` as ``(a, b, c)`` of rows."""
 
     name: str
     flops: Coefficients
-    nbytes: Coefficients
-    kind: str = "memory"
-    dtype: str = "float32"
-    estimated: bool = False
+    nbytes: Coefficients  # read + written; 0 for a view
+    kind: str = "memory"  # or "matmul", "conv"
+    dtype: str = "float32"  # the one it computes in
+    estimated: bool = False  # the FLOPs are dpkit's estimate (ESTIMATES), not torch's count
 
     def flops_at(self, rows: int) -> float:
         return _evaluate(self.flops, rows)
@@ -72,7 +66,7 @@ class OpCost:
         return _evaluate(self.nbytes, rows)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PassCost:
     """The ops of a forward or a backward, in the order they ran; ``calls``: how many of
     torch's functions the forward's Python called (its host work: a GRU's one call runs
@@ -91,33 +85,27 @@ class PassCost:
         return len(self.ops)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Profile:
-    """What one replica's step costs, per row of its chunk and per model.
-
-    ``parameter_sizes``/``buffer_sizes``: bytes per tensor in ``parameters()``/``buffers()``
-    order (what replicate broadcasts); ``gradient_sizes``: those of the parameters that
-    require grad (what reduce sums); ``modules``: what replicate builds per replica;
-    ``output_tensors``: what gather copies; ``grad_output_row_bytes`` and
-    ``grad_output_tensors``: those of the outputs that require grad (None: every output),
-    the only ones the loss reads and whose gradient DataParallel scatters back (torch runs
-    ``Gather.backward`` only on the loss's autograd path); ``activations``: the bytes
-    autograd saves, as ``(a, b, c)``; ``amp``: autocast's dtype or None; ``gradient_ops``:
-    per gradient, the backward op after which it is ready (-1: never, an unused parameter)."""
+    """What one replica's step costs, per row of its chunk and per model."""
 
     dtype: torch.dtype
     forward: PassCost
     backward: PassCost
+    # bytes per tensor in parameters()/buffers() order: what replicate broadcasts
     parameter_sizes: tuple[int, ...]
     buffer_sizes: tuple[int, ...]
-    modules: int
+    modules: int  # what replicate builds per replica
     input_row_bytes: int
     output_row_bytes: int
-    activations: Coefficients
-    gradient_sizes: tuple[int, ...] = ()
-    amp: torch.dtype | None = None
-    output_tensors: int = 1
+    activations: Coefficients  # the bytes autograd saves
+    gradient_sizes: tuple[int, ...] = ()  # of the parameters that require grad: what reduce sums
+    amp: torch.dtype | None = None  # autocast's dtype
+    output_tensors: int = 1  # what gather copies
+    # per gradient, the backward op after which it is ready (-1: never, an unused parameter)
     gradient_ops: tuple[int, ...] = ()
+    # Of the outputs that require grad (None: every output): the only ones the loss reads and
+    # whose gradient DataParallel scatters back (torch runs Gather.backward only on its path).
     grad_output_row_bytes: int | None = None
     grad_output_tensors: int | None = None
 
@@ -174,9 +162,7 @@ _HEAVY_UNCOUNTED = re.compile(
 def op_kind(name: str) -> str:
     if name in MATMUL_OPS or _ATTENTION_OR_RNN.search(name):
         return "matmul"
-    if _CONV.search(name):
-        return "conv"
-    return "memory"
+    return "conv" if _CONV.search(name) else "memory"
 
 
 def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
@@ -198,13 +184,9 @@ def _attention_flops(query: Any, key: Any, value: Any, backward: bool) -> float:
     """Attention's ``Q @ K^T`` and ``P @ V``, 2 * L * S * E FLOPs each per batch and head;
     backward recomputes ``Q @ K^T`` and runs ``dP``, ``dV``, ``dQ``, ``dK`` (2.5 times the
     forward, as torch's ``sdpa_backward_flop_count`` for CUDA). Masks are not taken off."""
-    length, width = query.shape[-2], query.shape[-1]
-    sources, value_width = key.shape[-2], value.shape[-1]
-    batch_heads = math.prod(query.shape[:-2])
-    scores, weighted = width, value_width  # the inner dims of Q @ K^T and of P @ V
-    if backward:  # recomputed scores, dP, dV, dQ, dK
-        scores, weighted = 3 * width, 2 * value_width
-    return 2.0 * batch_heads * length * sources * (scores + weighted)
+    length, width, value_width = query.shape[-2], query.shape[-1], value.shape[-1]
+    inner = 3 * width + 2 * value_width if backward else width + value_width
+    return 2.0 * math.prod(query.shape[:-2]) * length * key.shape[-2] * inner
 
 
 def _native_mha(args: tuple, kwargs: dict) -> float:
@@ -227,10 +209,9 @@ def _sdpa(first: int) -> Estimate:  # forward: (query, key, value, ...); backwar
 
 
 def _recurrent(weights: Callable[[tuple], Sequence[torch.Tensor]]) -> tuple[Estimate, ...]:
-    """A recurrent layer's forward, ``2 * weights`` FLOPs a token (the gates' elementwise
-    work left out), and its backward, twice that: the input's and the weights' gradients,
-    each a matmul of the forward's size (oneDNN computes the input's even where nothing
-    needs it)."""
+    """A recurrent layer's forward, ``2 * weights`` FLOPs a token (the gates' elementwise work
+    left out), and its backward, twice that: the input's and the weights' gradients, each a
+    matmul of the forward's size (oneDNN computes the input's even where nothing needs it)."""
 
     def forward(args: tuple, kwargs: dict) -> float:
         return 2.0 * _tokens(args[0]) * sum(w.numel() for w in weights(args))
@@ -241,12 +222,10 @@ def _recurrent(weights: Callable[[tuple], Sequence[torch.Tensor]]) -> tuple[Esti
 def _trilinear(args: tuple, kwargs: dict) -> float:
     """``nn.Bilinear``'s kernel: three tensors, ``expand`` dims inserted, multiplied and
     summed over their broadcast shape: 2 FLOPs per element of it."""
-    shapes = []
-    for tensor, expand in zip(args[:3], args[3:6]):
-        shape = list(tensor.shape)
+    shapes = [list(tensor.shape) for tensor in args[:3]]
+    for shape, expand in zip(shapes, args[3:6]):
         for dim in sorted(expand):
             shape.insert(dim, 1)
-        shapes.append(shape)
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
@@ -262,9 +241,8 @@ def _batched_or_fused_mm(args: tuple, kwargs: dict) -> float:  # (self, (B, n, m
 # RNN on a GPU (input, every weight)
 _LSTM_LAYER, _LSTM_LAYER_BACKWARD = _recurrent(lambda args: args[1:3])
 _RNN, _RNN_BACKWARD = _recurrent(lambda args: [w for w in args[1] if w.dim() == 2])
-# FLOPs from the maths and shapes of ops FlopCounterMode counts 0 for, by op name (addmv, mv,
-# dot, addbmm and _addmm_activation have no formula there). An estimate that fails (a nested
-# tensor's shape, say) is no estimate, and profile() warns.
+# FLOPs of the ops FlopCounterMode counts 0 for, by op name (addmv, mv, dot, addbmm and
+# _addmm_activation have no formula there). One that fails (a nested tensor's shape) is none.
 ESTIMATES: dict[str, Estimate] = {
     "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa(0),
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa(1),
@@ -448,17 +426,15 @@ _HANDLERS = ("placement_check.py", "overrides.py", "_python_dispatch.py")
 def python_calls(work: Callable[[], Any]) -> int:
     """How many of torch's C functions (not queries of shape or state) ``work()``'s Python
     called: an eager forward's host work, read with ``sys.setprofile``."""
-    count = 0
+    called: list[str] = []
 
     def note(frame: Any, event: str, function: Any) -> None:
-        nonlocal count
         if event != "c_call" or frame.f_code.co_filename.endswith(_HANDLERS):
             return
         owner = getattr(function, "__self__", None)
         module = getattr(function, "__module__", None) or type(owner).__module__ or ""
         if module.startswith("torch") or isinstance(owner, torch.Tensor):
-            name = getattr(function, "__name__", "")
-            count += not name.startswith(_QUERIES)
+            called.append(getattr(function, "__name__", ""))
 
     previous = sys.getprofile()
     sys.setprofile(note)
@@ -466,7 +442,7 @@ def python_calls(work: Callable[[], Any]) -> int:
         work()
     finally:
         sys.setprofile(previous)
-    return count
+    return sum(not name.startswith(_QUERIES) for name in called)
 
 
 def fit_rows(values: Sequence[float]) -> Coefficients:
@@ -520,6 +496,7 @@ def _warn_uncounted(cost: PassCost, which: str) -> None:
         )
 
 
+# a widget sweeping batch sizes profiles once
 _cache: weakref.WeakKeyDictionary[nn.Module, dict[tuple, Profile]] = weakref.WeakKeyDictionary()
 
 
@@ -537,16 +514,6 @@ def _structure(obj: Any) -> Any:
     except TypeError:
         return ("value", type(obj).__qualname__)
     return ("value", type(obj).__qualname__, obj)
-
-
-def _key(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) -> tuple:
-    # The parameters' names and shapes too: a module changed in place is profiled afresh;
-    # train/eval and requires_grad change the ops run (dropout, fast paths, the backward).
-    parameters = tuple(
-        (name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()
-    )
-    modes = tuple(m.training for m in module.modules())
-    return (_structure(args), _structure(kwargs), parameters, modes, amp)
 
 
 def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
@@ -576,7 +543,13 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
     if amp is not None and amp not in AMP_DTYPES.values():
         raise ValueError(f"amp={amp!r}: autocast runs in torch.bfloat16 ('bf16') or "
                          "torch.float16 ('fp16'); None for no autocast")  # fmt: skip
-    key = _key(module, args, kwargs, amp)
+    # The key holds the parameters' names and shapes: a module changed in place is profiled afresh;
+    # train/eval and requires_grad change the ops run (dropout, fast paths, the backward).
+    parameters = tuple(
+        (name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()
+    )
+    modes = tuple(m.training for m in module.modules())
+    key = (_structure(args), _structure(kwargs), parameters, modes, amp)
     cached = _cache.setdefault(module, {})
     if key not in cached:
         cached[key] = _profile(module, args, kwargs, amp)
@@ -595,16 +568,15 @@ def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | No
     forward = dataclasses.replace(forward, calls=calls[0])
     _warn_uncounted(forward, "forward")
     _warn_uncounted(backward, "backward")
-    outputs = [output_tensors(run[2]) for run in runs]
-    out_small, out_large = (sum(t.nbytes for t in found) for found in (outputs[0], outputs[-1]))
-    roots = [gradient_roots(found) for found in (outputs[0], outputs[-1])]
+    first, last = output_tensors(runs[0][2]), output_tensors(runs[-1][2])
+    roots = [gradient_roots(found) for found in (first, last)]
+    out_small, out_large = (sum(t.nbytes for t in found) for found in (first, last))
     grad_small, grad_large = (sum(t.nbytes for t in found) for found in roots)
     per_row = CHECK_ROWS - PROFILE_ROWS[0]
-    floating = [p for p in module.parameters() if p.is_floating_point()]
     inputs = tensors_in([args, kwargs])
-    floating_inputs = [t for t in inputs if t.is_floating_point()] or inputs
+    floating = [t for t in (*module.parameters(), *inputs) if t.is_floating_point()] or inputs
     return Profile(
-        dtype=floating[0].dtype if floating else floating_inputs[0].dtype,
+        dtype=floating[0].dtype,  # the parameters', else the inputs'
         forward=forward,
         backward=backward,
         parameter_sizes=tuple(p.nbytes for p in module.parameters()),
@@ -615,7 +587,7 @@ def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | No
         activations=fit_rows([run[3] for run in runs]),
         gradient_sizes=tuple(p.nbytes for p in module.parameters() if p.requires_grad),
         amp=amp,
-        output_tensors=len(outputs[-1]),
+        output_tensors=len(last),
         gradient_ops=tuple(count - 1 if count > 0 else -1 for count in ready),
         grad_output_row_bytes=round((grad_large - grad_small) / per_row),
         grad_output_tensors=len(roots[-1]),
