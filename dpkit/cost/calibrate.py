@@ -45,9 +45,8 @@ Measured = tuple[nn.Module, torch.Tensor, int, int, dict[str, float]]
 
 
 def _fastest(work: Callable[[], Any], repeats: int, on: Sequence[Device] = ()) -> float:
-    """The fastest of ``repeats`` runs: on a shared machine the fastest is the repeatable
-    one (as timeit's documentation advises). On GPU lanes (``on``) each reading waits for
-    their GPU first: the time of the work, not of its launch."""
+    """The fastest of ``repeats`` runs, the repeatable one on a shared machine (as timeit's
+    documentation advises); on GPU lanes ``on``, of the work, not of its launch."""
     best = math.inf
     for _ in range(repeats):
         start = host_clock.now(on)
@@ -71,11 +70,9 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
 
 
 # Bytes measure_link writes between two timed copies on CPU lanes: more than the last-level
-# cache of the machines the course runs on (32 MiB on its 2-core VM, an AMD EPYC). Why: a
-# step's copies read tensors its own work pushed out of the caches (the batch, behind the
-# previous backward), at memory's speed. A tensor scattered again and again is read from the
-# cache: on the course's VM a 1.6 MB chunk took 52 us that way and 208 us after eviction (31
-# against 7.7 GB/s); the steps' scatters took 200-320 us.
+# cache (32 MiB on the course's 2-core AMD EPYC VM). A step's copies read tensors its own work
+# pushed out of the caches; one scattered again and again is read from the cache: on that VM a
+# 1.6 MB chunk took 52 us that way, 208 us after eviction; the steps' scatters took 200-320 us.
 EVICT_BYTES = 64 * 2**20
 
 
@@ -83,10 +80,10 @@ def measure_link(
     lanes: Sequence[Device], repeats: int, sizes: Sequence[int],
     evict: Callable[[], None] | None = None,
 ) -> Link:  # fmt: skip
-    """The link between lanes from traced scatters, each after ``evict`` (default on CPU
-    lanes: writing :data:`EVICT_BYTES`): per size, the median over lanes of their fastest
-    copy; the bandwidth is the slope between the smallest and the largest size (one slow
-    copy would tilt a least-squares line), the latency a lone clone of 16 floats."""
+    """The link between lanes from traced scatters, each after ``evict`` (on CPU lanes by
+    default, writing :data:`EVICT_BYTES`): the bandwidth is the slope between the smallest and
+    largest size's median over lanes of their fastest copy (one slow copy would tilt a
+    least-squares line), the latency a lone clone of 16 floats."""
     if evict is None and lanes[0].torch_device.type == "cpu":
         evict = functools.partial(torch.zeros(EVICT_BYTES // 4).add_, 1.0)
     per_size: dict[int, float] = {}
@@ -111,9 +108,8 @@ def measure_link(
 
 
 def measure_cores(lanes: int, repeats: int) -> float:
-    """Threads that compute at full speed at once: ``lanes`` times one thread's matmuls'
-    time over ``lanes`` threads' doing the same each, between 1 and ``lanes``. Another
-    tenant's process takes a core and reads as fewer: calibrate keeps the most of three."""
+    """Threads that compute at full speed at once (1 to ``lanes``): ``lanes`` times one
+    thread's matmuls' time over ``lanes`` threads' each doing the same."""
     x = torch.randn(256, 256)
 
     def work() -> None:
@@ -133,8 +129,7 @@ def measure_cores(lanes: int, repeats: int) -> float:
 
 
 def probes(quick: bool) -> list[tuple[nn.Module, torch.Tensor]]:
-    """Generic modules whose ops calibration times (no course model): linear layers,
-    convolutions with pooling; without ``quick``, layer norm, GELU, softmax, attention."""
+    """Generic modules (no course model) whose ops calibration times; more without ``quick``."""
     torch.manual_seed(0)
     found = [
         (nn.Sequential(nn.Linear(200, 512), nn.ReLU(), nn.Linear(512, 64), nn.ReLU(),
@@ -246,8 +241,7 @@ ONE_LANE_SEGMENTS = ("step", "forward_call", "backward_call")
 
 
 class _Timed(dpkit.DataParallel):
-    """DataParallel whose four steps, each a call in an untraced step, note their wall
-    times in ``self.took``."""
+    """DataParallel noting the wall time of each of its four calls in ``self.took``."""
 
     took: dict[str, float]
 
@@ -267,14 +261,12 @@ def measure_steps(
     modules: Sequence[tuple[nn.Module, torch.Tensor]], lanes: Sequence[Device],
     counts: Sequence[int], rows_per_lane: Sequence[int], repeats: int,
 ) -> list[Measured]:  # fmt: skip
-    """Untraced DataParallel training steps (forward, cross-entropy, backward) of each module
-    on ``counts`` lanes with ``rows_per_lane``, ``repeats`` in two rounds, each after one to
-    warm up: the fastest wall time of the step, of ``loss.backward()``, and of the forward
-    (one lane) or each of DataParallel's calls.
-
-    Why untraced: a trace walks each replica's graph (a learner's loop does not), and its
-    phases time the copies, not the Python around them that a step pays too (the scatter
-    call of 32 rows of the MLP on 2 lanes took 64 us, its traced copies 25 us)."""
+    """Untraced DataParallel training steps of each module on ``counts`` lanes with
+    ``rows_per_lane``, ``repeats`` in two rounds, each after one to warm up: the fastest wall
+    time of the step, of ``loss.backward()``, and of the forward (one lane) or each of
+    DataParallel's calls. Untraced, because a trace walks each replica's graph (a learner's
+    loop does not), and its phases time the copies, not the Python around them (the MLP's
+    scatter call of 32 rows on 2 lanes took 64 us, its traced copies 25 us)."""
     configs = []  # (module, sample, parallel, inputs, labels, times)
     for module, sample in modules:
         for n in counts:
@@ -382,7 +374,8 @@ def calibrate(devices: int | Sequence[Device] | None = None, *,
         sizes = (1 << 12, largest) if quick else (1 << 12, 1 << 18, largest >> 2, largest)
         link = measure_link(lanes, 2 * repeats, sizes)
         advance("copies")
-        units = [measure_cores(cores, 4 * repeats)]  # the most of three moments, see below
+        # the most of three moments: another tenant's process takes a core and reads as fewer
+        units = [measure_cores(cores, 4 * repeats)]
         advance("cores")
         rows = (2, 32, 256) if quick else (1, 8, 64, 256, 1024)
         ops = measure_ops(probes(quick) + chosen, rows, repeats)

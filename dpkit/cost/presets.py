@@ -32,8 +32,8 @@ Sources, cited by key below:
   usually determined by the bandwidth your CPU and memory can deliver".
 - [nccl-398] github.com/NVIDIA/nccl/issues/398: 2 AWS p3dn nodes (8 V100 each), 100 Gb/s
   over TCP sockets: about 6 GB/s bus bandwidth (48 % of line rate).
-- [nccl-384] github.com/NVIDIA/nccl/issues/384: 2 GPUs on PCIe Gen3 x16 with peer to peer
-  off (NCCL_P2P_DISABLE=1: NCCL's SHM transport, through host memory), one channel:
+- [nccl-384] github.com/NVIDIA/nccl/issues/384: 2 GPUs on PCIe Gen3 x16, peer to peer off
+  (NCCL_P2P_DISABLE=1: NCCL's SHM transport, through host memory), one channel:
   "Allreduce: 3.9GB/s" (posted by a user; broadcast, one way, 10.3). S. Jeaugey (NVIDIA):
   "Some components (in particular some CPUs) do not handle bidirectional traffic well".
 - [nccl-src] NCCL's topology model, src/graph/topo.h (github.com/NVIDIA/nccl): per NVLink,
@@ -54,7 +54,10 @@ Sources, cited by key below:
 
 Host overheads on GPU machines are PyTorch eager mode's, not on any spec sheet: *assumed*
 (a few microseconds of Python and dispatch per op, about 5 us per CUDA launch, 0.1 ms to
-start a Python thread). They matter only where the model is tiny.
+start a Python thread). They matter only where the model is tiny. Large cuBLAS/cuDNN
+kernels reach 70-90 % of their units' peak, a real model's smaller layers less: 0.7 of the
+matmul peak, 0.8 of HBM's (which streams at 80-90 %), *assumed* where [dle-rnx101] has not
+measured a unit (tensor cores reach less of theirs).
 """
 
 from __future__ import annotations
@@ -63,21 +66,7 @@ from dataclasses import replace
 
 from dpkit.cost.hardware import Hardware, Link
 
-GB = 1e9
-GIB = 1 << 30
-TFLOPS = 1e12
-US = 1e-6
-
-# Assumed (this module's docstring says why)
-_GPU_HOST = dict(op_overhead=10 * US, backward_op_overhead=6 * US, gil_handoff=3 * US,
-                 thread_start=100 * US, module_overhead=10 * US, copy_overhead=10 * US,
-                 step_overhead=150 * US)  # fmt: skip
-# Assumed where no measurement says otherwise: large cuBLAS/cuDNN kernels reach 70-90 % of
-# their units' peak, a real model's smaller layers less (0.7); HBM streams at 80-90 % of its
-# peak (0.8). Tensor cores, where measured [dle-rnx101], reach less of theirs.
-_GPU_EFFICIENCY = dict(matmul_efficiency=0.7, memory_efficiency=0.8)
-# [dle-rnx101]: ResNeXt-101 on one A100 (bfloat16 runs on float16's units: assumed the same)
-_A100_TENSOR_CORES = {"tfloat32": 0.33, "float16": 0.60, "bfloat16": 0.60}
+GB, GIB, TFLOPS, US = 1e9, 1 << 30, 1e12, 1e-6
 
 
 def _tflops(**peaks: float) -> dict[str, float]:
@@ -91,21 +80,50 @@ def _pcie(generation: int, per_direction: float) -> Link:
 
 _PCIE3, _PCIE4, _PCIE5 = _pcie(3, 15.75), _pcie(4, 31.5), _pcie(5, 63.0)
 _A100_PEAKS = _tflops(float32=19.5, tfloat32=156, bfloat16=312, float16=312)  # [A100]
+# [dle-rnx101]: ResNeXt-101 on one A100 (bfloat16 runs on float16's units: assumed the same)
+_A100_TENSOR_CORES = {"tfloat32": 0.33, "float16": 0.60, "bfloat16": 0.60}
 
 
 def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardware:
-    """A GPU machine: one node, peer to peer, every GPU its own compute unit, unless the
-    preset says otherwise (its own measured fractions too)."""
-    numbers = {**_GPU_EFFICIENCY, "nodes": 1, "peer_to_peer": True,
-               "compute_units": numbers["devices_per_node"], **numbers}  # fmt: skip
-    return Hardware(name=name, description=description, source=source, virtual_lanes=False,
-                    **_GPU_HOST, **numbers)  # type: ignore[arg-type]  # fmt: skip
+    """A GPU machine with the assumed host terms and efficiencies (this module's docstring):
+    one node, peer to peer, every GPU its own compute unit, unless ``numbers`` say otherwise."""
+    defaults = dict(
+        op_overhead=10 * US, backward_op_overhead=6 * US, gil_handoff=3 * US,
+        thread_start=100 * US, module_overhead=10 * US, copy_overhead=10 * US,
+        step_overhead=150 * US, matmul_efficiency=0.7, memory_efficiency=0.8, nodes=1,
+        peer_to_peer=True, compute_units=numbers["devices_per_node"], virtual_lanes=False,
+    )  # fmt: skip
+    return Hardware(name=name, description=description, source=source,
+                    **{**defaults, **numbers})  # type: ignore[arg-type]  # fmt: skip
 
 
-def _presets() -> list[Hardware]:
-    # Without peer to peer, NCCL's collectives go through host memory (its SHM transport),
-    # measured [nccl-384]; DataParallel's copies take host_to_device down and up instead
-    # (Hardware.device_link: 6.3 GB/s)
+def this_machine_default() -> Hardware:
+    """Virtual CPU lanes on a 2-core x86 machine with one torch thread per lane: what
+    :func:`dpkit.cost.calibrate` measured on the machine dpkit is developed on (a 2-core
+    AVX-512 Xeon VM, torch 2.13), rounded. Use ``calibrate()`` for your own machine."""
+    memory = Link(8 * GB, 2 * US, "calibrate(): a clone between lanes, one memory")
+    return Hardware(
+        name="this-machine", device_name="CPU lane",
+        description="virtual CPU lanes on 2 cores, one torch thread each (documented default; "
+        "`dpkit predict --hardware this-machine --calibrate` measures yours)",
+        source="calibrate() on a 2-core AVX-512 Xeon VM with torch 2.13, rounded",
+        # calibrated: the peaks are the rates measured, reached in full
+        peak_flops={"float32": 60e9}, matmul_efficiency=1.0,
+        memory_bandwidth=8 * GB, memory_efficiency=1.0, compute_units=1.8,
+        memory_capacity=16 * GIB,  # host memory, which the lanes share
+        host_to_device=memory, device_to_device=memory, node_to_node=memory,
+        devices_per_node=64,  # lanes are virtual: any number share one machine
+        nodes=1, nics_per_node=1, peer_to_peer=True, virtual_lanes=True,
+        op_overhead=6 * US, backward_op_overhead=4 * US, gil_handoff=4 * US, thread_start=120 * US,
+        module_overhead=8 * US, copy_overhead=6 * US, step_overhead=1100 * US,
+    )  # fmt: skip
+
+
+def presets() -> dict[str, Hardware]:
+    """Every named machine, by name: this machine's documented default first, then GPU boxes
+    from one T4 to two nodes of eight A100. Numbers and sources: this module's docstring."""
+    # Without peer to peer, NCCL's collectives go through host memory (SHM), measured
+    # [nccl-384]; DataParallel's copies take host_to_device down and up (device_link: 6.3 GB/s)
     t4 = _gpu(
         "T4-PCIe3",
         "NVIDIA T4s on PCIe 3 without peer to peer, copies through host memory "
@@ -126,8 +144,7 @@ def _presets() -> list[Hardware]:
         device_name="A100 PCIe", devices_per_node=4, nics_per_node=1,
         peak_flops=_A100_PEAKS,  # [A100]: the PCIe card has the same peaks
         tensor_core_efficiency=_A100_TENSOR_CORES,
-        memory_bandwidth=1935 * GB, memory_capacity=80 * GIB,
-        host_to_device=_PCIE4,
+        memory_bandwidth=1935 * GB, memory_capacity=80 * GIB, host_to_device=_PCIE4,
         # [nccl-1639] measured 35 GB/s on 4 GPUs of PCIe 5; for PCIe 4, half: assumed
         device_to_device=Link(17.5 * GB, 5 * US, "35 GB/s on PCIe 5 [nccl-1639] / 2, assumed"),
         node_to_node=Link(12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as [nccl-398]"),
@@ -140,11 +157,8 @@ def _presets() -> list[Hardware]:
         peak_flops=_tflops(float32=15.7, float16=125),  # [V100]
         matmul_efficiency=0.94,  # [dle-rnx101]: ResNeXt-101 on one V100, FP32
         tensor_core_efficiency={"float16": 0.69},  # [dle-rnx101], AMP
-        memory_bandwidth=900 * GB, memory_capacity=32 * GIB,
-        host_to_device=_PCIE3,
-        # [nccl-149]: an NVLink "line rate of 25GB/s ... ~20GB/s effective" (0.8), and NCCL
-        # plans 20 GB/s per V100 link itself [nccl-src]; no DGX-1 all-reduce measurement
-        # found, so 150 GB/s x 0.8 stays an assumption
+        memory_bandwidth=900 * GB, memory_capacity=32 * GIB, host_to_device=_PCIE3,
+        # no DGX-1 all-reduce measurement found: the 0.8 of [nccl-149] and [nccl-src], assumed
         device_to_device=Link(150 * GB * 0.8, 2 * US, "[V100] 150 GB/s x 0.8 [nccl-149], assumed"),
         node_to_node=Link(12.5 * GB * 0.9, 5 * US, "[ddp-bench] EDR 100 Gb/s x 0.9, assumed"),
     )  # fmt: skip
@@ -153,11 +167,9 @@ def _presets() -> list[Hardware]:
         "one DGX/HGX A100 node: 8 A100 SXM4 80 GB on NVLink 3 through NVSwitch",
         "spec sheet [A100], nccl-tests bus bandwidth [nccl-175]",
         device_name="A100", devices_per_node=8, nics_per_node=8,
-        peak_flops=_A100_PEAKS,
-        tensor_core_efficiency=_A100_TENSOR_CORES,
+        peak_flops=_A100_PEAKS, tensor_core_efficiency=_A100_TENSOR_CORES, host_to_device=_PCIE4,
         memory_bandwidth=2039 * GB, memory_capacity=80 * GIB,  # [A100] 80 GB SXM4: 81,920 MiB
-        host_to_device=_PCIE4,
-        # measured: ~230 GB/s bus bandwidth at large sizes; ~2 us per ring step (assumed)
+        # ~2 us per ring step: assumed
         device_to_device=Link(230 * GB, 2 * US, "measured: nccl-tests, 8 A100 [nccl-175]"),
         node_to_node=Link(25 * GB * 0.96, 5 * US, "[DGX] HDR 200 Gb/s x 0.96, measured [nccl-119]"),
     )  # fmt: skip
@@ -168,9 +180,7 @@ def _presets() -> list[Hardware]:
         device_name="H100", devices_per_node=8, nics_per_node=8,
         peak_flops=_tflops(float32=67, tfloat32=494.7, bfloat16=989.5, float16=989.5),
         tensor_core_efficiency=_A100_TENSOR_CORES,  # A100's [dle-rnx101]: assumed
-        memory_bandwidth=3350 * GB, memory_capacity=80 * GIB,
-        host_to_device=_PCIE5,
-        # 370 GB/s = 18 NVLinks x the 20.6 GB/s NCCL plans per H100 link [nccl-src]
+        memory_bandwidth=3350 * GB, memory_capacity=80 * GIB, host_to_device=_PCIE5,
         device_to_device=Link(370 * GB, 2 * US, "measured: ring, 8 H100 [nccl-212]"),
         # NVLS's algorithm bandwidth: "~480 GB/s busbw, ~275 algbw" on 8 GPUs [nccl-212]
         allreduce_bandwidth=275 * GB,
@@ -189,38 +199,8 @@ def _presets() -> list[Hardware]:
     across = [replace(a100, name=name, description=description, source=source, nodes=2,
                       nics_per_node=ports, node_to_node=port)
               for name, description, source, ports, port in two_nodes]  # fmt: skip
-    return [this_machine_default(), t4, a100_pcie, v100, a100, h100, *across]
-
-
-def this_machine_default() -> Hardware:
-    """Virtual CPU lanes on a 2-core x86 machine with one torch thread per lane: what
-    :func:`dpkit.cost.calibrate` measured on the machine dpkit is developed on (a 2-core
-    AVX-512 Xeon VM, torch 2.13), rounded. Use ``calibrate()`` for your own machine."""
-    memory = Link(8 * GB, 2 * US, "calibrate(): a clone between lanes, one memory")
-    return Hardware(
-        name="this-machine",
-        description="virtual CPU lanes on 2 cores, one torch thread each (documented default; "
-        "`dpkit predict --hardware this-machine --calibrate` measures yours)",
-        device_name="CPU lane",
-        source="calibrate() on a 2-core AVX-512 Xeon VM with torch 2.13, rounded",
-        peak_flops={"float32": 60e9},
-        matmul_efficiency=1.0,  # calibrated: the peak is the FLOP/s measured
-        memory_bandwidth=8 * GB, memory_efficiency=1.0,
-        memory_capacity=16 * GIB,  # host memory, which the lanes share
-        compute_units=1.8,
-        host_to_device=memory, device_to_device=memory, node_to_node=memory,
-        devices_per_node=64,  # lanes are virtual: any number share one machine
-        nodes=1, nics_per_node=1, peer_to_peer=True, virtual_lanes=True,
-        op_overhead=6 * US, backward_op_overhead=4 * US, gil_handoff=4 * US,
-        thread_start=120 * US, module_overhead=8 * US, copy_overhead=6 * US,
-        step_overhead=1100 * US,
-    )  # fmt: skip
-
-
-def presets() -> dict[str, Hardware]:
-    """Every named machine, by name: this machine's documented default first, then GPU boxes
-    from one T4 to two nodes of eight A100. Numbers and sources: this module's docstring."""
-    return {hardware.name: hardware for hardware in _presets()}
+    machines = [this_machine_default(), t4, a100_pcie, v100, a100, h100, *across]
+    return {hardware.name: hardware for hardware in machines}
 
 
 def preset(name: str) -> Hardware:
