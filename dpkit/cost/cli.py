@@ -1,8 +1,7 @@
 """``dpkit predict``: a predicted training step on a named machine, printed and drawn like
 ``dpkit demo`` prints and draws a measured one, every output labelled predicted. The machine
 is a preset or a hardware file (TOML, SI units; ``docs/hardware_file.md``, with runs of every
-option). Below, in order: reading hardware files, the report, the command.
-"""
+option)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ EXAMPLE_FILE = "docs/examples/my_machine.toml"
 LINKS = ("host_to_device", "device_to_device", "node_to_node")
 TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds", *LINKS)  # [sections] in TOML
 TEXT_FIELDS = ("name", "description", "device_name", "source")
-GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+UNITS = (("GiB", 1 << 30, 2), ("MiB", 1 << 20, 1), ("KiB", 1 << 10, 1))  # (name, size, digits)
 _FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
 FIELD_UNITS = {spec.name: spec.metadata["unit"] for spec in fields(Hardware)}
 
@@ -85,7 +84,7 @@ def _named(where: str, name: str, error: Exception) -> ValueError:
     text = str(error)
     if text.startswith(where):
         return ValueError(text)
-    return ValueError(f"{where}: {name}: {text}" if name else f"{where}: {text}")
+    return ValueError(f"{where}: {name + ': ' if name else ''}{text}")
 
 
 def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file") -> Hardware:
@@ -153,16 +152,13 @@ def load_hardware_file(path: str | Path) -> Hardware:
 
 
 def _unit(nbytes: float) -> tuple[str, int, int]:
-    """The unit ``nbytes`` reads best in (GiB, MiB or KiB), its size and the digits shown."""
-    for unit, size, digits in (("GiB", GIB, 2), ("MiB", MIB, 1)):
-        if nbytes >= size:
-            return unit, size, digits
-    return "KiB", KIB, 1
+    """The unit ``nbytes`` reads best in: GiB, MiB, or else KiB."""
+    return next((unit for unit in UNITS if nbytes >= unit[1]), UNITS[-1])
 
 
 def readable_bytes(nbytes: float) -> str:
     unit, size, digits = _unit(nbytes)
-    return f"{nbytes / size:,.{digits}f} {unit}" if nbytes >= KIB else f"{int(nbytes)} B"
+    return f"{nbytes / size:,.{digits}f} {unit}" if nbytes >= size else f"{int(nbytes)} B"
 
 
 def memory_table(trace: PredictedTrace) -> str:
@@ -324,9 +320,7 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
     """Each option's default in its help, where it has one (not None, not a flag's False)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
 
 
 def add_predict_command(commands: Any) -> None:

@@ -2,19 +2,16 @@
 
 The surprise first: the prediction *is* a trace, with the phases, bytes (exact: they follow
 from the model's tensors), steps and memory records a measured ``dpkit.trace()`` has; only
-its times come from the cost model. Every summary, export and figure works on it.
+its times come from the cost model, on two clocks: the host's and each device's queue.
 
-``"dp"`` (``nn.DataParallel``: one process, one node): scatter from device 0, replicate, a
-thread per replica for the forward (their Python takes turns with the GIL), gather onto
-device 0 and the loss there; backward scatters its gradient, each replica runs its backward,
-and once *all* are done the gradients are summed onto device 0. GPUs copy and run NCCL calls
-(:mod:`dpkit.cost.collectives`); on virtual lanes (dpkit's CPU lanes) the host makes every
-copy itself and the threads share the cores. ``"ddp"`` (``DistributedDataParallel``, a
-process per device, any number of nodes): a forward and a backward per rank, each gradient
-bucket all-reduced once its last gradient is ready, overlapping the rest of the backward.
-
-A step is forward and backward (the optimizer's state is in the memory, its step is not).
-Times come from two clocks, the host's and each device's queue.
+``"dp"`` (``nn.DataParallel``, one process on one node): scatter from device 0, replicate, a
+thread per replica for the forward (their Python takes turns with the GIL), gather and the
+loss on device 0; backward scatters its gradient, each replica runs its backward, and once
+*all* are done the gradients are summed onto device 0. GPUs copy and run NCCL calls; on
+virtual lanes (dpkit's CPU lanes) the host makes every copy and the threads share the cores.
+``"ddp"`` (a process per device, any number of nodes): each gradient bucket is all-reduced
+once its last gradient is ready, overlapping the rest of the backward. A step is forward and
+backward: the optimizer's state is in the memory, its step is not.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ from dpkit.scatter import torch_chunk_sizes
 from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
 
 STRATEGIES = ("dp", "ddp")
-# torch.nn.parallel.DistributedDataParallel's defaults: bucket_cap_mb=25, and a first bucket
-# of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB), so that the last layers' gradients, ready
-# first, start communicating early.
+# torch DDP's defaults: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES
+# (1 MiB), so that the last layers' gradients, ready first, start communicating early.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 # The loss between gather and the gradient's scatter (cross_entropy: log_softmax, nll_loss,
@@ -99,10 +95,9 @@ class _Step:
 
     def event(self, phase: Phase, index: int, start: float, end: float, nbytes: int = 0,
               **details: Any) -> None:  # fmt: skip
-        self.trace._events.append(Event(
-            phase.value, self.names[index], start, end, int(nbytes), self.step, PREDICTED,
-            details,
-        ))  # fmt: skip
+        event = Event(phase.value, self.names[index], start, end, int(nbytes), self.step,
+                      PREDICTED, details)  # fmt: skip
+        self.trace._events.append(event)
 
     def run(self, phase: Phase, index: int, seconds: float, **details: Any) -> None:
         """Work on device ``index`` that the host waits for, once both are free."""
@@ -112,8 +107,7 @@ class _Step:
 
     def collective(self, hardware: Hardware, phase: Phase, calls: int, took: float,
                    nbytes: int, **details: Any) -> None:  # fmt: skip
-        """``calls`` NCCL calls on every GPU at once, once all are free: ``took`` seconds,
-        ``nbytes`` into each device but device 0."""
+        """``calls`` NCCL calls on every GPU at once, once all are free."""
         self.host += hardware.copy_overhead + calls * hardware.op_overhead
         start = max(self.host, *self.device)
         for index in range(len(self.device)):
@@ -128,12 +122,11 @@ class _Step:
 
 def _threads(starts: list[float], calls: int, python: list[float], kernel: list[float],
              units: float, caller: float = 0.0) -> list[float]:  # fmt: skip
-    """When threads end that each make ``calls`` calls, each ``python[i]`` seconds holding
-    the GIL then ``kernel[i]`` without it (torch lets it go around an op's work), on
-    ``units`` cores shared fairly; the GIL goes to threads in the order they ask.
-    Processes (DDP's ranks) share no GIL: ``python`` 0, one call each. ``caller`` (lanes'
-    parallel_apply): from ``starts[0]`` the caller starts the threads one by one, each start
-    ``caller`` seconds holding the GIL as the started threads' calls do (a new thread runs
+    """When threads end that each make ``calls`` calls, each ``python[i]`` seconds holding the
+    GIL (granted in the order asked) then ``kernel[i]`` without it (torch lets it go around an
+    op's work), on ``units`` cores shared fairly. DDP's ranks share no GIL: ``python`` 0, one
+    call each. ``caller`` (lanes' parallel_apply): from ``starts[0]`` the caller starts the
+    threads one by one, each start holding the GIL ``caller`` seconds (a new thread runs
     Python to begin); ``starts`` is then filled in with when each thread began."""
     if not any(kernel) and not caller:  # GPU launches: the GIL alone, a queue (fast)
         return _gil_queue(starts, calls, python)
@@ -143,8 +136,8 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
         begin, left_calls = [math.inf] * n + starts[:1], [*left_calls, n]
         python, kernel = [*python, caller], [*kernel, 0.0]
     every = range(len(begin))
-    state = ["new" for _ in every]  # new, waiting (for the GIL), python, kernel, done
-    left, ends = [0.0 for _ in every], [0.0 for _ in every]
+    state = ["new"] * len(begin)  # new, waiting (for the GIL), python, kernel, done
+    left, ends = [0.0] * len(begin), [0.0] * len(begin)
     waiting: list[int] = []
     now = min(begin)
     while any(s != "done" for s in state):
@@ -158,8 +151,7 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
         running = [i for i in every if state[i] in ("python", "kernel")]
         rate = min(1.0, units / len(running)) if running else 1.0
         step_to = min((left[i] / rate for i in running), default=math.inf)
-        arrivals = [begin[i] - now for i in every if state[i] == "new"]
-        elapsed = min([step_to, *arrivals])
+        elapsed = min([step_to, *(begin[i] - now for i in every if state[i] == "new")])
         if elapsed == math.inf:
             break
         for i in running:
@@ -226,18 +218,16 @@ def _loss(step: _Step, hardware: Hardware, output_bytes: int) -> None:
 
 def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
             tensors: int = 1) -> list[float]:  # fmt: skip
-    """Copies between device 0 and each device (``sizes[i]`` bytes; entry 0 is device 0's
-    own), returning when each is done. Virtual lanes: the host makes each, one after
-    another. GPUs: the copies out of device 0 run at once, sharing its link; those into it
-    (gather) one after another on its stream, its own piece copied within its memory."""
-    link, done = hardware.device_link(), []
+    """Copies between device 0 and each device (entry 0: device 0's own), returning when each
+    is done. Virtual lanes: the host makes each in turn. GPUs: copies out of device 0 run at
+    once, sharing its link; those into it (gather) in turn, its own piece within its memory."""
+    link, done, ready = hardware.device_link(), [], step.device[0]
     outward = phase in (Phase.SCATTER, Phase.GRAD_SCATTER, Phase.REPLICATE)
     moved = sum(sizes[1:])
     per_copy = tensors * hardware.op_overhead  # its ops; and dpkit's Python around them,
     if phase is not Phase.GRAD_SCATTER:  # except in gather's backward, which autograd runs
         per_copy += hardware.copy_overhead
     step.host += 0.0 if hardware.virtual_lanes else len(sizes) * per_copy
-    ready = step.device[0]
     for index, size in enumerate(sizes):
         moves = index > 0 and size > 0
         wire = tensors * link.latency + size / link.bandwidth if moves else 0.0
@@ -258,7 +248,7 @@ def _copies(step: _Step, hardware: Hardware, phase: Phase, sizes: Sequence[int],
 
 
 def _dp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int]) -> None:
-    n, lanes = len(sizes), hardware.virtual_lanes
+    n = len(sizes)
     forward = {r: pass_time(model.forward, r, hardware, False) for r in set(sizes)}
     backward = {r: pass_time(model.backward, r, hardware, True) for r in set(sizes)}
     step.host += hardware.step_overhead / 4  # DataParallel's entry: checks, a new step
@@ -270,7 +260,7 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int]) 
         step.run(Phase.BACKWARD, 0, _lasts(backward[sizes[0]], hardware))
         return
     _replicate(step, model, hardware, n)
-    _apply(step, model, hardware, sizes, forward)
+    _apply(step, model, hardware, [forward[rows].device for rows in sizes])
     outputs = [model.output_bytes(r) for r in sizes]
     _copies(step, hardware, Phase.GATHER, outputs, tensors=model.output_tensors)
     # the loss reads, and Gather's backward scatters a gradient for, only the outputs on
@@ -280,12 +270,11 @@ def _dp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int]) 
     arrived = _copies(step, hardware, Phase.GRAD_SCATTER, gradients,
                       tensors=model.grad_output_count)  # fmt: skip
     times = [backward[r] for r in sizes]
-    if lanes:  # autograd runs every replica's backward in the caller's one thread
+    if hardware.virtual_lanes:  # autograd runs every replica's backward in the caller's thread
         start = max(step.host, *arrived)
-        end = start + sum(t.host + t.device for t in times)
+        end = step.host = start + sum(t.host + t.device for t in times)
         for index in range(n):
             step.event(Phase.BACKWARD, index, start, end, thread="shared")
-        step.host = end
     else:  # a backward thread per GPU, each starting once its gradient has arrived
         for index, time in enumerate(times):
             start = max(arrived[index], step.device[index])
@@ -311,23 +300,22 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
 
 
-def _apply(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
-           forward: dict[int, PassTime]) -> None:  # fmt: skip
-    """A thread per replica, started one after another; their Python takes turns."""
-    n = len(sizes)
-    starts = [step.host + (i + 1) * hardware.thread_start for i in range(n)]
+def _apply(step: _Step, model: Profile, hardware: Hardware, forward: list[float]) -> None:
+    """A thread per replica, started one after another; their Python takes turns. ``forward``:
+    each replica's seconds on its device."""
+    n = len(forward)
     calls = max(1, host_calls(model.forward))  # each call's Python holds the GIL
     per_call = [hardware.op_overhead + hardware.gil_handoff] * n
-    devices = [forward[rows].device for rows in sizes]
     if hardware.virtual_lanes:  # ... then its kernels run on the shared cores without it;
-        kernels, begins = [d / calls for d in devices], [step.host] * n  # the caller's starts
+        kernels, begins = [d / calls for d in forward], [step.host] * n  # the caller's starts
         ends = _threads(begins, calls, per_call, kernels, hardware.compute_units,
                         hardware.thread_start)  # fmt: skip
         step.host = max(ends)
     else:  # ... and only queues the GPU's kernels
+        starts = [step.host + (i + 1) * hardware.thread_start for i in range(n)]
         launched = _threads(starts, calls, per_call, [0.0] * n, float(n))
         begins = [max(s, q) for s, q in zip(starts, step.device)]
-        ends = [max(h, b + d) for h, b, d in zip(launched, begins, devices)]
+        ends = [max(h, b + d) for h, b, d in zip(launched, begins, forward)]
         step.host = max(launched)  # the caller joins its threads; the GPUs run on
         step.device = list(ends)
     for index in range(n):
@@ -357,18 +345,15 @@ def ddp_buckets(sizes: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES,
     """DDP's gradient buckets: parameter indices from the last (whose gradient is ready
     first), a bucket closed once it holds at least its cap, as torch's
     ``_compute_bucket_assignment_by_size`` (a 1.5 MiB cap can give a 2.1 MB bucket)."""
-    buckets: list[list[int]] = []
-    current: list[int] = []
+    buckets: list[list[int]] = [[]]
     filled, limit = 0, first_bucket_bytes
     for index in reversed(range(len(sizes))):
-        current.append(index)
+        buckets[-1].append(index)
         filled += sizes[index]
         if filled >= limit:
-            buckets.append(current)
-            current, filled, limit = [], 0, bucket_bytes
-    if current:
-        buckets.append(current)
-    return buckets
+            buckets.append([])
+            filled, limit = 0, bucket_bytes
+    return [bucket for bucket in buckets if bucket]
 
 
 def allreduce_schedule(parameter_sizes: Sequence[int], ready_at: Sequence[float], n: int,
@@ -440,8 +425,8 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
                  for t in gradient_ready(model, sizes[slowest], hardware)]  # fmt: skip
         schedule = allreduce_schedule(model.gradient_sizes, ready, n, hardware, bucket_bytes)
         for number, (bucket, bucket_start, bucket_end, nbytes) in enumerate(schedule):
+            sent = collectives.ring_bytes_sent(nbytes, n)
             for index in range(n):
-                sent = collectives.ring_bytes_sent(nbytes, n)
                 step.event(Phase.ALLREDUCE, index, bucket_start, bucket_end, sent, bucket=number,
                            bucket_bytes=nbytes, tensors=len(bucket))  # fmt: skip
             end = max(end, bucket_end)
@@ -504,8 +489,7 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
         )
     cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=amp)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
-    names = device_names(hardware, count)
-    sizes = torch_chunk_sizes(batch_size, count)
+    names, sizes = device_names(hardware, count), torch_chunk_sizes(batch_size, count)
     gpu = not hardware.virtual_lanes
     workspace = blas_workspaces(cost, hardware.device_name) if gpu else 0
     if strategy == "dp":
