@@ -15,8 +15,10 @@ import random
 import pytest
 import torch
 
-from dpkit.grading import weighted
+from dpkit.grading import gradients, outputs, shapes, weighted
 from dpkit.grading.decided import pack_sizes
+from dpkit.grading.outputs import NOT_TENSORS, listed
+from dpkit.grading.similarity import Similar, normalised, similar_pairs
 
 # --------------------------------------------------------------------------------------
 # Task 6's weighted split (dpkit/grading/weighted.py)
@@ -287,3 +289,297 @@ def test_measured_draws_four_or_five_devices_at_half_one_or_two_sleeping_50_to_6
         for rows, speed in zip(sizes, speeds)
     ]
     assert 0.05 - 0.0025 <= min(sleeps) and max(sleeps) <= 0.06 + 0.0025
+
+
+# --------------------------------------------------------------------------------------
+# Shapes and counts (dpkit/grading/shapes.py)
+
+
+def test_the_dim_check_regenerates_the_tensors_from_one_generator_in_order():
+    wide, small = shapes.dim_tensors(2, 5, 3, 2, 11)
+    generator = torch.Generator().manual_seed(11)
+    assert torch.equal(wide, torch.randn(2, 5, 3, generator=generator))
+    assert torch.equal(small, torch.randn(2, 2, generator=generator))
+
+
+def dim_values(along: list[torch.Tensor], few: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {**listed("dim", along), **listed("small", few)}
+
+
+def test_six_columns_over_four_lanes_along_dim_one_make_three_chunks_of_two():
+    inputs = [1, 6, 1, 2, 5]
+    wide, small = shapes.dim_tensors(*inputs)
+    right = [wide[:, 0:2], wide[:, 2:4], wide[:, 4:6]]
+    rows = [small[0:1], small[1:2]]  # 2 rows make 2 chunks of one row
+    assert shapes.judge_dim(inputs, dim_values(right, rows)) is None
+    assert shapes.judge_dim(inputs, dim_values([wide], rows)) == (
+        "6 columns over 4 lanes along dim=1 should give chunks of shapes [(1, 2, 1), (1, 2, 1), "
+        "(1, 2, 1)], got [(1, 6, 1)]; split along dim, not along rows"
+    )
+    swapped = [right[1], right[0], right[2]]  # the right shapes, the chunks out of order
+    assert "got [(1, 2, 1), (1, 2, 1), (1, 2, 1)]" in shapes.judge_dim(
+        inputs, dim_values(swapped, rows)
+    )
+    four = [*rows, small[0:0], small[0:0]]  # an empty chunk for each idle lane
+    assert shapes.judge_dim(inputs, dim_values(right, four)) == (
+        "2 rows over 4 lanes make 2 chunks, got 4"
+    )
+    assert shapes.judge_dim(inputs, dim_values(right, rows[::-1])) == (
+        "2 rows over 4 lanes make 2 chunks, got 2"
+    )
+    assert shapes.judge_dim(inputs, dim_values(right, [])) == (
+        "2 rows over 4 lanes make 2 chunks, got 0"
+    )
+    # numbered from 0 without a gap: a chunk sent as dim1 alone is not a list of chunks
+    gap = {"dim1": right[0], "dim2": right[1], **listed("small", rows)}
+    assert "got []" in shapes.judge_dim(inputs, gap)
+    assert shapes.judge_dim(inputs, {**dim_values(right, rows), "dim3": [1]}) == NOT_TENSORS
+    assert shapes.judge_dim(inputs, {**dim_values(right, rows), "small2": 1}) == NOT_TENSORS
+
+
+def test_a_scalar_piece_needs_a_scalar_gradient_its_entry_of_the_output_gradient():
+    inputs = [3, 8]
+    values, weight = shapes.scalar_pieces(*inputs)
+    generator = torch.Generator().manual_seed(8)
+    assert torch.equal(torch.stack(values), torch.randn(3, generator=generator))
+    assert torch.equal(weight, torch.randn(3, generator=generator))
+    right = {**listed("returned", weight.unbind()), **listed("grad", weight.unbind())}
+    assert shapes.judge_scalar_grad(inputs, right) is None
+    shaped = {**right, **listed("returned", [w.view(1) for w in weight.unbind()])}
+    assert shapes.judge_scalar_grad(inputs, shaped) == (
+        "Gather.backward returned gradients of shapes [(1,), (1,), (1,)] for 3 scalar pieces; "
+        "a scalar piece needs a gradient of shape (): view each slice as a scalar"
+    )
+    wrong = "a scalar piece's gradient is not its entry of the output's gradient"
+    for key in ("returned2", "grad0"):
+        assert shapes.judge_scalar_grad(inputs, {**right, key: torch.tensor(0.5)}) == wrong
+    assert shapes.judge_scalar_grad(inputs, {**right, "grad1": weight[1:2]}) == wrong
+    for short in ({k: v for k, v in right.items() if k != key} for key in ("returned2", "grad2")):
+        assert shapes.judge_scalar_grad(inputs, short) == NOT_TENSORS
+    assert shapes.judge_scalar_grad(inputs, {**right, "grad3": weight[0]}) == NOT_TENSORS
+
+
+def lanes(big: list[int], small: list[int], one: list[int]) -> dict[str, torch.Tensor]:
+    return {"big": torch.tensor(big), "small": torch.tensor(small), "one": torch.tensor(one)}
+
+
+def test_nine_rows_run_replicas_on_three_lanes_and_two_rows_on_two():
+    inputs = [9, 2, 0]  # torch.chunk makes 3 chunks of 3 rows of 9
+    assert shapes.judge_lanes(inputs, lanes([0, 1, 2], [0, 1], [-1])) is None
+    assert shapes.judge_lanes(inputs, lanes([2, -1, 0, 1], [0, 1], [-1])) is None
+    assert shapes.judge_lanes(inputs, lanes([0, 1, 2, 3], [0, 1], [-1])) == (
+        "replicas ran on lanes [0, 1, 2, 3]; expected one on each of the 3 lanes that got a "
+        "chunk of 9 rows (through dpkit.parallel_apply)"
+    )
+    assert "ran on lanes [1, 2]" in shapes.judge_lanes(inputs, lanes([1, 2, -1], [0, 1], [-1]))
+    assert shapes.judge_lanes([13, 1, 0], lanes([0, 1, 2], [0], [-1])).startswith(
+        "replicas ran on lanes [0, 1, 2]; expected one on each of the 4 lanes"
+    )
+    assert shapes.judge_lanes(inputs, lanes([0, 1, 2], [0, 1, 2, 3], [-1])) == (
+        "2 rows over 4 lanes should run 2 replicas, ran 4: replicate only onto the devices "
+        "that got a chunk"
+    )
+    assert shapes.judge_lanes(inputs, lanes([0, 1, 2], [0, 1], [-1, -1])) == (
+        "with one device, run the module once, directly"
+    )
+    for name in ("big", "small", "one"):
+        values = lanes([0, 1, 2], [0, 1], [-1])
+        assert shapes.judge_lanes(inputs, {**values, name: values[name].int()}) == NOT_TENSORS
+        values.pop(name)
+        assert shapes.judge_lanes(inputs, values) == NOT_TENSORS
+
+
+def test_shape_draws_cover_the_sizes_the_graders_name():
+    dim = draws(shapes.dim_inputs)
+    assert {len(inputs) for inputs in dim} == {5}
+    for position, sizes in enumerate(({1, 2, 3}, set(range(4, 13)), {1, 2, 3, 4}, {1, 2, 3})):
+        assert {inputs[position] for inputs in dim} == sizes
+    scalar = draws(shapes.scalar_grad_inputs)
+    assert {count for count, _ in scalar} == {2, 3, 4}
+    lane = draws(shapes.lanes_inputs)
+    assert {rows for rows, _, _ in lane} == set(range(5, 17))
+    assert {few for _, few, _ in lane} == {1, 2, 3}
+    for drawn, seed_at in ((dim, 4), (scalar, 1), (lane, 2)):
+        seeds = [inputs[seed_at] for inputs in drawn]
+        assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+
+
+# --------------------------------------------------------------------------------------
+# Gradients (dpkit/grading/gradients.py): the small model's, by the chain rule by hand.
+
+
+def test_each_chunks_weight_is_drawn_in_turn_and_the_inputs_gradient_is_them_stacked():
+    weights = gradients.chunk_weights(5, 3, 4)  # torch.chunk: 2, 2 and 1 rows
+    generator = torch.Generator().manual_seed(4)
+    assert [tuple(w.shape) for w in weights] == [(2, 3), (2, 3), (1, 3)]
+    for weight, rows in zip(weights, (2, 2, 1)):
+        assert torch.equal(weight, torch.randn(rows, 3, generator=generator))
+    inputs = [5, 3, 4]
+    assert gradients.judge_scatter_grad(inputs, {"grad": torch.cat(weights)}) is None
+    wrong = "x.grad is wrong: each row's gradient comes from its chunk"
+    for grad in (torch.cat(weights).flip(0), torch.cat(weights)[:4], torch.cat(weights[:2])):
+        assert gradients.judge_scatter_grad(inputs, {"grad": grad}) == wrong
+    assert gradients.judge_scatter_grad(inputs, {"grad": [1.0]}) == NOT_TENSORS
+    assert gradients.judge_scatter_grad(inputs, {}) == NOT_TENSORS
+
+
+def test_each_gathered_piece_gets_its_own_rows_of_the_output_gradient():
+    inputs = [[2, 2, 1, 1], 3, 9]
+    weight = gradients.output_weight(*inputs)
+    assert torch.equal(weight, torch.randn(6, 3, generator=torch.Generator().manual_seed(9)))
+    pieces = [weight[0:2], weight[2:4], weight[4:5], weight[5:6]]
+    assert gradients.judge_gather_grad(inputs, listed("grad", pieces)) is None
+    for swapped, index in (([1, 0, 2, 3], 0), ([0, 1, 3, 2], 2)):
+        got = listed("grad", [pieces[i] for i in swapped])
+        assert gradients.judge_gather_grad(inputs, got) == (
+            f"piece {index}'s gradient is not its slice of the output gradient: split by the "
+            "sizes saved in forward"
+        )
+    short = listed("grad", [weight[0:2], weight[2:4], weight[4:6], weight[6:6]])
+    assert "piece 2's gradient" in gradients.judge_gather_grad(inputs, short)
+    assert gradients.judge_gather_grad(inputs, listed("grad", pieces[:3])) == NOT_TENSORS
+
+
+def by_hand(seed: int, rows: int, grad_out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The model's output for its batch, and each parameter's gradient for a loss whose
+    gradient by the output is ``grad_out(out, y)``: the chain rule through 4 -> 8 -> 2."""
+    x, y, _ = outputs.seeded_batch(seed, rows)
+    w1, b1, w2, b2 = (p.detach() for p in outputs.seeded_model(seed).parameters())
+    hidden = torch.tanh(x @ w1.T + b1)
+    out = hidden @ w2.T + b2
+    d_out = grad_out(out, y)
+    d_pre = (d_out @ w2) * (1 - hidden**2)
+    return out, {
+        "0.weight": d_pre.T @ x,
+        "0.bias": d_pre.sum(0),
+        "2.weight": d_out.T @ hidden,
+        "2.bias": d_out.sum(0),
+    }
+
+
+def test_every_replica_computes_the_models_output_to_a_millionth():
+    inputs = [21, 5, 3]
+    out, _ = by_hand(21, 5, lambda out, y: out)
+    assert gradients.judge_replica_outputs(inputs, listed("out", [out] * 4)) is None
+    off = [out, out, out + 0.5, out]
+    assert gradients.judge_replica_outputs(inputs, listed("out", off)) == (
+        "replica 2 computes something else"
+    )
+    tolerance = 1e-6 + 1e-5 * out.abs()  # torch.allclose's atol and rtol
+    near = out.double() + 0.5 * tolerance
+    far = out.double() + 3 * tolerance
+    assert gradients.judge_replica_outputs(inputs, listed("out", [near.float()] * 4)) is None
+    got = gradients.judge_replica_outputs(inputs, listed("out", [out, far.float(), out, out]))
+    assert got == "replica 1 computes something else"
+    assert gradients.judge_replica_outputs(inputs, listed("out", [out] * 3)) == NOT_TENSORS
+    assert gradients.judge_replica_outputs(inputs, listed("out", [out, out, out[:4], out])) == (
+        "replica 2 computes something else"
+    )
+
+
+def test_replicated_gradients_are_the_replicas_count_times_one_copys():
+    seed, rows, count = inputs = [33, 4, 3]
+    # the loss is count * sum(out ** 2): its gradient by the output is 2 * count * out
+    _, grads = by_hand(seed, rows, lambda out, y: 2 * count * out)
+    assert gradients.judge_replica_grads(inputs, listed("grad", grads.values())) is None
+    once = [grad / count for grad in grads.values()]  # one replica's: no reduce-add
+    assert gradients.judge_replica_grads(inputs, listed("grad", once)) == (
+        "0.weight.grad is not the sum over the 3 replicas: one Broadcast.apply over all "
+        "parameters, whose backward reduce-adds"
+    )
+    last = [*list(grads.values())[:3], grads["2.bias"] + 1e-3]
+    assert "2.bias.grad is not the sum over the 3 replicas" in gradients.judge_replica_grads(
+        inputs, listed("grad", last)
+    )
+    assert gradients.judge_replica_grads(inputs, listed("grad", once[:3])) == NOT_TENSORS
+
+
+def test_each_replicas_gradients_after_the_all_reduce_are_the_mean_squared_errors():
+    seed, rows = inputs = [45, 8]
+    # mse_loss averages over rows * 2 outputs: its gradient is 2 (out - y) / (rows * 2)
+    _, grads = by_hand(seed, rows, lambda out, y: 2 * (out - y) / out.numel())
+    every = [grad for _ in range(4) for grad in grads.values()]
+    assert gradients.judge_ddp_grads(inputs, listed("grad", every)) is None
+    off = list(every)
+    off[14] = off[14] * 0.75  # replica 3's 2.weight
+    assert gradients.judge_ddp_grads(inputs, listed("grad", off)) == (
+        "replica 3's 2.weight.grad differs from DataParallel's: all-reduce every parameter's "
+        ".grad across the replicas"
+    )
+    off = list(every)
+    off[5] = off[5] * 0.75  # replica 1's 0.bias
+    assert gradients.judge_ddp_grads(inputs, listed("grad", off)).startswith(
+        "replica 1's 0.bias.grad differs"
+    )
+    assert gradients.judge_ddp_grads(inputs, listed("grad", every[:15])) == NOT_TENSORS
+
+
+def test_gradient_draws_cover_the_sizes_the_graders_name():
+    scatter = draws(gradients.scatter_grad_inputs)
+    assert {rows for rows, _, _ in scatter} == set(range(5, 41))
+    assert {columns for _, columns, _ in scatter} == set(range(1, 6))
+    gather = draws(gradients.gather_grad_inputs)
+    assert {len(rows) for rows, _, _ in gather} == {4}
+    assert {r for rows, _, _ in gather for r in rows} == set(range(1, 6))
+    assert {columns for _, columns, _ in gather} == set(range(1, 5))
+    replica = draws(gradients.replica_inputs)
+    assert {rows for _, rows, _ in replica} == set(range(2, 9))
+    assert {count for _, _, count in replica} == {2, 3, 4}
+    ddp = draws(gradients.ddp_inputs)
+    assert {rows for _, rows in ddp} == {8, 12, 16}
+    for drawn, seed_at in ((scatter, 2), (gather, 2), (replica, 0), (ddp, 0)):
+        seeds = [inputs[seed_at] for inputs in drawn]
+        assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+
+
+# --------------------------------------------------------------------------------------
+# Which students handed in the same code (dpkit/grading/similarity.py)
+
+
+def test_names_are_numbered_by_first_use_and_keywords_literals_and_attributes_stay():
+    assert normalised("total += x\n") == ("n0", "+=", "n1")
+    source = 'def f(a):\n    """doc"""\n    return a.b + b + None  # why\n'
+    assert normalised(source) == (
+        "def", "n0", "(", "n1", ")", ":", "return", "n1", ".", "b", "+", "n2", "+", "None"
+    )  # fmt: skip
+    assert normalised('x = "s"\n') == ("n0", "=", '"s"')  # a string that is not a docstring
+    assert normalised('"""doc"""\nclass A:\n    "doc"\n    y = 1\n') == (
+        "class", "n0", ":", "n1", "=", "1"
+    )  # fmt: skip
+    assert normalised('f("a")\n"b"\n') == ("n0", "(", '"a"', ")")
+    assert normalised("x = (\n") == ("x", "=", "(")  # no tokens: the words as they are
+
+
+def test_pairs_are_found_from_nine_tenths_alike_the_edge_included():
+    stub = "def f():\n    pass\n"
+    nine = "x = 1 + 2 + 3 + 4\n"  # 9 tokens
+    eleven = "y = 1 + 2 + 3 + 4 + 5\n"  # the 9 and 2 more: 2 * 9 / 20 = 0.9
+    files = {"cy": {1: eleven}, "ada": {1: nine}}
+    assert similar_pairs(files, {1: stub}) == [Similar(1, "ada", "cy", 0.9)]
+    assert similar_pairs(files, {1: stub}, near=0.91) == []
+    thirteen = "y = 1 + 2 + 3 + 4 + 5 + 6\n"  # 2 * 9 / 22 = 0.82
+    assert similar_pairs({"ada": {1: nine}, "cy": {1: thirteen}}, {1: stub}) == []
+    (pair,) = similar_pairs({"ada": {1: nine}, "cy": {1: thirteen}}, {1: stub}, near=0.8)
+    assert pair.ratio == pytest.approx(18 / 22)
+    assert pair.describe() == (
+        "task 1: ada and cy handed in 82% alike code (after normalising names and layout)"
+    )
+
+
+def test_identical_pairs_are_listed_by_task_then_student_and_stubs_and_empty_files_left_out():
+    stubs = {2: "def g():\n    pass\n", 1: "def f():\n    pass\n"}
+    mine = "def f(a):\n    return a + 1\n"
+    files = {
+        "dee": {1: mine.replace("a", "b"), 2: mine},
+        "bo": {1: mine, 2: "# nothing yet\n"},
+        "cy": {1: stubs[1] + "# started\n", 2: stubs[2]},
+        "ada": {2: mine + "\n\n"},
+        "eve": {1: "", 2: "# nothing yet\n"},
+    }
+    assert similar_pairs(files, stubs) == [
+        Similar(2, "ada", "dee", 1.0),
+        Similar(1, "bo", "dee", 1.0),
+    ]
+    assert Similar(1, "bo", "dee", 1.0).describe() == (
+        "task 1: bo and dee handed in identical code (after normalising names and layout)"
+    )
