@@ -84,7 +84,7 @@ def _named(where: str, name: str, error: Exception) -> ValueError:
     text = str(error)
     if text.startswith(where):
         return ValueError(text)
-    return ValueError(f"{where}: {name + ': ' if name else ''}{text}")
+    return ValueError(f"{where}: {name}: {text}" if name else f"{where}: {text}")
 
 
 def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file") -> Hardware:
