@@ -583,3 +583,197 @@ def test_identical_pairs_are_listed_by_task_then_student_and_stubs_and_empty_fil
     assert Similar(1, "bo", "dee", 1.0).describe() == (
         "task 1: bo and dee handed in identical code (after normalising names and layout)"
     )
+
+
+# --------------------------------------------------------------------------------------
+# Tensors a primitive returns (dpkit/grading/outputs.py)
+
+
+def test_lane_values_are_drawn_in_turn_from_one_generator():
+    values = outputs.lane_values([2, 3], 3, 6)
+    generator = torch.Generator().manual_seed(6)
+    assert len(values) == 3
+    for value in values:
+        assert torch.equal(value, torch.randn(2, 3, generator=generator))
+
+
+def test_the_ring_sum_is_every_lanes_values_added_on_every_lane():
+    assert outputs.RING_SIZES == {
+        "10 over 4 lanes": ([10], 4),
+        "3 over 4 lanes": ([3], 4),
+        "2x3x5 over 3 lanes": ([2, 3, 5], 3),
+        "7 on 1 lane": ([7], 1),
+    }
+    shape, count, seed = inputs = outputs.ring_size_inputs("2x3x5 over 3 lanes")(random.Random(0))
+    assert (shape, count) == ([2, 3, 5], 3) and 0 <= seed < 2**62
+    a, b, c = outputs.lane_values(shape, count, seed)
+    total = a + b + c
+    assert outputs.judge_ring_size(inputs, listed("lane", [total] * 3)) is None
+    wrong = (
+        "wrong sum for shape (2, 3, 5) over 3 lane(s): cut the flat tensor into n chunks of "
+        "nearly equal size (some empty when numel < n)"
+    )
+    for sums in (
+        [total, total, a + b],
+        [total, total.flatten(), total],
+        [total, total + 1e-4, total],
+    ):
+        assert outputs.judge_ring_size(inputs, listed("lane", sums)) == wrong
+    assert outputs.judge_ring_size(inputs, listed("lane", [total, total, total + 5e-6])) is None
+    assert outputs.judge_ring_size(inputs, listed("lane", [total] * 2)) == NOT_TENSORS
+    assert outputs.judge_ring_size(inputs, {**listed("lane", [total] * 3), "x": total}) == (
+        NOT_TENSORS  # a name that is not lane0, lane1, ...
+    )
+
+
+def test_rows_making_four_chunks_leave_out_nine_and_a_wrong_chunk_names_its_rows():
+    assert outputs.FOUR_CHUNK_ROWS == [7, 8, *range(10, 41)]  # 9 rows: 3 chunks of 3
+    inputs = [10, 2, 3]  # torch.chunk: 3, 3, 3 and 1 rows
+    x = outputs.scatter_input(*inputs)
+    assert torch.equal(x, torch.randn(10, 2, generator=torch.Generator().manual_seed(3)))
+    chunks = [x[0:3], x[3:6], x[6:9], x[9:10]]
+    assert outputs.judge_scatter_chunks(inputs, listed("chunk", chunks)) is None
+    assert outputs.judge_scatter_chunks(inputs, listed("chunk", chunks[:3])) == (
+        "10 rows over 4 lanes make 4 chunks, got 3"
+    )
+    even = [x[0:3], x[3:5], x[5:8], x[8:10]]
+    assert outputs.judge_scatter_chunks(inputs, listed("chunk", even)) == (
+        "chunk 1 of a (10, 2) tensor is not its rows 3 to 5, torch.chunk's chunk 1"
+    )
+    last = [*chunks[:3], x[0:1]]
+    assert outputs.judge_scatter_chunks(inputs, listed("chunk", last)) == (
+        "chunk 3 of a (10, 2) tensor is not its rows 9 to 9, torch.chunk's chunk 3"
+    )
+    assert outputs.judge_scatter_chunks(inputs, {"chunk0": x, "chunk2": x}) == NOT_TENSORS
+
+
+def test_broadcast_lays_the_copies_out_device_by_device():
+    inputs = [[3], [2, 2], 12]
+    a, b = outputs.layout_tensors(*inputs)
+    generator = torch.Generator().manual_seed(12)
+    assert torch.equal(a, torch.randn(3, generator=generator))
+    assert torch.equal(b, torch.randn(2, 2, generator=generator))
+    assert outputs.judge_layout(inputs, listed("copy", [a, b] * 4)) is None
+    tensor_by_tensor = [a, a, a, a, b, b, b, b]
+    assert outputs.judge_layout(inputs, listed("copy", tensor_by_tensor)) == (
+        "output 1 should be tensor 1 on lane 0: lay the copies out device by device, "
+        "(a on d0, b on d0, a on d1, ...)"
+    )
+    assert outputs.judge_layout(inputs, listed("copy", [a, b] * 3 + [a, a])).startswith(
+        "output 7 should be tensor 1 on lane 3:"
+    )
+    assert outputs.judge_layout(inputs, listed("copy", [a, b] * 3)) == (
+        "2 tensors on 4 lanes make 8 copies, got 6"
+    )
+
+
+def test_the_graders_model_and_batch_come_from_the_seed_alone():
+    torch.manual_seed(0)
+    model = outputs.seeded_model(7)
+    torch.manual_seed(1)
+    assert [(n, tuple(p.shape)) for n, p in outputs.seeded_model(7).named_parameters()] == [
+        ("0.weight", (8, 4)),
+        ("0.bias", (8,)),
+        ("2.weight", (2, 8)),
+        ("2.bias", (2,)),
+    ]
+    generator = torch.Generator().manual_seed(7)
+    for parameter, again in zip(model.parameters(), outputs.seeded_model(7).parameters()):
+        assert torch.equal(parameter, torch.randn(parameter.shape, generator=generator) / 2)
+        assert torch.equal(parameter, again)
+    x, y, extra = outputs.seeded_batch(7, 5)
+    generator = torch.Generator().manual_seed(8)  # the batch's seed is the model's + 1
+    for tensor, columns in ((x, 4), (y, 2), (extra, 3)):
+        assert torch.equal(tensor, torch.randn(5, columns, generator=generator))
+
+
+def test_the_data_parallel_forward_and_its_gradients_match_one_devices():
+    seed, rows = inputs = [19, 6]
+    out, grads = by_hand(seed, rows, lambda out, y: 2 * (out - y) / out.numel())
+    _, _, extra = outputs.seeded_batch(seed, rows)
+    product = extra * extra.flip(0)
+    assert outputs.judge_forward(inputs, {"out": out, "product": product}) is None
+    assert outputs.judge_forward(inputs, {"out": out[:5], "product": product}) == (
+        "expected one (6, 2) output gathered from the replicas"
+    )
+    assert outputs.judge_forward(inputs, {"out": out + 1e-3, "product": product}) == (
+        "the output differs from module(x)"
+    )
+    assert outputs.judge_forward(inputs, {"out": out + 5e-6, "product": product}) is None
+    assert outputs.judge_forward(inputs, {"out": out, "product": extra * extra}) == (
+        "every positional input must be scattered, and the chunks passed as arguments"
+    )
+    assert outputs.judge_forward(inputs, {"out": out, "product": product[:5]}) == (
+        "every positional input must be scattered, and the chunks passed as arguments"
+    )
+    assert outputs.judge_forward(inputs, {"out": out}) == NOT_TENSORS
+    assert outputs.judge_forward(inputs, {"product": product}) == NOT_TENSORS
+    assert outputs.judge_gradients(inputs, listed("grad", grads.values())) is None
+    off = [*list(grads.values())[:3], grads["2.bias"] + 1e-3]
+    assert outputs.judge_gradients(inputs, listed("grad", off)) == (
+        "2.bias.grad differs from one device"
+    )
+    none = [grads["0.weight"], grads["0.bias"] * float("nan"), *list(grads.values())[2:]]
+    assert outputs.judge_gradients(inputs, listed("grad", none)) == (
+        "0.bias got no gradient through the data-parallel forward"
+    )
+    shaped = [grads["0.weight"].T, *list(grads.values())[1:]]
+    assert outputs.judge_gradients(inputs, listed("grad", shaped)).startswith("0.weight got no")
+    assert outputs.judge_gradients(inputs, listed("grad", list(grads.values())[:3])) == (
+        NOT_TENSORS
+    )
+
+
+def test_apply_replica_stores_one_result_and_parallel_apply_keeps_replica_order():
+    factors, length, (first, second), seed = inputs = [[2.0, -0.5, 1.5], 3, [2, 1], 14]
+    x = outputs.replica_tensors(3, 3, 14)
+    generator = torch.Generator().manual_seed(14)
+    assert len(x) == 4
+    for tensor in x:
+        assert torch.equal(tensor, torch.randn(3, generator=generator))
+    right = {"keys": torch.tensor([2]), "first": 2.0 * x[0], "second": -0.5 * x[1] + x[3]}
+    assert outputs.judge_apply_replica(inputs, right) is None
+    assert outputs.judge_apply_replica(inputs, {**right, "keys": torch.tensor([2, 1])}) == (
+        "results should have key 2 only, got [2, 1]"
+    )
+    assert outputs.judge_apply_replica(inputs, {**right, "first": x[0]}) == (
+        "results[2] is not module(input)"
+    )
+    assert outputs.judge_apply_replica(inputs, {**right, "second": -0.5 * x[1]}) == (
+        "a tuple input holds the positional arguments: call module(*input)"
+    )
+    assert outputs.judge_apply_replica(inputs, {"keys": right["keys"]}) == NOT_TENSORS
+    in_order = [2.0 * x[0], -0.5 * x[1], 1.5 * x[2]]
+    assert outputs.judge_in_order(inputs, listed("out", in_order)) is None
+    assert outputs.judge_in_order(inputs, listed("out", in_order[::-1])) == (
+        "output 0 is not replica 0's: keep outputs in replica order, not in the order the "
+        "threads finished"
+    )
+    assert outputs.judge_in_order(inputs, listed("out", in_order[:2])) == (
+        "return a list with 3 outputs"
+    )
+
+
+def test_output_draws_cover_the_sizes_the_graders_name():
+    scatter = draws(outputs.scatter_input_inputs)
+    assert {rows for rows, _, _ in scatter} == set(outputs.FOUR_CHUNK_ROWS)
+    assert {columns for _, columns, _ in scatter} == set(range(1, 6))
+    layout = draws(outputs.layout_inputs)
+    assert {a[0] for a, _, _ in layout} == set(range(1, 7)) and {len(a) for a, _, _ in layout} == {
+        1
+    }
+    assert {tuple(b) for _, b, _ in layout} == {(r, c) for r in range(1, 5) for c in range(1, 5)}
+    model = draws(outputs.model_inputs)
+    assert {rows for _, rows in model} == set(range(5, 17))
+    replica = draws(outputs.replica_inputs)
+    assert {len(factors) for factors, _, _, _ in replica} == {2, 3, 4}
+    factors = [f for drawn, _, _, _ in replica for f in drawn]
+    assert -3.0 <= min(factors) < -2.95 and 2.95 < max(factors) <= 3.0
+    assert all(round(f, 2) == f for f in factors) and any(round(f, 1) != f for f in factors)
+    assert {length for _, length, _, _ in replica} == set(range(1, 6))
+    assert {tuple(pair) for _, _, pair, _ in replica} == {
+        (a, b) for a in range(1, 4) for b in range(1, 4) if a != b
+    }
+    for drawn, seed_at in ((scatter, 2), (layout, 2), (model, 0), (replica, 3)):
+        seeds = [inputs[seed_at] for inputs in drawn]
+        assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
