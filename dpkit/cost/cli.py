@@ -167,9 +167,8 @@ def memory_table(trace: PredictedTrace) -> str:
     unit, size, digits = _unit(max(trace.memory_per_device))
     categories = list(dict.fromkeys(c for held in trace.held for c in held))
     table = [["device", *categories, "total", "capacity"]]
-    for _, group in itertools.groupby(enumerate(trace.held), key=lambda item: item[1]):
+    for held, group in itertools.groupby(enumerate(trace.held), key=lambda item: item[1]):
         indices = [index for index, _ in group]
-        held = trace.held[indices[0]]
         label = f"{indices[0]}" + (f"-{indices[-1]}" if len(indices) > 1 else "")
         values = [*(held.get(c, 0) for c in categories), sum(held.values()),
                   trace.machine.memory_capacity]  # fmt: skip

@@ -461,8 +461,7 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     (sgd, momentum, adam, adamw) sets the state in the memory; ``gradient_as_bucket_view``
     and ``bucket_cap_mb`` are DDP's. ``tr.step_time``: seconds per step; ``tr.held``: bytes
     by category per device, ``tr.memory_per_device`` their sums, ``tr.fits``."""
-    if isinstance(hardware, str):
-        hardware = preset(hardware)
+    hardware = preset(hardware) if isinstance(hardware, str) else hardware
     if not isinstance(hardware, Hardware):
         kind = type(hardware).__name__
         raise TypeError(f"hardware must be a dpkit.cost.Hardware or a preset name, got {kind}")
