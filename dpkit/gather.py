@@ -122,8 +122,7 @@ def _different_structures(outputs: Sequence[Any], path: tuple[Any, ...]) -> Valu
     )
     at = f" at output{''.join(f'[{key!r}]' for key in path)}" if path else ""
     # torch's own words first where torch has them: dicts with other numbers of keys
-    key_counts = {len(o) if isinstance(o, dict) else None for o in outputs}
-    torch_words = None not in key_counts and len(key_counts) > 1
+    torch_words = all(isinstance(o, dict) for o in outputs) and len({len(o) for o in outputs}) > 1
     return ValueError(
         f"{'All dicts must have the same number of keys. ' if torch_words else ''}gather cannot "
         f"combine replica outputs of different structures{at} ({returned}); make every "

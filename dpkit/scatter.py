@@ -111,7 +111,7 @@ def scatter_kwargs(
 
 class _Split:
     """How one scatter (or both of scatter_kwargs') splits each tensor: checked that it can
-    be split and that it has the first one's size along ``dim`` (the batch), then cut into
+    be split and that all have one size along ``dim`` (the batch), then cut into
     ``plan_chunks``' sizes on the first devices. Onto one device nothing is split, so tensors
     of any sizes go whole, as in torch. ``named``: what the caller was given, which the error
     for two batch sizes lists."""
@@ -123,14 +123,13 @@ class _Split:
         self.devices = as_devices(target_gpus, argument="target_gpus")
         self.chunk_sizes = chunk_sizes
         self.named = named
-        self.batch: int | None = None
+        self.batches: set[int] = set()  # the sizes along dim of the tensors split so far
 
     def __call__(self, tensor: torch.Tensor) -> tuple[list[Device], list[int]]:
         _check_splittable(tensor, self.dim)
         size = tensor.shape[self.dim]
-        if self.batch is None:
-            self.batch = size
-        elif size != self.batch and len(self.devices) > 1:
+        self.batches.add(size)
+        if len(self.batches) > 1 and len(self.devices) > 1:
             raise _batch_mismatch(self.dim, **self.named)
         sizes = plan_chunks(size, len(self.devices), self.chunk_sizes)
         return self.devices[: len(sizes)], sizes
@@ -244,9 +243,8 @@ def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
     ``num_devices`` empty ones and torch's DataParallel would run every replica on nothing.
     """
     _check_plan(size, num_devices)
-    if size == 0:
-        return []
-    chunk = math.ceil(size / num_devices)
+    # At least 1: no rows give no chunks (range's step cannot be 0), not torch.chunk's empty ones
+    chunk = max(1, math.ceil(size / num_devices))
     return [min(chunk, size - start) for start in range(0, size, chunk)]
 
 
@@ -280,10 +278,11 @@ def weighted_chunk_sizes(size: int, num_devices: int, weights: Sequence[float]) 
     by_remainder = sorted(range(num_devices), key=lambda i: sizes[i] - shares[i])
     for i in by_remainder[: size - sum(sizes)]:
         sizes[i] += 1
-    for i in range(num_devices):
-        if sizes[i] == 0:
-            sizes[max(range(num_devices), key=sizes.__getitem__)] -= 1
-            sizes[i] = 1
+    # A device left without a row takes one from the largest chunk, which has at least two
+    # (the rows are at least the devices), so no other device is left without one.
+    for i in [i for i, rows in enumerate(sizes) if rows == 0]:
+        sizes[max(range(num_devices), key=sizes.__getitem__)] -= 1
+        sizes[i] = 1
     return sizes
 
 
