@@ -68,23 +68,18 @@ def add_transfer_listener(listener: Callable[[Transfer], None]) -> RemovableHand
     return handle
 
 
-def _phase_of(op: Collective | str) -> Phase | None:
-    """The phase of a copy labelled ``op``: a collective's in this pass, a phase's own name
-    (exercises label their copies "grad_scatter", "allreduce"), else None ("setup")."""
-    if op in _COLLECTIVES:
-        return Collective(op).phase(in_backward())
-    return _PHASES.get(op)
-
-
 _COLLECTIVES = frozenset(c.value for c in Collective)
 _PHASES = {p.value: p for p in Phase}
 
 
 def _report(op: Collective | str, tensor: torch.Tensor, source: Device | None, destination: Device):
-    """Tell the transfer listeners about one copy."""
+    """Tell the transfer listeners about one copy, made by ``op``: its phase is a collective's
+    in this pass, a phase's own (exercises label their copies "grad_scatter", "allreduce"),
+    else None (a label such as "setup")."""
     if _listeners:
         source = device_of(tensor) if source is None else source
-        transfer = Transfer(str(op), source, destination, tensor_nbytes(tensor), _phase_of(op))
+        phase = Collective(op).phase(in_backward()) if op in _COLLECTIVES else _PHASES.get(op)
+        transfer = Transfer(str(op), source, destination, tensor_nbytes(tensor), phase)
         for listener in list(_listeners.values()):
             listener(transfer)
 
@@ -103,10 +98,7 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
 
 
 def copy_to(
-    tensor: torch.Tensor,
-    destination: Device,
-    op: Collective | str,
-    source: Device | None = None,
+    tensor: torch.Tensor, destination: Device, op: Collective | str, source: Device | None = None
 ) -> torch.Tensor:
     """``tensor`` on ``destination``: itself if it is already there, else a counted copy,
     reported as made by ``op``: a :class:`~dpkit.tracing.Collective` or its name
@@ -114,10 +106,7 @@ def copy_to(
 
     ``source`` says where the tensor is when its tag cannot (gradients carry no lane tag).
     """
-    if source is None:
-        there = resides_on(tensor, destination)
-    else:
-        there = source.shares_memory_with(destination)
+    there = source.shares_memory_with(destination) if source else resides_on(tensor, destination)
     if there:
         return tensor  # the caller's own object: never tagged, never copied
     _report(op, tensor, source, destination)
@@ -147,7 +136,7 @@ def _copy_group(
       recorded on the lane's stream, where its backward reads it; what reduce_add and
       gather take from a lane, on this thread's stream, where their copies read it.
     """
-    if collective in _FROM_LANES:
+    if collective in (Collective.REDUCE, Collective.GATHER):  # taken from a lane
         lanes.made_on_lane_stream(group, device)
     with tracing.copy_span(collective, device, **details) as span:
         if into is None:
@@ -162,16 +151,12 @@ def _copy_group(
                 out.copy_(tensor, non_blocking=destination.device_type != "cpu")
         if span is not None:
             span.nbytes = sum(map(tensor_nbytes, moved))
-    if collective in _TO_LANES:
+    if collective in (Collective.SCATTER, Collective.BROADCAST):  # handed to a lane
         lanes.read_on_lane_stream(copies, destination)
     leaves = group if leaves is None else leaves
     if leaves:
         tracing.holds(collective, (destination,), leaves)
     return copies
-
-
-_TO_LANES = frozenset((Collective.SCATTER, Collective.BROADCAST))
-_FROM_LANES = frozenset((Collective.REDUCE, Collective.GATHER))
 
 
 # --------------------------------------------------------------------------------------
@@ -221,9 +206,7 @@ def broadcast(
 
 
 def reduce_add(
-    per_device: Sequence[Sequence[torch.Tensor]],
-    destination: Device,
-    devices: Sequence[Device],
+    per_device: Sequence[Sequence[torch.Tensor]], destination: Device, devices: Sequence[Device]
 ) -> list[torch.Tensor]:
     """Sum the i-th tensor of every device's list onto ``destination``, as torch's reduce_add.
 
@@ -250,10 +233,7 @@ def reduce_add(
 
 
 def gather(
-    tensors: Sequence[torch.Tensor],
-    dim: int,
-    destination: Device,
-    sources: Sequence[Device],
+    tensors: Sequence[torch.Tensor], dim: int, destination: Device, sources: Sequence[Device]
 ) -> torch.Tensor:
     """Concatenate ``tensors`` (``tensors[i]`` on ``sources[i]``) into one on ``destination``.
 
@@ -270,8 +250,8 @@ def gather(
                 f"gather: output {position} has shape {tuple(tensor.shape)} but output 0 has "
                 f"{tuple(first.shape)}; replica outputs may differ only along dim={dim}"
             )
-    shape = list(first.shape)
-    shape[dim] = sum(t.shape[dim] for t in tensors)
+    # the first output's shape, with every piece's size along dim added up
+    shape = [*first.shape[:dim], sum(t.shape[dim] for t in tensors), *first.shape[dim + 1 :]]
     result = lane_memory.empty(shape, first.dtype, destination)  # torch.empty, reused blocks
     pieces = result.split([t.shape[dim] for t in tensors], dim)
     for tensor, source, piece in zip(tensors, sources, pieces, strict=True):

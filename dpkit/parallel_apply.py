@@ -77,8 +77,7 @@ from dpkit.nested import tensors_in
 
 def get_a_var(obj: Any) -> torch.Tensor | None:
     """The first tensor found in ``obj`` (a tensor, or a list, tuple or dict holding one)."""
-    found = tensors_in(obj)
-    return found[0] if found else None
+    return next(iter(tensors_in(obj)), None)
 
 
 def parallel_apply(
@@ -113,12 +112,7 @@ def parallel_apply(
     modes = _CallersModes()
 
     def _worker(
-        i: int,
-        module: nn.Module,
-        input: Any,
-        kwargs: dict[str, Any],
-        device: Device,
-        stream: Any | None,
+        i: int, module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device, stream: Any
     ) -> None:
         try:
             # dpkit: torch's grad mode, device_index, stream and autocast, and more (_CallersModes)
@@ -283,9 +277,7 @@ class _CallersModes:
 _POLL_SECONDS = 0.05
 
 
-def _join(
-    threads: list[threading.Thread], work: list[tuple[Any, ...]], timeout: float | None
-) -> None:
+def _join(threads: list[threading.Thread], work: list[tuple], timeout: float | None) -> None:
     """torch's ``thread.join()`` for each thread, in short joins, so that Ctrl-C gets
     through, and up to ``timeout`` seconds in all (``TimeoutError`` naming who still runs)."""
     deadline = math.inf if timeout is None else time.monotonic() + timeout
