@@ -50,18 +50,17 @@ def scatter(
     As ``torch.nn.parallel.scatter``: a tuple of chunks for a tensor, else a list with one entry
     per device used. Every tensor split must have the same size along ``dim``.
     """
-    # dpkit: one _Split checks dim and target_gpus (which become dpkit Devices) and plans each
-    # tensor's chunks; scatter_kwargs passes its own, shared by its two calls
-    split = chunk_sizes
-    if not isinstance(split, _Split):
-        split = _Split(target_gpus, dim, chunk_sizes, inputs=inputs)
-    target_gpus = split.devices
+    # dpkit: chunk_sizes becomes a _Split, which checks dim and target_gpus (which become dpkit
+    # Devices) and plans each tensor's chunks; scatter_kwargs passes its own, for both calls
+    if not isinstance(chunk_sizes, _Split):
+        chunk_sizes = _Split(target_gpus, dim, chunk_sizes, inputs=inputs)
+    target_gpus = chunk_sizes.devices
 
     def scatter_map(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
-            # dpkit: split(obj) gives the devices used and the chunk sizes (torch: all devices,
-            # and None for torch.chunk's); None: read the source device off the tensor
-            return Scatter.apply(*split(obj), dim, None, obj)
+            # dpkit: chunk_sizes(obj) gives the devices used and the chunk sizes (torch: all
+            # devices, and None for torch.chunk's); None: read the source device off the tensor
+            return Scatter.apply(*chunk_sizes(obj), dim, None, obj)
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj))]
         if isinstance(obj, tuple) and len(obj) > 0:
