@@ -357,6 +357,8 @@ def test_a_scalar_piece_needs_a_scalar_gradient_its_entry_of_the_output_gradient
     for short in ({k: v for k, v in right.items() if k != key} for key in ("returned2", "grad2")):
         assert shapes.judge_scalar_grad(inputs, short) == NOT_TENSORS
     assert shapes.judge_scalar_grad(inputs, {**right, "grad3": weight[0]}) == NOT_TENSORS
+    for key in ("returned1", "grad1"):  # one of either that is not a tensor
+        assert shapes.judge_scalar_grad(inputs, {**right, key: 0.5}) == NOT_TENSORS
 
 
 def lanes(big: list[int], small: list[int], one: list[int]) -> dict[str, torch.Tensor]:
@@ -402,6 +404,7 @@ def test_shape_draws_cover_the_sizes_the_graders_name():
     for drawn, seed_at in ((dim, 4), (scalar, 1), (lane, 2)):
         seeds = [inputs[seed_at] for inputs in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+        torch.Generator().manual_seed(max(seeds) + 1)  # seeds torch's generator, + 1 too
 
 
 # --------------------------------------------------------------------------------------
@@ -492,6 +495,9 @@ def test_replicated_gradients_are_the_replicas_count_times_one_copys():
         inputs, listed("grad", last)
     )
     assert gradients.judge_replica_grads(inputs, listed("grad", once[:3])) == NOT_TENSORS
+    # to 1e-5 either way: autograd adds the replicas' gradients in another order
+    near = [grad + 5e-6 for grad in grads.values()]
+    assert gradients.judge_replica_grads(inputs, listed("grad", near)) is None
 
 
 def test_each_replicas_gradients_after_the_all_reduce_are_the_mean_squared_errors():
@@ -512,6 +518,8 @@ def test_each_replicas_gradients_after_the_all_reduce_are_the_mean_squared_error
         "replica 1's 0.bias.grad differs"
     )
     assert gradients.judge_ddp_grads(inputs, listed("grad", every[:15])) == NOT_TENSORS
+    near = [grad - 5e-6 for grad in every]  # to 1e-5: the all-reduce adds in another order
+    assert gradients.judge_ddp_grads(inputs, listed("grad", near)) is None
 
 
 def test_gradient_draws_cover_the_sizes_the_graders_name():
@@ -530,6 +538,7 @@ def test_gradient_draws_cover_the_sizes_the_graders_name():
     for drawn, seed_at in ((scatter, 2), (gather, 2), (replica, 0), (ddp, 0)):
         seeds = [inputs[seed_at] for inputs in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+        torch.Generator().manual_seed(max(seeds) + 1)  # seeds torch's generator, + 1 too
 
 
 # --------------------------------------------------------------------------------------
@@ -777,3 +786,21 @@ def test_output_draws_cover_the_sizes_the_graders_name():
     for drawn, seed_at in ((scatter, 2), (layout, 2), (model, 0), (replica, 3)):
         seeds = [inputs[seed_at] for inputs in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+        torch.Generator().manual_seed(max(seeds) + 1)  # seeds torch's generator, + 1 too
+
+
+def test_long_files_of_repeated_tokens_are_compared_token_by_token():
+    # 303 tokens, one apart: difflib's autojunk would drop "+" and "1" (over 1 % of a long
+    # sequence) and find them 1 % alike; token by token they are 2 * 302 / 606 alike
+    first, second = ("x = " + str(start) + " + 1" * 150 + "\n" for start in (2, 3))
+    assert similar_pairs({"ada": {1: first}, "bo": {1: second}}, {1: "pass\n"}) == [
+        Similar(1, "ada", "bo", 302 / 303)
+    ]
+
+
+def test_untouched_stubs_are_nobodys_copy_but_a_one_token_file_is_compared():
+    stub = "def f():\n    pass\n"
+    files = {"ada": {1: stub}, "bo": {1: stub.replace("f", "g") + "\n# later\n"}}
+    assert similar_pairs(files, {1: stub}) == []
+    one = {"ada": {1: "pass\n"}, "bo": {1: "pass  # done\n"}}
+    assert similar_pairs(one, {1: stub}) == [Similar(1, "ada", "bo", 1.0)]
