@@ -191,8 +191,9 @@ def _batch_mismatch(dim: int, **named: Any) -> ValueError:
 def _sizes_along(obj: Any, dim: int, path: str) -> list[tuple[str, int]]:
     """Each tensor in ``obj`` that has a dimension ``dim``, by where it is (``inputs[0]``,
     ``kwargs['mask']``), with its size along ``dim``."""
-    if isinstance(obj, torch.Tensor):
-        return [(path, obj.shape[dim])] if -obj.dim() <= dim < obj.dim() else []
+    if isinstance(obj, torch.Tensor):  # (a nested tensor has no one size: its own error)
+        fits = not obj.is_nested and -obj.dim() <= dim < obj.dim()
+        return [(path, obj.shape[dim])] if fits else []
     if not isinstance(obj, (list, tuple, dict)):
         return []
     items = obj.items() if isinstance(obj, dict) else enumerate(obj)

@@ -105,3 +105,13 @@ def test_no_rows_plan_no_chunks_where_torch_chunk_gives_empty_ones():
     assert message(lambda: dpkit.plan_chunks(-1, 4)) == (
         "size must be a number of rows (an int >= 0), got -1"
     )
+
+
+def test_a_batch_mismatch_beside_a_nested_tensor_is_named_not_an_internal_error():
+    # A nested tensor has no one size along dim: listing it raised torch's "Internal
+    # error: NestedTensorImpl doesn't support sizes" in place of the mismatch.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)])
+    found = message(lambda: dpkit.scatter((torch.ones(4, 3), torch.ones(5, 3), nested), lanes(2)))
+    assert "but inputs[0] has 4, inputs[1] has 5 (torch would" in found
