@@ -671,6 +671,10 @@ def test_broadcast_lays_the_copies_out_device_by_device():
     assert outputs.judge_layout(inputs, listed("copy", [a, b] * 3 + [a, a])).startswith(
         "output 7 should be tensor 1 on lane 3:"
     )
+    wrong_values = [a, b, a, b + 1, a, b, a, b]  # the right shapes
+    assert outputs.judge_layout(inputs, listed("copy", wrong_values)).startswith(
+        "output 3 should be tensor 1 on lane 1:"
+    )
     assert outputs.judge_layout(inputs, listed("copy", [a, b] * 3)) == (
         "2 tensors on 4 lanes make 8 copies, got 6"
     )
@@ -718,6 +722,8 @@ def test_the_data_parallel_forward_and_its_gradients_match_one_devices():
     assert outputs.judge_forward(inputs, {"out": out}) == NOT_TENSORS
     assert outputs.judge_forward(inputs, {"product": product}) == NOT_TENSORS
     assert outputs.judge_gradients(inputs, listed("grad", grads.values())) is None
+    near = [grad + 5e-6 for grad in grads.values()]  # to 1e-5: four lanes add in another order
+    assert outputs.judge_gradients(inputs, listed("grad", near)) is None
     off = [*list(grads.values())[:3], grads["2.bias"] + 1e-3]
     assert outputs.judge_gradients(inputs, listed("grad", off)) == (
         "2.bias.grad differs from one device"
@@ -783,7 +789,14 @@ def test_output_draws_cover_the_sizes_the_graders_name():
     assert {tuple(pair) for _, _, pair, _ in replica} == {
         (a, b) for a in range(1, 4) for b in range(1, 4) if a != b
     }
-    for drawn, seed_at in ((scatter, 2), (layout, 2), (model, 0), (replica, 3)):
+    ring = [
+        draws(outputs.ring_size_inputs(case), 100) for case in outputs.RING_SIZES
+    ]  # fresh values each run
+    assert [{(tuple(shape), count) for shape, count, _ in drawn} for drawn in ring] == [
+        {(tuple(shape), count)} for shape, count in outputs.RING_SIZES.values()
+    ]
+    ring_seeds = ring[0]  # (the same rng draws the same seed for every size)
+    for drawn, seed_at in ((scatter, 2), (layout, 2), (model, 0), (replica, 3), (ring_seeds, 2)):
         seeds = [inputs[seed_at] for inputs in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
         torch.Generator().manual_seed(max(seeds) + 1)  # seeds torch's generator, + 1 too
@@ -800,7 +813,7 @@ def test_long_files_of_repeated_tokens_are_compared_token_by_token():
 
 def test_untouched_stubs_are_nobodys_copy_but_a_one_token_file_is_compared():
     stub = "def f():\n    pass\n"
-    files = {"ada": {1: stub}, "bo": {1: stub.replace("f", "g") + "\n# later\n"}}
+    files = {"ada": {1: stub}, "bo": {1: "def g():\n    pass\n\n# later\n"}}
     assert similar_pairs(files, {1: stub}) == []
     one = {"ada": {1: "pass\n"}, "bo": {1: "pass  # done\n"}}
     assert similar_pairs(one, {1: stub}) == [Similar(1, "ada", "bo", 1.0)]
