@@ -789,14 +789,7 @@ def test_output_draws_cover_the_sizes_the_graders_name():
     assert {tuple(pair) for _, _, pair, _ in replica} == {
         (a, b) for a in range(1, 4) for b in range(1, 4) if a != b
     }
-    ring = [
-        draws(outputs.ring_size_inputs(case), 100) for case in outputs.RING_SIZES
-    ]  # fresh values each run
-    assert [{(tuple(shape), count) for shape, count, _ in drawn} for drawn in ring] == [
-        {(tuple(shape), count)} for shape, count in outputs.RING_SIZES.values()
-    ]
-    ring_seeds = ring[0]  # (the same rng draws the same seed for every size)
-    for drawn, seed_at in ((scatter, 2), (layout, 2), (model, 0), (replica, 3), (ring_seeds, 2)):
+    for drawn, seed_at in ((scatter, 2), (layout, 2), (model, 0), (replica, 3)):
         seeds = [inputs[seed_at] for inputs in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
         torch.Generator().manual_seed(max(seeds) + 1)  # seeds torch's generator, + 1 too
@@ -817,3 +810,12 @@ def test_untouched_stubs_are_nobodys_copy_but_a_one_token_file_is_compared():
     assert similar_pairs(files, {1: stub}) == []
     one = {"ada": {1: "pass\n"}, "bo": {1: "pass  # done\n"}}
     assert similar_pairs(one, {1: stub}) == [Similar(1, "ada", "bo", 1.0)]
+
+
+def test_the_ring_checks_draw_a_fresh_seed_for_each_size_each_run():
+    for case, (shape, count) in outputs.RING_SIZES.items():
+        drawn = draws(outputs.ring_size_inputs(case), 100)
+        assert {(tuple(inputs[0]), inputs[1]) for inputs in drawn} == {(tuple(shape), count)}
+        seeds = [seed for _, _, seed in drawn]
+        assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+        torch.Generator().manual_seed(max(seeds))
