@@ -127,6 +127,8 @@ BEYOND_CORE = {
     "dpkit/grading/shapes.py": _grading_tests("shapes"),
     "dpkit/grading/similarity.py": _grading_tests("similarity"),
     "dpkit/grading/outputs.py": _grading_tests("outputs"),
+    "dpkit/grading/counted.py": _grading_tests("counted"),
+    "dpkit/grading/structure.py": _grading_tests("structure"),
 }
 BEYOND_CORE_GOAL = 0.90
 PYTEST_ARGS = ("-m", MARKERS, "-p", "no:cacheprovider")
