@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from dpkit.grading import gradients, outputs, shapes, weighted
+from dpkit.grading import counted, gradients, outputs, shapes, weighted
 from dpkit.grading.decided import pack_sizes
 from dpkit.grading.outputs import NOT_TENSORS, listed
 from dpkit.grading.similarity import Similar, normalised, similar_pairs
@@ -443,11 +443,15 @@ def test_each_gathered_piece_gets_its_own_rows_of_the_output_gradient():
     assert gradients.judge_gather_grad(inputs, listed("grad", pieces[:3])) == NOT_TENSORS
 
 
-def by_hand(seed: int, rows: int, grad_out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def by_hand(
+    seed: int, rows: int, grad_out, params: list[torch.Tensor] | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The model's output for its batch, and each parameter's gradient for a loss whose
-    gradient by the output is ``grad_out(out, y)``: the chain rule through 4 -> 8 -> 2."""
+    gradient by the output is ``grad_out(out, y)``: the chain rule through 4 -> 8 -> 2
+    (with ``params`` for the seeded model's, when given)."""
     x, y, _ = outputs.seeded_batch(seed, rows)
-    w1, b1, w2, b2 = (p.detach() for p in outputs.seeded_model(seed).parameters())
+    model = outputs.seeded_model(seed)
+    w1, b1, w2, b2 = params or [p.detach() for p in model.parameters()]
     hidden = torch.tanh(x @ w1.T + b1)
     out = hidden @ w2.T + b2
     d_out = grad_out(out, y)
@@ -819,3 +823,166 @@ def test_the_ring_checks_draw_a_fresh_seed_for_each_size_each_run():
         seeds = [seed for _, _, seed in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
         torch.Generator().manual_seed(max(seeds))
+
+
+# --------------------------------------------------------------------------------------
+# Numbers a student's function returns (dpkit/grading/counted.py)
+
+
+def table(rows: dict) -> dict[str, torch.Tensor]:
+    return counted.pack_traffic(rows)
+
+
+def test_three_copies_of_5_floats_send_40_20_0_bytes_and_receive_0_20_40():
+    # lane 0 -> 1, 1 -> 2, 0 -> 2, 20 bytes each
+    right = {0: (40, 0), 1: (20, 20), 2: (0, 40)}
+    assert counted.judge_traffic([5], table(right)) is None
+    assert counted.judge_traffic([5], table({2: (0, 40), 0: (40, 0), 1: (20, 20)})) is None
+    assert counted.judge_traffic([5], table({0: (40, 0), 1: (20, 20)})) == (
+        "got {0: (40, 0), 1: (20, 20)}, expected {0: (40, 0), 1: (20, 20), 2: (0, 40)}: sum "
+        "Transfer.nbytes by source (sent) and by destination (received); the host (-1) "
+        "counts as lane 0"
+    )
+    assert "got {0: (10, 0), 1: (5, 5), 2: (0, 10)}" in counted.judge_traffic(
+        [5],
+        table({0: (10, 0), 1: (5, 5), 2: (0, 10)}),  # elements, not bytes
+    )
+    not_table = "the outputs sent for traffic_per_lane are not a table of lanes"
+    rows = table(right)["traffic"]
+    for bad in (
+        rows.int(),
+        rows.flatten(),
+        rows[:, :2],
+        torch.cat([rows, torch.zeros(3, 1, dtype=torch.int64)], dim=1),
+        torch.cat([rows, rows[:1]]),  # lane 0 twice
+        rows.tolist(),
+    ):
+        assert counted.judge_traffic([5], {"traffic": bad}) == not_table
+    assert counted.judge_traffic([5], {}) == not_table
+
+
+def test_reduce_add_over_3_lanes_sends_each_chunk_to_lane_0_and_the_ring_sends_two_thirds():
+    lanes, chunk = inputs = [3, 10]  # 30 floats: 120 bytes per lane
+    reduce_add = {0: (0, 240), 1: (120, 0), 2: (120, 0)}
+    ring = {lane: (160, 160) for lane in range(lanes)}  # 2 * (3 - 1) * 10 floats each way
+    both = {**counted.pack_traffic(reduce_add, "reduce_add"), **counted.pack_traffic(ring, "ring")}
+    assert counted.judge_compare(inputs, both) is None
+    moved = {0: (0, 240), 1: (120, 0), 2: (120, 0), 3: (0, 0)}
+    got = counted.judge_compare(inputs, {**both, **counted.pack_traffic(moved, "reduce_add")})
+    assert got == (
+        "reduce_add traffic {0: (0, 240), 1: (120, 0), 2: (120, 0), 3: (0, 0)}, expected "
+        "{0: (0, 240), 1: (120, 0), 2: (120, 0)}: measure only the reduce_add call, with "
+        "traffic_per_lane"
+    )
+    half = {lane: (80, 80) for lane in range(lanes)}
+    assert counted.judge_compare(inputs, {**both, **counted.pack_traffic(half, "ring")}) == (
+        "ring traffic {0: (80, 80), 1: (80, 80), 2: (80, 80)}, expected "
+        "{0: (160, 160), 1: (160, 160), 2: (160, 160)}"
+    )
+    four = [4, 10]  # 160 bytes per lane, each ring lane 2 * 3 * 40 = 240 each way
+    want = {
+        **counted.pack_traffic({0: (0, 480), 1: (160, 0), 2: (160, 0), 3: (160, 0)}, "reduce_add"),
+        **counted.pack_traffic({lane: (240, 240) for lane in range(4)}, "ring"),
+    }
+    assert counted.judge_compare(four, want) is None
+    not_tables = "the outputs sent for compare_traffic are not two tables of lanes"
+    for name in ("reduce_add", "ring"):
+        assert counted.judge_compare(inputs, {k: v for k, v in both.items() if k != name}) == (
+            not_tables
+        )
+
+
+def sgd_by_hand(seed: int, rows: int) -> tuple[list[float], list[torch.Tensor]]:
+    """Three steps of plain SGD (lr 0.1) on the mean squared error, by the chain rule."""
+    params = [p.detach().clone() for p in outputs.seeded_model(seed).parameters()]
+    losses = []
+    for _ in range(3):
+        _, y, _ = outputs.seeded_batch(seed, rows)
+        out, grads = by_hand(seed, rows, lambda out, y: 2 * (out - y) / out.numel(), params)
+        losses.append(((out - y) ** 2).mean().item())
+        params = [p - 0.1 * g for p, g in zip(params, grads.values())]
+    return losses, params
+
+
+def test_three_sgd_steps_give_the_losses_and_parameters_worked_out_by_hand():
+    seed, rows = inputs = [27, 9]
+    losses, params = sgd_by_hand(seed, rows)
+    assert losses[0] > losses[1] > losses[2]  # it learns
+    right = {"losses": torch.tensor(losses), **listed("param", params)}
+    assert counted.judge_train(inputs, right) is None
+    near = {"losses": torch.tensor(losses) + 5e-6, **listed("param", [p + 5e-6 for p in params])}
+    assert counted.judge_train(inputs, near) is None
+    first = {**right, "losses": torch.tensor([losses[0]] * 3)}  # no step taken
+    hint = counted.judge_train(inputs, first)
+    said, _, rest = hint.removeprefix(
+        f"step 1: loss {losses[0]} differs from one device's "
+    ).partition(";")
+    assert float(said) == pytest.approx(losses[1], abs=1e-6)  # autograd's, by another route
+    assert rest == " zero the gradients first and use mse_loss on the gathered output"
+    off = {**right, "losses": torch.tensor([losses[0] + 2e-5, *losses[1:]])}
+    assert counted.judge_train(inputs, off).startswith("step 0: loss")
+    stale = {**right, **listed("param", [*params[:3], params[3] + 1e-4])}
+    assert counted.judge_train(inputs, stale) == "after 3 steps the parameters differ"
+    shaped = {**right, **listed("param", [params[0].T, *params[1:]])}
+    assert counted.judge_train(inputs, shaped) == "after 3 steps the parameters differ"
+    for wrong in (
+        {**right, "losses": torch.tensor(losses[:2])},
+        {**right, "losses": losses},
+        {"losses": right["losses"], **listed("param", params[:3])},
+    ):
+        assert counted.judge_train(inputs, wrong) == NOT_TENSORS
+
+
+def difference(value: float, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    return {"difference": torch.tensor([value], dtype=dtype)}
+
+
+def test_equal_gradients_differ_by_less_than_1e_5_and_by_no_negative_amount():
+    for value in (0.0, 1e-7, 9.9e-6):
+        assert counted.judge_difference_small([0, 6], difference(value)) is None
+    for value in (1e-5, 0.5, -1e-9, float("nan")):
+        assert counted.judge_difference_small([0, 6], difference(value)) == (
+            f"got {value}; equal gradients differ by ~1e-7 at most"
+        )
+    for wrong in (difference(0.0, torch.float32), {"difference": torch.zeros(2).double()}, {}):
+        assert counted.judge_difference_small([0, 6], wrong) == NOT_TENSORS
+
+
+def test_a_forward_that_drops_rows_from_backward_differs_by_those_rows_gradients():
+    seed, rows = inputs = [31, 8]
+    x, _, _ = outputs.seeded_batch(seed, rows)
+    model = outputs.seeded_model(seed)
+    wrong = counted.first_rows_only(model, (x,), None)
+    assert torch.allclose(wrong, model(x))
+    after = torch.autograd.grad(wrong[3:].sum(), list(model.parameters()))
+    assert all(not grad.any() for grad in after)  # rows 3 on reach no parameter
+    # the rows after the first 3 are all the difference: their share of the gradient
+    _, dropped = by_hand(
+        seed, rows, lambda out, y: torch.cat([torch.zeros(3, 2), 2 * (out - y)[3:] / out.numel()])
+    )
+    want = max(grad.abs().max().item() for grad in dropped.values())
+    assert counted.judge_difference_large(inputs, difference(want)) is None
+    assert counted.judge_difference_large(inputs, difference(want * (1 + 5e-4))) is None
+    hint = counted.judge_difference_large(inputs, difference(want * (1 - 2e-3)))
+    said, _, rest = hint.removeprefix(
+        f"a forward that drops 5 of 8 rows from backward gave a difference of "
+        f"{want * (1 - 2e-3)}, not the largest one, "
+    ).partition(";")
+    assert float(said) == pytest.approx(want, rel=1e-5)  # autograd's, to 6 digits
+    assert rest == " compare the .grad of every parameter, using the forward you are given"
+    smallest = min(grad.abs().max().item() for grad in dropped.values())
+    assert counted.judge_difference_large(inputs, difference(smallest)) is not None
+    assert counted.judge_difference_large(inputs, difference(want, torch.float32)) == NOT_TENSORS
+
+
+def test_counted_draws_cover_the_sizes_the_graders_name():
+    assert {n for (n,) in draws(counted.traffic_inputs)} == set(range(1, 51))
+    compare = draws(counted.compare_inputs)
+    assert {lanes for lanes, _ in compare} == {3, 4}
+    chunks = [chunk for _, chunk in compare]
+    assert min(chunks) == 10 and max(chunks) == 300
+    for choose, low in ((counted.train_inputs, 8), (counted.difference_inputs, 6)):
+        drawn = draws(choose)
+        assert {rows for _, rows in drawn} == set(range(low, 17))
+        seeds = [seed for seed, _ in drawn]
+        assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
