@@ -11,11 +11,12 @@ check cannot go soft without a test saying so. Found by the mutation run
 from __future__ import annotations
 
 import random
+from collections import OrderedDict, namedtuple
 
 import pytest
 import torch
 
-from dpkit.grading import counted, gradients, outputs, shapes, weighted
+from dpkit.grading import counted, gradients, outputs, shapes, structure, weighted
 from dpkit.grading.decided import pack_sizes
 from dpkit.grading.outputs import NOT_TENSORS, listed
 from dpkit.grading.similarity import Similar, normalised, similar_pairs
@@ -986,3 +987,133 @@ def test_counted_draws_cover_the_sizes_the_graders_name():
         assert {rows for _, rows in drawn} == set(range(low, 17))
         seeds = [seed for seed, _ in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+
+
+# --------------------------------------------------------------------------------------
+# Nested outputs described as text (dpkit/grading/structure.py)
+
+Result = namedtuple("Result", ["logits", "loss"])
+Result.__module__ = "test_task4"  # as the grader's namedtuple is named in a grading run
+
+
+def test_a_container_is_described_by_its_type_keys_and_where_its_tensors_and_nones_are():
+    a, b = torch.zeros(1), torch.ones(2)
+    assert structure.describe(a) == ("T", [a])
+    assert structure.describe(None) == ("None", [])
+    text, tensors = structure.describe((a, [b, a]))
+    assert text == "builtins.tuple(T,builtins.list(T,T))" and tensors == [a, b, a]
+    text, tensors = structure.describe(OrderedDict(b=b, a=[None, a]))
+    assert text == "collections.OrderedDict{b:T,a:builtins.list(None,T)}" and tensors == [b, a]
+    assert structure.describe({"x": Result(a, b)}) == (
+        "builtins.dict{x:test_task4.Result(T,T)}",
+        [a, b],
+    )
+    assert structure.describe(5) == ("object builtins.int", [])
+    assert structure.describe([]) == ("builtins.list()", [])
+    packed = structure.pack([(a, None), {"k": b}])
+    assert bytes(packed["text"].tolist()).decode() == ("builtins.tuple(T,None)\nbuiltins.dict{k:T}")
+    assert packed["text"].dtype == torch.uint8 and sorted(packed) == ["t0", "t1", "text"]
+    assert packed["t0"] is a and packed["t1"] is b
+
+
+def scatter_sent(lines: list[str], tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    text = torch.tensor(list("\n".join(lines).encode()), dtype=torch.uint8)
+    return {"text": text, **{f"t{i}": t for i, t in enumerate(tensors)}}
+
+
+def test_five_rows_scatter_into_three_tuples_and_three_ordered_dicts():
+    inputs = [5, 17]  # torch.chunk: 2, 2 and 1 rows
+    x, y = structure.scatter_tensors(*inputs)
+    generator = torch.Generator().manual_seed(17)
+    assert torch.equal(x, torch.randn(5, 2, generator=generator))
+    assert torch.equal(y, torch.randn(5, generator=generator))
+    pieces = [(x[0:2], y[0:2]), (x[2:4], y[2:4]), (x[4:5], y[4:5])]
+    nested = "builtins.tuple(T,builtins.list(T,T))"
+    mapping = "collections.OrderedDict{a:T,b:T}"
+    tensors = [t for a, b in pieces for t in (a, b, a)] + [t for a, b in pieces for t in (a, b)]
+    right = scatter_sent([nested] * 3 + [mapping] * 3, tensors)
+    assert structure.judge_scatter(inputs, right) is None
+    assert structure.judge_scatter(inputs, scatter_sent([nested] * 4 + [mapping] * 4, tensors)) == (
+        "expected 3 entries (one per lane) for each input, got another number"
+    )
+    listed_ = "builtins.list(T,builtins.list(T,T))"
+    got = structure.judge_scatter(inputs, scatter_sent([listed_] * 3 + [mapping] * 3, tensors))
+    assert got == (
+        "scatter((x, [y, x]), lanes) gave 'builtins.list(T,builtins.list(T,T))' on lane 0; a "
+        "tuple input gives a tuple per device, a list a list"
+    )
+    got = structure.judge_scatter(
+        inputs, scatter_sent([nested] * 3 + [mapping, "builtins.dict{a:T,b:T}", mapping], tensors)
+    )
+    assert got == (
+        "scatter(OrderedDict(a=x, b=y), lanes) gave ['OrderedDict', 'dict'] per device; a "
+        "mapping stays the same type, with its keys: build each device's dict with "
+        "type(inputs)(...)"
+    )
+    even = [x[0:2], y[0:2], x[0:2]] + tensors[3:-1] + [y[3:4]]
+    assert structure.judge_scatter(inputs, scatter_sent([nested] * 3 + [mapping] * 3, even)) == (
+        "the pieces are not the rows of each tensor that torch.chunk gives each lane"
+    )
+    short = scatter_sent([nested] * 3 + [mapping] * 3, tensors[:-1])
+    assert structure.judge_scatter(inputs, short) == (
+        "the pieces are not the rows of each tensor that torch.chunk gives each lane"
+    )
+    for bad in (
+        {**right, "text": right["text"].int()},
+        {**right, "text": torch.tensor([255, 254], dtype=torch.uint8)},
+        {},
+    ):
+        assert structure.judge_scatter(inputs, bad) == NOT_TENSORS
+
+
+def test_two_replicas_gather_into_one_dict_with_their_pieces_concatenated():
+    rows, seed = inputs = [[2, 1], 23]
+    generator = torch.Generator().manual_seed(seed)
+    drawn = [
+        (torch.randn(n, 1, generator=generator), torch.randn(1, 3, generator=generator),
+         torch.randn((), generator=generator))
+        for n in rows
+    ]  # fmt: skip
+    outs = [structure.replica_outputs(rows, seed, Result)[i] for i in range(2)]
+    for (out, logits, loss), got in zip(drawn, outs):
+        assert torch.equal(got["out"][0], out) and got["out"][1] is None
+        assert torch.equal(got["extra"].logits, logits) and torch.equal(got["extra"].loss, loss)
+    out = torch.cat([d[0] for d in drawn])  # (3, 1)
+    logits = torch.cat([d[1] for d in drawn])  # (2, 3)
+    loss = torch.stack([d[2] for d in drawn])  # (2,): scalars gather into a vector
+    line = "builtins.dict{out:builtins.list(T,None),extra:test_task4.Result(T,T)}"
+    assert structure.judge_gather(inputs, scatter_sent([line], [out, logits, loss])) is None
+    swapped = "builtins.dict{extra:test_task4.Result(T,T),out:builtins.list(T,None)}"
+    assert structure.judge_gather(inputs, scatter_sent([swapped], [logits, loss, out])) is None
+    assert structure.judge_gather(inputs, scatter_sent([swapped], [out, logits, loss])) == (
+        "the gathered tensors are not the replicas' pieces concatenated (shapes [(3, 1), "
+        "(2, 3), (2,)], expected [(2, 3), (2,), (3, 1)]): scalars gather into a vector"
+    )
+    flat = torch.cat([d[2].view(1) for d in drawn])
+    assert structure.judge_gather(inputs, scatter_sent([line], [out, logits, flat])) is None
+    assert "shapes [(3, 1), (2, 3), (1,)]" in structure.judge_gather(
+        inputs, scatter_sent([line], [out, logits, loss[:1]])
+    )
+    tuple_line = "builtins.dict{out:builtins.list(T,None),extra:builtins.tuple(T,T)}"
+    assert structure.judge_gather(inputs, scatter_sent([tuple_line], [out, logits, loss])) == (
+        f"gathering dicts of a list (with a None) and a Result namedtuple gave {tuple_line!r}; "
+        "a dict gathers into a dict with the same keys, a list into a list, None into None, "
+        "and a namedtuple must stay a Result"
+    )
+    two = structure.judge_gather(inputs, scatter_sent([line, line], [out, logits, loss]))
+    assert two.startswith(
+        f"gathering dicts of a list (with a None) and a Result namedtuple gave {line!r}"
+    )
+    assert structure.judge_gather(inputs, {"t0": out}) == NOT_TENSORS
+
+
+def test_structure_draws_cover_the_sizes_the_graders_name():
+    scatter = draws(structure.scatter_inputs)
+    assert {rows for rows, _ in scatter} == set(range(5, 17))
+    gather = draws(structure.gather_inputs)
+    assert {len(rows) for rows, _ in gather} == {2, 3, 4}
+    assert {n for rows, _ in gather for n in rows} == {1, 2, 3}
+    for drawn in (scatter, gather):
+        seeds = [seed for _, seed in drawn]
+        assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0
+        torch.Generator().manual_seed(max(seeds) + 1)
