@@ -860,6 +860,9 @@ def test_three_copies_of_5_floats_send_40_20_0_bytes_and_receive_0_20_40():
     ):
         assert counted.judge_traffic([5], {"traffic": bad}) == not_table
     assert counted.judge_traffic([5], {}) == not_table
+    # nothing recorded is still a table of lanes, an empty one
+    assert counted.pack_traffic({})["traffic"].dtype == torch.int64
+    assert counted.judge_traffic([5], table({})).startswith("got {}, expected {0: (40, 0),")
 
 
 def test_reduce_add_over_3_lanes_sends_each_chunk_to_lane_0_and_the_ring_sends_two_thirds():
@@ -1058,6 +1061,16 @@ def test_five_rows_scatter_into_three_tuples_and_three_ordered_dicts():
     assert structure.judge_scatter(inputs, short) == (
         "the pieces are not the rows of each tensor that torch.chunk gives each lane"
     )
+    one_off = [listed_, nested, nested] + [mapping] * 3  # lane 0's is named
+    assert structure.judge_scatter(inputs, scatter_sent(one_off, tensors)).startswith(
+        f"scatter((x, [y, x]), lanes) gave {listed_!r} on lane 0;"
+    )
+    for kinds, lines in (
+        ("['Dict']", ["my.pkg.Dict{a:T,b:T}"] * 3),  # the type's name, not its module's
+        ("['T']", ["T"] * 3),  # a tensor where a mapping should be
+    ):
+        hint = structure.judge_scatter(inputs, scatter_sent([nested] * 3 + lines, tensors))
+        assert hint.startswith(f"scatter(OrderedDict(a=x, b=y), lanes) gave {kinds} per device;")
     for bad in (
         {**right, "text": right["text"].int()},
         {**right, "text": torch.tensor([255, 254], dtype=torch.uint8)},
@@ -1105,6 +1118,10 @@ def test_two_replicas_gather_into_one_dict_with_their_pieces_concatenated():
         f"gathering dicts of a list (with a None) and a Result namedtuple gave {line!r}"
     )
     assert structure.judge_gather(inputs, {"t0": out}) == NOT_TENSORS
+    empty = structure.judge_gather(inputs, scatter_sent([""], [out, logits, loss]))
+    assert empty.startswith(
+        "gathering dicts of a list (with a None) and a Result namedtuple gave '';"
+    )
 
 
 def test_structure_draws_cover_the_sizes_the_graders_name():
