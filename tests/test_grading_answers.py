@@ -4,8 +4,9 @@ tests/test_grading_decided.py shows that a right answer passes and a wrong one f
 the parent's random draws; these tests pin the answers themselves on cases small enough to
 do on paper (a weighted split, a step time, a tolerance's edge), and check that the
 parent's draws cover the ranges the graders promise (each check's docstring), so that a
-check cannot go soft without a test saying so. Found by the mutation run
-(``make mutation FILES=dpkit/grading/weighted.py``).
+check cannot go soft without a test saying so. Found by the mutation run of
+dpkit/grading/{weighted,gradients,shapes,similarity,outputs,counted,structure}.py
+(``make mutation FILES=dpkit/grading/weighted.py``, benchmarks/mutation.py's BEYOND_CORE).
 """
 
 from __future__ import annotations
