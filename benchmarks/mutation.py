@@ -358,6 +358,7 @@ def sync_copy(workdir: Path, files: list[str], source_root: Path = ROOT) -> None
         if not target.exists() or target.read_bytes() != content:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
+        shutil.copymode(source, target)  # an executable stays one (binder/postBuild's test)
     for name in sorted(before - set(present)):
         (workdir / name).unlink(missing_ok=True)
     manifest.write_text("\n".join(present) + "\n")
