@@ -52,6 +52,7 @@ EXERCISES = ROOT / "exercises"
 WRONG_ANSWERS = ROOT / "tests" / "test_exercises_wrong_answers.py"
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "grader_mutation.json"
 RESULTS_MD = ROOT / "benchmarks" / "results" / "grader_mutation.md"
+NOTES = "## Reading the survivors"
 
 
 # --------------------------------------------------------------------------------------
@@ -281,7 +282,9 @@ def audit(grading: Grading, task: int, most: int | None) -> dict[str, Any]:
         rows.append({"line": mutant.line, "description": mutant.description, "killed_by": why})
         state = "killed" if why else "SURVIVED"
         print(
-            f"task {task} [{number}/{len(chosen)}] line {mutant.line} {mutant.description}: {state}"
+            f"task {task} [{number}/{len(chosen)}] line {mutant.line}",
+            f"{mutant.description}: {state}",
+            flush=True,  # before a forked run's copy of the buffer can print it again
         )
     survivors = [
         {**row, "code": lines[row["line"] - 1].strip()} for row in rows if not row["killed_by"]
@@ -335,7 +338,10 @@ def write_results(results: dict[str, Any]) -> None:
             out += [
                 f"- line {s['line']}, {s['description']}: `{s['code']}`" for s in r["survivors"]
             ]
-    RESULTS_MD.write_text("\n".join(out) + "\n")
+    # the reading of the survivors is written by hand below the mark, and kept
+    kept = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
+    notes = kept[kept.index(NOTES) :] if NOTES in kept else f"{NOTES}\n"
+    RESULTS_MD.write_text("\n".join(out) + "\n\n" + notes)
 
 
 def smallest_first(tasks: Sequence[int]) -> list[int]:

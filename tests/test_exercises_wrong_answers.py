@@ -218,6 +218,83 @@ WRONG = [
         ("traffic_per_lane counts the bytes each lane sends and receives",),
         "left its transfer listener registered",
     ),
+    # Found by benchmarks/grader_mutation.py: checks the grader makes in its own process
+    # (the parent sees only the values), which a grader with the assert removed would pass.
+    Wrong(
+        "three",
+        1,
+        "chunks left where they are (split, never moved to their lanes)",
+        'return tuple(copy_to(piece, device, "scatter") for piece, device in zip(pieces, devices))',
+        "return pieces",
+        (
+            "scatter_tensor puts chunk i on lane i with the right rows",
+            "scatter_tensor copies every chunk except lane 0's, once",
+        ),
+        "chunk 1 is not on lane 1: move it with copy_to",
+    ),
+    Wrong(
+        "two",
+        5,
+        "train_step returns the loss tensor, not a float",
+        "    return loss.item()",
+        "    return loss",
+        ("three data-parallel SGD steps train exactly like one device",),
+        "train_step should return a float, got <class 'torch.Tensor'>",
+    ),
+    Wrong(
+        "three",
+        5,
+        "max_gradient_difference returns a tensor, not a float",
+        "(a.grad - b.grad).abs().max().item()",
+        "(a.grad - b.grad).abs().max()",
+        (
+            "max_gradient_difference is tiny for a correct data-parallel forward",
+            "max_gradient_difference detects a wrong forward",
+        ),
+        "return a float, got Tensor",
+    ),
+    Wrong(
+        "three",
+        2,
+        "lane 0 given a copy too (replica 0 no longer shares the module's storage)",
+        'tuple(copy_to(t, device, "broadcast") for device in devices for t in tensors)',
+        'tuple(copy_to(t.clone(), device, "broadcast") for device in devices for t in tensors)',
+        (
+            "Broadcast.forward returns every tensor on every lane, device by device",
+            "replicate makes one working replica per lane, parameters on that lane",
+        ),
+        "lane 0's copy must share storage: no copy",
+    ),
+    Wrong(
+        "four",
+        3,
+        "reraise's RuntimeError fallback raised without the original as its cause",
+        "        raise RuntimeError(message) from failure.exception\n",
+        "        raise RuntimeError(message)\n",
+        ("reraise raises RuntimeError for a type that cannot be built from one message",),
+        "raise the RuntimeError from the original exception (raise ... from ...)",
+    ),
+    Wrong(
+        "four",
+        2,
+        "the module itself returned as replica 0",
+        "    for position, _ in enumerate(devices):\n        replica = copy.deepcopy(module)\n",
+        "    for position, _ in enumerate(devices):\n        if position == 0:\n"
+        "            replicas.append(module)\n            continue\n"
+        "        replica = copy.deepcopy(module)\n",
+        ("replicate makes one working replica per lane, parameters on that lane",),
+        "replicas must be new modules, not the model itself",
+    ),
+    Wrong(
+        "four",
+        7,
+        "ring_allreduce_ returns the tensors as well as summing in place",
+        "            chunks[(i + 1) % n][(i + 1 - step) % n].copy_(sent[i])\n",
+        "            chunks[(i + 1) % n][(i + 1 - step) % n].copy_(sent[i])\n"
+        "    return list(tensors)\n",
+        ("ring_allreduce_ leaves the sum on every lane, in place",),
+        "ring_allreduce_ works in place and returns None",
+    ),
 ]
 
 
