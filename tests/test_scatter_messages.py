@@ -115,3 +115,8 @@ def test_a_batch_mismatch_beside_a_nested_tensor_is_named_not_an_internal_error(
         nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)])
     found = message(lambda: dpkit.scatter((torch.ones(4, 3), torch.ones(5, 3), nested), lanes(2)))
     assert "but inputs[0] has 4, inputs[1] has 5 (torch would" in found
+
+
+def test_a_dim_beyond_the_input_names_the_input_and_its_shape():
+    found = message(lambda: dpkit.scatter(torch.randn(3, 4), lanes(2), dim=2))
+    assert "dim=2 is out of range for an input of shape (3, 4); use a dim between -2 and 1" in found
