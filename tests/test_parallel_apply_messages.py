@@ -4,6 +4,7 @@ the fix. Found missing by mutation testing (issue 20): a changed word survived e
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
@@ -61,3 +62,21 @@ def test_a_timeout_that_is_not_a_positive_finite_number_gets_both_ways_out(timeo
         f"timeout must be a positive, finite number of seconds, got {timeout!r}; pass e.g. "
         "timeout=60, or timeout=None to wait as long as the replicas take"
     )
+
+
+@pytest.mark.parametrize(
+    ("timeout", "shown"),
+    [(-(10**18), "-1000000000000000000"), (-(10**19), "a number of 21 digits")],
+)
+def test_a_timeout_is_shown_whole_up_to_20_characters(timeout, shown):
+    """-10**18 is 20 characters and shown as written; -10**19, one more, by its digits."""
+    with pytest.raises(ValueError, match=f"got {re.escape(shown)}; pass e.g. timeout=60"):
+        dpkit.parallel_apply([nn.Identity()], [torch.ones(1)], devices=lanes(1), timeout=timeout)
+
+
+def test_the_longest_wait_a_thread_allows_is_accepted():
+    # threading refuses waits beyond TIMEOUT_MAX (OverflowError); TIMEOUT_MAX itself is fine
+    out = dpkit.parallel_apply(
+        [nn.Identity()], [torch.ones(1)], devices=lanes(1), timeout=threading.TIMEOUT_MAX
+    )
+    assert torch.equal(out[0], torch.ones(1))
