@@ -82,15 +82,6 @@ def host_calls(cost: PassCost) -> int:
     return len(cost) if cost.calls is None else cost.calls
 
 
-def ready_times(cost: PassCost, rows: int, hardware: Hardware) -> list[float]:
-    """Seconds from a backward's start to the end of each op (when its gradients are ready)."""
-    elapsed, ends = 0.0, []
-    for op in cost.ops:
-        elapsed += op_time(op, rows, hardware) + hardware.backward_op_overhead
-        ends.append(elapsed)
-    return ends
-
-
 def elementwise_time(nbytes: float, hardware: Hardware) -> float:
     """Device seconds of a memory-bound op over ``nbytes`` (an add, a flatten's copy)."""
     samples = hardware.op_seconds.get("aten.add")

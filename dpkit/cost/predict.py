@@ -16,6 +16,7 @@ backward: the optimizer's state is in the memory, its step is not.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from dpkit.cost import collectives
-from dpkit.cost.compute import PassTime, elementwise_time, host_calls, pass_time, ready_times
+from dpkit.cost.compute import PassTime, elementwise_time, host_calls, op_time, pass_time
 from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, blas_workspaces, ddp_memory, dp_memory, optimizer_copies
 from dpkit.cost.presets import preset
@@ -74,13 +75,6 @@ class PredictedTrace(Trace):
     @property
     def fits(self) -> bool:
         return max(self.memory_per_device) <= self.machine.memory_capacity
-
-
-def device_names(hardware: Hardware, n: int) -> list[str]:
-    """How predicted devices are named: ``"predicted:3 (A100)"``, with the node past one."""
-    per_node, name = hardware.devices_per_node, hardware.device_name
-    node = (lambda i: f", node {i // per_node})") if n > per_node else (lambda i: ")")
-    return [f"predicted:{i} ({name}{node(i)}" for i in range(n)]
 
 
 @dataclass
@@ -374,7 +368,8 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
     """Seconds into the backward at which each gradient is ready: the end of the op that
     produced it (by work, not bytes: VGG's fully connected layers hold 89 % of its bytes,
     under 1 % of its work); an unused one at the end."""
-    ends = ready_times(model.backward, rows, hardware)
+    times = [op_time(op, rows, hardware) for op in model.backward.ops]
+    ends = list(itertools.accumulate(t + hardware.backward_op_overhead for t in times))
     last = ends[-1] if ends else 0.0
     return [ends[i] if 0 <= i < len(ends) else last for i in model.gradient_ops]
 
@@ -436,16 +431,6 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
     step.device = [end] * n
 
 
-def _record_memory(trace: PredictedTrace, names: list[str], step: int, model: Profile) -> None:
-    """One step's memory records, as measured traces note them (buffers apart)."""
-    for index, held in enumerate(trace.held):
-        for category, nbytes in held.items():
-            split = category == "parameters" and model.buffer_bytes
-            parts = [nbytes - model.buffer_bytes, model.buffer_bytes] if split else [nbytes]
-            for part in filter(None, parts):
-                trace._memory.append((names[index], category, int(part), step, PREDICTED))
-
-
 def predict(model: nn.Module, sample_input: Any, batch_size: int,
             devices: int | Sequence[Device], hardware: Hardware | str, strategy: str = "dp",
             steps: int = 1, *, sample_kwargs: Mapping[str, Any] | None = None,
@@ -488,7 +473,10 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
         )
     cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=amp)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
-    names, sizes = device_names(hardware, count), torch_chunk_sizes(batch_size, count)
+    sizes, per_node = torch_chunk_sizes(batch_size, count), hardware.devices_per_node
+    # "predicted:3 (A100)", with the node past one
+    node = (lambda i: f", node {i // per_node})") if count > per_node else (lambda i: ")")
+    names = [f"predicted:{i} ({hardware.device_name}{node(i)}" for i in range(count)]
     gpu = not hardware.virtual_lanes
     workspace = blas_workspaces(cost, hardware.device_name) if gpu else 0
     if strategy == "dp":
@@ -506,6 +494,11 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
         # after the last phase: autograd finishing (gradients into .grad), the step's end
         end = max(step.host, *step.device) + hardware.step_overhead / 4
         trace.step_bounds[number] = (start, end)
-        _record_memory(trace, names, number, cost)
+        for index, held in enumerate(trace.held):  # memory records as measured, buffers apart
+            for category, nbytes in held.items():
+                split = category == "parameters" and cost.buffer_bytes
+                parts = [nbytes - cost.buffer_bytes, cost.buffer_bytes] if split else [nbytes]
+                for part in filter(None, parts):
+                    trace._memory.append((names[index], category, int(part), number, PREDICTED))
         start = end
     return trace

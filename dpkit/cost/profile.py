@@ -165,13 +165,6 @@ def op_kind(name: str) -> str:
     return "conv" if _CONV.search(name) else "memory"
 
 
-def _compute_dtype(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> str:
-    """Its first floating-point tensor's dtype (a matmul under autocast reads bfloat16)."""
-    floating = [t for t in (*inputs, *outputs) if t.is_floating_point() or t.is_complex()]
-    chosen = floating or inputs
-    return str(chosen[0].dtype).removeprefix("torch.") if chosen else "float32"
-
-
 Estimate = Callable[[tuple, dict], float]  # the op's args and kwargs -> FLOPs
 
 
@@ -229,14 +222,6 @@ def _trilinear(args: tuple, kwargs: dict) -> float:
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
-def _matrix_vector(args: tuple, kwargs: dict) -> float:
-    return 2.0 * (args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]).numel()
-
-
-def _batched_or_fused_mm(args: tuple, kwargs: dict) -> float:  # (self, (B, n, m), (B, m, p))
-    return 2.0 * args[1].numel() * args[2].shape[-1]
-
-
 # One layer and direction of nn.LSTM on a CPU (input, w_ih, w_hh); a whole nn.LSTM, GRU or
 # RNN on a GPU (input, every weight)
 _LSTM_LAYER, _LSTM_LAYER_BACKWARD = _recurrent(lambda args: args[1:3])
@@ -256,14 +241,13 @@ ESTIMATES: dict[str, Estimate] = {
     "aten._cudnn_rnn_backward": _RNN_BACKWARD,
     "aten.miopen_rnn": _RNN,
     "aten.miopen_rnn_backward": _RNN_BACKWARD,
-    "aten.addmv": _matrix_vector,
-    "aten.mv": _matrix_vector,
-    "aten.dot": lambda args, kwargs: 2.0 * args[0].numel(),
-    "aten.vdot": lambda args, kwargs: 2.0 * args[0].numel(),
-    "aten.addbmm": _batched_or_fused_mm,
-    "aten._addmm_activation": _batched_or_fused_mm,
+    **dict.fromkeys(("aten.addmv", "aten.mv"), lambda args, kwargs: 2.0 * (
+        args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]).numel()),
+    **dict.fromkeys(("aten.dot", "aten.vdot"), lambda args, kwargs: 2.0 * args[0].numel()),
+    **dict.fromkeys(("aten.addbmm", "aten._addmm_activation"),  # (self, (B, n, m), (B, m, p))
+                    lambda args, kwargs: 2.0 * args[1].numel() * args[2].shape[-1]),
     "aten._trilinear": _trilinear,
-}
+}  # fmt: skip
 
 
 class OpRecorder(TorchDispatchMode):
@@ -296,7 +280,10 @@ class OpRecorder(TorchDispatchMode):
                 flops, estimated = float(ESTIMATES[name](args, kwargs)), True
             except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
                 pass  # no estimate: profile() warns
-        dtype = _compute_dtype(inputs, outputs)
+        # its first floating-point tensor's dtype (a matmul under autocast reads bfloat16)
+        floating = [t for t in (*inputs, *outputs) if t.is_floating_point() or t.is_complex()]
+        chosen = floating or inputs
+        dtype = str(chosen[0].dtype).removeprefix("torch.") if chosen else "float32"
         self.ops.append((name, flops, nbytes, seconds, op_kind(name), dtype, estimated))
         return out
 
@@ -551,12 +538,8 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
     modes = tuple(m.training for m in module.modules())
     key = (_structure(args), _structure(kwargs), parameters, modes, amp)
     cached = _cache.setdefault(module, {})
-    if key not in cached:
-        cached[key] = _profile(module, args, kwargs, amp)
-    return cached[key]
-
-
-def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | None) -> Profile:
+    if key in cached:
+        return cached[key]
     work = copy.deepcopy(module)  # keeps each submodule's train/eval and requires_grad
     runs, ready, calls = [], [], []
     for rows in (*PROFILE_ROWS, CHECK_ROWS):
@@ -575,7 +558,7 @@ def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | No
     per_row = CHECK_ROWS - PROFILE_ROWS[0]
     inputs = tensors_in([args, kwargs])
     floating = [t for t in (*module.parameters(), *inputs) if t.is_floating_point()] or inputs
-    return Profile(
+    cached[key] = Profile(
         dtype=floating[0].dtype,  # the parameters', else the inputs'
         forward=forward,
         backward=backward,
@@ -592,3 +575,4 @@ def _profile(module: nn.Module, args: tuple, kwargs: dict, amp: torch.dtype | No
         grad_output_row_bytes=round((grad_large - grad_small) / per_row),
         grad_output_tensors=len(roots[-1]),
     )
+    return cached[key]
