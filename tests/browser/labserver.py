@@ -184,6 +184,9 @@ class LabServer:
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             f"--LabApp.user_settings_dir={self._write_settings()}",
             f"--LabApp.workspaces_dir={self.root / 'lab-workspaces'}",
+            # window.jupyterapp: the test opens notebook after notebook in one loaded page
+            # (loading JupyterLab took 4 of a notebook's 9-20 s here).
+            "--LabApp.expose_app_in_browser=True",
         ]
 
     def start(self) -> LabServer:

@@ -177,19 +177,66 @@ WIDGET_CELLS_JS = """
 """
 
 
-class NotebookPage:
-    """One notebook open in JupyterLab, with the steps of the test."""
+# Closes every document in JupyterLab's main area without the "save your changes?" dialog
+# (Run All left the notebook changed; the server's copy is thrown away anyway).
+CLOSE_ALL_JS = """
+() => {
+  for (const widget of [...window.jupyterapp.shell.widgets('main')]) {
+    if (widget.context) widget.context.model.dirty = false;
+    widget.dispose();
+  }
+}
+"""
 
-    def __init__(self, page: Any, lab: Any, path: Path, shots: Path) -> None:
-        self.page, self.lab, self.path, self.shots = page, lab, path, shots
-        self.name, self.stem = path.name, path.stem
+
+class LabTab:
+    """One browser page that loads JupyterLab once; each notebook opens in it after the one
+    before is closed (window.jupyterapp, exposed by the lab server). A notebook whose test
+    failed takes its page with it, so the next one starts from a fresh load."""
+
+    def __init__(self, context: Any, lab: Any) -> None:
+        self.context, self.lab = context, lab
+        self.page: Any = None
+        self.loaded = False  # JupyterLab is up in self.page
         self.console_errors: list[str] = []
-        page.on("console", self._on_console)
-        page.on("pageerror", lambda error: self.console_errors.append(f"pageerror: {error}"))
+
+    def next_page(self) -> Any:
+        if self.page is None:
+            self.page, self.loaded = self.context.new_page(), False
+            self.page.on("console", self._on_console)
+            self.page.on("pageerror", lambda e: self.console_errors.append(f"pageerror: {e}"))
+        self.console_errors.clear()
+        return self.page
 
     def _on_console(self, message: Any) -> None:
         if message.type == "error":
             self.console_errors.append(message.text.strip().splitlines()[0][:300])
+
+    def close_notebook(self, passed: bool) -> None:
+        if self.page is None:
+            return
+        if passed and self.loaded:
+            try:
+                self.page.evaluate(CLOSE_ALL_JS)
+                return
+            except Exception:  # the page is in a state we do not know: load a new one
+                pass
+        self.page.close()
+        self.page = None
+
+    def close(self) -> None:
+        if self.page is not None:
+            self.page.close()
+
+
+class NotebookPage:
+    """One notebook open in JupyterLab, with the steps of the test."""
+
+    def __init__(self, tab: LabTab, lab: Any, path: Path, shots: Path) -> None:
+        self.tab, self.page, self.lab = tab, tab.next_page(), lab
+        self.path, self.shots = path, shots
+        self.name, self.stem = path.name, path.stem
+        self.console_errors = tab.console_errors
 
     # -- context for failures ---------------------------------------------------------
 
@@ -227,7 +274,14 @@ class NotebookPage:
     # -- steps ----------------------------------------------------------------------------
 
     def open(self, number_of_cells: int) -> None:
-        self.page.goto(self.lab.lab_url(self.name, workspace=self.stem), wait_until="commit")
+        if self.tab.loaded:
+            self.page.evaluate(
+                "(path) => window.jupyterapp.commands.execute('docmanager:open', {path})"
+                ".then(() => null)",
+                self.name,
+            )
+        else:
+            self.page.goto(self.lab.lab_url(self.name, workspace=self.stem), wait_until="commit")
         self.wait(
             "the notebook's cells",
             lambda: self.page.wait_for_function(
@@ -237,6 +291,7 @@ class NotebookPage:
             ),
         )
         self.wait_idle("the kernel to start")
+        self.tab.loaded = True
 
     def wait_idle(self, what: str) -> None:
         idle = self.page.locator(".jp-StatusBar-TextItem:has-text('| Idle')").first
@@ -406,10 +461,19 @@ def _expect(locator: Any) -> Any:
 # The test.
 
 
+@pytest.fixture(scope="module")
+def lab_tab(browser_context: Any, lab: Any) -> Any:
+    tab = LabTab(browser_context, lab)
+    try:
+        yield tab
+    finally:
+        tab.close()
+
+
 @pytest.mark.skipif(not NOTEBOOKS, reason="no notebook in notebooks/ has widgets yet")
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
 def test_widgets_work_in_browser(
-    source: Path, lab: Any, browser_context: Any, screenshots: Path, record_timing: Any
+    source: Path, lab: Any, lab_tab: LabTab, screenshots: Path, record_timing: Any
 ) -> None:
     copy = lab.notebook_dir / source.name  # the server's copy: the original is never opened
     try:
@@ -419,7 +483,9 @@ def test_widgets_work_in_browser(
     widgets, explorers = widget_cells(cells), explorer_cells(cells)
 
     began = time.monotonic()
-    notebook = NotebookPage(browser_context.new_page(), lab, copy, screenshots)
+    fresh_load = not lab_tab.loaded
+    notebook = NotebookPage(lab_tab, lab, copy, screenshots)
+    passed = False
     try:
         notebook.open(len(cells))
         opened = time.monotonic()
@@ -439,13 +505,15 @@ def test_widgets_work_in_browser(
             moved.append(notebook.move_plain_slider(without_figure[0]))
         notebook.assert_no_error_output()
         notebook.screenshot("2-end")
+        passed = True
     finally:
-        notebook.page.close()
+        lab_tab.close_notebook(passed)
         lab.shutdown_kernels_of(source.name)
     done = time.monotonic()
     record_timing(
         f"{source.stem}",
         done - began,
-        f"open {opened - began:.1f} s, run all {ran - opened:.1f} s, "
+        f"open {opened - began:.1f} s{' (JupyterLab loaded)' if fresh_load else ''}, "
+        f"run all {ran - opened:.1f} s, "
         f"sliders {done - ran:.1f} s: {'; '.join(moved)}",
     )
