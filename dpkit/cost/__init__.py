@@ -12,10 +12,9 @@ a spec sheet or a published measurement (:func:`presets`, every number cited)::
     here = cost.calibrate()                               # this machine's virtual CPU lanes
     cost.predict(model, x[:1], 256, 4, here).step_time    # seconds, to set beside a measurement
 
-Its parts, a file each: ``hardware`` (what a machine is), ``presets`` (named machines,
-cited), ``profile`` (a model's FLOPs and bytes), ``collectives`` and ``compute`` (the
-formulas), ``memory``, ``predict`` (the step), ``calibrate`` (this machine), ``models`` and
-``cli`` (``dpkit predict``). How accurate it is: ``benchmarks/README.md``.
+Its parts, a file each: ``hardware``, ``presets`` (cited), ``profile`` (FLOPs and bytes),
+``collectives`` and ``compute`` (the formulas), ``memory``, ``predict`` (the step),
+``calibrate``, ``models``, ``cli`` (``dpkit predict``). Its accuracy: ``benchmarks/README.md``.
 """
 
 from dpkit.cost.calibrate import calibrate

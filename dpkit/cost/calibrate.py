@@ -61,11 +61,9 @@ def _progress(enabled: bool) -> Iterator[Callable[[str], None]]:
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        enabled = False
-    if not enabled:
         yield lambda _: None
         return
-    with tqdm(total=len(_STEPS), desc="calibrating", unit="step") as bar:
+    with tqdm(total=len(_STEPS), desc="calibrating", unit="step", disable=not enabled) as bar:
         yield lambda name: (bar.set_postfix_str(name), bar.update(1))
 
 
@@ -241,14 +239,14 @@ ONE_LANE_SEGMENTS = ("step", "forward_call", "backward_call")
 
 
 class _Timed(dpkit.DataParallel):
-    """DataParallel noting the wall time of each of its four calls in ``self.took``."""
+    """DataParallel noting its four calls' wall times in ``self.took``, named as in SEGMENTS."""
 
     took: dict[str, float]
 
     def _timed(self, name: str, *args: Any, **kwargs: Any) -> Any:
         start = host_clock.now(self.device_ids)  # on GPU lanes: once their work is done
         result = getattr(dpkit.DataParallel, name)(self, *args, **kwargs)
-        self.took[name] = host_clock.now(self.device_ids) - start
+        self.took[name.removeprefix("parallel_")] = host_clock.now(self.device_ids) - start
         return result
 
     scatter = functools.partialmethod(_timed, "scatter")
@@ -280,7 +278,7 @@ def measure_steps(
     for measured in (repeats - repeats // 2, repeats // 2):
         for module, _, parallel, inputs, labels, times in configs:
             used = parallel.device_ids
-            for attempt in range(measured + 1 if measured else 0):  # the first warms up
+            for attempt in range(measured + 1 if measured else 0):
                 parallel.took = {}
                 module.zero_grad(set_to_none=True)
                 start = host_clock.now(used)
@@ -290,14 +288,11 @@ def measure_steps(
                 backward = host_clock.now(used)
                 loss.backward()
                 end = host_clock.now(used)
-                if attempt:
-                    times["step"].append(end - start)
-                    times["backward_call"].append(end - backward)
-                    if len(used) == 1:
-                        times["forward_call"].append(forward - start)
-                    else:
-                        for name, seconds in parallel.took.items():
-                            times["apply" if name == "parallel_apply" else name].append(seconds)
+                if attempt:  # the first warms up
+                    took = {"step": end - start, "backward_call": end - backward}
+                    took |= parallel.took if len(used) > 1 else {"forward_call": forward - start}
+                    for name, seconds in took.items():
+                        times[name].append(seconds)
     return [(module, sample, len(labels), len(parallel.device_ids), {k: min(v) for k, v in
              times.items()}) for module, sample, parallel, _, labels, times in configs]  # fmt: skip
 
@@ -306,10 +301,9 @@ def predicted_segments(predicted: Any) -> dict[str, float]:
     """A predicted trace's times by what :func:`measure_steps` measures."""
     phases = {row["phase"]: row["time_s"] for row in predicted.summary()}
     phases["step"] = predicted.step_time
-    forward = ("scatter", "replicate", "apply", "gather")
-    backward = ("grad_scatter", "backward", "reduce")
-    phases["forward_call"] = sum(phases.get(p, 0.0) for p in forward)
-    phases["backward_call"] = sum(phases.get(p, 0.0) for p in backward)
+    for call, parts in (("forward_call", ("scatter", "replicate", "apply", "gather")),
+                        ("backward_call", ("grad_scatter", "backward", "reduce"))):  # fmt: skip
+        phases[call] = sum(phases.get(p, 0.0) for p in parts)
     return phases
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpkit.cli_types import at_least_one
-from dpkit.cost.hardware import Hardware, Link, check
+from dpkit.cost.hardware import TABLES, Hardware, Link, check
 from dpkit.cost.memory import OPTIMIZER_COPIES
 from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
@@ -24,9 +24,6 @@ from dpkit.cost.presets import preset, presets
 
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
 EXAMPLE_FILE = "docs/examples/my_machine.toml"
-LINKS = ("host_to_device", "device_to_device", "node_to_node")
-TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds", *LINKS)  # [sections] in TOML
-TEXT_FIELDS = ("name", "description", "device_name", "source")
 UNITS = (("GiB", 1 << 30, 2), ("MiB", 1 << 20, 1), ("KiB", 1 << 10, 1))  # (name, size, digits)
 _FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
 FIELD_UNITS = {spec.name: spec.metadata["unit"] for spec in fields(Hardware)}
@@ -57,13 +54,13 @@ def _field(where: str, name: str, value: Any, base: Hardware | None, origin: str
     unit = FIELD_UNITS[name]
     if name == "allreduce_bandwidth" and value == "none":  # TOML has no null
         return None
-    if name not in TABLES:
+    if name not in TABLES and unit != "link":  # tables and links are [sections] in TOML
         return _plain(value, unit)
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: {name} = {value!r} must be a table (a [{name}] section)")
     given = {key: _plain(item, unit) for key, item in value.items()}
     old = getattr(base, name, None)
-    if name not in LINKS:
+    if unit != "link":
         return {**(old or {}), **given}
     _refuse_unknown(where, f"key of {name}", given, ("bandwidth", "latency", "source"))
     if old is not None:
@@ -113,7 +110,7 @@ def hardware_from_mapping(data: Mapping[str, Any], where: str = "hardware file")
                 f"(as {EXAMPLE_FILE} does)"
             )
     else:
-        changed = ", ".join(sorted(key for key in values if key not in TEXT_FIELDS)) or "nothing"
+        changed = ", ".join(sorted(k for k in values if FIELD_UNITS[k] != "text")) or "nothing"
         values = {
             "name": Path(origin).stem or f"{base.name}-edited",
             "description": f"{base.name} with {changed} from {origin}",

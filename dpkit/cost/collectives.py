@@ -47,9 +47,7 @@ def messages(tensor_sizes: Sequence[int], buffer_bytes: int = COALESCE_BYTES) ->
 
 def broadcast(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
     """NCCL broadcast, pipelined down a ring: ``S / B + calls * (n - 1) * alpha``."""
-    if n <= 1:
-        return 0.0
-    return nbytes / link.bandwidth + calls * (n - 1) * link.latency
+    return 0.0 if n <= 1 else nbytes / link.bandwidth + calls * (n - 1) * link.latency
 
 
 def reduce(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
@@ -77,10 +75,8 @@ def allreduce_link(hardware: Hardware, n: int) -> Link:
     if n <= hardware.devices_per_node:
         return inside
     network = hardware.network_link()
-    return Link(
-        min(inside.bandwidth, network.bandwidth), max(inside.latency, network.latency),
-        "ring across nodes",
-    )  # fmt: skip
+    return Link(min(inside.bandwidth, network.bandwidth), max(inside.latency, network.latency),
+                "ring across nodes")  # fmt: skip
 
 
 def allreduce(nbytes: float, n: int, hardware: Hardware) -> float:

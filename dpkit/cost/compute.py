@@ -32,13 +32,10 @@ class PassTime:
 def rate_key(op: OpCost, hardware: Hardware) -> str:
     """Which of ``hardware.peak_flops`` an op runs at: its dtype, or TF32 for float32
     convolutions and matmuls where torch's ``allow_tf32`` flags say so."""
-    dtype, kind = op.dtype, op.kind
-    if dtype == "float32" and "tfloat32" in hardware.peak_flops:
-        if kind == "conv" and torch.backends.cudnn.allow_tf32:
-            return "tfloat32"
-        if kind == "matmul" and torch.backends.cuda.matmul.allow_tf32:
-            return "tfloat32"
-    return dtype  # a dtype the hardware has no units for is refused by flops_per_second
+    # (a dtype the hardware has no units for is refused by flops_per_second)
+    flags = {"conv": torch.backends.cudnn, "matmul": torch.backends.cuda.matmul}.get(op.kind)
+    tf32 = flags is not None and flags.allow_tf32 and "tfloat32" in hardware.peak_flops
+    return "tfloat32" if op.dtype == "float32" and tf32 else op.dtype
 
 
 def interpolate(samples: OpSamples, work: float) -> float:
@@ -46,11 +43,9 @@ def interpolate(samples: OpSamples, work: float) -> float:
     around it; below the first, its time (a fixed cost); beyond the last, its rate."""
     if work <= samples[0][0]:
         return samples[0][1]
-    works = [w for w, _ in samples]
-    index = bisect_left(works, work)
+    index = bisect_left([w for w, _ in samples], work)
     if index >= len(samples):
-        last_work, last_seconds = samples[-1]
-        return last_seconds * work / last_work
+        return samples[-1][1] * work / samples[-1][0]
     (w0, t0), (w1, t1) = samples[index - 1], samples[index]
     if w0 <= 0 or t0 <= 0 or t1 <= 0 or w1 == w0:
         return t1
@@ -85,6 +80,4 @@ def host_calls(cost: PassCost) -> int:
 def elementwise_time(nbytes: float, hardware: Hardware) -> float:
     """Device seconds of a memory-bound op over ``nbytes`` (an add, a flatten's copy)."""
     samples = hardware.op_seconds.get("aten.add")
-    if samples:
-        return interpolate(samples, nbytes)
-    return nbytes / hardware.achieved_memory_bandwidth
+    return interpolate(samples, nbytes) if samples else nbytes / hardware.achieved_memory_bandwidth

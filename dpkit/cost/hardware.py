@@ -68,10 +68,6 @@ def _about(unit: str, about: str, **default: Any) -> Any:
     return field(metadata={"unit": unit, "about": about}, **default)
 
 
-def _is_dtype(name: object) -> bool:
-    return name == "tfloat32" or isinstance(getattr(torch, str(name), None), torch.dtype)
-
-
 def _is_pair(pair: object) -> bool:
     """A measured ``(work, seconds)``: two finite numbers, 0 or more."""
     two = isinstance(pair, (tuple, list)) and len(pair) == 2
@@ -103,9 +99,8 @@ TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds")  # one entry per
 
 @dataclass(frozen=True)
 class Hardware:
-    """A machine as the cost model sees it: peaks and the fractions of them kernels reach,
-    links, topology and a few host terms (the module's docstring says how each is used;
-    :mod:`dpkit.cost.presets` cites every preset's numbers)."""
+    """A machine as the cost model sees it (how each field is used: the module's docstring;
+    every preset's numbers cited: :mod:`dpkit.cost.presets`)."""
 
     name: str = _about("text", "what the outputs call the machine")
     description: str = _about("text", "one line about it")
@@ -157,7 +152,7 @@ class Hardware:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
             check(owner, f"peak_flops[{dtype!r}]", rate, "FLOP/s")
-            if not _is_dtype(dtype):
+            if dtype != "tfloat32" and not isinstance(getattr(torch, str(dtype), 0), torch.dtype):
                 raise ValueError(
                     f"{owner}: peak_flops[{dtype!r}] is not a dtype: use torch's names, float32 "
                     "(needed), tfloat32, bfloat16, float16"
@@ -208,9 +203,8 @@ class Hardware:
         return self.memory_bandwidth * self.memory_efficiency
 
     def device_link(self) -> Link:
-        """A copy between two devices of one node (DataParallel's scatter and gather), and
-        NCCL's one-way broadcast and reduce: directly, or through host memory, down and up.
-        NCCL's all-reduce uses :meth:`collective_link`."""
+        """A copy between two devices of one node (scatter, gather; NCCL's broadcast and
+        reduce, not its all-reduce): directly, or through host memory, down and up."""
         if self.peer_to_peer:
             return self.device_to_device
         host = self.host_to_device

@@ -45,12 +45,12 @@ def optimizer_copies(optimizer: str) -> int:
         ) from None
 
 
-def blas_workspaces(model: Profile, device_name: str) -> int:
-    """Bytes of cuBLAS workspace a GPU holds in a step of ``model`` (0 without a matmul)."""
+def with_blas_workspaces(held: list[Held], model: Profile, device_name: str) -> list[Held]:
+    """``held`` and the cuBLAS workspaces a GPU holds in a step of ``model`` (if it has matmuls)."""
     if not any(op_kind(op.name) == "matmul" for op in model.forward.ops):
-        return 0
-    size = WORKSPACE_HOPPER if device_name in HOPPER else WORKSPACE_EARLIER
-    return THREADS_WITH_MATMULS * size
+        return held
+    size = THREADS_WITH_MATMULS * (WORKSPACE_HOPPER if device_name in HOPPER else WORKSPACE_EARLIER)
+    return [{**device, "cuBLAS workspaces": size} for device in held]
 
 
 def _replica(model: Profile, rows: int) -> Held:
@@ -62,9 +62,7 @@ def _replica(model: Profile, rows: int) -> Held:
     }
 
 
-def dp_memory(
-    model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool, workspace: int = 0
-) -> list[Held]:
+def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -> list[Held]:
     """Bytes per category on each device of a DataParallel step with chunks of ``sizes``
     rows; ``gpu``: torch's path (device 0 holds the batch; NCCL reduce buffers), else
     dpkit's lanes (each its chunk; the host reduces tensor by tensor)."""
@@ -85,22 +83,13 @@ def dp_memory(
             flat = min(gradients, COALESCE_BYTES)
             for index, device in enumerate(held):
                 device["reduce buffers"] = flat * (2 if index == 0 else 1)
-    return _with_workspace(held, workspace)
-
-
-def _with_workspace(held: list[Held], workspace: int) -> list[Held]:
-    return [{**device, "cuBLAS workspaces": workspace} for device in held] if workspace else held
+    return held
 
 
 def ddp_memory(model: Profile, sizes: Sequence[int], optimizer: str,
-               gradient_as_bucket_view: bool, workspace: int = 0) -> list[Held]:  # fmt: skip
+               gradient_as_bucket_view: bool) -> list[Held]:  # fmt: skip
     """Bytes per category on each rank of a DDP step."""
-    gradients = model.gradient_bytes
-    held = []
-    for rows in sizes:
-        device = _replica(model, rows)
-        device["gradients"] = gradients
-        device["buckets"] = 0 if gradient_as_bucket_view else gradients
-        device["optimizer"] = gradients * optimizer_copies(optimizer)
-        held.append(device)
-    return _with_workspace(held, workspace)
+    gradients, state = model.gradient_bytes, model.gradient_bytes * optimizer_copies(optimizer)
+    buckets = 0 if gradient_as_bucket_view else gradients
+    return [{**_replica(model, rows), "gradients": gradients, "buckets": buckets,
+             "optimizer": state} for rows in sizes]  # fmt: skip

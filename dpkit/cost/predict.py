@@ -29,7 +29,7 @@ from torch import nn
 from dpkit.cost import collectives
 from dpkit.cost.compute import PassTime, elementwise_time, host_calls, op_time, pass_time
 from dpkit.cost.hardware import Hardware
-from dpkit.cost.memory import Held, blas_workspaces, ddp_memory, dp_memory, optimizer_copies
+from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies, with_blas_workspaces
 from dpkit.cost.presets import preset
 from dpkit.cost.profile import Profile, profile
 from dpkit.device import Device
@@ -89,9 +89,8 @@ class _Step:
 
     def event(self, phase: Phase, index: int, start: float, end: float, nbytes: int = 0,
               **details: Any) -> None:  # fmt: skip
-        event = Event(phase.value, self.names[index], start, end, int(nbytes), self.step,
-                      PREDICTED, details)  # fmt: skip
-        self.trace._events.append(event)
+        self.trace._events.append(Event(phase.value, self.names[index], start, end, int(nbytes),
+                                        self.step, PREDICTED, details))  # fmt: skip
 
     def run(self, phase: Phase, index: int, seconds: float, **details: Any) -> None:
         """Work on device ``index`` that the host waits for, once both are free."""
@@ -478,11 +477,11 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     node = (lambda i: f", node {i // per_node})") if count > per_node else (lambda i: ")")
     names = [f"predicted:{i} ({hardware.device_name}{node(i)}" for i in range(count)]
     gpu = not hardware.virtual_lanes
-    workspace = blas_workspaces(cost, hardware.device_name) if gpu else 0
     if strategy == "dp":
-        trace.held = dp_memory(cost, sizes, optimizer, gpu, workspace)
+        held = dp_memory(cost, sizes, optimizer, gpu)
     else:
-        trace.held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view, workspace)
+        held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view)
+    trace.held = with_blas_workspaces(held, cost, hardware.device_name) if gpu else held
     cap = round(bucket_cap_mb * 1024 * 1024)  # DDP's bucket_cap_mb, in bytes
     start = 0.0
     for number in range(1, steps + 1):

@@ -73,20 +73,16 @@ def _tflops(**peaks: float) -> dict[str, float]:
     return {dtype: peak * TFLOPS for dtype, peak in peaks.items()}
 
 
-def _pcie(generation: int, per_direction: float) -> Link:
-    return Link(per_direction * GB * 0.8, 10 * US, f"[PCIe] Gen{generation} x16 spec x 0.8, "
-                "assumed (pinned cudaMemcpy reaches about 80 % of PCIe)")  # fmt: skip
-
-
-_PCIE3, _PCIE4, _PCIE5 = _pcie(3, 15.75), _pcie(4, 31.5), _pcie(5, 63.0)
+_PCIE3, _PCIE4, _PCIE5 = (Link(rate * GB * 0.8, 10 * US, f"[PCIe] Gen{generation} x16 spec x "
+                               "0.8, assumed (pinned cudaMemcpy reaches about 80 % of PCIe)")
+                          for generation, rate in ((3, 15.75), (4, 31.5), (5, 63.0)))  # fmt: skip
 _A100_PEAKS = _tflops(float32=19.5, tfloat32=156, bfloat16=312, float16=312)  # [A100]
 # [dle-rnx101]: ResNeXt-101 on one A100 (bfloat16 runs on float16's units: assumed the same)
 _A100_TENSOR_CORES = {"tfloat32": 0.33, "float16": 0.60, "bfloat16": 0.60}
 
 
 def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardware:
-    """A GPU machine with the assumed host terms and efficiencies (this module's docstring):
-    one node, peer to peer, every GPU its own compute unit, unless ``numbers`` say otherwise."""
+    """A GPU machine: the defaults below (assumed, see this module's docstring) but ``numbers``."""
     defaults = dict(
         op_overhead=10 * US, backward_op_overhead=6 * US, gil_handoff=3 * US,
         thread_start=100 * US, module_overhead=10 * US, copy_overhead=10 * US,
@@ -98,9 +94,8 @@ def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardwar
 
 
 def this_machine_default() -> Hardware:
-    """Virtual CPU lanes on a 2-core x86 machine with one torch thread per lane: what
-    :func:`dpkit.cost.calibrate` measured on the machine dpkit is developed on (a 2-core
-    AVX-512 Xeon VM, torch 2.13), rounded. Use ``calibrate()`` for your own machine."""
+    """The documented default of virtual CPU lanes, one torch thread each: what ``calibrate()``
+    measured where dpkit is developed (``source`` below), rounded; calibrate for your own."""
     memory = Link(8 * GB, 2 * US, "calibrate(): a clone between lanes, one memory")
     return Hardware(
         name="this-machine", device_name="CPU lane",

@@ -251,9 +251,8 @@ ESTIMATES: dict[str, Estimate] = {
 
 
 class OpRecorder(TorchDispatchMode):
-    """Notes every aten op run inside it in ``ops``, as ``(name, flops, bytes, seconds, kind,
-    dtype, estimated)``: the FLOPs ``counter`` (an enclosing FlopCounterMode) counted, else
-    an estimate; with ``timed``, the seconds (calibration times ops without a counter)."""
+    """Notes each aten op run inside it in ``ops`` as ``(name, flops, bytes, seconds, kind,
+    dtype, estimated)``: FLOPs as ``counter`` counted them, else estimated; seconds if ``timed``."""
 
     def __init__(self, counter: FlopCounterMode | None = None, timed: bool = False) -> None:
         super().__init__()
@@ -273,7 +272,13 @@ class OpRecorder(TorchDispatchMode):
         flops = float(self.counter.get_total_flops() - before) if self.counter is not None else 0.0
         name = str(func.overloadpacket)
         inputs, outputs = tensors_in([args, kwargs]), tensors_in(out)
-        nbytes = 0 if func.is_view else _distinct_nbytes([*inputs, *outputs])
+        blocks: dict[tuple[int, int], int] = {}  # each once: an in-place op's output is its input
+        for tensor in () if func.is_view else (*inputs, *outputs):
+            try:
+                blocks[tensor.data_ptr(), tensor.nbytes] = tensor.nbytes
+            except RuntimeError:  # no single storage (sparse, ...): counted by size alone
+                blocks[id(tensor), tensor.nbytes] = tensor.nbytes
+        nbytes = sum(blocks.values())
         estimated = False
         if self.counter is not None and flops == 0 and name in ESTIMATES:
             try:
@@ -286,18 +291,6 @@ class OpRecorder(TorchDispatchMode):
         dtype = str(chosen[0].dtype).removeprefix("torch.") if chosen else "float32"
         self.ops.append((name, flops, nbytes, seconds, op_kind(name), dtype, estimated))
         return out
-
-
-def _distinct_nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    """Bytes of ``tensors``, each memory block once (an in-place op's output is its input)."""
-    seen: dict[tuple[int, int], int] = {}
-    for tensor in tensors:
-        try:
-            key = (tensor.data_ptr(), tensor.nbytes)
-        except RuntimeError:  # no single storage (sparse, ...): counted by size alone
-            key = (id(tensor), tensor.nbytes)
-        seen[key] = tensor.nbytes
-    return sum(seen.values())
 
 
 def rows_like(sample: torch.Tensor, rows: int) -> torch.Tensor:
@@ -347,13 +340,6 @@ def gradient_roots(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [t for t in outputs if t.requires_grad and (t.is_floating_point() or t.is_complex())]
 
 
-def _autocast(amp: torch.dtype | None, tensors: Sequence[torch.Tensor]) -> Any:
-    if amp is None:
-        return nullcontext()
-    device_type = tensors[0].device.type if tensors else "cpu"
-    return torch.autocast(device_type, dtype=amp)
-
-
 def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
                counter: FlopCounterMode | None, timed: bool,
                kwargs: dict[str, Any] | None = None, amp: torch.dtype | None = None,
@@ -371,10 +357,12 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
     params = [p for p in module.parameters() if p.requires_grad]
     given = [*module.parameters(), *module.buffers(), *given_inputs]
     outer = counter if counter is not None else nullcontext()
+    device = given_inputs[0].device.type if given_inputs else "cpu"
+    autocast = nullcontext if amp is None else functools.partial(torch.autocast, device, dtype=amp)
     if calls is not None:  # a forward of its own: the recorders' own Python would count
-        with _autocast(amp, given_inputs):
+        with autocast():
             calls[:] = [python_calls(lambda: module(*args, **kwargs))]
-    with outer, OpRecorder(counter, timed) as forward, _autocast(amp, given_inputs):
+    with outer, OpRecorder(counter, timed) as forward, autocast():
         output = module(*args, **kwargs)
     found = output_tensors(output)
     if not found:
@@ -532,9 +520,8 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
                          "torch.float16 ('fp16'); None for no autocast")  # fmt: skip
     # The key holds the parameters' names and shapes: a module changed in place is profiled afresh;
     # train/eval and requires_grad change the ops run (dropout, fast paths, the backward).
-    parameters = tuple(
-        (name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()
-    )
+    named = module.named_parameters()
+    parameters = tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in named)
     modes = tuple(m.training for m in module.modules())
     key = (_structure(args), _structure(kwargs), parameters, modes, amp)
     cached = _cache.setdefault(module, {})
@@ -556,8 +543,7 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
     out_small, out_large = (sum(t.nbytes for t in found) for found in (first, last))
     grad_small, grad_large = (sum(t.nbytes for t in found) for found in roots)
     per_row = CHECK_ROWS - PROFILE_ROWS[0]
-    inputs = tensors_in([args, kwargs])
-    floating = [t for t in (*module.parameters(), *inputs) if t.is_floating_point()] or inputs
+    floating = [t for t in (*module.parameters(), *tensors) if t.is_floating_point()] or tensors
     cached[key] = Profile(
         dtype=floating[0].dtype,  # the parameters', else the inputs'
         forward=forward,
@@ -565,7 +551,7 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
         parameter_sizes=tuple(p.nbytes for p in module.parameters()),
         buffer_sizes=tuple(b.nbytes for b in module.buffers()),
         modules=len(list(module.modules())),
-        input_row_bytes=sum(t[:1].nbytes for t in inputs),
+        input_row_bytes=sum(t[:1].nbytes for t in tensors),
         output_row_bytes=round((out_large - out_small) / per_row),
         activations=fit_rows([run[3] for run in runs]),
         gradient_sizes=tuple(p.nbytes for p in module.parameters() if p.requires_grad),
