@@ -348,9 +348,8 @@ def calibrate(devices: int | Sequence[Device] | None = None, *,
     timed besides the probes; ``quick``: fewer probes, sizes and repeats. Calibrate with the
     torch threads the measurement will use (``OMP_NUM_THREADS=1`` for one per lane): the
     numbers hold for this machine as it is loaded now."""
-    lanes = (
-        devices if isinstance(devices, Sequence) else dpkit.virtual_devices(devices or 4, on="cpu")
-    )
+    listed = isinstance(devices, Sequence)  # else a count (default 4) of virtual CPU lanes
+    lanes = devices if listed else dpkit.virtual_devices(devices or 4, on="cpu")
     if len(lanes) < 2:
         raise ValueError("calibrate needs at least 2 devices to time copies between them")
     on = lanes[0].torch_device

@@ -67,9 +67,7 @@ def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -
     rows; ``gpu``: torch's path (device 0 holds the batch; NCCL reduce buffers), else
     dpkit's lanes (each its chunk; the host reduces tensor by tensor)."""
     gradients = model.gradient_bytes
-    held = [_replica(model, rows) for rows in sizes]
-    for device in held[1:]:
-        device["gradients"] = gradients  # the replica's own, until the reduce
+    held = [{**_replica(model, rows), "gradients": gradients} for rows in sizes]  # until the reduce
     first = held[0]
     first["gradients"] = gradients * (2 if len(sizes) > 1 else 1)  # .grad, and replica 0's
     first["optimizer"] = gradients * optimizer_copies(optimizer)

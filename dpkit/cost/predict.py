@@ -39,8 +39,7 @@ from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
 STRATEGIES = ("dp", "ddp")
 # torch DDP's defaults: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES
 # (1 MiB), so that the last layers' gradients, ready first, start communicating early.
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES = 25 * 1024 * 1024, 1024 * 1024
 # The loss between gather and the gradient's scatter (cross_entropy: log_softmax, nll_loss,
 # their backward and autograd's seed): a few ops on device 0, outside DataParallel.
 LOSS_OPS = 6
@@ -318,8 +317,7 @@ def _apply(step: _Step, model: Profile, hardware: Hardware, forward: list[float]
 def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     """The gradients summed onto device 0 after every backward. GPUs: an NCCL reduce per
     10 MiB (flattened, then unflattened); lanes: each copied to lane 0 and added there."""
-    sizes = model.gradient_sizes
-    total = sum(sizes)
+    sizes, total = model.gradient_sizes, model.gradient_bytes
     if hardware.virtual_lanes:
         step.host = max(step.host, *step.device)
         _copies(step, hardware, Phase.REDUCE, [0] + [total] * (n - 1), tensors=len(sizes))

@@ -84,13 +84,13 @@ _A100_TENSOR_CORES = {"tfloat32": 0.33, "float16": 0.60, "bfloat16": 0.60}
 def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardware:
     """A GPU machine: the defaults below (assumed, see this module's docstring) but ``numbers``."""
     defaults = dict(
-        op_overhead=10 * US, backward_op_overhead=6 * US, gil_handoff=3 * US,
-        thread_start=100 * US, module_overhead=10 * US, copy_overhead=10 * US,
-        step_overhead=150 * US, matmul_efficiency=0.7, memory_efficiency=0.8, nodes=1,
-        peer_to_peer=True, compute_units=numbers["devices_per_node"], virtual_lanes=False,
+        name=name, description=description, source=source, op_overhead=10 * US,
+        backward_op_overhead=6 * US, gil_handoff=3 * US, thread_start=100 * US,
+        module_overhead=10 * US, copy_overhead=10 * US, step_overhead=150 * US,
+        matmul_efficiency=0.7, memory_efficiency=0.8, nodes=1, peer_to_peer=True,
+        compute_units=numbers["devices_per_node"], virtual_lanes=False,
     )  # fmt: skip
-    return Hardware(name=name, description=description, source=source,
-                    **{**defaults, **numbers})  # type: ignore[arg-type]  # fmt: skip
+    return Hardware(**{**defaults, **numbers})  # type: ignore[arg-type]
 
 
 def this_machine_default() -> Hardware:

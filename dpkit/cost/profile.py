@@ -256,8 +256,7 @@ class OpRecorder(TorchDispatchMode):
 
     def __init__(self, counter: FlopCounterMode | None = None, timed: bool = False) -> None:
         super().__init__()
-        self.counter = counter
-        self.timed = timed
+        self.counter, self.timed = counter, timed
         # on a GPU an op returns at its launch: each reading then waits for the GPU first
         gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.clock: Callable[[], float] = host_clock.now if gpu else time.perf_counter
@@ -334,9 +333,8 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
 
 
 def gradient_roots(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The outputs a backward starts from: floating (or complex) and requiring grad. A
-    detached output (metrics, logits beside a loss computed inside the model) is no root:
-    no loss reads it, and DataParallel scatters no gradient for it."""
+    """The outputs a backward starts from. A detached one (metrics, logits beside a loss the
+    model computes) is none: no loss reads it, and DataParallel scatters no gradient for it."""
     return [t for t in outputs if t.requires_grad and (t.is_floating_point() or t.is_complex())]
 
 
@@ -373,16 +371,11 @@ def run_passes(module: nn.Module, inputs: torch.Tensor | tuple | list,
     activations = replica_graph.walk(found, given).saved_nbytes
     roots = gradient_roots(found)
     seeds = [torch.ones_like(t) for t in roots]
+    if ready is not None:
+        ready[:] = [-1] * len(params)
     with outer, OpRecorder(counter, timed) as backward:
-        hooks = []
-        if ready is not None:
-            ready[:] = [-1] * len(params)
-            for index, param in enumerate(params):
-
-                def note(gradient: torch.Tensor, index: int = index) -> None:
-                    ready[index] = len(backward.ops)
-
-                hooks.append(param.register_hook(note))
+        hooks = [p.register_hook(lambda _, i=i: ready.__setitem__(i, len(backward.ops)))
+                 for i, p in enumerate(params) if ready is not None]  # fmt: skip
         if params and roots:
             torch.autograd.grad(roots, params, seeds, allow_unused=True)
         for hook in hooks:
