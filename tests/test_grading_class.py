@@ -190,7 +190,9 @@ def test_ctrl_c_stops_a_class_at_once_and_writes_the_csv(tmp_path):
     out, err = cli.communicate(timeout=60)
     assert started == 2, f"{started} of the 2 runs had started after 90 s: {err}"
     assert cli.returncode == 130, (out, err)
-    assert time.monotonic() - sent < 5, "Ctrl-C waited for the runs in flight"
+    # A run left to its import's limit (10 s from the import's start) would end up to 9.5 s
+    # after the signal; on a loaded machine (load 7 on 2 cores) stopping took 5.3 s.
+    assert time.monotonic() - sent < 7, "Ctrl-C waited for the runs in flight"
     assert (tmp_path / "g.csv").exists() and (tmp_path / "g-summary.csv").exists()
     assert "interrupted" in err
 
