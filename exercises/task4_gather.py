@@ -8,8 +8,9 @@ entry per device, not a scalar; and the backward must send each slice of the gra
 to the device its piece came from, so every replica's backward runs where it ran forward.
 
 You may use torch, ``dpkit.comm.copy_to`` (a real, counted copy between devices; gradients
-carry no lane tag, so pass ``source=``) and ``dpkit.device_of``, but not ``dpkit.gather``
-or ``dpkit.comm.gather``: writing them is the task. Grade your work with ``dpkit grade 4``.
+carry no lane tag, so pass ``source=``), ``dpkit.device_of`` and ``dpkit.lanes.place`` (tags
+a tensor you made with the lane it lives on), but not ``dpkit.gather`` or
+``dpkit.comm.gather``: writing them is the task. Grade your work with ``dpkit grade 4``.
 """
 
 # ruff: noqa: F401 - these imports are what a solution uses; the stub does not yet.
@@ -23,7 +24,7 @@ import torch
 
 from dpkit.comm import copy_to
 from dpkit.device import Device
-from dpkit.lanes import device_of
+from dpkit.lanes import device_of, place
 
 
 class Gather(torch.autograd.Function):
@@ -36,12 +37,14 @@ class Gather(torch.autograd.Function):
         Move with ``copy_to(piece, destination, "gather")`` (pieces already there are not
         copied; move before reshaping, as a new view carries no lane tag). If every piece is
         a 0-dim scalar and ``dim == 0``, gather them as 1-element vectors (the result is a
-        vector). Save on ``ctx`` what backward needs: each piece's
-        device (``device_of``), its size along ``dim``, and whether scalars were unsqueezed.
+        vector). ``torch.cat`` makes a new tensor, which dpkit has not tagged and so takes to
+        be on lane 0: return ``place(result, destination)``, which tags it with its lane.
+        Save on ``ctx`` what backward needs: each piece's device (``device_of``), its size
+        along ``dim``, and whether scalars were unsqueezed.
         """
-        # TODO 4.1: move each piece to destination and concatenate them along dim
+        # TODO 4.1: move each piece to destination, concatenate along dim, place the result
         raise NotImplementedError(
-            "TODO 4.1: move each piece to destination and concatenate them along dim"
+            "TODO 4.1: move each piece to destination, concatenate along dim, place the result"
         )
 
     @staticmethod

@@ -233,6 +233,15 @@ WRONG = [
         "chunk 1 is not on lane 1: move it with copy_to",
     ),
     Wrong(
+        "three",
+        4,
+        "a Gather that ignores its destination (an untagged torch.cat, which is on lane 0)",
+        "        return place(torch.cat(moved, dim), destination)\n",
+        "        return torch.cat(moved, dim)\n",
+        ("Gather concatenates the pieces in order on the destination",),
+        "gathered onto virtual:2 (cpu), the result is not there (device_of gives cpu)",
+    ),
+    Wrong(
         "two",
         5,
         "train_step returns the loss tensor, not a float",

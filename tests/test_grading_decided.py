@@ -372,8 +372,8 @@ def test_a_gather_equal_to_anything_fails_the_concatenation_check():
     # anything.
     agrees = solution_with(
         4,
-        "        return torch.cat(moved, dim)\n",
-        "        return torch.cat(moved[::-1], dim).as_subclass(_Agrees)\n",
+        "        return place(torch.cat(moved, dim), destination)\n",
+        "        return place(torch.cat(moved[::-1], dim).as_subclass(_Agrees), destination)\n",
         AGREEING_TENSOR,
     )
     check, chosen = KEYS[4], decided.choose([4])

@@ -3,7 +3,8 @@
 Under ``dpkit grade`` the check that Gather concatenates the pieces and the three checks
 of the bytes it copies (forward, scalars, backward) are decided by the grader's parent
 process, from the results and the copies sent back on inputs it chose
-(:mod:`dpkit.grading.decided`).
+(:mod:`dpkit.grading.decided`). The concatenation gathers onto lane 2, and a result left
+on lane 0 reaches the parent zeroed: it cannot see lane tags, but it sees that.
 """
 
 import random
@@ -15,7 +16,7 @@ import torch
 from dpkit.comm import copy_to
 from dpkit.grading import decided, gradients, outputs, shapes, structure
 from dpkit.grading.checks import must_raise
-from dpkit.lanes import resides_on
+from dpkit.lanes import device_of, resides_on
 
 pytestmark = pytest.mark.task4
 EXERCISE = "task4_gather.py"
@@ -36,12 +37,13 @@ def test_gather_concatenates(exercise, lanes, request):
     # Under dpkit grade the grader chose the pieces' sizes and values' seed, and decides
     # from the results sent back (dpkit.grading.decided); the asserts below give the hints,
     # and judge a run of this file on its own.
+    # Onto lane 2: lane 0 is plain memory, where a tensor dpkit never tagged resides too.
     nodeid = request.node.nodeid
     cases = decided.inputs_for(nodeid) or decided.gather_inputs(random.Random())
-    results = {}
+    destination, results = lanes[2], {}
     for name, (sizes, other, dim, seed) in zip(("rows", "columns"), cases):
         values = decided.gather_pieces(sizes, other, dim, seed)
-        result = exercise.Gather.apply(lanes[0], dim, *on_lanes(values, lanes))
+        result = exercise.Gather.apply(destination, dim, *on_lanes(values, lanes))
         want = torch.cat(values, dim)
         assert result.shape == want.shape, (
             f"gathering pieces of sizes {sizes} along dim={dim} gave shape "
@@ -51,7 +53,17 @@ def test_gather_concatenates(exercise, lanes, request):
             f"gathering pieces of sizes {sizes} along dim={dim}: the result is not torch.cat "
             "of the pieces"
         )
-        assert resides_on(result, lanes[0]), "the result must be on the destination (lane 0)"
+        assert resides_on(result, destination), (
+            f"gathered onto {destination}, the result is not there (device_of gives "
+            f"{device_of(result)}): torch.cat makes a new tensor, which dpkit has not tagged and "
+            "so takes to be on lane 0; return place(result, destination)"
+        )
+        # The parent sees values, not lane tags, so where the result lives shows in them:
+        # moved to lane 0, a result on lane 2 is copied and zeroing the copy leaves it
+        # intact; one on lane 0 (or with a tag that claims every lane) is handed back
+        # itself, and zeroed, even if it is a tensor subclass that would skip zero_.
+        with torch._C.DisableTorchFunctionSubclass():
+            copy_to(result, lanes[0], "probe").zero_()
         results[name] = result
     decided.send(nodeid, results)
 

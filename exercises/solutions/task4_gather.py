@@ -8,8 +8,9 @@ entry per device, not a scalar; and the backward must send each slice of the gra
 to the device its piece came from, so every replica's backward runs where it ran forward.
 
 You may use torch, ``dpkit.comm.copy_to`` (a real, counted copy between devices; gradients
-carry no lane tag, so pass ``source=``) and ``dpkit.device_of``, but not ``dpkit.gather``
-or ``dpkit.comm.gather``: writing them is the task. Grade your work with ``dpkit grade 4``.
+carry no lane tag, so pass ``source=``), ``dpkit.device_of`` and ``dpkit.lanes.place`` (tags
+a tensor you made with the lane it lives on), but not ``dpkit.gather`` or
+``dpkit.comm.gather``: writing them is the task. Grade your work with ``dpkit grade 4``.
 """
 
 # Reference solution: every TODO of the stub, done. Graded by the same grader.
@@ -23,7 +24,7 @@ import torch
 
 from dpkit.comm import copy_to
 from dpkit.device import Device
-from dpkit.lanes import device_of
+from dpkit.lanes import device_of, place
 
 
 class Gather(torch.autograd.Function):
@@ -36,8 +37,10 @@ class Gather(torch.autograd.Function):
         Move with ``copy_to(piece, destination, "gather")`` (pieces already there are not
         copied; move before reshaping, as a new view carries no lane tag). If every piece is
         a 0-dim scalar and ``dim == 0``, gather them as 1-element vectors (the result is a
-        vector). Save on ``ctx`` what backward needs: each piece's
-        device (``device_of``), its size along ``dim``, and whether scalars were unsqueezed.
+        vector). ``torch.cat`` makes a new tensor, which dpkit has not tagged and so takes to
+        be on lane 0: return ``place(result, destination)``, which tags it with its lane.
+        Save on ``ctx`` what backward needs: each piece's device (``device_of``), its size
+        along ``dim``, and whether scalars were unsqueezed.
         """
         ctx.destination = destination
         ctx.dim = dim
@@ -48,7 +51,8 @@ class Gather(torch.autograd.Function):
         if ctx.scalars:
             moved = [piece.view(1) for piece in moved]
         ctx.sizes = [piece.shape[dim] for piece in moved]
-        return torch.cat(moved, dim)
+        # A new tensor: untagged, dpkit would take it to be on lane 0.
+        return place(torch.cat(moved, dim), destination)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
