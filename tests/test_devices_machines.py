@@ -29,8 +29,12 @@ dev = importlib.import_module("dpkit.device")
 
 
 class FakeStream:
-    def __init__(self, device: torch.device, stream_id: int) -> None:
-        self.device, self.stream_id = device, stream_id
+    def __init__(self, device: torch.device, stream_id: int, priority: int = 0) -> None:
+        self.device, self.stream_id, self.priority = device, stream_id, priority
+        self.waited_for: list = []  # the streams it was told to wait for, in order
+
+    def wait_stream(self, other) -> None:
+        self.waited_for.append(other)
 
 
 class FakeDeviceModule:
@@ -48,7 +52,7 @@ class FakeDeviceModule:
     def Stream(self, device: torch.device, priority: int = 0) -> FakeStream:  # noqa: N802
         self.stream_devices.append(device)
         self.taken += 1
-        return FakeStream(device, self.taken % self.pool_size)
+        return FakeStream(device, self.taken % self.pool_size, priority)
 
     def current_stream(self, device: torch.device) -> tuple[str, torch.device]:
         return ("current", device)
@@ -414,6 +418,38 @@ def test_two_threads_asking_first_get_the_same_lane_stream(machine):
         thread.join(10)
     assert got["first"] is got["second"]
     assert module.taken == dev.MAX_GPU_LANES
+
+
+def test_lane_streams_take_the_highest_priority_the_gpu_offers(machine):
+    """The lanes' streams come from the pool of torch's highest priority (the second number
+    of ``Stream.priority_range()``), which the default-priority streams that other code takes
+    never share; a device module without the range gets -1."""
+    module = machine("cuda", 1)
+    make_stream = module.Stream
+
+    def stream(device, priority=0):
+        return make_stream(device, priority)
+
+    stream.priority_range = lambda: (0, -3)  # as torch.cuda.Stream.priority_range on an H100
+    module.Stream = stream
+    lanes = dpkit.virtual_devices(3)
+    assert [lanes_module.stream_of(lane).priority for lane in lanes] == [-3, -3, -3]
+    lanes_module._lane_streams.clear()
+    module.Stream = make_stream  # no priority_range
+    assert lanes_module.stream_of(lanes[1]).priority == -1
+
+
+def test_lanes_on_the_second_gpu_wait_for_the_callers_stream_on_that_gpu(machine):
+    """Scatter and replicate queue a lane's inputs on the caller's current stream of the
+    lanes' GPU, so each lane's stream waits for that one, even where the current device (the
+    one ``current_stream()`` with no device means, as in torch) is another GPU."""
+    module = machine("cuda", 2)
+    module.current_stream = lambda device=None: ("current", device or torch.device("cuda", 0))
+    lanes = dpkit.virtual_devices(3, on="cuda:1")
+    streams, caller = lanes_module.lane_streams(lanes)
+    assert caller == ("current", torch.device("cuda", 1))
+    assert streams == [lanes_module.stream_of(lane) for lane in lanes]
+    assert [s.waited_for for s in streams] == [[caller]] * 3
 
 
 def test_the_host_is_named_cpu():
