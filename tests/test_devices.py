@@ -223,8 +223,12 @@ def test_more_device_ids_than_a_gpu_has_lane_streams_is_a_clear_error():
     from dpkit.device import MAX_GPU_LANES, VIRTUAL_GPU, as_device
 
     gpu_lane = Device(0, VIRTUAL_GPU, torch.device("cuda", 0))  # as device_ids=[0..] on 1 GPU
-    assert as_device(MAX_GPU_LANES - 1, like=gpu_lane).index == MAX_GPU_LANES - 1
-    with pytest.raises(ValueError, match=rf"lane 39 on one GPU: at most {MAX_GPU_LANES} lanes"):
+    assert MAX_GPU_LANES == 32  # torch's pool: 32 streams per device and priority
+    assert as_device(31, like=gpu_lane).index == 31  # the last lane that has a stream
+    # the first that has none, and the lanes there are, by index
+    with pytest.raises(ValueError, match=r"lane 32 on one GPU: at most 32 lanes \(0-31\)"):
+        as_device(32, like=gpu_lane)
+    with pytest.raises(ValueError, match=r"lane 39 on one GPU: at most 32 lanes"):
         as_device(39, like=gpu_lane)  # was a bare IndexError in stream_of later
     cpu_lane = dpkit.virtual_devices(1, on="cpu")[0]
     assert as_device(39, like=cpu_lane).index == 39  # CPU lanes have no stream pool
