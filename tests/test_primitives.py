@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 import time
+import warnings
 from collections import OrderedDict, namedtuple
+from pathlib import Path
 
 import pytest
 import torch
@@ -756,6 +759,18 @@ def test_gather_of_scalars_gives_a_vector_with_a_warning_and_squeezed_grads():
         assert scalar.grad.shape == ()
         assert scalar.grad.item() == expected.item()
     assert x.grad.tolist() == [1.0] * 3 + [2.0] * 3 + [3.0] * 3 + [4.0]
+
+
+@pytest.mark.skipif(
+    "MUTANT_UNDER_TEST" in os.environ, reason="mutmut's trampolines add frames to every call"
+)
+def test_the_scalar_gather_warning_names_the_frame_torchs_names():
+    """torch's Gather warns with stacklevel=2: the line a user is shown is in autograd's
+    Function.apply (torch/autograd/function.py), and so is dpkit's, past its class decorator."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dpkit.gather([torch.tensor(1.0), torch.tensor(2.0)], lanes(2)[0])
+    assert [Path(w.filename).parts[-3:] for w in caught] == [("torch", "autograd", "function.py")]
 
 
 def test_gather_backward_scatters_the_gradient_back_to_each_piece():
