@@ -151,14 +151,21 @@ TIMEOUT_CONSTANT = 5.0
 
 # mutmut's exit codes (mutmut/stats.py): what each says about a mutant.
 KILLED_CODES = {1, 3}  # a test failed; pytest's internal error
-TIMEOUT_CODES = {36, 24, -24, 152, 255}  # ran past the limit: a hang a user would see
+TIMEOUT_CODES = {36, 24, -24, 152}  # ran past the limit: a hang a user would see
+# mutmut's worker exits -1 (255) when pytest refuses the run (exit 4): a test id it was given
+# is not found, because the test file holding it failed to import with the mutant on (it
+# calls the mutated function as it is imported: ``dpkit.virtual_devices(...)`` in a
+# parametrize list, ``HOST_DEVICE = Device(...)`` in dpkit). mutmut shows it as a timeout.
+# The same ids were all found in mutmut's clean run, in the same kind of fresh worker
+# (write_config: the fork server collects nothing), so the mutant is what broke them.
+COLLECTION_CODES = {255}
 SURVIVED = 0
 NO_TESTS = {5, 33}  # no selected test calls the function
 # The tests' process died of a signal (SIGABRT, SIGSEGV): a crash a user would see. (A
 # mutant of dpkit.ddp.hook that raises while gloo's all-reduce is in flight leaves gloo to
 # abort when the test's process group is destroyed.)
 CRASHED_CODES = {-6, -11}
-CAUGHT_CODES = KILLED_CODES | TIMEOUT_CODES | CRASHED_CODES
+CAUGHT_CODES = KILLED_CODES | TIMEOUT_CODES | CRASHED_CODES | COLLECTION_CODES
 
 
 def _status(code: int | None) -> str:
@@ -168,6 +175,8 @@ def _status(code: int | None) -> str:
         return "killed"
     if code in TIMEOUT_CODES:
         return "timeout"
+    if code in COLLECTION_CODES:
+        return "broke collection"
     if code in CRASHED_CODES:
         return "crashed"
     if code == SURVIVED:
@@ -375,6 +384,11 @@ def sync_copy(workdir: Path, files: list[str], source_root: Path = ROOT) -> None
     manifest.write_text("\n".join(present) + "\n")
 
 
+# What the fork server imports before it forks the workers (see write_config).
+PRELOAD = Path("mutmut-preload.txt")
+PRELOADED_MODULES = ("torch",)  # 2 s to import; dpkit takes 0.02 s more
+
+
 def write_config(
     workdir: Path,
     target: str,
@@ -385,6 +399,7 @@ def write_config(
     def lines(values) -> str:
         return "".join(f"\n    {value}" for value in values)
 
+    (workdir / PRELOAD).write_text("".join(f"{name}\n" for name in PRELOADED_MODULES))
     (workdir / "setup.cfg").write_text(
         "# Written by benchmarks/mutation.py for this copy only.\n"
         "[mutmut]\n"
@@ -395,6 +410,17 @@ def write_config(
         f"pytest_add_cli_args={lines(PYTEST_ARGS)}\n"
         # torch in the process that forks the workers has run nothing (see mutmut's README).
         "process_isolation=forkserver\n"
+        # The fork server imports torch alone (PRELOAD), and neither collects the tests
+        # (mutmut's default) nor imports dpkit. After a collection in the same process, pytest
+        # escapes a test id made by an ``ids=`` function twice (a newline in it: "\\n" becomes
+        # "\\\\n"), so a worker given that id (test_grading_decided's) could not find it and
+        # tested no mutant of a function it calls (exit 255, which then counted as caught:
+        # 158 of device.py's mutants were never tested). And code that runs as
+        # dpkit is imported (HOST_DEVICE = Device(...), _functions' class decorator) ran
+        # there, unmutated, for every worker: its mutants survived unseen. Each worker now
+        # imports dpkit and collects its tests with its mutant on, as a user's import would.
+        "forkserver_warmup=import\n"
+        f"preload_modules_file={PRELOAD.name}\n"
         f"timeout_multiplier={TIMEOUT_MULTIPLIER}\n"
         f"timeout_constant={TIMEOUT_CONSTANT}\n" + ("debug=true\n" if debug else "")
         # mutmut shows its pytest runs' output (and names a failing test) only when debugging
@@ -512,7 +538,7 @@ def summarize(
     workdir = WORK / module_of(target)
     codes = read_results(workdir, target)
     statuses = {name: _status(code) for name, code in codes.items()}
-    caught_statuses = ("killed", "timeout", "crashed")
+    caught_statuses = ("killed", "timeout", "crashed", "broke collection")
     open_names = [n for n, s in statuses.items() if s not in (*caught_statuses, "not checked")]
     diff_by_name = diffs(workdir, target, open_names) if open_names else {}
     messages = message_lines((workdir / target).read_text())
@@ -740,8 +766,9 @@ def render_markdown(result: dict) -> str:
         "",
         "Written by `benchmarks/mutation.py` (`make mutation`); the numbers are in",
         "`mutation.json`, the reasons for the listed mutants in `../mutation_equivalents.md`.",
-        "A mutant is caught when a test fails, it hangs past mutmut's timeout, or the tests'",
-        "process dies of a signal (an abort, a segfault). Kill rate = caught / (mutants",
+        "A mutant is caught when a test fails, it hangs past mutmut's timeout, the tests'",
+        "process dies of a signal (an abort, a segfault), or a test file cannot be imported",
+        "with it (broke collection). Kill rate = caught / (mutants",
         "checked - equivalent - GPU-only): GPU-only mutants change what happens on a GPU alone",
         "(CUDA streams, non-blocking copies), which the CPU tests cannot see; the last column",
         f"counts them as survivors. Goal: {_percent(result['goal'])}.",
