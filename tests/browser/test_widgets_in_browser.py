@@ -222,7 +222,7 @@ class LabTab:
             except Exception:  # the page is in a state we do not know: load a new one
                 pass
         self.page.close()
-        self.page = None
+        self.page, self.loaded = None, False
 
     def close(self) -> None:
         if self.page is not None:
@@ -483,8 +483,8 @@ def test_widgets_work_in_browser(
     widgets, explorers = widget_cells(cells), explorer_cells(cells)
 
     began = time.monotonic()
-    fresh_load = not lab_tab.loaded
     notebook = NotebookPage(lab_tab, lab, copy, screenshots)
+    fresh_load = not lab_tab.loaded
     passed = False
     try:
         notebook.open(len(cells))
