@@ -50,12 +50,12 @@ LANES = 4
 @contextmanager
 def without_reuse() -> Iterator[None]:
     """Every copy into a fresh allocation: lane memory reuse switched off."""
-    saved = lane_memory._use_count
-    lane_memory._use_count = None
+    saved = lane_memory._REFS_WHEN_FREE
+    lane_memory._REFS_WHEN_FREE = None
     try:
         yield
     finally:
-        lane_memory._use_count = saved
+        lane_memory._REFS_WHEN_FREE = saved
 
 
 def operations(size: int) -> dict[str, tuple[Callable[[], Any], int]]:

@@ -27,18 +27,21 @@ block has been taken for :data:`IDLE_SECONDS` (a daemon thread, started with the
 and ended when the pool is empty: an idle process holds neither); :func:`release` gives them
 back at once, as ``torch.cuda.empty_cache`` does.
 
-Why a private torch function decides what is free: the public way round, blocks of Python
-memory (``torch.frombuffer`` over a ``bytearray``, free when ``sys.getrefcount`` says only the
-pool holds it), gives storages torch cannot resize, so ``chunk.resize_(...)``, which works on
-torch's own ``clone``, would raise "Trying to resize storage that is not resizable"; its
-memory is 16-byte aligned where torch's allocator gives 64; and it would need a new storage
-per take to be counted at all. Without ``_storage_Use_Count`` nothing is pooled: every copy
-is a fresh allocation, slower but the same values.
+How the pool sees that no tensor uses a block, with public APIs only: torch keeps a
+storage's Python object alive for as long as any tensor uses the storage, by holding a
+reference to it while C++ holds one (torch's "PyObject preservation"). So ``sys.getrefcount``
+of a block's storage is one more while any tensor, view or saved tensor uses it. That is how
+torch behaves, not a promise in its documentation, so it is checked once, on import
+(:data:`_REFS_WHEN_FREE`): where a tensor on a block does not raise the count, nothing is
+pooled and every copy is a fresh allocation, slower but the same values. (The other public
+route, blocks of Python memory under ``torch.frombuffer``, gives storages torch cannot
+resize: ``chunk.resize_(...)``, which works on torch's own ``clone``, would raise.)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -53,8 +56,27 @@ MAX_BYTES = 512 * 2**20  # per lane: blocks in use and free together
 MAX_BLOCKS_PER_SIZE = 64  # blocks of one size a lane tracks (more in use: plain allocations)
 IDLE_SECONDS = 2.0  # no block taken for this long: the free blocks go back to the system
 
-# torch's count of references to a storage (torch >= 2.1); without it, nothing is pooled.
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+def _refs_of_a_free_block() -> int | None:
+    """What :func:`_is_free` counts for a block no tensor uses, or None where this torch does
+    not show a tensor's use in the count (then no block is known free and nothing is pooled)."""
+
+    def refs(storage: Any) -> int:  # counted as _is_free counts: one frame, called from a loop
+        return sys.getrefcount(storage)
+
+    blocks = [torch.empty(1, dtype=torch.uint8).untyped_storage()]  # held as a lane's list holds
+    free = [refs(block) for block in blocks][0]
+    user = torch.empty(0, dtype=torch.uint8).set_(blocks[0], 0, (1,))
+    used = [refs(block) for block in blocks][0]
+    view = user[:1]
+    del user
+    used_by_a_view = [refs(block) for block in blocks][0]
+    del view
+    released = [refs(block) for block in blocks][0]
+    return free if used > free and used_by_a_view > free and released == free else None
+
+
+_REFS_WHEN_FREE = _refs_of_a_free_block()
 
 _lock = threading.Lock()
 _blocks: dict[Device, dict[int, list[Any]]] = {}  # lane -> size -> storages
@@ -76,8 +98,8 @@ os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release, after_i
 
 
 def _is_free(storage: Any) -> bool:
-    # The pool's own reference only; with the count switched off, no block is known free.
-    return _use_count is not None and _use_count(storage._cdata) == 1
+    # Held by the lane's list, the caller's loop and this call only: no tensor uses it.
+    return sys.getrefcount(storage) == _REFS_WHEN_FREE
 
 
 def _take(
@@ -144,7 +166,7 @@ def _evict(device: Device, wanted: int) -> None:
 
 def _poolable(nbytes: int, device: Device) -> bool:
     return (
-        _use_count is not None
+        _REFS_WHEN_FREE is not None
         and nbytes >= MIN_BYTES
         and device.device_type == "cpu"
         and not torch.is_inference_mode_enabled()

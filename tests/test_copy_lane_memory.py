@@ -18,7 +18,7 @@ from dpkit import comm, lane_memory
 from dpkit.device import virtual_devices
 
 pytestmark = pytest.mark.skipif(
-    lane_memory._use_count is None, reason="this torch cannot count a storage's users"
+    lane_memory._REFS_WHEN_FREE is None, reason="this torch cannot count a storage's users"
 )
 
 ROWS, COLUMNS = 64, 16384  # 4 MiB of float32: chunks of 1 MiB, lane_memory.MIN_BYTES
@@ -116,12 +116,12 @@ def _traced_memory() -> list:
 
 def test_the_trace_counts_the_same_bytes_with_reused_blocks():
     reused = _traced_memory()
-    saved = lane_memory._use_count
-    lane_memory._use_count = None  # every copy into a fresh allocation
+    saved = lane_memory._REFS_WHEN_FREE
+    lane_memory._REFS_WHEN_FREE = None  # every copy into a fresh allocation
     try:
         fresh = _traced_memory()
     finally:
-        lane_memory._use_count = saved
+        lane_memory._REFS_WHEN_FREE = saved
     assert lane_memory.cached_bytes() > 0
     assert reused == fresh
 

@@ -15,7 +15,7 @@ from dpkit import lane_memory
 from dpkit.device import virtual_devices
 
 pytestmark = pytest.mark.skipif(
-    lane_memory._use_count is None, reason="this torch cannot count a storage's users"
+    lane_memory._REFS_WHEN_FREE is None, reason="this torch cannot count a storage's users"
 )
 
 KIB = 1024
@@ -152,3 +152,11 @@ def test_a_lane_evicts_as_many_free_blocks_as_needed_and_no_more_than_exist():
     assert kept.data_ptr() != plain.data_ptr()
     larger = lane_memory.copy(torch.ones(4 * KIB // 4), virtual_devices(9, on="cpu")[8])
     assert larger is not None and larger.numel() == KIB  # over the bound on a new lane: plain
+
+
+def test_a_torch_whose_count_hides_a_tensors_use_pools_nothing(monkeypatch):
+    # The pool knows a block is free from its Python reference count; a torch that does not
+    # keep a storage's Python object referenced while tensors use it must switch pooling off.
+    assert lane_memory._refs_of_a_free_block() == lane_memory._REFS_WHEN_FREE is not None
+    monkeypatch.setattr(lane_memory, "sys", type("Sys", (), {"getrefcount": lambda obj: 3}))
+    assert lane_memory._refs_of_a_free_block() is None

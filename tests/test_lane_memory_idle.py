@@ -21,7 +21,7 @@ from dpkit import lane_memory
 from dpkit.device import virtual_devices
 
 pytestmark = pytest.mark.skipif(
-    lane_memory._use_count is None, reason="this torch cannot count a storage's users"
+    lane_memory._REFS_WHEN_FREE is None, reason="this torch cannot count a storage's users"
 )
 
 KIB = 1024
