@@ -64,16 +64,12 @@ def _refs_of_a_free_block() -> int | None:
     def refs(storage: Any) -> int:  # counted as _is_free counts: one frame, called from a loop
         return sys.getrefcount(storage)
 
-    blocks = [torch.empty(1, dtype=torch.uint8).untyped_storage()]  # held as a lane's list holds
+    blocks = [torch.empty(1, dtype=torch.uint8).untyped_storage()]  # as a lane's list holds
     free = [refs(block) for block in blocks][0]
-    user = torch.empty(0, dtype=torch.uint8).set_(blocks[0], 0, (1,))
+    user = torch.empty(0, dtype=torch.uint8).set_(blocks[0])  # a view or a saved tensor alike
     used = [refs(block) for block in blocks][0]
-    view = user[:1]
     del user
-    used_by_a_view = [refs(block) for block in blocks][0]
-    del view
-    released = [refs(block) for block in blocks][0]
-    return free if used > free and used_by_a_view > free and released == free else None
+    return free if used > free else None
 
 
 _REFS_WHEN_FREE = _refs_of_a_free_block()
