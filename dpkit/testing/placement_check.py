@@ -83,11 +83,11 @@ def _tensors(args: Any, kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
 
 def _called_by_primitive() -> bool:
     """Whether the torch call being checked comes from dpkit's primitives (past torch's own
-    Python wrappers such as ``Tensor.split``)."""
-    frame = sys._getframe(3)  # past this function, _check_same_device and __torch_function__
+    Python wrappers such as ``Tensor.split``, and this module's own frames, however many)."""
+    frame = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if not module.startswith("torch"):
+        if module != __name__ and not module.startswith("torch"):
             return module in _PRIMITIVES or module.startswith("dpkit.tracing")
         frame = frame.f_back
     return False
