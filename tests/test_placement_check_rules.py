@@ -155,3 +155,14 @@ def _record_errors(call, errors: list[BaseException]) -> None:
         call()
     except Exception as error:  # reported to the test's thread
         errors.append(error)
+
+
+def test_a_host_buffer_filled_from_a_lane_stays_on_the_host(lanes):
+    # As host_buffer.copy_(cuda_tensor): an in-place op's result is its target, where it was.
+    on_lane, host_buffer = torch.arange(3.0, device=lanes[0].torch_device), torch.zeros(3)
+    assert host_buffer.copy_(on_lane) is host_buffer
+    assert host_buffer.numpy().tolist() == [0.0, 1.0, 2.0]
+    assert torch.equal(host_buffer + torch.ones(3), torch.tensor([1.0, 2.0, 3.0]))
+    on_lane.add_(1)  # a lane's tensor changed in place stays on its lane
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        on_lane + torch.ones(3)

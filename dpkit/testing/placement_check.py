@@ -158,7 +158,10 @@ class _PlacementMode(TorchFunctionMode):
         device = kwargs.get("device")
         if lane is None and device is not None and torch.device(device) == CHECKED_LANE_MEMORY:
             lane = HOME_LANE  # a factory: torch.randn(..., device=lanes[0].torch_device)
-        return _tag(func(*args, **kwargs), lane)
+        result = func(*args, **kwargs)
+        if args and result is args[0]:  # in place (host.copy_(x), x.add_(1)): stays put
+            return result
+        return _tag(result, lane)
 
 
 def _move(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
