@@ -408,9 +408,10 @@ def test_a_model_off_device_ids_0_raises_torchs_words_and_lane_0_first_runs(lane
     assert '"module must have its parameters and buffers "' in source
     assert "on device {self.src_device_obj} (device_ids[0]) but found one of " in source
     assert isinstance(outcome.error, RuntimeError)
-    assert str(outcome.error).startswith(
+    assert str(outcome.error) == (  # torch's words, then dpkit's fix (docs/bad_input.md)
         f"module must have its parameters and buffers on device {lanes[1]} (device_ids[0]) "
-        "but found one of them on device: "
+        "but found one of them on device: cpu; a module you create sits on lane 0 (the plain "
+        "cpu memory), so list lane 0 first: use device_ids=dpkit.virtual_devices(n)"
     )
     assert pitfalls.attempt(parallel(model, lanes), torch.randn(6, 4)).value.shape == (6, 2)
 
