@@ -57,17 +57,20 @@ MAX_BLOCKS_PER_SIZE = 64  # blocks of one size a lane tracks (more in use: plain
 IDLE_SECONDS = 2.0  # no block taken for this long: the free blocks go back to the system
 
 
+def _refs(storage: Any) -> int:
+    """Python references to a block's storage: one more while any tensor uses it. Always
+    called from a list comprehension over a lane's list (the list and the loop variable
+    hold it too), so that every count is taken the same way as the probe's below."""
+    return sys.getrefcount(storage)
+
+
 def _refs_of_a_free_block() -> int | None:
-    """What :func:`_is_free` counts for a block no tensor uses, or None where this torch does
-    not show a tensor's use in the count (then no block is known free and nothing is pooled)."""
-
-    def refs(storage: Any) -> int:  # counted as _is_free counts: one frame, called from a loop
-        return sys.getrefcount(storage)
-
+    """What :func:`_refs` says of a block no tensor uses, or None where this torch does not
+    show a tensor's use in the count (then no block is known free and nothing is pooled)."""
     blocks = [torch.empty(1, dtype=torch.uint8).untyped_storage()]  # as a lane's list holds
-    free = [refs(block) for block in blocks][0]
+    free = [_refs(block) for block in blocks][0]
     user = torch.empty(0, dtype=torch.uint8).set_(blocks[0])  # a view or a saved tensor alike
-    used = [refs(block) for block in blocks][0]
+    used = [_refs(block) for block in blocks][0]
     del user
     return free if used > free else None
 
@@ -93,9 +96,9 @@ def _forked() -> None:
 os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release, after_in_child=_forked)
 
 
-def _is_free(storage: Any) -> bool:
-    # Held by the lane's list, the caller's loop and this call only: no tensor uses it.
-    return sys.getrefcount(storage) == _REFS_WHEN_FREE
+def _free(blocks: list[Any]) -> list[Any]:
+    """The blocks of ``blocks`` no tensor uses (none where the count cannot say)."""
+    return [block for block in blocks if _refs(block) == _REFS_WHEN_FREE]
 
 
 def _take(
@@ -114,7 +117,7 @@ def _take(
             _releaser.start()  # it waits for the lock, so it finds this block in the pool
         blocks = _blocks.setdefault(device, {}).setdefault(nbytes, [])
         _lane_bytes.setdefault(device, 0)
-        block = next((b for b in blocks if _is_free(b)), None)
+        block = next(iter(_free(blocks)), None)
         if block is not None:
             blocks.remove(block)  # to the end: the free ones stay in front
             if block.nbytes() != nbytes:  # resized by its last user: not this size any more
@@ -153,7 +156,7 @@ def _release_when_idle() -> None:
 def _evict(device: Device, wanted: int) -> None:
     """Drop free blocks of ``device`` until ``wanted`` more bytes fit (the lock is held)."""
     for size, blocks in _blocks[device].items():
-        for block in [b for b in blocks if _is_free(b)]:
+        for block in _free(blocks):
             blocks.remove(block)
             _lane_bytes[device] -= size
             if _lane_bytes[device] + wanted <= MAX_BYTES:
@@ -225,7 +228,7 @@ def release(device: Device | None = None) -> None:
 def _release_free(lanes: list[Device]) -> None:
     for lane in lanes:  # the lock is held
         for size, blocks in _blocks.get(lane, {}).items():
-            free = [block for block in blocks if _is_free(block)]
+            free = _free(blocks)
             for block in free:
                 blocks.remove(block)
             _lane_bytes[lane] -= size * len(free)  # a lane with blocks has a count
