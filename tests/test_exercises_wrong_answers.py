@@ -57,6 +57,10 @@ RING_WHOLE = """    flats = [tensor.view(-1) for tensor in tensors]
         for i in range(n):
             flats[(i + 1) % n].add_(sent[i])
         passing = [sent[(i - 1) % n] for i in range(n)]"""
+RING_ON_COPIES = (
+    RING_OLD.replace("tensor.view(-1) for", "tensor.reshape(-1).clone() for", 1)
+    + "\n    for tensor, flat in zip(tensors, flats):\n        tensor.data = flat.view_as(tensor)"
+)
 WRONG = [
     Wrong(
         "one",
@@ -303,6 +307,127 @@ WRONG = [
         "    return list(tensors)\n",
         ("ring_allreduce_ leaves the sum on every lane, in place",),
         "ring_allreduce_ works in place and returns None",
+    ),
+    Wrong(
+        "five",
+        3,
+        "parallel_apply returns a tuple of the outputs, not a list",
+        "    outputs = [results[index] for index in range(len(modules))]\n",
+        "    outputs = tuple(results[index] for index in range(len(modules)))\n",
+        ("parallel_apply returns each replica's output, in replica order",),
+        "return a list, got tuple",
+    ),
+    Wrong(
+        "four",
+        6,
+        "floor division of float speeds: whole-row sizes that are floats (3.0)",
+        "sizes = [int(batch * speed / total) for speed in speeds]\n"
+        "    for _ in range(batch - sum(sizes)):",
+        "sizes = [batch * speed // total for speed in speeds]\n"
+        "    for _ in range(int(batch - sum(sizes))):",
+        (
+            "weighted_chunk_sizes returns one whole-row size per device, adding up to the batch",
+            "equal speeds give sizes that differ by at most one",
+            "weighted_chunk_sizes minimises the slowest device's time",
+        ),
+        "sizes must be ints >= 0",
+    ),
+    Wrong(
+        "five",
+        6,
+        "the report's speedup stored under another key (speed_up)",
+        '        "speedup": torch_seconds / weighted_seconds,\n',
+        '        "speed_up": torch_seconds / weighted_seconds,\n',
+        ("weighted chunks beat torch's equal chunks on unequal devices",),
+        "the report lacks ['speedup']",
+    ),
+    Wrong(
+        "four",
+        1,
+        "the chunks detached from the input (no gradient flows back)",
+        "    pieces = tensor.split(sizes, dim)\n",
+        "    pieces = tensor.detach().split(sizes, dim)\n",
+        ("gradients flow back from the chunks to the input",),
+        "do not detach the chunks",
+    ),
+    Wrong(
+        "five",
+        2,
+        "copies made with clone() instead of copy_to (right values, never on their lanes)",
+        'tuple(copy_to(t, device, "broadcast") for device in devices for t in tensors)',
+        "tuple(t.clone() for device in devices for t in tensors)",
+        (
+            "Broadcast.forward returns every tensor on every lane, device by device",
+            "Broadcast.forward copies each tensor once to each lane but lane 0",
+            "replicate makes one working replica per lane, parameters on that lane",
+        ),
+        "output 2 is not on lane 1",
+    ),
+    Wrong(
+        "six",
+        2,
+        "every replica given lane 0's copies (the flat layout's offset forgotten)",
+        "swap_parameter(replica, name, copies[position * len(params) + index])",
+        "swap_parameter(replica, name, copies[index])",
+        ("replicate makes one working replica per lane, parameters on that lane",),
+        "replica 1's weight is not on lane 1",
+    ),
+    Wrong(
+        "six",
+        3,
+        "apply_replica stores the bare exception, not a ReplicaFailure",
+        "        results[index] = ReplicaFailure(index, device, error, traceback.format_exc())\n",
+        "        results[index] = error\n",
+        (
+            "apply_replica stores a ReplicaFailure instead of raising",
+            "an exception in a replica is raised in the caller, naming the replica",
+        ),
+        "should be a ReplicaFailure, got",
+    ),
+    Wrong(
+        "five",
+        7,
+        "a ring run on flattened copies, the sums swapped in with .data (new storage)",
+        RING_OLD,
+        RING_ON_COPIES,
+        ("ring_allreduce_ leaves the sum on every lane, in place",),
+        "write into the tensors' own storage",
+    ),
+    Wrong(
+        "six",
+        7,
+        "compare_traffic's reduce-add spelled with a hyphen",
+        '        "reduce_add": traffic_per_lane(\n',
+        '        "reduce-add": traffic_per_lane(\n',
+        ("reduce-add loads lane 0 with (n-1)N bytes; the ring spreads 2(n-1)/n N over all",),
+        "keys are ['reduce-add', 'ring']",
+    ),
+    Wrong(
+        "four",
+        5,
+        "the replicas' outputs returned as a list, never gathered",
+        "    return dpkit.gather(outputs, used[0])\n",
+        "    return outputs\n",
+        (
+            "the data-parallel forward computes module(x)",
+            "data-parallel gradients equal single-device gradients",
+            "three data-parallel SGD steps train exactly like one device",
+            "max_gradient_difference is tiny for a correct data-parallel forward",
+        ),
+        "expected one output gathered from the replicas",
+    ),
+    Wrong(
+        "five",
+        5,
+        "replicas made with copy.deepcopy, not replicate (no gradient reaches the module)",
+        "    replicas = dpkit.replicate(module, used)\n",
+        "    import copy\n\n    replicas = [copy.deepcopy(module) for _ in used]\n",
+        (
+            "data-parallel gradients equal single-device gradients",
+            "three data-parallel SGD steps train exactly like one device",
+            "max_gradient_difference is tiny for a correct data-parallel forward",
+        ),
+        "got no gradient through the data-parallel forward",
     ),
 ]
 

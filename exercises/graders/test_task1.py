@@ -10,7 +10,6 @@ shared objects' identity as the index of the input object in each place
 """
 
 import math
-import random
 from collections import OrderedDict, namedtuple
 
 import pytest
@@ -37,13 +36,12 @@ FORBIDDEN = (
 Pair = namedtuple("Pair", ["image", "label"])
 
 
-def torch_sizes(batch: int, num_devices: int) -> list[int]:
-    return [len(chunk) for chunk in torch.empty(batch).chunk(num_devices)] if batch else []
+NOT_FOUND = -1  # a place that holds none of the objects (as identity.index_of says)
 
 
 def reference_sizes(batch: int, num_devices: int) -> list[int]:
     """torch.chunk's sizes, computed (the student's code may call this; it may not chunk)."""
-    rows = math.ceil(batch / num_devices) if batch > 0 else 0
+    rows = math.ceil(batch / num_devices)  # a tensor's rows: never below 0
     return [min(rows, batch - start) for start in range(0, batch, rows)] if rows else []
 
 
@@ -77,20 +75,10 @@ def test_chunk_sizes_examples(exercise, request):
 
 def test_chunk_sizes_property(exercise, request):
     """chunk_sizes matches torch.chunk for any batch and device count"""
-    # Under dpkit grade the grader chose the inputs and decides from the sizes sent back
-    # (dpkit.grading.decided); the assert below is for a run of this file on its own.
     nodeid = request.node.nodeid
-    pairs = decided.inputs_for(nodeid) or decided.chunk_sizes_inputs(random.Random())
-    answers = []
-    for batch, num_devices in pairs:
-        got = exercise.chunk_sizes(batch, num_devices)
-        want = torch_sizes(batch, num_devices)
-        assert list(got) == want, (
-            f"chunk_sizes({batch}, {num_devices}) returned {got}, torch.chunk gives {want}; "
-            "note there may be fewer chunks than devices (6 rows over 4 devices: 2, 2, 2)"
-        )
-        answers.append([int(size) for size in got])
-    decided.send(nodeid, decided.pack_sizes(answers))
+    pairs = decided.inputs_here(nodeid)  # a hundred, smallest first, judged by the parent
+    answers = [[int(size) for size in exercise.chunk_sizes(*pair)] for pair in pairs]
+    decided.answer(nodeid, pairs, decided.pack_sizes(answers))
 
 
 def test_scatter_tensor_places_chunks(with_torch_sizes, lanes, request):
@@ -105,10 +93,6 @@ def test_scatter_tensor_places_chunks(with_torch_sizes, lanes, request):
         assert resides_on(chunk, lanes[index]), (
             f"chunk {index} is not on lane {index}: move it with copy_to(chunk, devices[i], "
             "'scatter')"
-        )
-    for index in range(1, 4):
-        assert chunks[index].untyped_storage().data_ptr() != x.untyped_storage().data_ptr(), (
-            f"chunk {index} shares memory with the input; lanes 1.. need a real copy"
         )
 
 
@@ -138,9 +122,11 @@ def test_scatter_tensor_gradients(with_torch_sizes, lanes, request):
     rows, columns, seed = inputs = decided.inputs_here(nodeid)
     x = torch.randn(rows, columns, requires_grad=True)
     chunks = with_torch_sizes.scatter_tensor(x, lanes)
+    assert all(chunk.requires_grad for chunk in chunks), (
+        "a chunk of a tensor that requires grad does not: do not detach the chunks"
+    )
     weights = gradients.chunk_weights(rows, columns, seed)
     sum((weight * chunk).sum() for weight, chunk in zip(weights, chunks)).backward()
-    assert x.grad is not None, "x.grad is None: do not detach the chunks"
     decided.answer(nodeid, inputs, {"grad": x.grad})
 
 
@@ -154,10 +140,6 @@ def test_scatter_containers(with_reference_scatter_tensor, lanes, request):
     x, y = structure.scatter_tensors(*inputs)
     per_device = exercise.scatter((x, [y, x]), lanes)
     dicts = exercise.scatter(OrderedDict(a=x, b=y), lanes)
-    assert len(per_device) == len(dicts) == len(x.chunk(4)), (
-        f"expected {len(x.chunk(4))} entries (one per lane that gets rows), got "
-        f"{len(per_device)} and {len(dicts)}"
-    )
     decided.answer(nodeid, inputs, structure.pack([*per_device, *dicts]))
 
 
@@ -173,16 +155,16 @@ def test_scatter_namedtuple_and_shared_objects(with_reference_scatter_tensor, la
     given = [label, *shared]
     batch = Pair(image=identity.shared_image(rows, columns, seed), label=label)
     per_device = exercise.scatter((batch, *shared), lanes)
-    places, values = [], {}
+    places, values, width = [], {}, 3 + count
     for index, entry in enumerate(per_device):
         parts = list(entry) if type(entry) is tuple else []
         pair = parts[0] if parts else None
-        row = [0 if type(entry) is tuple else -1, 0 if type(pair) is Pair else -1]
+        row = [0 if type(entry) is tuple else NOT_FOUND, 0 if type(pair) is Pair else NOT_FOUND]
         row.append(identity.index_of(getattr(pair, "label", None), given))
         row += [identity.index_of(part, given) for part in parts[1:]]
-        places.append((row + [-1] * (3 + count))[: 3 + count])
+        places.append((row + [NOT_FOUND] * width)[:width])
         image = getattr(pair, "image", None)
         if isinstance(image, torch.Tensor):
             values[f"image{index}"] = image
-    values["places"] = torch.tensor(places, dtype=torch.int64).reshape(-1, 3 + count)
+    values["places"] = torch.tensor(places, dtype=torch.int64).reshape(-1, width)
     decided.answer(nodeid, inputs, values)

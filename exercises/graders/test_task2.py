@@ -6,8 +6,6 @@ the copies, and which parameters the module holds after replicate, as the index 
 it held before (:mod:`dpkit.grading.identity`).
 """
 
-import random
-
 import pytest
 import torch
 from torch import nn
@@ -38,7 +36,6 @@ def test_broadcast_forward_layout(exercise, lanes, request):
         lane = position // 2
         assert resides_on(copy, lanes[lane]), f"output {position} is not on lane {lane}"
     assert copies[0].data_ptr() == a.data_ptr(), "lane 0's copy must share storage: no copy"
-    assert copies[2].data_ptr() != a.data_ptr(), "lanes 1.. need real copies (use copy_to)"
 
 
 def test_broadcast_forward_bytes(exercise, lanes, transfers, request):
@@ -52,30 +49,15 @@ def test_broadcast_forward_bytes(exercise, lanes, transfers, request):
 
 def test_broadcast_backward_reduce_adds(exercise, lanes, request):
     """Broadcast.backward sums the gradients of all copies"""
-    # Under dpkit grade the grader chose the shapes, lanes and seed, and decides from the
-    # gradients sent back (dpkit.grading.decided); the asserts below give the hints, and
-    # judge a run of this file on its own.
+    # The grader's parent chose the shapes, lanes and seed (a weight per copy, so every
+    # copy's gradient differs) and judges the gradients (dpkit.grading.decided).
     nodeid = request.node.nodeid
-    shapes, count, seed = decided.inputs_for(nodeid) or decided.broadcast_inputs(random.Random())
+    shapes, count, seed = inputs = decided.inputs_here(nodeid)
     tensors, weights = decided.broadcast_values(shapes, count, seed)
     leaves = [tensor.clone().requires_grad_() for tensor in tensors]
     copies = exercise.Broadcast.apply(lanes[:count], *leaves)
-    assert len(copies) == len(weights), (
-        f"{len(leaves)} tensors on {count} lanes make {len(weights)} copies, got {len(copies)}"
-    )
     sum((weight * copy).sum() for weight, copy in zip(weights, copies)).backward()
-    for index, (name, leaf) in enumerate(zip("ab", leaves)):
-        assert leaf.grad is not None, (
-            f"{name}.grad is None: the copies must keep their autograd history"
-        )
-        # copy (lane, index) is output lane * n + index, weighted by weights[lane * n + index]
-        want = sum(weights[index :: len(leaves)])
-        assert torch.allclose(leaf.grad, want, atol=1e-5), (
-            f"{name}.grad is not the sum of its copies' gradients over {count} lanes: backward "
-            f"must add the gradients of {name}'s copies on every lane (and pick them from the "
-            "flat layout)"
-        )
-    decided.send(nodeid, {f"grad{index}": leaf.grad for index, leaf in enumerate(leaves)})
+    decided.answer(nodeid, inputs, {f"grad{i}": leaf.grad for i, leaf in enumerate(leaves)})
 
 
 def test_broadcast_backward_moves_to_lane0(exercise, lanes, transfers, request):
@@ -140,7 +122,7 @@ def test_replicate_leaves_module_alone(exercise, lanes, request):
     values = {
         "same": torch.tensor([identity.index_of(p, before) for p in after], dtype=torch.int64),
         "parameter": torch.tensor(
-            [0 if isinstance(p, nn.Parameter) else -1 for p in after], dtype=torch.int64
+            [int(not isinstance(p, nn.Parameter)) for p in after], dtype=torch.int64
         ),
     }
     values.update({f"value{i}": p for i, p in enumerate(after)})

@@ -20,12 +20,23 @@ FORBIDDEN = (
     "dpkit.parallel_apply.parallel_apply",
     "torch.nn.parallel.parallel_apply.parallel_apply",
 )
+NOT_AN_INT = -1  # sent for a value that is not an int: the parent accepts no negative value
+NOTHING = torch.tensor([])  # sent for a key not stored: the parent's hint names the keys
+
+
+def as_int(value: object) -> int:
+    return value if type(value) is int else NOT_AN_INT
+
+
+def ones(count: int) -> list[torch.Tensor]:
+    """Inputs whose values no check looks at."""
+    return [torch.ones(())] * count
 
 
 class Recorder(nn.Module):
     """Multiplies by ``factor`` and remembers the thread and grad mode it ran under."""
 
-    def __init__(self, factor: float, barrier: threading.Barrier | None = None) -> None:
+    def __init__(self, factor: float = 1.0, barrier: threading.Barrier | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.tensor(factor))
         self.barrier = barrier
@@ -36,6 +47,14 @@ class Recorder(nn.Module):
         if self.barrier is not None:  # passes only when every replica runs at the same time
             self.arrival = self.barrier.wait()  # 0 to parties - 1, one each
         return self.weight * x if y is None else self.weight * x + y
+
+
+def mode_seen(exercise, lanes, index, outer, given) -> bool | None:  # noqa: ANN001
+    """The grad mode a module saw, run by apply_replica told ``given`` under ``outer``."""
+    module = Recorder()
+    with torch.set_grad_enabled(outer):
+        exercise.apply_replica(index, module, torch.ones(()), lanes[index], given, {})
+    return getattr(module, "grad_enabled", None)
 
 
 class Failing(nn.Module):
@@ -57,12 +76,10 @@ def test_apply_replica_stores_output(exercise, lanes, request):
     results = {}
     exercise.apply_replica(first, Recorder(factors[0]), x[0], lanes[first], True, results)
     keys = torch.tensor(list(results), dtype=torch.int64)
-    assert first in results, f"results should have key {first}, got {list(results)}"
-    stored = results[first]
+    stored = results.get(first, NOTHING)
     module = Recorder(factors[1])
     exercise.apply_replica(second, module, (x[1], x[-1]), lanes[second], True, results)
-    assert second in results, f"results should have key {second}, got {list(results)}"
-    values = {"keys": keys, "first": stored, "second": results[second]}
+    values = {"keys": keys, "first": stored, "second": results.get(second, NOTHING)}
     decided.answer(nodeid, inputs, values)
 
 
@@ -74,7 +91,7 @@ def test_apply_replica_catches(exercise, lanes, request):
     index, kind, message = inputs = decided.inputs_here(nodeid)
     error, results = conduct.ERRORS[kind](message), {}
     try:
-        exercise.apply_replica(index, Failing(error), torch.ones(1), lanes[index], True, results)
+        exercise.apply_replica(index, Failing(error), torch.ones(()), lanes[index], True, results)
     except conduct.ERRORS[kind]:
         pytest.fail("apply_replica let the exception escape; catch it and store it", pytrace=False)
     failure = results.get(index)
@@ -83,12 +100,12 @@ def test_apply_replica_catches(exercise, lanes, request):
     )
     device = getattr(failure, "device", None)
     fields = [
-        failure.index if type(failure.index) is int else -1,
-        next((lane for lane, d in enumerate(lanes) if d is device or d == device), -1),
-        0 if failure.exception is error else -1,
+        as_int(failure.index),
+        lanes.index(device) if device in lanes else NOT_AN_INT,
+        0 if failure.exception is error else NOT_AN_INT,
     ]
     values = {
-        "keys": torch.tensor([k if type(k) is int else -1 for k in results], dtype=torch.int64),
+        "keys": torch.tensor([as_int(k) for k in results], dtype=torch.int64),
         "failure": torch.tensor(fields, dtype=torch.int64),
         "traceback": conduct.text(str(failure.traceback)),
     }
@@ -138,7 +155,7 @@ def test_reraise_falls_back_to_runtime_error(exercise, lanes, request):
     original = NeedsTwo(code, detail)
     failure = exercise.ReplicaFailure(index, lanes[lane], original, "Traceback: the worker's text")
     raised = _raised(lambda: exercise.reraise(failure))
-    cause = 0 if raised is not None and raised.__cause__ is original else -1
+    cause = 0 if raised is not None and raised.__cause__ is original else NOT_AN_INT
     values = {
         "kind": torch.tensor([conduct.kind_of(raised), cause], dtype=torch.int64),
         "message": conduct.text(str(raised)),
@@ -152,12 +169,8 @@ def test_apply_replica_sets_grad_mode(exercise, lanes, request):
     # mode the grader's module saw inside its forward (dpkit.grading.conduct).
     nodeid = request.node.nodeid
     pairs = decided.inputs_here(nodeid)
-    seen = []
-    for outer, given in pairs:
-        module, results = Recorder(1.0), {}
-        with torch.set_grad_enabled(outer):
-            exercise.apply_replica(0, module, torch.ones(1), lanes[0], given, results)
-        seen.append(getattr(module, "grad_enabled", None))
+    # one pair per lane: the four pairs on the four lanes
+    seen = [mode_seen(exercise, lanes, i, *pair) for i, pair in enumerate(pairs)]
     decided.answer(nodeid, pairs, {"seen": conduct.flags(seen)})
 
 
@@ -180,25 +193,22 @@ def test_one_thread_per_replica(exercise, lanes, request):
     nodeid = request.node.nodeid
     (count,) = inputs = decided.inputs_here(nodeid)
     barrier = threading.Barrier(count, timeout=3)
-    modules = [Recorder(1.0, barrier) for _ in range(count)]
+    modules = [Recorder(barrier=barrier) for _ in range(count)]
     try:
-        exercise.parallel_apply(modules, [torch.ones(1)] * count, lanes[:count])
+        exercise.parallel_apply(modules, ones(count), lanes[:count])
     except threading.BrokenBarrierError:
         pytest.fail(
             "the replicas did not all run at the same time: start every thread before joining any",
             pytrace=False,
         )
-    seen = [threading.get_ident()]
-    for module in modules:
-        thread = getattr(module, "thread", None)
-        if thread is not None and thread not in seen:
-            seen.append(thread)
-    threads = [seen.index(m.thread) if hasattr(m, "thread") else -1 for m in modules]
-    arrivals = [getattr(module, "arrival", -1) for module in modules]
+    ran = [getattr(module, "thread", None) for module in modules]
+    seen = list(dict.fromkeys([threading.get_ident(), *ran]))  # in the order first seen
     values = {
-        "threads": torch.tensor(threads, dtype=torch.int64),
+        "threads": torch.tensor(
+            [NOT_AN_INT if t is None else seen.index(t) for t in ran], dtype=torch.int64
+        ),
         "arrivals": torch.tensor(
-            [a if type(a) is int else -1 for a in arrivals], dtype=torch.int64
+            [as_int(getattr(module, "arrival", None)) for module in modules], dtype=torch.int64
         ),
     }
     decided.answer(nodeid, inputs, values)
@@ -210,18 +220,15 @@ def test_grad_mode_carried(exercise, lanes, request):
     count, modes = inputs = decided.inputs_here(nodeid)
     seen, needs = [], []
     for mode in modes:
-        modules = [Recorder(1.0) for _ in range(count)]
+        modules = [Recorder() for _ in range(count)]
         with torch.set_grad_enabled(mode):
-            got = exercise.parallel_apply(modules, [torch.ones(1)] * count, lanes[:count])
+            got = exercise.parallel_apply(modules, ones(count), lanes[:count])
         seen += [getattr(module, "grad_enabled", None) for module in modules]
         needs += [getattr(output, "requires_grad", None) for output in got[:count]]
         needs += [None] * (count - len(got))
-    probe = None  # whether the value reached the workers: apply_replica told False
-    if any(flag != mode for flag, mode in zip(seen, [m for m in modes for _ in range(count)])):
-        probe, results = Recorder(1.0), {}
-        with torch.enable_grad():
-            exercise.apply_replica(0, probe, torch.ones(1), lanes[0], False, results)
-        probe = getattr(probe, "grad_enabled", None)
+    # whether a wrong mode is the value the workers were given or their use of it: the
+    # mode apply_replica told False applies (only the hint depends on it)
+    probe = mode_seen(exercise, lanes, 0, True, False)
     values = {"seen": conduct.flags(seen), "requires_grad": conduct.flags(needs)}
     decided.answer(nodeid, inputs, {**values, "probe": conduct.flags([probe])})
 
@@ -235,13 +242,10 @@ def test_exception_carried_back(exercise, lanes, request):
     values = {}
     kinds = []
     for number, (count, failures) in enumerate(runs):
-        modules = [Recorder(1.0) for _ in range(count)]
+        modules = [Recorder() for _ in range(count)]
         for index, kind, message in failures:
             modules[index] = Failing(conduct.ERRORS[kind](message))
-        ones = [torch.ones(1)] * count
-        raised = _raised(
-            lambda m=modules, x=ones, c=count: exercise.parallel_apply(m, x, lanes[:c])
-        )
+        raised = _raised(lambda m=modules, c=count: exercise.parallel_apply(m, ones(c), lanes[:c]))
         kinds.append(conduct.kind_of(raised))
         values[f"message{number}"] = conduct.text(str(raised))
     values["kinds"] = torch.tensor(kinds, dtype=torch.int64)

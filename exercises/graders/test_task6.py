@@ -5,7 +5,6 @@ sizes, times and report computed here on inputs it chose
 (:mod:`dpkit.grading.decided`, :mod:`dpkit.grading.weighted`).
 """
 
-import random
 import time
 
 import pytest
@@ -17,13 +16,6 @@ from dpkit.grading.checks import must_raise
 pytestmark = pytest.mark.task6
 EXERCISE = "task6_weighted.py"
 FORBIDDEN = ("dpkit.scatter.weighted_chunk_sizes",)
-
-# sleep() may overshoot on a busy machine; it never undershoots
-SLACK = 0.25
-
-
-def step_time(sizes, speeds) -> float:
-    return max(rows / speed for rows, speed in zip(sizes, speeds))
 
 
 def sizes_of(exercise, cases) -> list[list[int]]:
@@ -41,12 +33,13 @@ def test_sizes_are_a_split(exercise, request):
     nodeid = request.node.nodeid
     cases = decided.inputs_here(nodeid)
     decided.answer(nodeid, cases, decided.pack_sizes(sizes_of(exercise, cases)))
+    batch, speeds = 10, [1.0, 0.0]  # the hint names the call it makes
     with must_raise(
         ValueError,
-        "weighted_chunk_sizes(10, [1.0, 0.0])",
+        f"weighted_chunk_sizes({batch}, {speeds})",
         "a device of speed 0 never finishes: reject speeds that are not above 0",
     ):
-        exercise.weighted_chunk_sizes(10, [1.0, 0.0])
+        exercise.weighted_chunk_sizes(batch, speeds)
 
 
 def test_equal_speeds_balance(exercise, request):
@@ -88,46 +81,21 @@ def test_measure_step_time(exercise, request):
 
 def test_straggler_report(exercise, request):
     """weighted chunks beat torch's equal chunks on unequal devices"""
-    # Under dpkit grade the grader chose the inputs and decides from the values sent back
-    # (dpkit.grading.decided); the asserts below give the hints, and judge a run of this
-    # file on its own.
+    # The parent chose the inputs and judges the report's chunks and times
+    # (dpkit.grading.decided); the asserts below only give the first hints.
     nodeid = request.node.nodeid
-    cases = decided.inputs_for(nodeid) or decided.straggler_inputs(random.Random())
+    cases = decided.inputs_here(nodeid)
     reports = []
     for batch, speeds, per_row in cases:
-        call = f"straggler_report({batch}, {speeds}, {per_row})"
         report = exercise.straggler_report(batch, speeds, per_row)
         missing = {"torch_chunks", "weighted_chunks", "torch_seconds", "weighted_seconds"}
         missing = (missing | {"speedup"}) - set(report)
         assert not missing, f"the report lacks {sorted(missing)}"
         want = decided.torch_chunk_sizes_padded(batch, len(speeds))
-        idle = want.count(0)
         assert list(report["torch_chunks"]) == want, (
-            f"{call} gave torch_chunks {report['torch_chunks']}, not {want}: use "
-            f"dpkit.torch_chunk_sizes and pad with 0 for the {idle} idle devices, one size "
-            "per device"
-        )
-        weighted = report["weighted_chunks"]
-        # the check's claim; whether they are the best split is weighted_chunk_sizes' check
-        beats = len(set(speeds)) == 1 or step_time(weighted, speeds) < step_time(want, speeds)
-        assert min(weighted) >= 0 and sum(weighted) == batch and beats, (
-            f"{call} gave weighted_chunks {weighted}, which do not split the batch faster than "
-            f"torch's chunks: use weighted_chunk_sizes({batch}, {speeds})"
-        )
-        if len(set(speeds)) == 1:
-            assert max(weighted) - min(weighted) <= 1, (
-                f"{call} gave weighted_chunks {weighted}, not weighted_chunk_sizes({batch}, "
-                f"{speeds}): equal speeds differ by at most one row"
-            )
-        for what, sizes in (("torch", want), ("weighted", weighted)):
-            ideal = step_time(sizes, speeds) * per_row
-            assert ideal - 1e-3 <= report[f"{what}_seconds"] < ideal + SLACK, (
-                f"{call} gave {what}_seconds {report[f'{what}_seconds']:.4f}, but its slowest "
-                f"device sleeps {ideal:.4f} s: measure with measure_step_time"
-            )
-        ratio = report["torch_seconds"] / report["weighted_seconds"]
-        assert report["speedup"] == pytest.approx(ratio), (
-            "speedup is torch_seconds / weighted_seconds"
+            f"straggler_report({batch}, {speeds}, {per_row}) gave torch_chunks "
+            f"{report['torch_chunks']}, not {want}: use dpkit.torch_chunk_sizes and pad with 0 "
+            f"for the {want.count(0)} idle devices, one size per device"
         )
         reports.append(report)
-    decided.send(nodeid, decided.pack_report(reports))
+    decided.answer(nodeid, cases, decided.pack_report(reports))

@@ -5,8 +5,6 @@ the bytes each lane sends are decided by the grader's parent process, from the t
 the copies sent back on inputs it chose (:mod:`dpkit.grading.decided`).
 """
 
-import random
-
 import pytest
 import torch
 
@@ -20,19 +18,12 @@ EXERCISE = "task7_allreduce.py"
 FORBIDDEN = ("torch.distributed.all_reduce", "torch.distributed.reduce_scatter")
 
 
-def lane_tensors(shape, lanes, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    values = [torch.randn(shape, generator=generator) for _ in lanes]
-    return values, [copy_to(v.clone(), lane, "setup") for v, lane in zip(values, lanes)]
-
-
 def test_ring_sums_in_place(exercise, lanes, request):
     """ring_allreduce_ leaves the sum on every lane, in place"""
-    # Under dpkit grade the grader chose the shapes and the values' seed, and decides from
-    # the tensors sent back (dpkit.grading.decided); the asserts below give the hints, and
-    # judge a run of this file on its own.
+    # The grader's parent chose the shapes and the values' seed, and judges the sums sent
+    # back (dpkit.grading.decided); where they are written is checked here.
     nodeid = request.node.nodeid
-    cases = decided.inputs_for(nodeid) or decided.allreduce_inputs(random.Random())
+    cases = decided.inputs_here(nodeid)
     sums = []
     for shape, count, seed in cases:
         values = decided.lane_values(shape, count, seed)
@@ -40,16 +31,9 @@ def test_ring_sums_in_place(exercise, lanes, request):
         pointers = [t.data_ptr() for t in tensors]
         result = exercise.ring_allreduce_(tensors, lanes[:count])
         assert result is None, "ring_allreduce_ works in place and returns None"
-        total = sum(values)
-        for index, tensor in enumerate(tensors):
-            assert torch.allclose(tensor, total, atol=1e-5), (
-                f"after ring_allreduce_ of shape {tuple(shape)} over {count} lanes, lane "
-                f"{index} does not hold the sum: after n - 1 reduce-scatter steps lane i "
-                "holds chunk (i + 1) % n summed; n - 1 all-gather steps pass those on"
-            )
         assert [t.data_ptr() for t in tensors] == pointers, "write into the tensors' own storage"
         sums += [tensor.reshape(-1) for tensor in tensors]
-    decided.send(nodeid, {"sums": torch.cat(sums)})
+    decided.answer(nodeid, cases, {"sums": torch.cat(sums)})
 
 
 @pytest.mark.parametrize(
@@ -62,7 +46,9 @@ def test_ring_any_size(exercise, lanes, shape, count, request):
     nodeid = request.node.nodeid
     inputs = decided.inputs_here(nodeid)  # the shape and lanes above, a fresh seed
     values = decided.lane_values(shape, count, inputs[-1])
-    tensors = [copy_to(v.clone(), lane, "setup") for v, lane in zip(values, lanes)]
+    tensors = [
+        copy_to(v.clone(), lane, "setup") for v, lane in zip(values, lanes[:count], strict=True)
+    ]
     exercise.ring_allreduce_(tensors, lanes[:count])
     decided.answer(nodeid, inputs, outputs.listed("lane", tensors))
 
@@ -71,7 +57,7 @@ def test_ring_traffic(exercise, lanes, transfers, request):
     """in the ring each lane sends 2(n-1)/n of a gradient, only to its neighbour"""
     nodeid = request.node.nodeid
     chunk, count = inputs = decided.inputs_here(nodeid)
-    _, tensors = lane_tensors((chunk * count,), lanes[:count])
+    tensors = [copy_to(torch.randn(chunk * count), lane, "setup") for lane in lanes[:count]]
     transfers.clear()
     exercise.ring_allreduce_(tensors, lanes[:count])
     decided.answer(nodeid, inputs, decided.pack_transfers(transfers))
@@ -112,12 +98,11 @@ def test_ddp_gradients_match_dataparallel(exercise, lanes, request):
     seed, rows = inputs = decided.inputs_here(nodeid)
     x, y, _ = outputs.seeded_batch(seed, rows)
     replicas = [outputs.seeded_model(seed) for _ in lanes]
-    for replica, xs, ys in zip(replicas, x.chunk(4), y.chunk(4)):
+    for replica, xs, ys in zip(replicas, x.chunk(len(lanes)), y.chunk(len(lanes))):
         # each lane's share of the full-batch mean, so the sum is DataParallel's loss
         ((replica(xs) - ys) ** 2).sum().div(y.numel()).backward()
     exercise.allreduce_gradients_(replicas, lanes)
     grads = [p.grad for replica in replicas for p in replica.parameters()]
-    assert all(grad is not None for grad in grads), "a replica lost its gradients"
     decided.answer(nodeid, inputs, outputs.listed("grad", grads))
 
 
