@@ -63,6 +63,24 @@ RING_ON_COPIES = (
 )
 WRONG = [
     Wrong(
+        "five",
+        1,
+        "scatter that drops dim when it recurses into a list",
+        "return [list(shares) for shares in zip(*(scatter(x, devices, dim) for x in inputs))]",
+        "return [list(shares) for shares in zip(*(scatter(x, devices) for x in inputs))]",
+        ("scatter splits tuples, lists and dicts element by element",),
+        "scatter([x.T], lanes, dim=1) did not split x.T along dim 1",
+    ),
+    Wrong(
+        "six",
+        1,
+        "scatter that splits a tensor without passing dim to scatter_tensor",
+        "return list(scatter_tensor(inputs, devices, dim))",
+        "return list(scatter_tensor(inputs, devices))",
+        ("scatter splits tuples, lists and dicts element by element",),
+        "scatter([x.T], lanes, dim=1) did not split x.T along dim 1",
+    ),
+    Wrong(
         "one",
         1,
         "an even split instead of torch.chunk's",

@@ -1020,9 +1020,18 @@ def test_a_container_is_described_by_its_type_keys_and_where_its_tensors_and_non
     assert packed["t0"] is a and packed["t1"] is b
 
 
-def scatter_sent(lines: list[str], tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def scatter_sent(
+    lines: list[str], tensors: list[torch.Tensor], columns: list | None = None
+) -> dict[str, torch.Tensor]:
+    """What the grader sends: the lines and tensors of scatter((x, [y, x])) and
+    scatter(OrderedDict(...)), and ``columns``, what scatter([x.T], lanes, dim=1) gave
+    (default: five rows' right answer)."""
     text = torch.tensor(list("\n".join(lines).encode()), dtype=torch.uint8)
-    return {"text": text, **{f"t{i}": t for i, t in enumerate(tensors)}}
+    if columns is None:
+        x, _ = structure.scatter_tensors(5, 17)
+        columns = [[x[0:2].t()], [x[2:4].t()], [x[4:5].t()]]
+    dim_part = structure.pack(columns, structure.DIM)
+    return {"text": text, **{f"t{i}": t for i, t in enumerate(tensors)}, **dim_part}
 
 
 def test_five_rows_scatter_into_three_tuples_and_three_ordered_dicts():
@@ -1076,8 +1085,23 @@ def test_five_rows_scatter_into_three_tuples_and_three_ordered_dicts():
         {**right, "text": right["text"].int()},
         {**right, "text": torch.tensor([255, 254], dtype=torch.uint8)},
         {},
+        {k: v for k, v in right.items() if not k.startswith(structure.DIM)},
     ):
         assert structure.judge_scatter(inputs, bad) == NOT_TENSORS
+    # dim=1: a scatter that drops dim for the list's element splits x.T's two rows instead
+    dim_hint = (
+        "scatter([x.T], lanes, dim=1) did not split x.T along dim 1: pass dim on to "
+        "scatter_tensor and to every scatter call made for an element"
+    )
+    rows_split = [[piece] for piece in x.t().chunk(4, 0)]
+    assert structure.judge_scatter(inputs, scatter_sent([nested] * 3 + [mapping] * 3, tensors,
+                                                        rows_split)) == dim_hint  # fmt: skip
+    as_tuples = [(a.t(),) for a, _ in pieces]  # the right pieces in the wrong container
+    assert structure.judge_scatter(inputs, scatter_sent([nested] * 3 + [mapping] * 3, tensors,
+                                                        as_tuples)) == dim_hint  # fmt: skip
+    wrong_rows = [[a.t()] for a in x.split([1, 2, 2])]  # not torch.chunk's 2, 2, 1
+    assert structure.judge_scatter(inputs, scatter_sent([nested] * 3 + [mapping] * 3, tensors,
+                                                        wrong_rows)) == dim_hint  # fmt: skip
 
 
 def test_two_replicas_gather_into_one_dict_with_their_pieces_concatenated():

@@ -992,18 +992,30 @@ def wrong_structure(test: str, inputs: list) -> list:
     return values
 
 
+def packed(test: str, values: list, inputs: list) -> dict:
+    """``values`` as the grader sends them; a scatter adds its dim=1 call's, right."""
+    sent = structure.pack(values)
+    if test == "test_scatter_containers":
+        x, _ = structure.scatter_tensors(*inputs)
+        sent |= structure.pack([[a.t()] for a in x.chunk(4)], structure.DIM)
+    return sent
+
+
 @pytest.mark.parametrize("check", STRUCTURES, ids=lambda check: check.test)
 def test_structures_right_pass_and_wrong_or_for_other_inputs_fail(check):
     chosen = decided.choose([check.task])
     inputs = chosen[check.key]
-    sent = structure.pack(right_structure(check.test, inputs))
+    sent = packed(check.test, right_structure(check.test, inputs), inputs)
     right = verdict_of(check, decided.encode(sent), chosen)
     assert right.passed, right.hint
     wrong = verdict_of(
-        check, decided.encode(structure.pack(wrong_structure(check.test, inputs))), chosen
+        check,
+        decided.encode(packed(check.test, wrong_structure(check.test, inputs), inputs)),
+        chosen,
     )
     assert not wrong.passed and wrong.hint != decided.MISSING, wrong.hint
-    other = structure.pack(right_structure(check.test, check.choose(random.Random(1))))
+    others = check.choose(random.Random(1))
+    other = packed(check.test, right_structure(check.test, others), others)
     assert not verdict_of(check, decided.encode(other), chosen).passed
     for values in (None, encoded({"x": torch.zeros(1)})):
         assert not verdict_of(check, values, chosen).passed

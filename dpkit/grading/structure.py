@@ -46,24 +46,27 @@ def describe(value: Any) -> tuple[str, list[torch.Tensor]]:
     return f"object {kind}", []
 
 
-def pack(values: list[Any]) -> dict[str, torch.Tensor]:
-    """Each of ``values`` described, a line each, with all their tensors."""
+def pack(values: list[Any], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Each of ``values`` described, a line each, with all their tensors (keys ``prefix``
+    + "text", "t0", ...: two packs with different prefixes travel together)."""
     lines, tensors = [], []
     for value in values:
         text, found = describe(value)
         lines.append(text)
         tensors += found
     data = torch.tensor(list("\n".join(lines).encode()), dtype=torch.uint8)
-    return {"text": data, **{f"t{index}": t for index, t in enumerate(tensors)}}
+    return {f"{prefix}text": data, **{f"{prefix}t{i}": t for i, t in enumerate(tensors)}}
 
 
-def _unpack(values: Mapping[str, torch.Tensor]) -> tuple[list[str], list[torch.Tensor]] | None:
-    data = values.get("text")
+def _unpack(
+    values: Mapping[str, torch.Tensor], prefix: str = ""
+) -> tuple[list[str], list[torch.Tensor]] | None:
+    data = values.get(f"{prefix}text")
     if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
         return None
     tensors = []
-    while f"t{len(tensors)}" in values:
-        tensors.append(values[f"t{len(tensors)}"])
+    while f"{prefix}t{len(tensors)}" in values:
+        tensors.append(values[f"{prefix}t{len(tensors)}"])
     try:
         return bytes(data.tolist()).decode().split("\n"), tensors
     except UnicodeDecodeError:
@@ -119,7 +122,19 @@ def judge_scatter(inputs: list, values: Mapping[str, torch.Tensor]) -> str | Non
         )
     if not _same(tensors, want_tensors):
         return "the pieces are not the rows of each tensor that torch.chunk gives each lane"
+    # scatter([x.T], lanes, dim=1), sent as pack(..., prefix=DIM): x's chunks, transposed
+    columns = _unpack(values, DIM)
+    if columns is None:
+        return NOT_TENSORS
+    if columns[0] != ["builtins.list(T)"] * len(xs) or not _same(columns[1], [a.t() for a in xs]):
+        return (
+            "scatter([x.T], lanes, dim=1) did not split x.T along dim 1: pass dim on to "
+            "scatter_tensor and to every scatter call made for an element"
+        )
     return None
+
+
+DIM = "dim_"  # the prefix of the values test_scatter_containers sends for its dim=1 call
 
 
 # --------------------------------------------------------------------------------------

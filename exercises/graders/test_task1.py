@@ -140,7 +140,9 @@ def test_scatter_containers(with_reference_scatter_tensor, lanes, request):
     x, y = structure.scatter_tensors(*inputs)
     per_device = exercise.scatter((x, [y, x]), lanes)
     dicts = exercise.scatter(OrderedDict(a=x, b=y), lanes)
-    decided.answer(nodeid, inputs, structure.pack([*per_device, *dicts]))
+    columns = exercise.scatter([x.t()], lanes, dim=1)  # dim, passed on to the list's element
+    sent = {**structure.pack([*per_device, *dicts]), **structure.pack(columns, structure.DIM)}
+    decided.answer(nodeid, inputs, sent)
 
 
 def test_scatter_namedtuple_and_shared_objects(with_reference_scatter_tensor, lanes, request):
