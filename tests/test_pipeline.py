@@ -154,17 +154,20 @@ def test_unequal_stages_idle_more_than_the_formula():
 def test_measured_bubble_shrinks_with_micro_batches():
     # The naive split (m=1) keeps one of two stages idle about half the step; GPipe's
     # micro-batches fill it. Medians of several steps: single steps are noisy on a busy CPU.
-    model = pp.mlp_blocks(256, blocks=4)
-    inputs, targets = torch.randn(128, 256), torch.randint(0, 256, (128,))
+    # Micro-batches of 64 rows of 512: of 16 rows of 256 (m=8 of 128), Python's cost per
+    # micro-batch filled the bubble on a loaded machine (idle 0.54 at m=1, 0.54 at m=8).
+    model = pp.mlp_blocks(512, blocks=4)
+    inputs, targets = torch.randn(256, 512), torch.randint(0, 512, (256,))
     lanes = dpkit.virtual_devices(2)
     idle = {
         m: statistics.median(pp.measure_steps(pp.pipeline(model, lanes, m), inputs, targets, 5)[1])
-        for m in (1, 8)
+        for m in (1, 4)
     }
     # Naive: one stage at a time, so at least half of 2 x the step is idle (the formula's
-    # 0.5); a busy machine adds the gaps while a waiting thread wakes up.
+    # 0.5); a busy machine adds the gaps while a waiting thread wakes up. m=4: 0.2 by the
+    # formula, 0.35-0.39 measured at a load of 2.
     assert idle[1] > 0.45
-    assert idle[8] < idle[1] - 0.05
+    assert idle[4] < idle[1] - 0.05
 
 
 def test_a_failing_stage_stops_every_stage_and_names_itself():
