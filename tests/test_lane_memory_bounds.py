@@ -107,6 +107,7 @@ def test_empty_is_a_fresh_tensor_of_the_shape_and_dtype_asked_for():
     assert lane_memory.cached_bytes(LANE) == 2 * KIB
     small = lane_memory.empty((4,), torch.float64, LANE)  # under MIN_BYTES: torch.empty
     assert small.shape == (4,) and small.dtype == torch.float64 and small.device.type == "cpu"
+    assert lane_memory.cached_bytes(LANE) == 2 * KIB  # not a block of the pool's
 
 
 @pytest.mark.parametrize(

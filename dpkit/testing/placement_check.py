@@ -83,11 +83,12 @@ def _tensors(args: Any, kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
 
 def _called_by_primitive() -> bool:
     """Whether the torch call being checked comes from dpkit's primitives (past torch's own
-    Python wrappers such as ``Tensor.split``, and this module's own frames, however many)."""
+    Python wrappers such as ``Tensor.split``, and this module's own frames, however many,
+    with the trampolines mutmut wraps them in during the mutation audit)."""
     frame = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if module != __name__ and not module.startswith("torch"):
+        if module != __name__ and not module.startswith(("torch", "mutmut.")):
             return module in _PRIMITIVES or module.startswith("dpkit.tracing")
         frame = frame.f_back
     return False
