@@ -187,8 +187,7 @@ def measure_ops(
                     continue  # a run that took another path: its ops cannot be matched
                 fastest = min(matching, key=lambda timed: sum(op[3] for op in timed))
                 for op, timed in zip(ops, fastest):
-                    flops = op.flops_at(rows)
-                    points[op.name].append((flops if flops > 0 else op.bytes_at(rows), timed[3]))
+                    points[op.name].append((op.work_at(rows), timed[3]))
     # The recorder's own call (Python into the dispatcher) is in every time it takes: what
     # a typical op that does nothing (a view) took there, less a view called eagerly.
     views = [s for found in points.values() for work, s in found if work == 0]

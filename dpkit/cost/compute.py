@@ -6,7 +6,8 @@ is False by default), a convolution in TF32 on its tensor cores (``cudnn.allow_t
 True), eight times faster on an A100; under autocast both run on tensor cores. Each op takes
 the longer of its FLOPs at its units' rate and its bytes at the memory's achieved bandwidth
 (the roofline, Williams et al., CACM 2009), or, on a calibrated machine, what
-``Hardware.op_seconds`` measured for it (log-log interpolated); the host pays per op on top.
+``Hardware.op_seconds`` measured for it (log-log interpolated), a convolution's FLOPs counted
+over the CPU's vector lanes it fills (``OpCost.work_at``); the host pays per op on top.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def op_time(op: OpCost, rows: int, hardware: Hardware) -> float:
     flops, nbytes = op.flops_at(rows), op.bytes_at(rows)
     samples = hardware.op_seconds.get(op.name)
     if samples:
-        return interpolate(samples, flops if flops > 0 else nbytes)
+        return interpolate(samples, op.work_at(rows))
     compute = flops / hardware.flops_per_second(rate_key(op, hardware)) if flops > 0 else 0.0
     return max(compute, nbytes / hardware.achieved_memory_bandwidth)
 

@@ -92,7 +92,7 @@ class Link:
 
 
 # Op samples: for one aten op ("aten.addmm"), measured (work, seconds) pairs, work being the
-# op's FLOPs where it has any, else the bytes it reads and writes.
+# op's FLOPs over the vector lanes it fills where it has any, else its bytes (OpCost.work_at).
 OpSamples = tuple[tuple[float, float], ...]
 TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds")  # one entry per dtype or op
 

@@ -58,9 +58,16 @@ class OpCost:
     kind: str = "memory"  # or "matmul", "conv"
     dtype: str = "float32"  # the one it computes in
     estimated: bool = False  # the FLOPs are dpkit's estimate (ESTIMATES), not torch's count
+    fill: float = 1.0  # of the CPU's vector lanes a convolution fills (vector_fill); else 1
 
     def flops_at(self, rows: int) -> float:
         return _evaluate(self.flops, rows)
+
+    def work_at(self, rows: int) -> float:
+        """What a calibrated machine's curves price: FLOPs as if every vector lane were
+        filled (a narrow convolution's empty lanes take time too), else bytes."""
+        flops = self.flops_at(rows)
+        return flops / self.fill if flops > 0 else self.bytes_at(rows)
 
     def bytes_at(self, rows: int) -> float:
         return _evaluate(self.nbytes, rows)
@@ -167,6 +174,33 @@ def op_kind(name: str) -> str:
 
 Estimate = Callable[[tuple, dict], float]  # the op's args and kwargs -> FLOPs
 
+# The CPU's vector register in bytes: AVX-512's 64, AVX2's 32, else (NEON, SSE) 16.
+_CAPABILITY = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")()
+VECTOR_BYTES = 64 if "AVX512" in _CAPABILITY else 32 if "AVX2" in _CAPABILITY else 16
+# Where a convolution's weight and groups are (``transposed`` two before groups): forward
+# (input, weight, ..., groups), backward (grad, input, weight, ..., groups, mask)
+_CONV_WEIGHT = {"aten.convolution": (1, 8), "aten.convolution_backward": (2, 9)}
+
+
+def vector_fill(weight: torch.Tensor, groups: int) -> float:
+    """The share of the CPU's vector lanes a convolution fills. oneDNN computes it as a
+    product of (output channels) x (input channels x kernel), each side cut into vectors (16
+    float32 on AVX-512): 4 outputs fill a quarter, 1 input x 3x3 = 9 of 16. Measured here
+    (benchmarks/conv_rates.py), FLOPs / fill spread 2x across layers, FLOPs alone 13x.
+    Grouped convolutions: 1."""
+    if groups != 1 or weight.dim() < 3:
+        return 1.0
+    lanes = VECTOR_BYTES // weight.element_size()
+    sides = (weight.shape[0], math.prod(weight.shape[1:]))
+    return math.prod(side / (math.ceil(side / lanes) * lanes) for side in sides)
+
+
+def _conv_fill(name: str, args: tuple) -> float:
+    where = _CONV_WEIGHT.get(name)
+    if where is None or len(args) <= where[1] or args[where[1] - 2]:  # transposed: not known
+        return 1.0
+    return vector_fill(args[where[0]], args[where[1]])
+
 
 def _tokens(tensor: torch.Tensor) -> int:
     """Rows of features: every dim but the last."""
@@ -252,7 +286,8 @@ ESTIMATES: dict[str, Estimate] = {
 
 class OpRecorder(TorchDispatchMode):
     """Notes each aten op run inside it in ``ops`` as ``(name, flops, bytes, seconds, kind,
-    dtype, estimated)``: FLOPs as ``counter`` counted them, else estimated; seconds if ``timed``."""
+    dtype, estimated, fill)``: FLOPs as ``counter`` counted them, else estimated; seconds if
+    ``timed``."""
 
     def __init__(self, counter: FlopCounterMode | None = None, timed: bool = False) -> None:
         super().__init__()
@@ -260,7 +295,7 @@ class OpRecorder(TorchDispatchMode):
         # on a GPU an op returns at its launch: each reading then waits for the GPU first
         gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.clock: Callable[[], float] = host_clock.now if gpu else time.perf_counter
-        self.ops: list[tuple[str, float, int, float, str, str, bool]] = []
+        self.ops: list[tuple[str, float, int, float, str, str, bool, float]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         kwargs = kwargs or {}
@@ -288,7 +323,8 @@ class OpRecorder(TorchDispatchMode):
         floating = [t for t in (*inputs, *outputs) if t.is_floating_point() or t.is_complex()]
         chosen = floating or inputs
         dtype = str(chosen[0].dtype).removeprefix("torch.") if chosen else "float32"
-        self.ops.append((name, flops, nbytes, seconds, op_kind(name), dtype, estimated))
+        fill = _conv_fill(name, args)
+        self.ops.append((name, flops, nbytes, seconds, op_kind(name), dtype, estimated, fill))
         return out
 
 
