@@ -74,8 +74,9 @@ def powersgd_rank(compression: str | None) -> int | None:
         if isinstance(compression, str)
         else None
     )
-    if match and int(match.group(1) or 1) >= 1:
-        return int(match.group(1) or 1)
+    rank = int(match.group(1) or 1) if match else 0
+    if rank >= 1:
+        return rank
     raise ValueError(
         "compression must be None, 'bf16', 'fp16', 'powersgd' or 'powersgd-R' (R a whole "
         f"number of at least 1: the rank of the approximation), got {compression!r}"
