@@ -182,10 +182,9 @@ def measure_ops(
             for _ in range(max(repeats, min(4 * repeats, int(0.05 / max(spent, 1e-6)))) - 1):
                 runs.append(run_passes(module, inputs, None, timed=True))
             for which, ops in ((0, cost.forward.ops), (1, cost.backward.ops)):
+                # a run that took another path: its ops cannot be matched (no points if none)
                 matching = [run[which] for run in runs if len(run[which]) == len(ops)]
-                if not matching:
-                    continue  # a run that took another path: its ops cannot be matched
-                fastest = min(matching, key=lambda timed: sum(op[3] for op in timed))
+                fastest = min(matching, key=lambda timed: sum(op[3] for op in timed), default=())
                 for op, timed in zip(ops, fastest):
                     points[op.name].append((op.work_at(rows), timed[3]))
     # The recorder's own call (Python into the dispatcher) is in every time it takes: what
@@ -316,10 +315,9 @@ def _relative_errors(hardware: Hardware, steps: Sequence[Measured]) -> np.ndarra
 
 
 def fit_host_terms(hardware: Hardware, steps: Sequence[Measured], rounds: int = 4) -> Hardware:
-    """``hardware`` with the host terms :data:`FITTED` fitted to the measured ``steps``: least
-    squares of the relative errors, Gauss-Newton with finite differences through
-    ``predict`` itself (so the fit follows the model's formulas), never below :data:`FLOOR`.
-    A term no measured time depends on keeps its value."""
+    """``hardware`` with the host terms :data:`FITTED` fitted to the measured ``steps`` (least
+    squares of relative errors, Gauss-Newton with finite differences through ``predict``, so the
+    fit follows its formulas), at least :data:`FLOOR`; a term no measured time depends on stays."""
     for _ in range(rounds):
         errors = _relative_errors(hardware, steps)
         columns = []

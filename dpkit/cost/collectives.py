@@ -80,9 +80,8 @@ def allreduce_link(hardware: Hardware, n: int) -> Link:
 
 
 def allreduce(nbytes: float, n: int, hardware: Hardware) -> float:
-    """All-reduce over ``n`` devices filling node after node: a ring at
-    :func:`allreduce_link`; inside a node with NVLink SHARP (``allreduce_bandwidth`` A) the
-    faster of the ring and the switch's reduction, ``S / A``."""
+    """All-reduce over ``n`` devices filling node after node: a ring at :func:`allreduce_link`;
+    in a node with NVLink SHARP (``allreduce_bandwidth`` A), if faster, the switch's ``S / A``."""
     link = allreduce_link(hardware, n)
     ring = ring_allreduce(nbytes, n, link)
     if hardware.allreduce_bandwidth is None or n > hardware.devices_per_node or n <= 1:

@@ -122,9 +122,8 @@ class Hardware:
     nics_per_node: int = _about("whole number", "network ports a node's devices share")
     peer_to_peer: bool = _about("true/false", "false if copies go through host memory")
     virtual_lanes: bool = _about("true/false", "true for dpkit's virtual CPU lanes, false for GPUs")
-    # Host overheads in seconds, the same for every model: on GPUs PyTorch eager mode's,
-    # assumed; on CPU lanes calibrate() measures thread_start and module_overhead and fits
-    # the others to whole steps.
+    # Host overheads in seconds, the same for every model: on GPUs eager PyTorch's, assumed; on
+    # CPU lanes calibrate() measures thread_start and module_overhead, fits the rest to steps.
     op_overhead: float = _about("seconds", "host time of one forward op, and per tensor copied")
     backward_op_overhead: float = _about("seconds", "host time of one backward op")
     gil_handoff: float = _about("seconds", "per op of a replica while several threads take turns")
@@ -226,5 +225,4 @@ class Hardware:
         return f"{self.name}: {self.description}"
 
 
-# The host overheads: Hardware's only fields in seconds
 HOST_TERMS = tuple(spec.name for spec in fields(Hardware) if spec.metadata["unit"] == "seconds")

@@ -78,9 +78,8 @@ def dp_memory(model: Profile, sizes: Sequence[int], optimizer: str, gpu: bool) -
     if gpu:
         first["input"] = model.input_bytes(sum(sizes))
         if len(sizes) > 1:  # each device flattens up to 10 MiB; device 0 also the result
-            flat = min(gradients, COALESCE_BYTES)
             for index, device in enumerate(held):
-                device["reduce buffers"] = flat * (2 if index == 0 else 1)
+                device["reduce buffers"] = min(gradients, COALESCE_BYTES) * (2 if index == 0 else 1)
     return held
 
 

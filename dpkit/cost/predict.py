@@ -366,9 +366,8 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
     produced it (by work, not bytes: VGG's fully connected layers hold 89 % of its bytes,
     under 1 % of its work); an unused one at the end."""
     times = [op_time(op, rows, hardware) for op in model.backward.ops]
-    ends = list(itertools.accumulate(t + hardware.backward_op_overhead for t in times))
-    last = ends[-1] if ends else 0.0
-    return [ends[i] if 0 <= i < len(ends) else last for i in model.gradient_ops]
+    ends = [0.0, *itertools.accumulate(t + hardware.backward_op_overhead for t in times)]
+    return [ends[i + 1] if 0 <= i < len(times) else ends[-1] for i in model.gradient_ops]
 
 
 def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],

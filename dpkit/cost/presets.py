@@ -182,7 +182,8 @@ def presets() -> dict[str, Hardware]:
         node_to_node=Link(50 * GB * 0.96, 5 * US, "[DGX] NDR 400 Gb/s x 0.96, as [nccl-119]"),
     )  # fmt: skip
     ethernet = "2 nodes of 8 A100 (NVLink inside) over one {} Gb Ethernet port each"
-    two_nodes = [  # a100 twice: (name, description, source, network ports per node, a port)
+    changed = ("name", "description", "source", "nics_per_node", "node_to_node")  # a100's, per row
+    across = [replace(a100, nodes=2, **dict(zip(changed, values))) for values in [
         ("2x8xA100-IB-HDR",
          "2 DGX A100 nodes (16 A100) over InfiniBand HDR, 8 x 200 Gb/s per node",
          "spec sheets [A100] [DGX], nccl-tests [nccl-175] [nccl-119]", 8, a100.node_to_node),
@@ -190,12 +191,8 @@ def presets() -> dict[str, Hardware]:
          Link(12.5 * GB * 0.5, 25 * US, "[eth] 100 GbE x 0.5, as measured [nccl-398]")),
         ("2x8xA100-10GbE", ethernet.format(10), "spec sheets [A100], Ethernet [eth]", 1,
          Link(1.25 * GB * 0.5, 50 * US, "[eth] 10 GbE x 0.5, as [nccl-398]")),
-    ]  # fmt: skip
-    across = [replace(a100, name=name, description=description, source=source, nodes=2,
-                      nics_per_node=ports, node_to_node=port)
-              for name, description, source, ports, port in two_nodes]  # fmt: skip
-    machines = [this_machine_default(), t4, a100_pcie, v100, a100, h100, *across]
-    return {hardware.name: hardware for hardware in machines}
+    ]]  # fmt: skip
+    return {h.name: h for h in [this_machine_default(), t4, a100_pcie, v100, a100, h100, *across]}
 
 
 def preset(name: str) -> Hardware:

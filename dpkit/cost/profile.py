@@ -183,11 +183,10 @@ _CONV_WEIGHT = {"aten.convolution": (1, 8), "aten.convolution_backward": (2, 9)}
 
 
 def vector_fill(weight: torch.Tensor, groups: int) -> float:
-    """The share of the CPU's vector lanes a convolution fills. oneDNN computes it as a
-    product of (output channels) x (input channels x kernel), each side cut into vectors (16
-    float32 on AVX-512): 4 outputs fill a quarter, 1 input x 3x3 = 9 of 16. Measured here
-    (benchmarks/conv_rates.py), FLOPs / fill spread 2x across layers, FLOPs alone 13x.
-    Grouped convolutions: 1."""
+    """The share of the CPU's vector lanes a convolution fills (grouped ones: 1). oneDNN computes
+    it as a product of (output channels) x (input channels x kernel), each side cut into vectors
+    (16 float32 on AVX-512): 4 outputs fill a quarter, 1 input x 3x3 = 9 of 16. Measured here
+    (benchmarks/conv_rates.py), FLOPs / fill spread 2x across layers, FLOPs alone 13x."""
     if groups != 1 or weight.dim() < 3:
         return 1.0
     lanes = VECTOR_BYTES // weight.element_size()
@@ -256,25 +255,23 @@ def _trilinear(args: tuple, kwargs: dict) -> float:
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
-# One layer and direction of nn.LSTM on a CPU (input, w_ih, w_hh); a whole nn.LSTM, GRU or
-# RNN on a GPU (input, every weight)
-_LSTM_LAYER, _LSTM_LAYER_BACKWARD = _recurrent(lambda args: args[1:3])
-_RNN, _RNN_BACKWARD = _recurrent(lambda args: [w for w in args[1] if w.dim() == 2])
+def _with_backward(estimates: tuple[Estimate, ...], *ops: str) -> dict[str, Estimate]:
+    """Each of ``ops`` and its ``_backward`` with ``estimates``' forward and backward."""
+    return {f"{op}{suffix}": e for op in ops for suffix, e in zip(("", "_backward"), estimates)}
+
+
 # FLOPs of the ops FlopCounterMode counts 0 for, by op name (addmv, mv, dot, addbmm and
 # _addmm_activation have no formula there). One that fails (a nested tensor's shape) is none.
 ESTIMATES: dict[str, Estimate] = {
-    "aten._scaled_dot_product_flash_attention_for_cpu": _sdpa(0),
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _sdpa(1),
-    "aten._scaled_dot_product_fused_attention_overrideable": _sdpa(0),
-    "aten._scaled_dot_product_fused_attention_overrideable_backward": _sdpa(1),
+    **_with_backward((_sdpa(0), _sdpa(1)), "aten._scaled_dot_product_flash_attention_for_cpu",
+                     "aten._scaled_dot_product_fused_attention_overrideable"),
     "aten._native_multi_head_attention": _native_mha,
     "aten._transformer_encoder_layer_fwd": _encoder_layer,
-    "aten.mkldnn_rnn_layer": _LSTM_LAYER,
-    "aten.mkldnn_rnn_layer_backward": _LSTM_LAYER_BACKWARD,
-    "aten._cudnn_rnn": _RNN,
-    "aten._cudnn_rnn_backward": _RNN_BACKWARD,
-    "aten.miopen_rnn": _RNN,
-    "aten.miopen_rnn_backward": _RNN_BACKWARD,
+    # One layer and direction of nn.LSTM on a CPU (input, w_ih, w_hh); a whole nn.LSTM, GRU or
+    # RNN on a GPU (input, every weight)
+    **_with_backward(_recurrent(lambda args: args[1:3]), "aten.mkldnn_rnn_layer"),
+    **_with_backward(_recurrent(lambda args: [w for w in args[1] if w.dim() == 2]),
+                     "aten._cudnn_rnn", "aten.miopen_rnn"),
     **dict.fromkeys(("aten.addmv", "aten.mv"), lambda args, kwargs: 2.0 * (
         args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]).numel()),
     **dict.fromkeys(("aten.dot", "aten.vdot"), lambda args, kwargs: 2.0 * args[0].numel()),
@@ -285,9 +282,8 @@ ESTIMATES: dict[str, Estimate] = {
 
 
 class OpRecorder(TorchDispatchMode):
-    """Notes each aten op run inside it in ``ops`` as ``(name, flops, bytes, seconds, kind,
-    dtype, estimated, fill)``: FLOPs as ``counter`` counted them, else estimated; seconds if
-    ``timed``."""
+    """Notes each aten op run inside it in ``ops`` as ``(name, flops, bytes, seconds, kind, dtype,
+    estimated, fill)``: FLOPs as ``counter`` counted them, else estimated; seconds if ``timed``."""
 
     def __init__(self, counter: FlopCounterMode | None = None, timed: bool = False) -> None:
         super().__init__()
@@ -450,10 +446,9 @@ def python_calls(work: Callable[[], Any]) -> int:
 
 
 def fit_rows(values: Sequence[float]) -> Coefficients:
-    """``values`` at :data:`PROFILE_ROWS` and :data:`CHECK_ROWS` as ``(a, b, c)`` of
-    ``a + b * rows + c * rows**2``: the quadratic through the first three if it meets the
-    fourth (exact for layers, and for work growing with the batch squared such as
-    ``x @ x.T``), else the line through the first and the last."""
+    """``(a, b, c)`` of ``a + b * rows + c * rows**2`` for ``values`` at :data:`PROFILE_ROWS` and
+    :data:`CHECK_ROWS`: the quadratic through the first three if it meets the fourth (exact for
+    layers and for batch-squared work, ``x @ x.T``), else the line through the first and last."""
     (r1, r2, r3), (v1, v2, v3, check) = PROFILE_ROWS, values
     slope_low, slope_high = (v2 - v1) / (r2 - r1), (v3 - v2) / (r3 - r2)
     c = (slope_high - slope_low) / (r3 - r1)
@@ -465,9 +460,9 @@ def fit_rows(values: Sequence[float]) -> Coefficients:
     return (v1 - slope * r1, slope, 0.0)
 
 
-def _fit(runs: Sequence[list[tuple]]) -> PassCost:
-    """Each op's FLOPs and bytes fitted to rows from ``runs`` of one pass; if the runs ran
-    different ops, the largest run's costs scaled by rows."""
+def _fit(runs: Sequence[list[tuple]], calls: int | None = None) -> PassCost:
+    """Each op's FLOPs and bytes fitted to rows from ``runs`` of one pass (making ``calls``);
+    if the runs ran different ops, the largest run's costs scaled by rows."""
     largest = runs[-1]
     if all([op[0] for op in run] == [op[0] for op in largest] for run in runs):
         fit, columns = fit_rows, list(zip(*runs))
@@ -476,7 +471,7 @@ def _fit(runs: Sequence[list[tuple]]) -> PassCost:
     return PassCost(tuple(
         OpCost(ops[-1][0], fit([op[1] for op in ops]), fit([op[2] for op in ops]), *ops[-1][4:])
         for ops in columns
-    ))  # fmt: skip
+    ), calls)  # fmt: skip
 
 
 def _warn_uncounted(cost: PassCost, which: str) -> None:
@@ -563,8 +558,7 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
         inputs, keywords = batch_like(args, rows), batch_like(kwargs, rows)
         counted = calls if rows == CHECK_ROWS else None
         runs.append(run_passes(work, inputs, counter, False, keywords, amp, ready, counted))
-    forward, backward = _fit([run[0] for run in runs]), _fit([run[1] for run in runs])
-    forward = dataclasses.replace(forward, calls=calls[0])
+    forward, backward = _fit([run[0] for run in runs], calls[0]), _fit([run[1] for run in runs])
     _warn_uncounted(forward, "forward")
     _warn_uncounted(backward, "backward")
     first, last = output_tensors(runs[0][2]), output_tensors(runs[-1][2])
