@@ -42,6 +42,7 @@ def test_wide_layers_fill_every_lane_and_other_ops_are_left_alone(monkeypatch):
     assert vector_fill(half, groups=1) == pytest.approx(1.0 * 144 / 160)
     assert vector_fill(nn.Conv2d(4, 4, 3, groups=4).weight, groups=4) == 1.0  # depthwise
     assert vector_fill(nn.Linear(3, 4).weight, groups=1) == 1.0
+    assert vector_fill(torch.empty(4, 1, 3, 3, device="meta"), groups=1) == 1.0  # not a CPU's
 
 
 def test_the_profile_reads_the_fill_off_each_convolutions_weight(monkeypatch):
