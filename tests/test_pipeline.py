@@ -220,3 +220,13 @@ def test_stage_times_move_the_batch_and_targets_to_each_stages_device():
         times: list[tuple[float, float]] = []
         bubble._time_stages(pipe, inputs, targets, 1, times)
     assert len(times) == 2 and all(forward > 0 and backward > 0 for forward, backward in times)
+
+
+def test_the_default_model_is_the_same_on_every_call():
+    # Notebook 07's stored outputs are computed from mlp_blocks(): seed 0 unless told
+    first, again, seeded = pp.mlp_blocks(16, 2), pp.mlp_blocks(16, 2), pp.mlp_blocks(16, 2, seed=0)
+    assert all(
+        torch.equal(a, b) and torch.equal(a, c)
+        for a, b, c in zip(first.parameters(), again.parameters(), seeded.parameters())
+    )
+    assert not torch.equal(first[0].weight, pp.mlp_blocks(16, 2, seed=1)[0].weight)
