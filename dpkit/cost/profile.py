@@ -187,7 +187,7 @@ def vector_fill(weight: torch.Tensor, groups: int) -> float:
     CPU, whose units are not these vectors: 1). oneDNN computes it as a product of (output
     channels) x (input channels x kernel), each side cut into vectors (16 float32 on AVX-512):
     4 outputs fill a quarter, 1 input x 3x3 = 9 of 16. Measured here (benchmarks/conv_rates.py),
-    FLOPs / fill spread 2x across layers, FLOPs alone 13x."""
+    FLOPs / fill spread 2-2.6x across layers, FLOPs alone 11-13x."""
     if groups != 1 or weight.dim() < 3 or weight.device.type != "cpu":
         return 1.0
     lanes = VECTOR_BYTES // weight.element_size()
