@@ -136,7 +136,7 @@ def test_the_defaults_are_torchs(predict_here, spy):
     assert status == 0, err
     kwargs = spy[0]["kwargs"]
     assert (kwargs["amp"], kwargs["optimizer"]) == (None, "sgd")
-    assert (kwargs["gradient_as_bucket_view"], kwargs["bucket_cap_mb"]) == (False, 25)
+    assert (kwargs["gradient_as_bucket_view"], kwargs["bucket_cap_mb"]) == (False, None)
     assert spy[0]["args"][4] == cost.preset("8xA100-SXM-NVLink")
     assert "float32 (as torch runs it" in out
 

@@ -161,6 +161,28 @@ def test_predicted_trace_goes_through_every_export_and_figure(strategy, tmp_path
     assert {e.step for e in predicted.events} == {1, 2}
 
 
+@pytest.mark.parametrize(
+    ("bucket_cap_mb", "bucket_bytes"),
+    [
+        # torch's default: the last layer (bias 2,048 + weight 1,048,576 B) passes the first
+        # bucket's 1 MiB and closes it; the first layer's 1,050,624 B make the second
+        (None, [1_050_624, 1_050_624]),
+        # a cap given, even torch's 25, is the first bucket's too: one bucket of both layers
+        (25, [2_101_248]),
+        # 1.5 MiB (1,572,864 B): the last layer does not reach it, the first layer closes it
+        (1.5, [2_101_248]),
+        (1, [1_050_624, 1_050_624]),
+    ],
+)
+def test_ddp_takes_a_small_first_bucket_only_when_no_cap_is_given(bucket_cap_mb, bucket_bytes):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512))  # 1 MiB + 2 KiB each
+    predicted = cost.predict(model, torch.randn(1, 512), 8, 2, "8xA100-SXM-NVLink",
+                             strategy="ddp", bucket_cap_mb=bucket_cap_mb)  # fmt: skip
+    allreduces = [e for e in predicted.events
+                  if e.phase == "allreduce" and e.device.startswith("predicted:0")]  # fmt: skip
+    assert [e.details["bucket_bytes"] for e in allreduces] == bucket_bytes
+
 def test_ddp_all_reduces_the_gradients_in_buckets_overlapping_backward():
     torch.manual_seed(0)
     model = nn.Sequential(

@@ -294,7 +294,9 @@ def run(args: argparse.Namespace) -> int:
     precision = "float32 (as torch runs it: convolutions in TF32 where the GPU has it)"
     settings = [f"autocast {args.amp}" if args.amp else precision, f"optimizer {args.optimizer}"]
     if args.strategy == "ddp":
-        settings.append(f"bucket_cap_mb={args.bucket_cap_mb:g}")
+        cap = args.bucket_cap_mb
+        settings.append("torch's buckets: 25 MiB, the first 1 MiB" if cap is None
+                        else f"bucket_cap_mb={cap:g}, the first bucket's too")  # fmt: skip
         if args.gradient_as_bucket_view:
             settings.append("gradient_as_bucket_view")
     print(report(trace, args.model, _write_files(trace, out), "; ".join(settings)))
@@ -347,6 +349,7 @@ def add_predict_command(commands: Any) -> None:
     option("--amp", choices=("bf16", "fp16"), help="autocast's dtype (default: none, float32)")
     option("--optimizer", choices=tuple(OPTIMIZER_COPIES), default="sgd", help="state in memory")
     option("--gradient-as-bucket-view", action="store_true", help="ddp: .grad views a bucket")
-    option("--bucket-cap-mb", type=_megabytes, default=25.0, metavar="MiB", help="ddp's buckets")
+    first = "the first bucket's too (default: torch's, 25 MiB, the first 1)"
+    option("--bucket-cap-mb", type=_megabytes, metavar="MiB", help=f"ddp's cap, {first}")
     option("--out", default=".", help="folder for the figures and trace.json")
     parser.set_defaults(run=run)

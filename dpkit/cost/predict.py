@@ -38,7 +38,8 @@ from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
 
 STRATEGIES = ("dp", "ddp")
 # torch DDP's defaults: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES
-# (1 MiB), so that the last layers' gradients, ready first, start communicating early.
+# (1 MiB), so that the last layers' gradients, ready first, start communicating early. A cap
+# given, even 25, is every bucket's, the first's too (distributed.py, _BucketCapacityConfig).
 DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES = 25 * 1024 * 1024, 1024 * 1024
 # The loss between gather and the gradient's scatter (cross_entropy: log_softmax, nll_loss,
 # their backward and autograd's seed): a few ops on device 0, outside DataParallel.
@@ -349,11 +350,12 @@ def ddp_buckets(sizes: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES,
 
 def allreduce_schedule(parameter_sizes: Sequence[int], ready_at: Sequence[float], n: int,
                        hardware: Hardware, bucket_bytes: int = DDP_BUCKET_BYTES,
+                       first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
                        ) -> list[tuple[list[int], float, float, int]]:  # fmt: skip
     """DDP's all-reduces, ``(parameter indices, start, end, bytes)`` per bucket: each
     starts once its gradients are ready (``ready_at``) and the one before it is done."""
     schedule, free = [], 0.0
-    for bucket in ddp_buckets(parameter_sizes, bucket_bytes):
+    for bucket in ddp_buckets(parameter_sizes, bucket_bytes, first_bucket_bytes):
         nbytes = sum(parameter_sizes[i] for i in bucket)
         start = max(free, max(ready_at[i] for i in bucket))
         free = start + collectives.allreduce(nbytes, n, hardware)
@@ -371,7 +373,7 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
 
 
 def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
-              bucket_bytes: int, bucket_view: bool) -> None:  # fmt: skip
+              caps: tuple[int, int], bucket_view: bool) -> None:  # fmt: skip
     n = len(sizes)
     start = step.host + hardware.step_overhead / 4
     if model.buffer_sizes and n > 1:  # broadcast_buffers=True: rank 0's, every forward
@@ -414,7 +416,7 @@ def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
         stretch = (backward_ends[slowest] - backward_starts[slowest]) / alone
         ready = [backward_starts[slowest] + t * stretch
                  for t in gradient_ready(model, sizes[slowest], hardware)]  # fmt: skip
-        schedule = allreduce_schedule(model.gradient_sizes, ready, n, hardware, bucket_bytes)
+        schedule = allreduce_schedule(model.gradient_sizes, ready, n, hardware, *caps)
         for number, (bucket, bucket_start, bucket_end, nbytes) in enumerate(schedule):
             sent = collectives.ring_bytes_sent(nbytes, n)
             for index in range(n):
@@ -432,7 +434,7 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
             steps: int = 1, *, sample_kwargs: Mapping[str, Any] | None = None,
             amp: torch.dtype | str | None = None, optimizer: str = "sgd",
             gradient_as_bucket_view: bool = False,
-            bucket_cap_mb: float = 25) -> PredictedTrace:  # fmt: skip
+            bucket_cap_mb: float | None = None) -> PredictedTrace:  # fmt: skip
     """A predicted trace of ``steps`` training steps of ``model`` on ``batch_size`` rows like
     ``sample_input`` (a tensor, or a tuple of inputs; ``sample_kwargs`` keyword inputs), on
     ``devices`` (a count or a list) of ``hardware`` (a Hardware or a preset's name), with
@@ -440,7 +442,8 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
 
     ``amp`` (``"bf16"``, ``"fp16"`` or their dtypes): under ``torch.autocast``; ``optimizer``
     (sgd, momentum, adam, adamw) sets the state in the memory; ``gradient_as_bucket_view``
-    and ``bucket_cap_mb`` are DDP's. ``tr.step_time``: seconds per step; ``tr.held``: bytes
+    and ``bucket_cap_mb`` are DDP's (None: torch's 25 MiB, the first bucket 1 MiB; a cap given
+    is the first bucket's too). ``tr.step_time``: seconds per step; ``tr.held``: bytes
     by category per device, ``tr.memory_per_device`` their sums, ``tr.fits``."""
     hardware = preset(hardware) if isinstance(hardware, str) else hardware
     if not isinstance(hardware, Hardware):
@@ -451,7 +454,8 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not (isinstance(bucket_cap_mb, (int, float)) and 0 < bucket_cap_mb < float("inf")):
+    if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float))
+                                          and 0 < bucket_cap_mb < float("inf")):  # fmt: skip
         raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
     optimizer_copies(optimizer)
     is_list = isinstance(devices, Sequence) and not isinstance(devices, str)
@@ -479,14 +483,16 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     else:
         held = ddp_memory(cost, sizes, optimizer, gradient_as_bucket_view)
     trace.held = with_blas_workspaces(held, cost, hardware.device_name) if gpu else held
-    cap = round(bucket_cap_mb * 1024 * 1024)  # DDP's bucket_cap_mb, in bytes
+    caps = (DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)  # (every bucket's, the first's)
+    if bucket_cap_mb is not None:  # as DDP turns it into bytes
+        caps = (int(bucket_cap_mb * 1024 * 1024),) * 2
     start = 0.0
     for number in range(1, steps + 1):
         step = _Step(trace, names, number, start, [start] * count)
         if strategy == "dp":
             _dp_step(step, cost, hardware, sizes)
         else:
-            _ddp_step(step, cost, hardware, sizes, cap, gradient_as_bucket_view)
+            _ddp_step(step, cost, hardware, sizes, caps, gradient_as_bucket_view)
         # after the last phase: autograd finishing (gradients into .grad), the step's end
         end = max(step.host, *step.device) + hardware.step_overhead / 4
         trace.step_bounds[number] = (start, end)
