@@ -127,6 +127,11 @@ BEYOND_CORE = {
     "dpkit/cost/compute.py": _COST_TESTS,
     "dpkit/cost/memory.py": _COST_TESTS,
     "dpkit/cost/hardware.py": _COST_TESTS,
+    "dpkit/cost/presets.py": _COST_TESTS,
+    "dpkit/cost/cli.py": _COST_TESTS,
+    "dpkit/cost/predict.py": _COST_TESTS,
+    "dpkit/cost/profile.py": _COST_TESTS,
+    "dpkit/cost/calibrate.py": _COST_TESTS,
     "dpkit/lane_memory.py": r"dpkit\.lane_memory\b|from dpkit import .*\blane_memory\b",
     # (the instructor kit's test only writes a kernel config, and needs a git clone)
     "dpkit/testing/placement_check.py": (
