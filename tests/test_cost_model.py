@@ -82,6 +82,27 @@ def test_a_dataparallel_step_on_two_made_up_gpus_by_hand():
                      "grad_scatter": 16, "backward": 0, "reduce": PARAMS}  # fmt: skip
 
 
+def test_dataparallel_on_one_made_up_gpu_runs_the_module_itself_by_hand():
+    """One device: no replicas, no threads, no reduce; the host's costs alone show."""
+    machine = made_up(op_overhead=1 * US, copy_overhead=2 * US, backward_op_overhead=0.5 * US,
+                      step_overhead=4 * US)  # fmt: skip
+    profiled = cost.profile(two_layers(), torch.randn(1, 4))
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 1, machine)
+    assert {e.phase for e in trace.events} == {"scatter", "apply", "backward"}
+    events = {e.phase: e for e in trace.events}
+    # a quarter of the step's 4 us on entry, then scatter's one call (1 us of ops, 2 us of
+    # dpkit's Python around a copy): the batch stays on device 0, nothing moves
+    assert (events["scatter"].end, events["scatter"].nbytes) == (pytest.approx(4 * US), 0)
+    # the module's forward: 1 us per call into torch (its 384 FLOPs take 384 ns)
+    apply = events["apply"]
+    assert (apply.start, apply.end) == pytest.approx((4 * US, (4 + profiled.forward.calls) * US))
+    assert apply.details["replica"] == 0
+    # the loss on the host: 6 ops at 1 us and half the step's 4 us; then 0.5 us a backward op
+    backward = events["backward"]
+    assert backward.start == pytest.approx(apply.end + 8 * US)
+    assert backward.end - backward.start == pytest.approx(len(profiled.backward.ops) * 0.5 * US)
+    assert trace.step_time == pytest.approx(backward.end + 1 * US)
+
 def test_a_ddp_step_on_two_made_up_gpus_by_hand():
     trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, made_up(), strategy="ddp")
     got = spans(trace)
@@ -99,6 +120,46 @@ def test_a_ddp_step_on_two_made_up_gpus_by_hand():
     # then the sums are copied from the bucket back into .grad (memory so fast it is ~0)
     assert trace.step_time == pytest.approx(max(e.end for e in buckets), abs=1e-10)
 
+
+def test_a_ddp_step_with_buffers_and_host_costs_on_two_made_up_gpus_by_hand():
+    """As above, with a BatchNorm (buffers DDP broadcasts every forward) and the host's
+    costs: 1 us a forward call, 0.5 us a backward op, 4 us a step. The op counts are the
+    profile's (what torch ran), the times are worked out here."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    sample = torch.randn(1, 4)
+    machine = made_up(op_overhead=1 * US, backward_op_overhead=0.5 * US, step_overhead=4 * US)
+    profiled = cost.profile(model, sample)
+    calls, backward_ops = profiled.forward.calls, len(profiled.backward.ops)
+    assert profiled.buffer_sizes == (32, 32, 8)  # running mean and var (8 floats), a count
+    trace = cost.predict(model, sample, 4, 2, machine, "ddp")
+    events = {(e.phase, e.device[10]): e for e in trace.events}  # "predicted:<i> ..."
+    # a quarter of the step's overhead on entry, then rank 0's 72 B of buffers broadcast:
+    # one NCCL call, 72 ns + one ring step of 1 us
+    start, buffers = 1 * US, 72e-9 + 1 * US
+    for rank, moved in (("0", 0), ("1", 72)):
+        broadcast = events["replicate", rank]
+        assert (broadcast.start, broadcast.end) == pytest.approx((start, start + buffers))
+        assert (broadcast.nbytes, broadcast.details["what"]) == (moved, "buffers")
+    # the forward: its Python's calls at 1 us each outlast 2 rows' 192 FLOPs (192 ns)
+    forward = events["apply", "1"]
+    assert forward.start == pytest.approx(start + buffers, abs=1e-12)
+    assert forward.end - forward.start == pytest.approx(calls * US, abs=1e-12)
+    # the loss: 6 ops at 1 us (its 16 B are nothing at this memory) and half the step's 4 us
+    backward = events["backward", "1"]
+    assert backward.start - forward.end == pytest.approx(6 * US + 2 * US, abs=1e-12)
+    # the backward: 0.5 us an op autograd runs, and 0.5 us a gradient copied into its bucket
+    # (6 parameters), against 256 FLOPs (256 ns) on the device
+    assert backward.end - backward.start == pytest.approx((backward_ops + 6) * 0.5 * US, abs=1e-12)
+    # one bucket of 296 B, all-reduced (296 ns + 2 ring steps of 1 us) before the backward
+    # ends; then 0.5 us a gradient copied back into .grad, and the last quarter of the step
+    allreduce = events["allreduce", "1"]
+    assert allreduce.end - allreduce.start == pytest.approx(296e-9 + 2 * US, abs=1e-12)
+    assert allreduce.end < backward.end
+    assert trace.step_time == pytest.approx(backward.end + 6 * 0.5 * US + 1 * US, abs=1e-12)
+    # one rank broadcasts nothing
+    alone = cost.predict(model, sample, 4, 1, machine, "ddp")
+    assert not [e for e in alone.events if e.phase == "replicate"]
 
 def without_peer_to_peer() -> Hardware:
     """PCIe at 2 GB/s (1 us), and NCCL through host memory (SHM) measured at 0.5 GB/s (4 us):
