@@ -103,6 +103,7 @@ def test_dataparallel_on_one_made_up_gpu_runs_the_module_itself_by_hand():
     assert backward.end - backward.start == pytest.approx(len(profiled.backward.ops) * 0.5 * US)
     assert trace.step_time == pytest.approx(backward.end + 1 * US)
 
+
 def test_a_ddp_step_on_two_made_up_gpus_by_hand():
     trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, made_up(), strategy="ddp")
     got = spans(trace)
@@ -160,6 +161,7 @@ def test_a_ddp_step_with_buffers_and_host_costs_on_two_made_up_gpus_by_hand():
     # one rank broadcasts nothing
     alone = cost.predict(model, sample, 4, 1, machine, "ddp")
     assert not [e for e in alone.events if e.phase == "replicate"]
+
 
 def without_peer_to_peer() -> Hardware:
     """PCIe at 2 GB/s (1 us), and NCCL through host memory (SHM) measured at 0.5 GB/s (4 us):
