@@ -158,9 +158,34 @@ def test_a_ddp_step_with_buffers_and_host_costs_on_two_made_up_gpus_by_hand():
     assert allreduce.end - allreduce.start == pytest.approx(296e-9 + 2 * US, abs=1e-12)
     assert allreduce.end < backward.end
     assert trace.step_time == pytest.approx(backward.end + 6 * 0.5 * US + 1 * US, abs=1e-12)
-    # one rank broadcasts nothing
+    # one rank broadcasts and all-reduces nothing
     alone = cost.predict(model, sample, 4, 1, machine, "ddp")
-    assert not [e for e in alone.events if e.phase == "replicate"]
+    assert not [e for e in alone.events if e.phase in ("replicate", "allreduce")]
+
+
+def test_ddp_ranks_on_virtual_lanes_share_the_cores_and_buckets_wait_for_the_slowest_rank():
+    lanes = made_up(virtual_lanes=True)  # 2 cores, 1 GFLOP/s each; host costs of nothing
+    # 4 ranks of 2 rows on 2 cores run at half speed: the forward's 192 FLOPs take 384 ns,
+    # the backward's 256 take 512 ns
+    four = cost.predict(two_layers(), torch.randn(1, 4), 8, 4, lanes, "ddp")
+    events = {(e.phase, e.device[10]): e for e in four.events}
+    assert events["apply", "3"].end == pytest.approx(384e-9, abs=1e-10)
+    assert events["apply", "3"].details["replica"] == 3
+    backward = events["backward", "3"]
+    assert backward.end - backward.start == pytest.approx(512e-9, abs=1e-10)
+    # the first layer's weight gradient is ready after its 128 FLOPs, the last of the 256:
+    # 256 ns alone, 512 ns at half speed; then a ring over 4 ranks, 3/2 x 232 B at 1 GB/s
+    # plus 6 steps of 1 us
+    allreduce = events["allreduce", "3"]
+    assert allreduce.start == pytest.approx(backward.start + 512e-9, abs=1e-10)
+    assert allreduce.end - allreduce.start == pytest.approx(348e-9 + 6e-6, abs=1e-10)
+    # 3 rows on 2 ranks: 2 and 1, each on a core of its own; the bucket waits for rank 0's
+    # backward (2 rows: 192 ns forward, 256 ns backward), not rank 1's (96 and 128 ns)
+    uneven = cost.predict(two_layers(), torch.randn(1, 4), 3, 2, lanes, "ddp")
+    slowest = next(e for e in uneven.events if e.phase == "backward" and e.device[10] == "0")
+    assert slowest.end == pytest.approx(192e-9 + 256e-9, abs=1e-10)
+    first_bucket = min(e.start for e in uneven.events if e.phase == "allreduce")
+    assert first_bucket == pytest.approx(slowest.end, abs=1e-10)
 
 
 def without_peer_to_peer() -> Hardware:
