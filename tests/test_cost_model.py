@@ -179,6 +179,7 @@ def test_ddp_ranks_on_virtual_lanes_share_the_cores_and_buckets_wait_for_the_slo
     allreduce = events["allreduce", "3"]
     assert allreduce.start == pytest.approx(backward.start + 512e-9, abs=1e-10)
     assert allreduce.end - allreduce.start == pytest.approx(348e-9 + 6e-6, abs=1e-10)
+    assert (allreduce.details["bucket"], allreduce.details["tensors"]) == (0, 4)  # all 4
     # 3 rows on 2 ranks: 2 and 1, each on a core of its own; the bucket waits for rank 0's
     # backward (2 rows: 192 ns forward, 256 ns backward), not rank 1's (96 and 128 ns)
     uneven = cost.predict(two_layers(), torch.randn(1, 4), 3, 2, lanes, "ddp")
