@@ -82,6 +82,64 @@ def test_a_dataparallel_step_on_two_made_up_gpus_by_hand():
                      "grad_scatter": 16, "backward": 0, "reduce": PARAMS}  # fmt: skip
 
 
+def test_a_dataparallel_step_with_host_costs_on_two_made_up_gpus_by_hand():
+    """The step above with the host's costs, each a round number of microseconds: where the
+    host, not the GPUs, sets the pace (a thread's start, the GIL, dpkit's Python)."""
+    machine = made_up(op_overhead=1 * US, copy_overhead=2 * US, backward_op_overhead=0.5 * US,
+                      step_overhead=4 * US, thread_start=3 * US, gil_handoff=0.25 * US,
+                      module_overhead=0.1 * US)  # fmt: skip
+    profiled = cost.profile(two_layers(), torch.randn(1, 4))
+    # the inputs to the arithmetic below: 3 calls into torch (linear, relu, linear), 16 ops
+    # in the backward, 4 modules (the Sequential and its 3 layers)
+    assert (profiled.forward.calls, len(profiled.backward.ops), profiled.modules) == (3, 16, 4)
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, machine)
+    at = {}
+    for e in trace.events:
+        at.setdefault((e.phase, int(e.device[10])), []).append((e.start / US, e.end / US))
+    # entry, 1 us; scatter: 2 copies of 1 us of ops and 2 us of Python each, 7 us; then
+    # device 1's 32 B at once: 1 us + 32 ns
+    assert at["scatter", 1] == [pytest.approx((7, 8.032))]
+    # replicate: the broadcast's call (2 us of Python, 1 us of op) starts at 10 us, 232 ns +
+    # one ring step; meanwhile the host builds 4 modules x 2 replicas at 0.1 us each
+    assert at["replicate", 1] == [pytest.approx((10, 11.232))]
+    assert at["replicate", 0][1] == pytest.approx((10, 10.8))
+    # apply: thread 0 starts 3 us after the host is free (10.8), thread 1 3 us later; each
+    # of their 3 calls holds the GIL 1.25 us, thread 0's first: 13.8 -> 17.55, then thread
+    # 1's, which arrived at 16.8: 17.55 -> 21.3 (192 ns of kernels hide behind the calls)
+    assert at["apply", 0] == [pytest.approx((13.8, 17.55))]
+    assert at["apply", 1] == [pytest.approx((16.8, 21.3))]
+    # gather, once the threads are joined (21.3): 2 x 3 us of Python, then device 1's 16 B
+    # into device 0: 1 us + 16 ns
+    assert at["gather", 1] == [pytest.approx((27.3, 28.316))]
+    # the loss: 6 ops at 1 us and half the step's 4 us (35.3); the gradient's scatter runs in
+    # autograd, without dpkit's Python: 2 x 1 us of ops, then 1 us + 16 ns
+    assert at["grad_scatter", 1] == [pytest.approx((37.3, 38.316))]
+    # each replica's backward from when its gradient arrived: 16 ops at 0.5 us
+    assert at["backward", 0] == [pytest.approx((37.3, 45.3))]
+    assert at["backward", 1] == [pytest.approx((38.316, 46.316))]
+    # the reduce, after both: 232 ns + one ring step; then the last quarter of the step
+    assert at["reduce", 0] == [pytest.approx((46.316, 47.548))]
+    assert trace.step_time == pytest.approx(48.548 * US)
+
+
+def test_gather_copies_into_device_0_once_its_own_forward_is_done():
+    # 3 rows: 2 on device 0 (192 ns of forward), 1 on device 1 (96 ns); device 1's output
+    # waits for device 0's stream, where the copies into it queue
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 3, 2, made_up())
+    apply = {e.device[10]: e for e in trace.events if e.phase == "apply"}
+    assert apply["1"].end < apply["0"].end
+    copy = next(e for e in trace.events if e.phase == "gather" and e.nbytes)
+    assert copy.start == pytest.approx(apply["0"].end, abs=1e-11)
+
+
+def test_dataparallels_reduce_flattens_the_gradients_and_back():
+    slow_memory = made_up(memory_bandwidth=1 * GB)  # 1 ns a byte
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, slow_memory)
+    reduce = next(e for e in trace.events if e.phase == "reduce")
+    # into one buffer (read 232 B, write 232 B), reduced (232 ns + 1 us), and out again
+    assert reduce.end - reduce.start == pytest.approx(2 * 464e-9 + PARAMS / GB + 1 * US)
+
+
 def test_dataparallel_on_one_made_up_gpu_runs_the_module_itself_by_hand():
     """One device: no replicas, no threads, no reduce; the host's costs alone show."""
     machine = made_up(op_overhead=1 * US, copy_overhead=2 * US, backward_op_overhead=0.5 * US,
@@ -403,6 +461,28 @@ def test_ddp_buckets_close_once_a_gradient_takes_them_past_the_cap():
     assert cost.ddp_buckets([5, mib]) == [[1], [0]]  # exactly the cap closes the bucket
     # a 1.5 MiB cap, buckets of 1.2 MB tensors: the second makes 2.4 MB, then it closes
     assert cost.ddp_buckets([1_200_000] * 3, bucket_bytes=1_572_864) == [[2], [1, 0]]
+    # one byte short of a cap keeps a bucket open, the first and the later ones alike
+    assert cost.ddp_buckets([5, mib - 1]) == [[1, 0]]
+    assert cost.ddp_buckets([5, 999, mib], bucket_bytes=1000) == [[2], [1, 0]]
+
+
+def test_a_gradient_is_ready_when_the_backward_op_making_it_ends():
+    from dpkit.cost.predict import gradient_ready
+    from dpkit.cost.profile import PassCost
+
+    profiled = cost.profile(two_layers(), torch.randn(1, 4))
+    machine = made_up(backward_op_overhead=1 * US)
+    # 2 rows' backward: 16 ops, 1 us each on the host; 3 matmuls among them, the 2nd, 4th
+    # and 12th, of 64, 64 and 128 FLOPs (64, 64, 128 ns), the rest nothing at this memory
+    flops = [op.flops_at(2) for op in profiled.backward.ops]
+    assert [i for i, f in enumerate(flops) if f] == [1, 3, 11] and sum(flops) == 256
+    # ready after op 0, op 7 (the second matmul's 128 ns done), never used, after op 15
+    probe = dataclasses.replace(profiled, gradient_ops=(0, 7, -1, 15))
+    ready = gradient_ready(probe, 2, machine)
+    assert ready == pytest.approx([1 * US, 8 * US + 128e-9, 16 * US + 256e-9, 16 * US + 256e-9])
+    # no backward at all (nothing requires grad): every gradient at once, at the start
+    idle = dataclasses.replace(profiled, backward=PassCost(()), gradient_ops=(-1,))
+    assert gradient_ready(idle, 2, machine) == [0.0]
 
 
 def test_a_sample_row_is_what_the_bytes_scale_with():
