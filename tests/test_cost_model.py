@@ -122,6 +122,42 @@ def test_a_dataparallel_step_with_host_costs_on_two_made_up_gpus_by_hand():
     assert trace.step_time == pytest.approx(48.548 * US)
 
 
+def test_a_dataparallel_step_on_two_made_up_virtual_lanes_by_hand():
+    """The same step and costs on virtual lanes (2 cores): the host makes every copy itself,
+    the replicas' threads start one by one and take turns with the GIL, one backward runs
+    them all, and the reduce adds on the host."""
+    machine = made_up(virtual_lanes=True, op_overhead=1 * US, copy_overhead=2 * US,
+                      backward_op_overhead=0.5 * US, step_overhead=4 * US, thread_start=3 * US,
+                      gil_handoff=0.25 * US, module_overhead=0.1 * US)  # fmt: skip
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, machine)
+    at = {}
+    for e in trace.events:
+        at.setdefault((e.phase, int(e.device[10])), []).extend((e.start / US, e.end / US))
+    # entry 1 us; scatter: a copy's 3 us of ops and Python each, device 1's with 1 us + 32 ns
+    assert at["scatter", 0] + at["scatter", 1] == pytest.approx([1, 4, 4, 8.032])
+    # replicate: per copy 4 tensors' ops (4 us) and 2 us of Python, device 1's 232 B with a
+    # latency per tensor (4.232 us); then 4 modules x 2 replicas at 0.1 us
+    assert at["replicate", 0] == pytest.approx([8.032, 14.032, 24.264, 25.064])
+    assert at["replicate", 1] == pytest.approx([14.032, 24.264])
+    # apply, 3 calls a thread, each 1.25 us holding the GIL and 64 ns of kernel without it:
+    # the caller holds the GIL 3 us to start thread 0 (28.064), which then takes it first;
+    # the caller's next 3 us start thread 1 at 32.314; the threads then alternate, thread
+    # 0 done at 36.128, thread 1 (its calls at 32.314, 34.814, 37.378) at 38.692
+    assert at["apply", 0] == pytest.approx([28.064, 36.128])
+    assert at["apply", 1] == pytest.approx([32.314, 38.692])
+    # gather: device 0's piece stays (3 us of Python), device 1's 16 B (4.016 us); the loss
+    # 8 us; the gradient's scatter 1 us of ops a copy, without dpkit's Python
+    assert at["gather", 0] + at["gather", 1] == pytest.approx([38.692, 41.692, 41.692, 45.708])
+    assert at["grad_scatter", 1] == pytest.approx([54.708, 56.724])
+    # one backward for both replicas in the caller's thread: 2 x (16 x 0.5 us + 256 ns)
+    assert at["backward", 0] == at["backward", 1] == pytest.approx([56.724, 73.236])
+    # the reduce: device 1's gradients copied to device 0 as replicate copied (10.232 us
+    # after device 0's 6 us), then added there: 4 tensors' ops, 4 us
+    assert at["reduce", 0] == pytest.approx([73.236, 79.236, 89.468, 93.468])
+    assert at["reduce", 1] == pytest.approx([79.236, 89.468])
+    assert trace.step_time == pytest.approx(94.468 * US)
+
+
 def test_gather_copies_into_device_0_once_its_own_forward_is_done():
     # 3 rows: 2 on device 0 (192 ns of forward), 1 on device 1 (96 ns); device 1's output
     # waits for device 0's stream, where the copies into it queue

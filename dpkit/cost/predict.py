@@ -319,8 +319,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     """The gradients summed onto device 0 after every backward. GPUs: an NCCL reduce per
     10 MiB (flattened, then unflattened); lanes: each copied to lane 0 and added there."""
     sizes, total = model.gradient_sizes, model.gradient_bytes
-    if hardware.virtual_lanes:
-        step.host = max(step.host, *step.device)
+    if hardware.virtual_lanes:  # (the host has run every backward: the lanes are free)
         _copies(step, hardware, Phase.REDUCE, [0] + [total] * (n - 1), tensors=len(sizes))
         adds = (n - 1) * (len(sizes) * hardware.op_overhead + elementwise_time(3 * total, hardware))
         start, end = step.busy(adds)
