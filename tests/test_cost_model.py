@@ -103,6 +103,8 @@ def test_a_dataparallel_step_with_host_costs_on_two_made_up_gpus_by_hand():
     # one ring step; meanwhile the host builds 4 modules x 2 replicas at 0.1 us each
     assert at["replicate", 1] == [pytest.approx((10, 11.232))]
     assert at["replicate", 0][1] == pytest.approx((10, 10.8))
+    broadcast = next(e for e in trace.events if e.phase == "replicate" and e.nbytes)
+    assert broadcast.details["tensors"] == 4  # 2 weights, 2 biases in the one call
     # apply: thread 0 starts 3 us after the host is free (10.8), thread 1 3 us later; each
     # of their 3 calls holds the GIL 1.25 us, thread 0's first: 13.8 -> 17.55, then thread
     # 1's, which arrived at 16.8: 17.55 -> 21.3 (192 ns of kernels hide behind the calls)
@@ -281,6 +283,27 @@ def test_ddp_ranks_on_virtual_lanes_share_the_cores_and_buckets_wait_for_the_slo
     assert slowest.end == pytest.approx(192e-9 + 256e-9, abs=1e-10)
     first_bucket = min(e.start for e in uneven.events if e.phase == "allreduce")
     assert first_bucket == pytest.approx(slowest.end, abs=1e-10)
+
+
+class WithLargeBuffers(nn.Module):
+    """Two 6 MB buffers (more than one 10 MiB NCCL call holds) beside a small layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(4, 2)
+        self.register_buffer("first", torch.zeros(1_500_000))
+        self.register_buffer("second", torch.zeros(1_500_000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def test_ddp_broadcasts_buffers_in_calls_of_at_most_10_mib():
+    trace = cost.predict(WithLargeBuffers(), torch.randn(1, 4), 4, 2, made_up(), "ddp")
+    broadcast = next(e for e in trace.events if e.phase == "replicate" and e.nbytes)
+    # 12 MB at 1 GB/s, in two NCCL calls (6 MB + 6 MB > 10 MiB): two ring steps of 1 us
+    assert broadcast.end - broadcast.start == pytest.approx(12e6 / GB + 2 * US)
 
 
 def without_peer_to_peer() -> Hardware:
@@ -714,6 +737,9 @@ def test_the_gil_queue_without_kernels_is_the_simulation_with_kernels_of_nothing
         assert fast == pytest.approx(_threads(starts, calls, python, [1e-18] * n, float(n)))
     # by hand: A from 0, B from 0.5, 2 calls of 1 s each: A 0-1, B 1-2, A 2-3, B 3-4
     assert _gil_queue([0.0, 0.5], 2, [1.0, 1.0]) == [3.0, 4.0]
+    # B asking just as A's call ends goes first: A, asking again, waits behind it (CPython
+    # hands the GIL to a waiting thread when the holder drops it)
+    assert _gil_queue([0.0, 1.0], 2, [1.0, 1.0]) == [3.0, 4.0]
 
 
 def test_processes_share_the_cores_fairly_without_a_gil():

@@ -174,7 +174,7 @@ def _gil_queue(starts: list[float], calls: int, python: list[float]) -> list[flo
     """:func:`_threads` without kernels: calls wait for the GIL in one first-come queue."""
     pending = deque(sorted(range(len(starts)), key=starts.__getitem__))
     waiting: deque[int] = deque()
-    left, ends, now = [calls] * len(starts), [0.0] * len(starts), min(starts, default=0.0)
+    left, ends, now = [calls] * len(starts), [0.0] * len(starts), min(starts)
     while pending or waiting:
         while pending and starts[pending[0]] <= now:
             waiting.append(pending.popleft())
@@ -368,7 +368,7 @@ def gradient_ready(model: Profile, rows: int, hardware: Hardware) -> list[float]
     under 1 % of its work); an unused one at the end."""
     times = [op_time(op, rows, hardware) for op in model.backward.ops]
     ends = [0.0, *itertools.accumulate(t + hardware.backward_op_overhead for t in times)]
-    return [ends[i + 1] if 0 <= i < len(times) else ends[-1] for i in model.gradient_ops]
+    return [ends[i + 1] if i >= 0 else ends[-1] for i in model.gradient_ops]
 
 
 def _ddp_step(step: _Step, model: Profile, hardware: Hardware, sizes: list[int],
