@@ -306,6 +306,19 @@ def test_ddp_broadcasts_buffers_in_calls_of_at_most_10_mib():
     assert broadcast.end - broadcast.start == pytest.approx(12e6 / GB + 2 * US)
 
 
+def test_dataparallel_broadcasts_and_reduces_in_calls_of_at_most_10_mib():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1000, 1500), nn.Linear(1500, 1000))
+    trace = cost.predict(model, torch.randn(1, 1000), 4, 2, made_up())
+    # 6 MB + 6 kB of the first layer, then 6 MB + 4 kB of the second: 12.01 MB at 1 GB/s,
+    # in two NCCL calls (the second weight would take the first past 10 MiB): 2 x 1 us
+    # (the reduce also flattens into a buffer and back: 4 x 12.01 MB at 1e15 B/s)
+    flatten = 4 * 12_010_000 / 1e15
+    for phase, extra in (("replicate", 0.0), ("reduce", flatten)):
+        event = next(e for e in trace.events if e.phase == phase and e.nbytes)
+        assert event.end - event.start == pytest.approx(12_010_000 / GB + 2 * US + extra)
+
+
 def without_peer_to_peer() -> Hardware:
     """PCIe at 2 GB/s (1 us), and NCCL through host memory (SHM) measured at 0.5 GB/s (4 us):
     slower than two copies over PCIe, as on real machines (nccl#384: 3.9 GB/s on PCIe 3)."""
