@@ -105,6 +105,8 @@ def test_a_dataparallel_step_with_host_costs_on_two_made_up_gpus_by_hand():
     assert at["replicate", 0][1] == pytest.approx((10, 10.8))
     broadcast = next(e for e in trace.events if e.phase == "replicate" and e.nbytes)
     assert broadcast.details["tensors"] == 4  # 2 weights, 2 biases in the one call
+    built = next(e for e in trace.events if e.details.get("what") == "modules")
+    assert built.details["modules"] == 4
     # apply: thread 0 starts 3 us after the host is free (10.8), thread 1 3 us later; each
     # of their 3 calls holds the GIL 1.25 us, thread 0's first: 13.8 -> 17.55, then thread
     # 1's, which arrived at 16.8: 17.55 -> 21.3 (192 ns of kernels hide behind the calls)
@@ -158,6 +160,15 @@ def test_a_dataparallel_step_on_two_made_up_virtual_lanes_by_hand():
     assert at["reduce", 0] == pytest.approx([73.236, 79.236, 89.468, 93.468])
     assert at["reduce", 1] == pytest.approx([79.236, 89.468])
     assert trace.step_time == pytest.approx(94.468 * US)
+
+
+def test_a_replica_making_one_call_into_torch_holds_the_gil_once():
+    torch.manual_seed(0)
+    machine = made_up(op_overhead=1 * US, gil_handoff=0.25 * US, thread_start=3 * US)
+    trace = cost.predict(nn.Linear(4, 2), torch.randn(1, 4), 4, 2, machine)
+    assert cost.profile(nn.Linear(4, 2), torch.randn(1, 4)).forward.calls == 1  # F.linear
+    first = next(e for e in trace.events if e.phase == "apply")
+    assert first.end - first.start == pytest.approx(1.25 * US)  # its 32 ns kernel hides
 
 
 def test_gather_copies_into_device_0_once_its_own_forward_is_done():
