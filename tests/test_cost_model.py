@@ -16,6 +16,7 @@ from torch import nn
 
 import dpkit.cost as cost
 from dpkit.cost import Hardware, Link
+from dpkit.cost.compute import op_time
 
 TINY = 1e-12  # a host overhead too small to matter (validation wants every term above 0)
 GB = 1e9
@@ -123,6 +124,8 @@ def test_a_dataparallel_step_with_host_costs_on_two_made_up_gpus_by_hand():
     assert at["backward", 1] == [pytest.approx((38.316, 46.316))]
     # the reduce, after both: 232 ns + one ring step; then the last quarter of the step
     assert at["reduce", 0] == [pytest.approx((46.316, 47.548))]
+    assert [e.details["replica"] for e in trace.events if e.phase == "apply"] == [0, 1]
+    assert next(e for e in trace.events if e.phase == "reduce").details["tensors"] == 4
     assert trace.step_time == pytest.approx(48.548 * US)
 
 
@@ -149,6 +152,10 @@ def test_a_dataparallel_step_on_two_made_up_virtual_lanes_by_hand():
     # 0 done at 36.128, thread 1 (its calls at 32.314, 34.814, 37.378) at 38.692
     assert at["apply", 0] == pytest.approx([28.064, 36.128])
     assert at["apply", 1] == pytest.approx([32.314, 38.692])
+    replicas = [e.details["replica"] for e in trace.events if e.phase == "apply"]
+    assert replicas == [0, 1]
+    added = next(e for e in trace.events if e.details.get("what") == "sum")
+    assert added.details["tensors"] == 4
     # gather: device 0's piece stays (3 us of Python), device 1's 16 B (4.016 us); the loss
     # 8 us; the gradient's scatter 1 us of ops a copy, without dpkit's Python
     assert at["gather", 0] + at["gather", 1] == pytest.approx([38.692, 41.692, 41.692, 45.708])
@@ -169,6 +176,21 @@ def test_a_replica_making_one_call_into_torch_holds_the_gil_once():
     assert cost.profile(nn.Linear(4, 2), torch.randn(1, 4)).forward.calls == 1  # F.linear
     first = next(e for e in trace.events if e.phase == "apply")
     assert first.end - first.start == pytest.approx(1.25 * US)  # its 32 ns kernel hides
+
+
+def test_on_virtual_lanes_the_host_and_the_kernels_take_turns():
+    slow_memory = made_up(virtual_lanes=True, memory_bandwidth=1 * GB, op_overhead=1 * US)
+    one = cost.predict(two_layers(), torch.randn(1, 4), 4, 1, slow_memory)
+    apply = next(e for e in one.events if e.phase == "apply")
+    kernels = sum(op_time(op, 4, slow_memory) for op in cost.profile(two_layers(),
+                  torch.randn(1, 4)).forward.ops)  # fmt: skip
+    # one lane: the module itself, its 3 calls' Python then its kernels, one after the other
+    assert apply.end - apply.start == pytest.approx(3 * US + kernels)
+    two = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, slow_memory)
+    added = next(e for e in two.events if e.details.get("what") == "sum")
+    # device 1's gradients added into device 0's: 4 adds at 1 us, each reading two and
+    # writing one (3 x 232 B at 1 GB/s)
+    assert added.end - added.start == pytest.approx(4 * US + 3 * PARAMS / GB)
 
 
 def test_gather_copies_into_device_0_once_its_own_forward_is_done():
