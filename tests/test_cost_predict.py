@@ -183,6 +183,7 @@ def test_ddp_takes_a_small_first_bucket_only_when_no_cap_is_given(bucket_cap_mb,
                   if e.phase == "allreduce" and e.device.startswith("predicted:0")]  # fmt: skip
     assert [e.details["bucket_bytes"] for e in allreduces] == bucket_bytes
 
+
 def test_ddp_all_reduces_the_gradients_in_buckets_overlapping_backward():
     torch.manual_seed(0)
     model = nn.Sequential(
