@@ -136,6 +136,10 @@ def test_idle_fraction_of_hand_made_events():
     events = [e("a", 0, 4), e("a", 3, 6), e("b", 2, 10)]
     assert pp.busy_seconds(events) == {"a": 6, "b": 8}
     assert pp.idle_fraction(events) == pytest.approx(1 - 14 / 20)
+    # a second step, 20-22 on both: each step's share is its own, and the default is the last
+    later = [*events, Event("apply", "a", 20, 22, step=2), Event("apply", "b", 20, 22, step=2)]
+    assert pp.idle_fraction(later, 1) == pytest.approx(1 - 14 / 20)
+    assert pp.idle_fraction(later) == 0
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 1), (2, 4), (3, 2), (4, 8)])
@@ -152,22 +156,23 @@ def test_unequal_stages_idle_more_than_the_formula():
 
 
 def test_measured_bubble_shrinks_with_micro_batches():
-    # The naive split (m=1) keeps one of two stages idle about half the step; GPipe's
-    # micro-batches fill it. Medians of several steps: single steps are noisy on a busy CPU.
-    # Micro-batches of 64 rows of 512: of 16 rows of 256 (m=8 of 128), Python's cost per
-    # micro-batch filled the bubble on a loaded machine (idle 0.54 at m=1, 0.54 at m=8).
+    # The naive split (m=1) runs one stage at a time, so every step leaves one of two stages
+    # idle at least half of it (the formula's 0.5); GPipe's micro-batches fill that. Under
+    # load a step can lose the overlap (CI: a median of 0.50 at m=4 beside 0.53 at m=1, with
+    # another pytest worker on the second core), so the claim is on the best of 8 steps: only
+    # an overlapped schedule can go below a half. Micro-batches of 64 rows of 512: of 16 rows
+    # of 256, Python's cost per micro-batch filled the bubble on a loaded machine.
     model = pp.mlp_blocks(512, blocks=4)
     inputs, targets = torch.randn(256, 512), torch.randint(0, 512, (256,))
     lanes = dpkit.virtual_devices(2)
     idle = {
-        m: statistics.median(pp.measure_steps(pp.pipeline(model, lanes, m), inputs, targets, 5)[1])
-        for m in (1, 4)
+        m: pp.measure_steps(pp.pipeline(model, lanes, m), inputs, targets, 8)[1] for m in (1, 4)
     }
-    # Naive: one stage at a time, so at least half of 2 x the step is idle (the formula's
-    # 0.5); a busy machine adds the gaps while a waiting thread wakes up. m=4: 0.2 by the
-    # formula, 0.35-0.39 measured at a load of 2.
-    assert idle[1] > 0.45
-    assert idle[4] < idle[1] - 0.05
+    # m=1: 0.51-0.62 per step here, quiet or under two 2-thread matmul loops; each step's own
+    # share, not the whole trace's (0.9, with the gaps between steps counted as idle).
+    assert 0.45 < min(idle[1]) and statistics.median(idle[1]) < 0.8
+    # m=4: 0.2 by the formula; the best step 0.21-0.29 quiet, 0.26-0.38 under those loops.
+    assert min(idle[4]) < 0.45
 
 
 def test_a_failing_stage_stops_every_stage_and_names_itself():
