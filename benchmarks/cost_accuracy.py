@@ -7,7 +7,7 @@
 ``dpkit.cost.Hardware``, the same for every model), then dpkit DataParallel training steps
 run on virtual CPU lanes (``dpkit.devices(n)``) for two sets of models:
 
-- **course**: the course's MLP, CNN and small transformer (``dpkit.cost.models``), whose ops
+- **course**: the course's MLP, CNN and small transformer (``dpkit.models``), whose ops
   and steps calibration times besides its generic probes;
 - **held-out**: models calibration never sees (``benchmarks/heldout_models.py``: other
   widths, depths and op mixes, a GRU, LayerNorm and GELU).
@@ -61,7 +61,7 @@ import dpkit  # noqa: E402
 import dpkit.cost as cost  # noqa: E402
 from benchmarks.heldout_models import HELDOUT_MODELS, heldout_model  # noqa: E402
 from dpkit.cost.calibrate import _Timed, predicted_segments  # noqa: E402
-from dpkit.cost.models import COURSE_MODELS, course_model, sample_input  # noqa: E402
+from dpkit.models import COURSE_MODELS, build_model, sample_input  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cost_accuracy.json"
 LANES = (1, 2, 4)
@@ -74,7 +74,9 @@ GOALS = {"course": 0.10, "heldout": 0.15}
 
 def model_and_sample(name: str) -> tuple[nn.Module, torch.Tensor]:
     """A course model (with a 1x28x28 image) or a held-out one (with its own sample)."""
-    return (course_model(name), sample_input()) if name in COURSE_MODELS else heldout_model(name)
+    if name in COURSE_MODELS:
+        return build_model(name, seed=0), sample_input()
+    return heldout_model(name)
 
 
 @dataclasses.dataclass

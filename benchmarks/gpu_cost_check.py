@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpkit import cost
+from dpkit import cost, models
 
 # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 141 GB; compute as the H100 SXM's (same GH100)
 H200_BANDWIDTH = 4.8e12
@@ -87,8 +87,8 @@ CASES: dict[str, Case] = {
     "convnet-64 b256": (lambda: convnet(64), lambda: torch.randn(1, 3, 32, 32), 256),
     "encoder-1024x4 b32": (lambda: Encoder(1024, 4), lambda: torch.randn(1, 256, 1024), 32),
     "course-transformer b256": (
-        lambda: cost.models.course_model("transformer"),
-        cost.models.sample_input,
+        lambda: models.build_model("transformer", seed=0),
+        models.sample_input,
         256,
     ),
 }

@@ -1,7 +1,7 @@
 """Models that ``dpkit.cost.calibrate()`` never sees, for ``benchmarks/cost_accuracy.py``.
 
 Calibration times generic probe layers and the course's MLP, CNN and transformer
-(:mod:`dpkit.cost.models`); these differ from all of them in widths, depths and op mix, so
+(:mod:`dpkit.models`); these differ from all of them in widths, depths and op mix, so
 their errors say whether the calibrated numbers are the machine's or the course models':
 
 =====================  =====================================================================
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpkit.cost.models import TinyTransformer, sample_input
+from dpkit.models import CLASSES, sample_input
 
 HELDOUT_MODELS = (
     "mlp-256-1024-256",
@@ -36,6 +36,20 @@ HELDOUT_MODELS = (
     "ln-gelu-mlp",
     "lenet-5x5",
 )
+
+
+class TinyTransformer(nn.Module):
+    """One transformer encoder block over the 28 rows of a 1x28x28 image."""
+
+    def __init__(self, width: int = 64, heads: int = 4, hidden: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Linear(28, width)
+        self.block = nn.TransformerEncoderLayer(width, heads, hidden, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(images.flatten(1, 2))  # (batch, 28 rows, 28 pixels) -> width
+        return self.head(self.block(tokens).mean(dim=1))
 
 
 class RowGRU(nn.Module):

@@ -12,7 +12,7 @@ import torch
 import dpkit
 import dpkit.cost as cost
 from dpkit.cost.hardware import HOST_TERMS
-from dpkit.cost.models import course_model, sample_input
+from dpkit.models import build_model, sample_input
 from dpkit.placement_check import checking_placement
 
 # dpkit.cost.calibrate is the function (re-exported by dpkit.cost); this is its module
@@ -38,7 +38,7 @@ def _steps(hardware: cost.Hardware, names=("mlp", "cnn"), counts=(1, 2, 4), rows
     """Steps "measured" as ``hardware`` predicts them: wall time and every phase."""
     found = []
     for name in names:
-        module, sample = course_model(name), sample_input()
+        module, sample = build_model(name, seed=0), sample_input()
         for n in counts:
             for per_lane in rows:
                 predicted = cost.predict(module, sample, per_lane * n, n, hardware)
@@ -68,7 +68,7 @@ def _segment_steps(hardware: cost.Hardware, names=("mlp", "transformer"), counts
     predicts them."""
     found = []
     for name in names:
-        module, sample = course_model(name), sample_input()
+        module, sample = build_model(name, seed=0), sample_input()
         for n in counts:
             for per_lane in (1, 16):
                 segments = calibration.predicted_segments(
@@ -92,7 +92,7 @@ def test_the_fit_recovers_the_host_terms_from_untraced_segments():
 
 def test_predicted_segments_add_the_backward_call_up():
     hardware = cost.presets()["this-machine"]
-    predicted = cost.predict(course_model("mlp"), sample_input(), 64, 2, hardware)
+    predicted = cost.predict(build_model("mlp", seed=0), sample_input(), 64, 2, hardware)
     segments = calibration.predicted_segments(predicted)
     phases = {row["phase"]: row["time_s"] for row in predicted.summary()}
     assert segments["step"] == predicted.step_time
@@ -108,7 +108,7 @@ def test_measured_steps_are_untraced_and_time_dataparallels_calls(monkeypatch):
 
     monkeypatch.setattr(dpkit, "trace", no_trace)
     lanes = dpkit.virtual_devices(2, on="cpu")
-    module, sample = course_model("mlp"), sample_input()
+    module, sample = build_model("mlp", seed=0), sample_input()
     found = calibration.measure_steps([(module, sample)], lanes, (1, 2), (1,), 1)
     (_, _, batch1, n1, one), (_, _, batch2, n2, two) = found
     assert (batch1, n1, batch2, n2) == (1, 1, 2, 2)
@@ -173,7 +173,7 @@ def test_measured_op_samples_are_by_name_and_monotone(measured):
 
 
 def test_a_calibrated_machine_predicts(measured):
-    predicted = cost.predict(course_model("mlp"), sample_input(), 256, 2, measured)
+    predicted = cost.predict(build_model("mlp", seed=0), sample_input(), 256, 2, measured)
     assert 0 < predicted.step_time < 1.0
     assert "this-machine" in predicted.hardware
 

@@ -17,7 +17,7 @@ import pytest
 import dpkit.cost as cost
 import dpkit.cost.cli as predict_cli
 from dpkit.cli import main
-from dpkit.cost.models import course_model, sample_input
+from dpkit.models import build_model, sample_input
 
 
 def dpkit(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
@@ -105,7 +105,7 @@ def test_unknown_hardware_is_a_clear_error(predict_here):
 
 
 def test_adam_holds_two_more_copies_of_the_gradients_on_device_0_than_sgd(predict_here, spy):
-    gradient_bytes = sum(cost.profile(course_model("mlp"), sample_input()).parameter_sizes)
+    gradient_bytes = sum(cost.profile(build_model("mlp", seed=0), sample_input()).parameter_sizes)
     for optimizer in ("sgd", "adam"):
         status, out, err = predict_here("--model", "mlp", "--devices", "4",
                                         "--optimizer", optimizer)  # fmt: skip
@@ -146,8 +146,8 @@ def test_the_defaults_are_torchs(predict_here, spy):
     [
         (["--amp", "fp8"], "--amp: invalid choice"),
         (["--optimizer", "lion"], "--optimizer: invalid choice"),
-        (["--bucket-cap-mb", "0"], "--bucket-cap-mb: must be a positive number"),
-        (["--bucket-cap-mb", "nan"], "--bucket-cap-mb: must be a positive number"),
+        (["--bucket-cap-mb", "0"], "--bucket-cap-mb: must be more than 0"),
+        (["--bucket-cap-mb", "nan"], "--bucket-cap-mb: must be more than 0"),
     ],
 )
 def test_bad_flags_are_refused_by_the_parser(predict_here, capsys, arguments, needle):

@@ -15,7 +15,7 @@ from torch import nn
 
 import dpkit
 import dpkit.cost as cost
-from dpkit.cost.models import course_model, sample_input
+from dpkit.models import build_model, sample_input
 from dpkit.tracing import BACKWARD_PHASES
 from tests.lanes import lanes
 
@@ -61,7 +61,7 @@ CASES = [("mlp", 2, 64), ("mlp", 3, 10), ("cnn", 4, 37), ("transformer", 3, 20),
 
 @pytest.mark.parametrize(("name", "devices", "batch"), CASES)
 def test_predicted_dp_events_and_bytes_equal_a_measured_trace(name, devices, batch):
-    model = with_batchnorm() if name == "bn" else course_model(name)
+    model = with_batchnorm() if name == "bn" else build_model(name, seed=0)
     predicted = cost.predict(model, sample_input(), batch, devices, "this-machine")
     measured = measured_trace(model, devices, batch)
     # the same events, phase by phase and device by device, with the same bytes (exact)
@@ -106,7 +106,7 @@ def test_predicted_grad_scatter_bytes_equal_a_measured_trace_for_outputs_no_loss
 
 
 def test_predicted_bytes_follow_chunks_and_parameters():
-    model = course_model("mlp")
+    model = build_model("mlp", seed=0)
     params = sum(p.nbytes for p in model.parameters())
     predicted = cost.predict(model, sample_input(), 10, 4, "8xA100-SXM-NVLink")
     by_phase = {row["phase"]: row["nbytes"] for row in predicted.summary()}
@@ -131,7 +131,13 @@ def test_the_caller_starting_replica_threads_holds_the_gil_as_their_calls_do():
 @pytest.mark.parametrize("strategy", ["dp", "ddp"])
 def test_predicted_trace_goes_through_every_export_and_figure(strategy, tmp_path):
     predicted = cost.predict(
-        course_model("cnn"), sample_input(), 256, 4, "4xA100-PCIe4", strategy=strategy, steps=2
+        build_model("cnn", seed=0),
+        sample_input(),
+        256,
+        4,
+        "4xA100-PCIe4",
+        strategy=strategy,
+        steps=2,
     )
     assert "predicted" in predicted.hardware and "4xA100-PCIe4" in predicted.hardware
     summary = predicted.summary()
@@ -222,7 +228,7 @@ def test_ddp_buckets_match_torch():
 
 
 def test_dataparallel_stays_on_one_node_and_ddp_spans_nodes():
-    model, x = course_model("mlp"), sample_input()
+    model, x = build_model("mlp", seed=0), sample_input()
     with pytest.raises(ValueError, match="one process.*strategy='ddp'.*torchrun"):
         cost.predict(model, x, 4096, 16, "2x8xA100-10GbE")  # DataParallel cannot span nodes
     two_nodes = cost.predict(model, x, 4096, 16, "2x8xA100-10GbE", strategy="ddp")
@@ -233,14 +239,14 @@ def test_dataparallel_stays_on_one_node_and_ddp_spans_nodes():
 
 
 def test_one_device_runs_the_module_itself():
-    predicted = cost.predict(course_model("mlp"), sample_input(), 64, 1, "T4-PCIe3")
+    predicted = cost.predict(build_model("mlp", seed=0), sample_input(), 64, 1, "T4-PCIe3")
     phases = [e.phase for e in predicted.events]
     assert phases == ["scatter", "apply", "backward"]
     assert sum(e.nbytes for e in predicted.events) == 0
 
 
 def test_a_prediction_takes_milliseconds_once_profiled():
-    model, x = course_model("transformer"), sample_input()
+    model, x = build_model("transformer", seed=0), sample_input()
     cost.predict(model, x, 1024, 8, "8xH100-SXM-NVLink")  # profiles once
     times = []
     for strategy in ("dp", "ddp") * 5:
@@ -274,9 +280,12 @@ def test_profile_counts_flops_like_flop_counter_mode_and_leaves_the_model_alone(
         ({"devices": 0}, "devices"),
         ({"hardware": "laptop-gpu"}, "preset"),
         ({"steps": 0}, "steps"),
+        ({"bucket_cap_mb": True}, "bucket_cap_mb"),  # not 1 MiB: torch's DDP has its own check
+        ({"bucket_cap_mb": float("inf")}, "bucket_cap_mb=inf is more than torch can hold"),
+        ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a positive number"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, words):
     arguments = {"batch_size": 32, "devices": 2, "hardware": "T4-PCIe3", **kwargs}
     with pytest.raises(ValueError, match=words):
-        cost.predict(course_model("mlp"), sample_input(), **arguments)
+        cost.predict(build_model("mlp", seed=0), sample_input(), **arguments)

@@ -355,12 +355,12 @@ def test_a_custom_op_that_torch_cannot_count_warns():
 
 
 def test_the_course_models_profile_without_a_warning():
-    from dpkit.cost.models import course_model, sample_input
+    from dpkit.models import build_model, sample_input
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in ("mlp", "cnn", "transformer"):
-            profile(course_model(name), sample_input())
+            profile(build_model(name, seed=0), sample_input())
 
 
 # --- work that grows with the batch squared ------------------------------------------------

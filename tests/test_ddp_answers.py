@@ -27,6 +27,7 @@ from dpkit.ddp import hook
 from dpkit.ddp import plan as plan_module
 from dpkit.ddp.plan import choose, plan
 from dpkit.ddp.record import RankRecorder
+from dpkit.models import PREDICTION_MODELS
 
 GiB = 2**30
 
@@ -403,11 +404,11 @@ def test_dpkit_plan_s_options_their_defaults_choices_and_help(monkeypatch, capsy
     printed = capsys.readouterr().out
     assert printed.startswith("usage: python -m dpkit.ddp.plan ")
     assert says(plan_module.DESCRIPTION, printed)
-    for text in ("a model of dpkit.cost.models", "--hardware PRESET",
+    for text in ("a model of dpkit.models", "--hardware PRESET",
                  "a preset (dpkit predict --list)", "global batch",
                  "default: all of the preset's"):  # fmt: skip
         assert says(text, printed), text
-    assert "{" + ",".join(cost.models.MODEL_NAMES) + "}" in printed
+    assert "{" + ",".join(PREDICTION_MODELS) + "}" in printed
     with pytest.raises(SystemExit):
         dpkit_main(["--help"])
     assert says("which engine for a model, batch and machine (predicted memory and time)",

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 import dpkit.cost as cost
-from dpkit.cost import models
+from dpkit import models
 from dpkit.ddp.plan import STRATEGIES, choose, plan
 
 MACHINE = cost.preset("8xA100-SXM-NVLink")
@@ -17,7 +17,7 @@ MACHINE = cost.preset("8xA100-SXM-NVLink")
 
 @pytest.fixture(scope="module")
 def rows():
-    return plan(models.course_model("mlp"), models.sample_input(), 256, 8, MACHINE)
+    return plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 8, MACHINE)
 
 
 def by_name(rows):
@@ -34,7 +34,7 @@ def test_sharding_holds_less_than_ddp_in_zero_s_order(rows):
 def test_fits_follows_the_memory_and_the_choice_is_the_fastest_that_fits(rows):
     memory = {name: row["predicted bytes/device"] for name, row in by_name(rows).items()}
     small = dataclasses.replace(MACHINE, memory_capacity=memory["ZeRO-1"])
-    tight = plan(models.course_model("mlp"), models.sample_input(), 256, 8, small)
+    tight = plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 8, small)
     fitting = {row["strategy"] for row in tight if row["fits"]}
     assert fitting == {name for name, nbytes in memory.items() if nbytes <= memory["ZeRO-1"]}
     assert "DDP" not in fitting and "ZeRO-1" in fitting

@@ -19,10 +19,9 @@ PARAMETERS = {
 
 
 def test_every_name_a_tool_offers_is_built_here():
-    from dpkit.cost.models import MODEL_NAMES  # dpkit predict, plan, calibration
     from dpkit.ddp import DDP_MODELS, MODELS  # dpkit ddp; dpkit demo
 
-    assert {*MODEL_NAMES, *DDP_MODELS, *MODELS} == set(models.BUILDERS)
+    assert {*models.PREDICTION_MODELS, *DDP_MODELS, *MODELS} == set(models.BUILDERS)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "wide"])
@@ -52,14 +51,12 @@ def test_an_unknown_name_lists_the_names():
 
 
 def test_the_paths_notebooks_import_give_the_same_objects():
-    import dpkit.cost as cost
     from dpkit import ddp
     from dpkit.ddp.workload import WithUnusedLayer  # notebook 09
     from dpkit.demo import build_model  # notebook 07
 
     assert build_model is models.build_model
     assert WithUnusedLayer is models.WithUnusedLayer
-    assert cost.models.sample_input is models.sample_input  # notebook 06
     assert ddp.wide_mlp is models.wide_mlp  # notebooks 07 and 09
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import dpkit.cost as cost
-from dpkit.cost.models import course_model
+from dpkit.models import build_model, sample_input
 from dpkit.verdict import Outcome
 from dpkit.viz import prediction_check, scaling
 from dpkit.viz.explorer import figure_png
@@ -25,7 +25,7 @@ TWO_NODES = "2x8xA100-IB-HDR"
 
 
 def _parameter_bytes(name: str) -> int:
-    return sum(p.numel() * p.element_size() for p in course_model(name).parameters())
+    return sum(p.numel() * p.element_size() for p in build_model(name, seed=0).parameters())
 
 
 def test_traffic_counts_what_each_phase_moves_inside_one_node():
@@ -83,7 +83,7 @@ def test_speedup_grid_is_one_device_over_n_from_the_cost_model():
     grid = scaling.speedup_grid("mlp", "8xA100-SXM-NVLink", batches=(64, 4096), devices=(2, 8, 16))
     assert grid.devices == (2, 8)  # DataParallel: one node's devices only
     model = scaling.model("mlp")
-    sample = cost.models.sample_input()
+    sample = sample_input()
     for i, batch in enumerate(grid.batches):
         one = cost.predict(model, sample, batch, 1, "8xA100-SXM-NVLink").step_time
         for j, n in enumerate(grid.devices):

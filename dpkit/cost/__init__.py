@@ -14,7 +14,7 @@ a spec sheet or a published measurement (:func:`presets`, every number cited)::
 
 Its parts, a file each: ``hardware``, ``presets`` (cited), ``profile`` (FLOPs and bytes),
 ``collectives`` and ``compute`` (the formulas), ``memory``, ``predict`` (the step),
-``calibrate``, ``models``, ``cli`` (``dpkit predict``). Its accuracy: ``benchmarks/README.md``.
+``calibrate``, ``cli`` (``dpkit predict``). Its accuracy: ``benchmarks/README.md``.
 """
 
 from dpkit.cost.calibrate import calibrate

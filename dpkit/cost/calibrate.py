@@ -30,11 +30,11 @@ from torch import nn
 import dpkit
 from dpkit import host_clock
 from dpkit.cost.hardware import Hardware, Link, OpSamples
-from dpkit.cost.models import COURSE_MODELS, course_model, sample_input
 from dpkit.cost.predict import predict
 from dpkit.cost.presets import this_machine_default
 from dpkit.cost.profile import profile, rows_like, run_passes
 from dpkit.device import Device
+from dpkit.models import COURSE_MODELS, build_model, sample_input
 
 _STEPS = ("copies", "cores", "ops", "primitives", "steps")
 # the host terms fitted to measured steps (measure_steps, fit_host_terms)
@@ -220,7 +220,7 @@ def measure_thread_start(lanes: Sequence[Device], repeats: int) -> float:
 
 def measure_module_overhead(lanes: Sequence[Device], repeats: int) -> float:
     """Seconds replicate takes per module per replica (the course's transformer)."""
-    module = course_model("transformer").to(lanes[0].torch_device)
+    module = build_model("transformer", seed=0).to(lanes[0].torch_device)
     best = math.inf
     for _ in range(repeats):
         with dpkit.trace() as recorded:
@@ -352,7 +352,7 @@ def calibrate(devices: int | Sequence[Device] | None = None, *,
     on = lanes[0].torch_device
     repeats, cores = (3, 2) if quick else (5, len(lanes))
     given = sample if sample is not None else sample_input()
-    chosen = [(course_model(m), sample_input()) if isinstance(m, str) else (m, given)
+    chosen = [(build_model(m, seed=0), sample_input()) if isinstance(m, str) else (m, given)
               for m in models]  # fmt: skip
     chosen = [(module.to(on), inputs.to(on)) for module, inputs in chosen]
     with _progress(progress) as advance:

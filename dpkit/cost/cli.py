@@ -8,19 +8,18 @@ from __future__ import annotations
 import argparse
 import difflib
 import itertools
-import math
 import tempfile
 from collections.abc import Mapping
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dpkit.cli_types import at_least_one
+from dpkit.cli_types import at_least_one, more_than_zero
 from dpkit.cost.hardware import TABLES, Hardware, Link, check
 from dpkit.cost.memory import OPTIMIZER_COPIES
-from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
 from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
 from dpkit.cost.presets import preset, presets
+from dpkit.models import PREDICTION_MODELS, build_model, sample_input
 
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
 EXAMPLE_FILE = "docs/examples/my_machine.toml"
@@ -287,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     hardware = choose_hardware(args)
     out = _out_folder(args.out)
     trace = predict(
-        course_model(args.model), sample_input(), args.batch, args.devices, hardware,
+        build_model(args.model, seed=0), sample_input(), args.batch, args.devices, hardware,
         strategy=args.strategy, amp=args.amp, optimizer=args.optimizer,
         gradient_as_bucket_view=args.gradient_as_bucket_view, bucket_cap_mb=args.bucket_cap_mb,
     )  # fmt: skip
@@ -301,17 +300,6 @@ def run(args: argparse.Namespace) -> int:
             settings.append("gradient_as_bucket_view")
     print(report(trace, args.model, _write_files(trace, out), "; ".join(settings)))
     return 0
-
-
-def _megabytes(text: str) -> float:
-    """An argparse type: a positive, finite number of MiB."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text!r}")
-    return value
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -344,12 +332,12 @@ def add_predict_command(commands: Any) -> None:
     option("--calibrate", action="store_true", help="with --hardware this-machine: measure it")
     option("--devices", type=at_least_one, default=8, help="number of devices")
     option("--batch", type=at_least_one, default=256, help="batch size per step")
-    option("--model", choices=MODEL_NAMES, default="mlp", help="course model")
+    option("--model", choices=PREDICTION_MODELS, default="mlp", help="course model")
     option("--strategy", choices=STRATEGIES, default="dp", help="dp or ddp")
     option("--amp", choices=("bf16", "fp16"), help="autocast's dtype (default: none, float32)")
     option("--optimizer", choices=tuple(OPTIMIZER_COPIES), default="sgd", help="state in memory")
     option("--gradient-as-bucket-view", action="store_true", help="ddp: .grad views a bucket")
     first = "the first bucket's too (default: torch's, 25 MiB, the first 1)"
-    option("--bucket-cap-mb", type=_megabytes, metavar="MiB", help=f"ddp's cap, {first}")
+    option("--bucket-cap-mb", type=more_than_zero, metavar="MiB", help=f"ddp's cap, {first}")
     option("--out", default=".", help="folder for the figures and trace.json")
     parser.set_defaults(run=run)

@@ -32,6 +32,7 @@ from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies, with_blas_workspaces
 from dpkit.cost.presets import preset
 from dpkit.cost.profile import Profile, profile
+from dpkit.ddp.checks import check_bucket_cap
 from dpkit.device import Device
 from dpkit.scatter import torch_chunk_sizes
 from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
@@ -453,9 +454,7 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if bucket_cap_mb is not None and not (isinstance(bucket_cap_mb, (int, float))
-                                          and 0 < bucket_cap_mb < float("inf")):  # fmt: skip
-        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+    bucket_cap_mb = check_bucket_cap(bucket_cap_mb)  # as torch's DDP would take it
     optimizer_copies(optimizer)
     is_list = isinstance(devices, Sequence) and not isinstance(devices, str)
     if isinstance(devices, bool) or not (isinstance(devices, int) or is_list):

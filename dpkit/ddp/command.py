@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dpkit.cli_types import at_least_one
+from dpkit.cli_types import at_least_one, more_than_zero
 from dpkit.ddp import checks
 from dpkit.models import DDP_MODELS
 
@@ -168,12 +168,7 @@ def _timeout(text: str) -> float:
 
 
 def _number(text: str, check: Any) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    value = more_than_zero(text)
     try:
         return check(value)
     except ValueError as error:

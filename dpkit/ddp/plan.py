@@ -157,10 +157,10 @@ DESCRIPTION = (
 
 def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from dpkit.cli_types import at_least_one
-    from dpkit.cost import models
+    from dpkit.models import PREDICTION_MODELS
 
-    parser.add_argument("--model", default="wide-mlp", choices=models.MODEL_NAMES,
-                        help="a model of dpkit.cost.models")  # fmt: skip
+    parser.add_argument("--model", default="wide-mlp", choices=PREDICTION_MODELS,
+                        help="a model of dpkit.models")  # fmt: skip
     parser.add_argument("--hardware", default="8xA100-SXM-NVLink", choices=cost.presets(),
                         metavar="PRESET", help="a preset (dpkit predict --list)")  # fmt: skip
     parser.add_argument("--batch", type=at_least_one, default=256, help="global batch")
@@ -171,9 +171,9 @@ def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dpkit.cost import models
+    from dpkit import models
 
-    model, sample = models.course_model(args.model), models.sample_input()
+    model, sample = models.build_model(args.model, seed=0), models.sample_input()
     machine = cost.preset(args.hardware)
     devices = args.devices or machine.devices_per_node * machine.nodes
     rows = plan(model, sample, args.batch, devices, machine)

@@ -21,7 +21,7 @@ from torch import nn
 
 import dpkit
 from dpkit import cost, host_clock
-from dpkit.cost.models import course_model, sample_input
+from dpkit.models import build_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.export import as_dataframe
 from dpkit.verdict import Load, Outcome, Rounds, Verdict, conclude, machine_load
@@ -124,7 +124,7 @@ def measure_against_prediction(
     if steps < 4:
         raise ValueError(f"steps={steps}: at least 4 are needed for quartiles of the noise")
     lanes = dpkit.virtual_devices(devices, on="cpu")
-    module = dpkit.to_device(course_model(model_name), lanes[0])
+    module = dpkit.to_device(build_model(model_name, seed=0), lanes[0])
     parallel = dpkit.DataParallel(module, device_ids=lanes)
     batch_data = (sample_input(batch), torch.randint(0, 10, (batch,)))
     images, labels = dpkit.to_device(batch_data, lanes[0])
@@ -139,7 +139,9 @@ def measure_against_prediction(
     runs = runs[1:]
     median_trace = sorted(runs, key=lambda run: run[0])[len(runs) // 2][1]
     # the cost model profiles its own copy of the model, on the host
-    predicted = cost.predict(course_model(model_name), sample_input(), batch, devices, hardware)
+    predicted = cost.predict(
+        build_model(model_name, seed=0), sample_input(), batch, devices, hardware
+    )
     walls = [wall * 1e3 for wall, _ in runs]
     return Comparison(model_name, devices, batch, median_trace, predicted, walls, load)
 

@@ -36,7 +36,8 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from dpkit import cost
-from dpkit.cost.models import MODEL_NAMES, course_model, sample_input
+from dpkit.models import PREDICTION_MODELS as MODEL_NAMES
+from dpkit.models import build_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.events import BACKWARD_PHASES, FORWARD_PHASES
 from dpkit.tracing.export import as_dataframe
@@ -61,7 +62,7 @@ def gpu_presets() -> list[str]:
 def model(name: str) -> nn.Module:
     """A course model by name (``"mlp"``, ``"cnn"``, ``"transformer"``), built once, so that
     its profile is cached and a sweep predicts in milliseconds."""
-    return course_model(name)
+    return build_model(name, seed=0)
 
 
 def predict(model_name: str, batch: int, devices: int, hardware: Any, strategy: str = "dp"):
