@@ -445,8 +445,9 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     and ``bucket_cap_mb`` are DDP's (None: torch's 25 MiB, the first bucket 1 MiB; a cap given
     is the first bucket's too). Every DDP step is a later one: with torch's defaults the
     very first step all-reduces all gradients in one bucket, and the buckets are then
-    rebuilt in the order the gradients became ready. ``tr.step_time``: seconds per step; ``tr.held``: bytes by category per
-    device, ``tr.memory_per_device`` their sums, ``tr.fits``."""
+    rebuilt in the order the gradients became ready. ``tr.step_time``: seconds per step;
+    ``tr.held``: bytes by category per device, ``tr.memory_per_device`` their sums,
+    ``tr.fits``."""
     hardware = preset(hardware) if isinstance(hardware, str) else hardware
     if not isinstance(hardware, Hardware):
         kind = type(hardware).__name__
