@@ -10,6 +10,7 @@ import pytest
 
 import dpkit.cost as cost
 from dpkit.cost import Hardware, Link
+from dpkit.cost.hardware import HOST_TERMS
 
 REQUIRED = {
     "this-machine", "T4-PCIe3", "4xA100-PCIe4", "8xV100-NVLink", "8xA100-SXM-NVLink",
@@ -51,6 +52,15 @@ def test_every_field_is_set_and_positive(name):
     assert 0 < hardware.matmul_efficiency <= 1 and 0 < hardware.memory_efficiency <= 1
     for link in (hardware.host_to_device, hardware.device_to_device, hardware.node_to_node):
         assert link.source.strip()  # measured (cited) or spec x a fraction (marked assumed)
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED - {"this-machine"}))
+def test_a_gpu_machines_host_terms_are_eager_pytorchs_microseconds(name):
+    # presets' docstring: a few us of Python and dispatch per op, about 5 us a CUDA launch,
+    # 0.1 ms to start a thread. Seconds, not microseconds written as seconds (or divided).
+    hardware = cost.presets()[name]
+    for term in HOST_TERMS:
+        assert 1e-6 <= getattr(hardware, term) <= 1e-3, term
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED - {"this-machine"}))
