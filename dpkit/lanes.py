@@ -41,18 +41,16 @@ def lane_streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
     lane's stream first waits for the caller's, where scatter and replicate queued its
     inputs."""
     first = devices[0]
-    if first.device_type == "cpu":
-        return [None] * len(devices), None
+    if not first.has_own_stream:
+        # Real devices: the caller's current stream on each, as torch does (in a worker thread
+        # current_stream would give the device's default stream instead); CPU lanes: None.
+        return [stream_of(device) for device in devices], None
     module = torch.get_device_module(first.device_type)
-    if first.has_own_stream:
-        caller_stream = module.current_stream(first.torch_device)
-        streams = [stream_of(device) for device in devices]
-        for stream in streams:
-            stream.wait_stream(caller_stream)
-        return streams, caller_stream
-    # Real devices: the caller's current stream on each, as torch does; in a worker thread
-    # current_stream would give the device's default stream instead.
-    return [module.current_stream(device.torch_device) for device in devices], None
+    caller_stream = module.current_stream(first.torch_device)
+    streams = [stream_of(device) for device in devices]
+    for stream in streams:
+        stream.wait_stream(caller_stream)
+    return streams, caller_stream
 
 
 def record_reads(
