@@ -40,11 +40,12 @@ resize: ``chunk.resize_(...)``, which works on torch's own ``clone``, would rais
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -126,17 +127,13 @@ def _take(
         if block is None:
             if len(blocks) >= MAX_BLOCKS_PER_SIZE:
                 return None
-            if _lane_bytes[device] + nbytes > MAX_BYTES:
-                _evict(device, nbytes)
-                if _lane_bytes[device] + nbytes > MAX_BYTES:
-                    return None
+            if _lane_bytes[device] + nbytes > MAX_BYTES and not _drop_free(device, nbytes):
+                return None
             block = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
             _lane_bytes[device] += nbytes
         blocks.append(block)
         tensor = torch.empty(0, dtype=dtype)
-        if stride is None:
-            return tensor.set_(block, 0, shape)
-        return tensor.set_(block, 0, shape, stride)
+        return tensor.set_(block, 0, shape, stride)  # stride () is contiguous
 
 
 def _release_when_idle() -> None:
@@ -147,20 +144,22 @@ def _release_when_idle() -> None:
         while any(_lane_bytes.values()):
             idle = time.monotonic() - _last_take
             if idle >= IDLE_SECONDS:
-                _release_free(list(_blocks))
+                _release_free(_blocks)
                 idle = 0.0
             _idle.wait(IDLE_SECONDS - idle)
         _releaser = None
 
 
-def _evict(device: Device, wanted: int) -> None:
-    """Drop free blocks of ``device`` until ``wanted`` more bytes fit (the lock is held)."""
-    for size, blocks in _blocks[device].items():
+def _drop_free(device: Device, wanted: float = math.inf) -> bool:
+    """Drop free blocks of ``device`` until ``wanted`` more bytes fit, by default all of them,
+    and say whether they fit (the lock is held)."""
+    for size, blocks in _blocks.get(device, {}).items():
         for block in _free(blocks):
             blocks.remove(block)
             _lane_bytes[device] -= size
             if _lane_bytes[device] + wanted <= MAX_BYTES:
-                return
+                return True
+    return False
 
 
 def _poolable(nbytes: int, device: Device) -> bool:
@@ -173,15 +172,12 @@ def _poolable(nbytes: int, device: Device) -> bool:
 
 
 def empty(
-    shape: Sequence[int], dtype: torch.dtype, device: Device, stride: Sequence[int] | None = None
+    shape: Sequence[int], dtype: torch.dtype, device: Device, stride: Sequence[int] = ()
 ) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)`` in ``device``'s memory (contiguous, or with
     ``stride``, which must cover exactly ``numel`` elements), from the lane's blocks where
     it can be."""
-    numel = 1
-    for size in shape:
-        numel *= size
-    nbytes = numel * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     tensor = _take(device, nbytes, dtype, shape, stride) if _poolable(nbytes, device) else None
     if tensor is None:
         return torch.empty(shape, dtype=dtype, device=device.torch_device)
@@ -221,14 +217,10 @@ def release(device: Device | None = None) -> None:
     """Give back the free blocks of ``device`` (of every lane: None), as
     ``torch.cuda.empty_cache`` does; blocks in use stay their users'."""
     with _lock:
-        _release_free([device] if device is not None else list(_blocks))
+        _release_free([device] if device is not None else _blocks)
         _idle.notify()  # the releaser ends now if the pool is empty
 
 
-def _release_free(lanes: list[Device]) -> None:
+def _release_free(lanes: Iterable[Device]) -> None:
     for lane in lanes:  # the lock is held
-        for size, blocks in _blocks.get(lane, {}).items():
-            free = _free(blocks)
-            for block in free:
-                blocks.remove(block)
-            _lane_bytes[lane] -= size * len(free)  # a lane with blocks has a count
+        _drop_free(lane)
