@@ -54,21 +54,16 @@ def lane_streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
 
 
 def record_reads(
-    module: nn.Module, input: Any, kwargs: dict[str, Any], stream: Any, caller_stream: Any
+    module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device, stream: Any
 ) -> None:
-    """On a GPU lane (``caller_stream`` is not None): record on the lane's stream the CUDA
-    tensors its replica reads that were made on the caller's stream."""
-    if caller_stream is not None:
+    """On a GPU lane ``device``: record on the lane's ``stream`` the CUDA tensors its replica
+    reads that were made on the caller's stream."""
+    if device.has_own_stream:
         record_use(module_tensors(module) + tensors_in((input, kwargs)), stream)
 
 
 def tag_new_outputs(
-    output: Any,
-    device: Device,
-    module: nn.Module,
-    input: Any,
-    kwargs: dict[str, Any],
-    caller_stream: Any,
+    output: Any, device: Device, module: nn.Module, input: Any, kwargs: dict[str, Any]
 ) -> None:
     """Tag with its lane ``device`` the output tensors the replica's forward made. Tensors on
     a lane already keep their lane; a parameter or a tensor that existed before the forward
@@ -81,7 +76,7 @@ def tag_new_outputs(
         if getattr(t, _LANE_ATTRIBUTE, None) is None
         and not isinstance(t, nn.Parameter)
         # a GPU lane's CPU tensors (a count, say) are the host's
-        and (caller_stream is None or t.device == device.torch_device)
+        and (not device.has_own_stream or t.device == device.torch_device)
     ]
     # An output with a grad_fn was made by autograd in this forward; a leaf may be older.
     if any(t.grad_fn is None for t in new):

@@ -121,10 +121,10 @@ def parallel_apply(
                 if not isinstance(input, (list, tuple)):
                     input = (input,)
                 # dpkit: on a GPU lane, what the replica reads is recorded on the lane's stream
-                lanes.record_reads(module, input, kwargs, stream, caller_stream)
+                lanes.record_reads(module, input, kwargs, device, stream)
                 output = module(*input, **kwargs)
             # dpkit: the tensors the forward made are tagged with its lane
-            lanes.tag_new_outputs(output, device, module, input, kwargs, caller_stream)
+            lanes.tag_new_outputs(output, device, module, input, kwargs)
             with lock:
                 results[i] = output
         except BaseException:  # dpkit: SystemExit and KeyboardInterrupt too (torch: Exception)
