@@ -45,7 +45,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -144,7 +144,8 @@ def _release_when_idle() -> None:
         while any(_lane_bytes.values()):
             idle = time.monotonic() - _last_take
             if idle >= IDLE_SECONDS:
-                _release_free(_blocks)
+                for lane in _blocks:
+                    _drop_free(lane)
                 idle = 0.0
             _idle.wait(IDLE_SECONDS - idle)
         _releaser = None
@@ -201,8 +202,7 @@ def copy(tensor: torch.Tensor, device: Device) -> torch.Tensor | None:
         return None
     # The same strides as the original, as clone keeps them (a size-1 dim's stride may be
     # anything in a contiguous tensor).
-    result = empty(tensor.shape, tensor.dtype, device, tensor.stride())
-    return result.copy_(tensor)
+    return empty(tensor.shape, tensor.dtype, device, tensor.stride()).copy_(tensor)
 
 
 def cached_bytes(device: Device | None = None) -> int:
@@ -217,10 +217,6 @@ def release(device: Device | None = None) -> None:
     """Give back the free blocks of ``device`` (of every lane: None), as
     ``torch.cuda.empty_cache`` does; blocks in use stay their users'."""
     with _lock:
-        _release_free([device] if device is not None else _blocks)
+        for lane in _blocks if device is None else [device]:
+            _drop_free(lane)
         _idle.notify()  # the releaser ends now if the pool is empty
-
-
-def _release_free(lanes: Iterable[Device]) -> None:
-    for lane in lanes:  # the lock is held
-        _drop_free(lane)
