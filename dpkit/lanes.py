@@ -40,14 +40,14 @@ def lane_streams(devices: Sequence[Device]) -> tuple[list[Any], Any | None]:
     share one GPU (else None). Called in the caller's thread, whose streams these are: a
     lane's stream first waits for the caller's, where scatter and replicate queued its
     inputs."""
+    streams = [stream_of(device) for device in devices]
     first = devices[0]
     if not first.has_own_stream:
         # Real devices: the caller's current stream on each, as torch does (in a worker thread
         # current_stream would give the device's default stream instead); CPU lanes: None.
-        return [stream_of(device) for device in devices], None
+        return streams, None
     module = torch.get_device_module(first.device_type)
     caller_stream = module.current_stream(first.torch_device)
-    streams = [stream_of(device) for device in devices]
     for stream in streams:
         stream.wait_stream(caller_stream)
     return streams, caller_stream
