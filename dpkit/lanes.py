@@ -78,22 +78,17 @@ def tag_new_outputs(
         # a GPU lane's CPU tensors (a count, say) are the host's
         and (not device.has_own_stream or t.device == device.torch_device)
     ]
-    # An output with a grad_fn was made by autograd in this forward; a leaf may be older.
+    # An output with a grad_fn was made by autograd in this forward; a leaf may be older: one
+    # of the tensors the replica could return without making them, its inputs and its
+    # modules' buffers and tensor attributes (a replica's parameters are attributes too).
     if any(t.grad_fn is None for t in new):
-        before = _tensor_ids_before(module, input, kwargs)
+        before = {id(t) for t in tensors_in((input, kwargs))}
+        for submodule in module.modules():
+            before.update(id(v) for v in submodule.__dict__.values() if isinstance(v, torch.Tensor))
+            before.update(id(t) for t in submodule._buffers.values() if t is not None)
         new = [t for t in new if t.grad_fn is not None or id(t) not in before]
     for tensor in new:
         place(tensor, device)
-
-
-def _tensor_ids_before(module: nn.Module, input: Any, kwargs: dict[str, Any]) -> set[int]:
-    """The tensors a replica could return without making them: its inputs, and its
-    modules' buffers and tensor attributes (a replica's parameters are attributes too)."""
-    ids = {id(t) for t in tensors_in((input, kwargs))}
-    for submodule in module.modules():
-        ids.update(id(v) for v in submodule.__dict__.values() if isinstance(v, torch.Tensor))
-        ids.update(id(t) for t in submodule._buffers.values() if t is not None)
-    return ids
 
 
 def lanes_done(streams: Sequence[Any], caller_stream: Any, results: dict[int, Any]) -> None:
