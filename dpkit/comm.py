@@ -89,9 +89,8 @@ def _copy_data(tensor: torch.Tensor, destination: Device) -> torch.Tensor:
         # Another lane of the same physical device: a real copy in the same memory, into a
         # block the lane reuses where it can (CPU lanes: fresh pages fault on first write).
         copied = lane_memory.copy(tensor, destination)
-        if copied is not None:
-            return copied
-        return tensor.clone()  # keeps strides; sparse tensors take no memory_format
+        # Else torch's clone, which keeps strides (sparse tensors take no memory_format).
+        return tensor.clone() if copied is None else copied
     # Copies into CPU memory block, so the result is ready when it is returned.
     non_blocking = destination.device_type != "cpu"
     return tensor.to(destination.torch_device, non_blocking=non_blocking, copy=True)
