@@ -36,8 +36,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from dpkit import cost
-from dpkit.models import PREDICTION_MODELS as MODEL_NAMES
-from dpkit.models import build_model, sample_input
+from dpkit.models import PREDICTION_MODELS, build_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.events import BACKWARD_PHASES, FORWARD_PHASES
 from dpkit.tracing.export import as_dataframe
@@ -537,15 +536,15 @@ def scaling_explorer(
 
     if hardware not in gpu_presets():
         raise ValueError(f"hardware={hardware!r}: use one of {', '.join(gpu_presets())}")
-    if model_name not in MODEL_NAMES:
-        raise ValueError(f"model_name={model_name!r}: use one of {', '.join(MODEL_NAMES)}")
+    if model_name not in PREDICTION_MODELS:
+        raise ValueError(f"model_name={model_name!r}: use one of {', '.join(PREDICTION_MODELS)}")
     if not 1 <= devices <= MAX_DEVICES:
         raise ValueError(f"devices={devices}: the explorer shows 1 to {MAX_DEVICES}")
     if not BATCH_STEP <= batch <= MAX_BATCH:
         raise ValueError(f"batch={batch}: the explorer shows {BATCH_STEP} to {MAX_BATCH}")
     controls = [
         widgets.Dropdown(options=gpu_presets(), value=hardware, description="hardware"),
-        widgets.Dropdown(options=list(MODEL_NAMES), value=model_name, description="model"),
+        widgets.Dropdown(options=list(PREDICTION_MODELS), value=model_name, description="model"),
         int_slider("devices", devices, 1, MAX_DEVICES),
         int_slider("batch", batch, BATCH_STEP, MAX_BATCH, BATCH_STEP),
     ]
