@@ -22,11 +22,17 @@ caches: a rerun tests only what is new (mutants of changed functions, mutants no
 checked) and rechecks every survivor that is not listed as equivalent, against the tests as
 they are now. ``--fresh`` throws a file's cache away.
 
+A file of a thousand mutants takes hours here. ``--sample N`` tests N of its mutants drawn at
+random (the same draw on every run, seeded by the file's name, so a larger N extends it) and
+reports the kill rate with its 95 % interval. Start a sample from a fresh cache: mutmut tests
+the mutants with the fastest tests first, so an interrupted full run is not a random sample.
+
     make mutation                              # every core file (hours on 2 cores)
     make mutation FILES=dpkit/comm.py          # one file, or several: FILES="a.py b.py"
     make mutation FILES=dpkit/pipeline/bubble.py   # a file beyond the core, its own tests
     .venv/bin/python -m benchmarks.mutation --beyond --head   # all of them, the last commit
     .venv/bin/python -m benchmarks.mutation --files dpkit/comm.py --fresh
+    .venv/bin/python -m benchmarks.mutation --files dpkit/cost/profile.py --sample 100
 
 Results, merged file by file into what earlier runs measured:
 ``benchmarks/results/mutation.json`` and a readable ``benchmarks/results/mutation.md``.
@@ -40,6 +46,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import subprocess
@@ -500,10 +507,11 @@ def run_file(
     files: list[str],
     debug: bool = False,
     source_root: Path = ROOT,
+    sample: int | None = None,
 ) -> tuple[float, bool]:
     """Run mutmut on one core file in its own copy: the seconds it took, and whether it
     started from nothing (every mutant tested, not only what a cache left open). ``debug``:
-    mutmut prints each pytest run's output."""
+    mutmut prints each pytest run's output; ``sample``: test only that many, drawn at random."""
     workdir = WORK / module_of(target)
     if fresh and workdir.exists():
         shutil.rmtree(workdir)
@@ -527,10 +535,44 @@ def run_file(
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
     mutmut = Path(sys.executable).with_name("mutmut")
     start = time.monotonic()
+    names: list[str] = []  # mutmut's default: every mutant not yet checked
+    if sample is not None:
+        names = unchecked_sample(workdir, target, sample, max_children, env)
+        if not names:
+            return time.monotonic() - start, False
     subprocess.run(
-        [str(mutmut), "run", "--max-children", str(max_children)], cwd=workdir, env=env, check=True
+        [str(mutmut), "run", "--max-children", str(max_children), *names],
+        cwd=workdir,
+        env=env,
+        check=True,
     )
-    return time.monotonic() - start, full
+    return time.monotonic() - start, full and sample is None
+
+
+# How mutmut's ``run`` makes the mutants, without testing any (it has no command for that).
+_GENERATE = (
+    "from mutmut.__main__ import copy_also_copy_files, copy_src_dir, create_mutants, "
+    "setup_source_paths\n"
+    "from mutmut.mutation.trampoline import set_mutant_under_test\n"
+    "set_mutant_under_test('mutant_generation')\n"
+    "copy_src_dir(); copy_also_copy_files(); setup_source_paths(); create_mutants({children})"
+)
+
+
+def drawn(target: str, names: list[str], size: int) -> list[str]:
+    """``size`` of ``names`` at random, the same on every run: shuffled with the file's name
+    as seed, the first ``size`` taken, so a larger sample contains a smaller one."""
+    order = sorted(names)
+    random.Random(target).shuffle(order)
+    return order[:size]
+
+
+def unchecked_sample(workdir: Path, target: str, size: int, children: int, env: dict) -> list[str]:
+    """The mutants of ``target``'s sample not checked yet (making the mutants first)."""
+    make = [sys.executable, "-c", _GENERATE.format(children=children)]
+    subprocess.run(make, cwd=workdir, env=env, check=True)
+    codes = read_results(workdir, target)
+    return [name for name in drawn(target, list(codes), size) if codes[name] is None]
 
 
 # --------------------------------------------------------------------------------------
@@ -538,8 +580,14 @@ def run_file(
 
 
 def summarize(
-    target: str, seconds: float | None, equivalents: list[Equivalent], full: bool = False
+    target: str,
+    seconds: float | None,
+    equivalents: list[Equivalent],
+    full: bool = False,
+    sample: int | None = None,
 ) -> dict:
+    """One file's verdicts from its cache. ``sample``: the checked mutants are a random
+    sample of that size (:func:`drawn`), so the rate gets a 95 % interval."""
     workdir = WORK / module_of(target)
     codes = read_results(workdir, target)
     statuses = {name: _status(code) for name, code in codes.items()}
@@ -574,6 +622,8 @@ def summarize(
         "gpu_only": len(gpu_only),
         **_rates(caught, checked, len(equivalent), len(gpu_only)),
         "complete": counts.get("not checked", 0) == 0,
+        "sample": sample,
+        "interval": wilson(caught, checked - len(equivalent) - len(gpu_only)) if sample else None,
         "source_sha256": hashlib.sha256(source).hexdigest()[:16],
         "run_s": round(seconds, 1) if seconds is not None else None,
         "full_run_s": round(seconds, 1) if seconds is not None and full else None,
@@ -583,6 +633,16 @@ def summarize(
         "gpu_only_mutants": gpu_only,
         **({} if target in CORE_FILES else {"tests": _selection_of(workdir)}),
     }
+
+
+def wilson(caught: int, tested: int, z: float = 1.96) -> list[float] | None:
+    """The 95 % (Wilson score) interval of a kill rate measured on a random sample."""
+    if tested <= 0:
+        return None
+    rate, spread = caught / tested, z * z / tested
+    center = (rate + spread / 2) / (1 + spread)
+    half = z * ((rate * (1 - rate) + spread / 4) / tested) ** 0.5 / (1 + spread)
+    return [round(center - half, 4), round(center + half, 4)]
 
 
 def _rates(caught: int, checked: int, equivalent: int, gpu_only: int) -> dict:
@@ -647,11 +707,11 @@ def _merge(
     files = {entry["file"]: entry for entry in old}
     for name in names:
         entry = per_file.get(name)
+        before = files.get(name, {})
         if entry is None and _meta_path(WORK / module_of(name), name).exists():
-            entry = summarize(name, None, equivalents)
+            entry = summarize(name, None, equivalents, sample=before.get("sample"))
         if entry is None:
             continue
-        before = files.get(name, {})
         if entry["run_s"] is None and before:  # not run now: keep when it ran
             entry = dict(entry, run_s=before["run_s"], measured=before["measured"])
         if entry["full_run_s"] is None:
@@ -725,6 +785,9 @@ def _table(files: list[dict], with_tests: bool = False) -> list[str]:
         full, last = (_minutes(f.get(key)) for key in ("full_run_s", "run_s"))
         unchecked = f["counts"].get("not checked", 0)
         partial = f" ({unchecked} not checked)" if unchecked else ""
+        if f.get("sample") and f.get("interval"):
+            low, high = (f"{100 * bound:.0f}" for bound in f["interval"])
+            partial = f" (random {f['mutants'] - unchecked}: {low}-{high} %)"
         tests = ", ".join(Path(t).name for t in f.get("tests", []))
         lines.append(
             f"| `{f['file']}` | {f['mutants']} | {f['caught']} | {f['surviving']} |"
@@ -802,6 +865,9 @@ def render_markdown(result: dict) -> str:
             "Files outside the core (issue 32), each mutated against its package's own test",
             "files only (found by grep: the files that name the module or its package; last",
             "column), with the same markers. Their totals are apart from the core's above.",
+            "A kill rate marked *random n: a-b %* was measured on n mutants drawn at random",
+            "(`--sample`), with its 95 % interval; *(k not checked)*: a run stopped before the",
+            "end, which tests the mutants with the fastest tests first (not a random sample).",
             f"Goal: {_percent(beyond['goal'])}.",
             "",
             _overall(beyond, "Beyond the core"),
@@ -835,6 +901,12 @@ def main(argv: list[str] | None = None) -> int:
         "--beyond", action="store_true", help="every file beyond the core (not the core's)"
     )
     parser.add_argument("--fresh", action="store_true", help="throw away the files' caches first")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="test N mutants per file, drawn at random (the same on every run), not all",
+    )
     parser.add_argument(
         "--head",
         action="store_true",
@@ -896,6 +968,7 @@ def _run(args: argparse.Namespace, equivalents: list[Equivalent], tree: list[str
                     max_children=args.max_children,
                     files=files,
                     source_root=source_root,
+                    sample=args.sample,
                 )
             except subprocess.CalledProcessError:
                 # mutmut stops when the unmutated tests fail, without saying which. Once more:
@@ -908,12 +981,13 @@ def _run(args: argparse.Namespace, equivalents: list[Equivalent], tree: list[str
                     files=files,
                     debug=True,
                     source_root=source_root,
+                    sample=args.sample,
                 )
         except subprocess.CalledProcessError:
             print(f"{target}: mutmut failed; its cache is kept, run it again", flush=True)
             failed.append(target)
             continue
-        per_file[target] = summarize(target, seconds, equivalents, full)
+        per_file[target] = summarize(target, seconds, equivalents, full, args.sample)
         result = write_results(per_file, equivalents)  # after each file: a stop keeps it
         f = per_file[target]
         print(f"{target}: {_percent(f['kill_rate'])}, {f['surviving']} surviving", flush=True)
