@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -129,6 +130,24 @@ def test_amp_gradient_as_bucket_view_and_bucket_cap_reach_predict(predict_here, 
     assert kwargs["bucket_cap_mb"] == 50.0
     assert all(held["buckets"] == 0 for held in spy[0]["trace"].held)
     assert "autocast bf16" in out and "gradient_as_bucket_view" in out
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_the_step_time_not_in_the_phases_is_said_and_adds_up(predict_here, spy, view):
+    # The shares are of the phases' span, not of the step: the line under the step time
+    # says what the rest is, and the two numbers add up to the step time printed.
+    arguments = ["--model", "mlp", "--devices", "16", "--hardware", "2x8xA100-100GbE",
+                 "--strategy", "ddp", *(["--gradient-as-bucket-view"] if view else [])]  # fmt: skip
+    status, out, err = predict_here(*arguments)
+    assert status == 0, err
+    trace = spy[0]["trace"]
+    span = max(e.end for e in trace.events) - min(e.start for e in trace.events)
+    line = next(line for line in out.splitlines() if line.startswith("  (share: of the"))
+    phases, rest = (float(n) for n in re.findall(r"([\d.]+) ms", line))
+    assert phases == pytest.approx(span * 1e3, abs=1e-3)
+    assert phases + rest == pytest.approx(trace.step_time * 1e3, abs=2e-3)
+    assert rest > 0
+    assert ("copied into .grad" in line) is not view
 
 
 def test_the_defaults_are_torchs(predict_here, spy):

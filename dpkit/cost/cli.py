@@ -195,8 +195,11 @@ def fit_verdict(trace: PredictedTrace) -> str:
     return f"does not fit: {says}; try {fix}"
 
 
-def report(trace: PredictedTrace, model: str, files: dict[str, Path | None], settings: str) -> str:
-    """What ``dpkit predict`` prints, every number labelled predicted."""
+def report(
+    trace: PredictedTrace, model: str, files: dict[str, Path | None], settings: list[str]
+) -> str:
+    """What ``dpkit predict`` prints, every number labelled predicted; ``settings``: the
+    options besides the model, batch and devices, in words."""
     machine = trace.machine
     lines = [
         f"PREDICTED by dpkit's cost model, not measured: {machine.name}",
@@ -204,12 +207,13 @@ def report(trace: PredictedTrace, model: str, files: dict[str, Path | None], set
         f"  numbers from: {machine.source}",
         f"model {model}, batch {trace.batch_size} (1x28x28 images), {trace.device_count} "
         f"device(s), strategy {trace.strategy}",
-        f"  {settings}",
+        f"  {'; '.join(settings)}",
         "",
         f"per phase, per step — {trace.hardware}:",
         str(trace.summary()),
         "",
         f"predicted step time: {trace.step_time * 1e3:.3f} ms",
+        _outside_phases(trace, "gradient_as_bucket_view" not in settings),
         "",
         memory_table(trace),
         f"predicted memory: {fit_verdict(trace)}",
@@ -219,6 +223,18 @@ def report(trace: PredictedTrace, model: str, files: dict[str, Path | None], set
         lines.append(f"{what + ':':<22}{path if path is not None else 'skipped (no matplotlib)'}")
     lines.append("  open trace.json at https://ui.perfetto.dev: a track per predicted device.")
     return "\n".join(lines)
+
+
+def _outside_phases(trace: PredictedTrace, copies_back: bool) -> str:
+    """Why the shares above are not of the step time: the host work before the first phase
+    and after the last (the step's entry and end, and DDP's sums copied back into .grad)."""
+    last = max(trace.step_bounds)
+    events = [e for e in trace.events if e.step == last]
+    span = max(e.end for e in events) - min(e.start for e in events)
+    back = ", and DDP's sums copied into .grad" if trace.strategy == "ddp" and copies_back else ""
+    return (f"  (share: of the {span * 1e3:.3f} ms the phases span; the other "
+            f"{(trace.step_time - span) * 1e3:.3f} ms is host work before and after them: "
+            f"the step's entry and end{back})")  # fmt: skip
 
 
 def _out_folder(text: str) -> Path:
@@ -298,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
                         else f"bucket_cap_mb={cap:g}, the first bucket's too")  # fmt: skip
         if args.gradient_as_bucket_view:
             settings.append("gradient_as_bucket_view")
-    print(report(trace, args.model, _write_files(trace, out), "; ".join(settings)))
+    print(report(trace, args.model, _write_files(trace, out), settings))
     return 0
 
 
