@@ -767,6 +767,11 @@ def test_replica_threads_take_turns_with_the_gil_call_by_call():
     assert max(_threads([0.0, 0.0], 4, [1.0, 1.0], [0.1, 0.1], 8.0)) == pytest.approx(8.1)
     # one core: all of it, Python and kernels, 2 x 4 x (0.01 + 3) s, runs on it in turn
     assert max(_threads([0.0, 0.0], 4, [0.01, 0.01], [3.0, 3.0], 1.0)) == pytest.approx(24.08)
+    # a thread asking for the GIL just as the holder lets it go gets it first, as in the
+    # GIL queue below: B runs Python 0-1, kernel 1-2; A (from 1) Python 1-2 and a kernel of
+    # nothing; at 2 B, whose kernel just ended, goes before A asking again: B 2-3 (kernel
+    # 3-4), A 3-4, both done at 4 (A first would end A at 3 and B at 5)
+    assert _threads([1.0, 0.0], 2, [1.0, 1.0], [0.0, 1.0], 2.0) == pytest.approx([4, 4])
 
 
 def test_the_gil_queue_without_kernels_is_the_simulation_with_kernels_of_nothing():

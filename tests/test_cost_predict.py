@@ -276,10 +276,10 @@ def test_profile_counts_flops_like_flop_counter_mode_and_leaves_the_model_alone(
     ("kwargs", "words"),
     [
         ({"strategy": "zero"}, "strategy"),
-        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 0}, "^batch_size must be a positive int, got 0"),
         ({"devices": 0}, "devices"),
         ({"hardware": "laptop-gpu"}, "preset"),
-        ({"steps": 0}, "steps"),
+        ({"steps": 0}, "^steps must be a positive int, got 0"),
         ({"bucket_cap_mb": True}, "bucket_cap_mb"),  # not 1 MiB: torch's DDP has its own check
         ({"bucket_cap_mb": float("inf")}, "bucket_cap_mb=inf is more than torch can hold"),
         ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a positive number"),
@@ -289,3 +289,27 @@ def test_bad_arguments_are_named(kwargs, words):
     arguments = {"batch_size": 32, "devices": 2, "hardware": "T4-PCIe3", **kwargs}
     with pytest.raises(ValueError, match=words):
         cost.predict(build_model("mlp", seed=0), sample_input(), **arguments)
+
+
+def test_devices_is_a_count_or_a_list_of_devices():
+    model, x = build_model("mlp", seed=0), sample_input()
+    by_count = cost.predict(model, x, 32, 2, "8xA100-SXM-NVLink")
+    by_list = cost.predict(model, x, 32, dpkit.devices(2), "8xA100-SXM-NVLink")
+    assert by_list.device_count == 2
+    assert by_list.step_time == by_count.step_time
+    with pytest.raises(TypeError, match="devices must be a count"):
+        cost.predict(model, x, 32, "2", "8xA100-SXM-NVLink")
+
+
+def test_bucket_cap_mb_is_in_mebibytes_as_ddp_reads_it():
+    # Two gradients of exactly 1 MiB (512 x 512 float32). DDP closes a bucket once it holds
+    # at least its cap, so bucket_cap_mb=1 (1,048,576 bytes) gives one bucket per gradient;
+    # a cap one KiB larger would put both in one bucket of 2 MiB.
+    model = nn.Sequential(nn.Linear(512, 512, bias=False), nn.Linear(512, 512, bias=False))
+    for cap, buckets in ((1, [1 << 20, 1 << 20]), (1 + 1 / 1024, [2 << 20])):
+        trace = cost.predict(model, torch.randn(1, 512), 8, 2, "8xA100-SXM-NVLink",
+                             strategy="ddp", bucket_cap_mb=cap)  # fmt: skip
+        first = trace.events[0].device
+        sent = [e.details["bucket_bytes"] for e in trace.events
+                if e.phase == "allreduce" and e.device == first]  # fmt: skip
+        assert sent == buckets, cap
