@@ -25,7 +25,9 @@ from dpkit.cost.profile import (
     op_kind,
     output_tensors,
     profile,
+    python_calls,
     rows_like,
+    run_passes,
 )
 from dpkit.tracing import replica_graph
 
@@ -243,6 +245,36 @@ def test_the_attention_estimate_is_the_count_of_the_same_maths_by_hand():
         assert fused.forward.flops(rows) == pytest.approx(by_hand.forward.flops(rows))
 
 
+class CrossAttention(nn.Module):
+    """6 tokens of queries on 3 learned key/value tokens (L != S), 4 heads of 4."""
+
+    def __init__(self, explicit: bool) -> None:
+        super().__init__()
+        self.explicit = explicit
+        self.query = nn.Linear(16, 16)
+        self.memory = nn.Parameter(torch.randn(1, 4, 3, 4))
+
+    def forward(self, x):
+        q = self.query(x).unflatten(-1, (4, 4)).transpose(1, 2)
+        k = v = self.memory.expand(len(x), -1, -1, -1)
+        if self.explicit:
+            return torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1) @ v
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_the_attention_estimate_reads_queries_keys_and_values_in_both_passes():
+    fused = profile(CrossAttention(explicit=False), torch.randn(1, 6, 16))
+    by_hand = profile(CrossAttention(explicit=True), torch.randn(1, 6, 16))
+    name = "aten._scaled_dot_product_flash_attention_for_cpu"
+    (forward,) = ops_named(fused.forward, name)
+    (backward,) = ops_named(fused.backward, name + "_backward")
+    hand_backward = sum(op.flops_at(3) for op in ops_named(by_hand.backward, "aten.bmm"))
+    # hand-computed at 3 rows: 2 matmuls of 2 * L * S * E = 2 * 6 * 3 * 4, 4 heads each
+    assert forward.flops_at(3) == 3 * 4 * 2 * 2 * 6 * 3 * 4
+    # the explicit backward's 4 matmuls (the memory needs its gradients), fused: 5
+    assert backward.flops_at(3) == pytest.approx(1.25 * hand_backward, rel=1e-12)
+
+
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_multihead_attention_counts_its_attention_in_either_mode(mode, need_weights):
@@ -319,15 +351,19 @@ def test_the_lstm_estimate_is_the_count_of_an_explicit_cell_loop():
 # --- no silent zeros ---------------------------------------------------------------------
 
 
-def test_a_compute_heavy_op_without_an_estimate_warns_with_its_share(monkeypatch):
-    monkeypatch.delitem(ESTIMATES, "aten._scaled_dot_product_flash_attention_for_cpu")
+@pytest.mark.parametrize("which", ["forward", "backward"])
+def test_a_compute_heavy_op_without_an_estimate_warns_with_its_share(monkeypatch, which):
+    name = "aten._scaled_dot_product_flash_attention_for_cpu"
+    name += "_backward" if which == "backward" else ""
+    monkeypatch.delitem(ESTIMATES, name)
     with pytest.warns(UserWarning) as caught:
         cost = profile(Attention(explicit=False), torch.randn(1, 6, 16))
-    (message,) = [str(w.message) for w in caught if "forward" in str(w.message)]
-    (op,) = ops_named(cost.forward, "aten._scaled_dot_product_flash_attention_for_cpu")
-    share = op.bytes_at(5) / cost.forward.nbytes(5)
-    assert "aten._scaled_dot_product_flash_attention_for_cpu in the forward" in message
-    assert f"{share:.1%} of the forward's bytes at 5 rows" in message
+    (message,) = [str(w.message) for w in caught]
+    passed = getattr(cost, which)
+    (op,) = ops_named(passed, name)
+    share = op.bytes_at(5) / passed.nbytes(5)
+    assert f"{name} in the {which} is compute-heavy" in message
+    assert f"{share:.1%} of the {which}'s bytes at 5 rows" in message
     assert op.flops_at(5) == 0 and not op.estimated
 
 
@@ -455,6 +491,13 @@ def test_the_cache_follows_keyword_inputs():
 # --- mixed precision -------------------------------------------------------------------
 
 
+def test_autocast_on_the_cpu_runs_in_the_dtype_asked_for():
+    # float16, not CPU autocast's default (bfloat16)
+    mixed = profile(nn.Sequential(nn.Linear(8, 4)), torch.randn(1, 8), amp=torch.float16)
+    (matmul,) = [op for op in mixed.forward.ops if op.kind == "matmul"]
+    assert matmul.dtype == "float16"
+
+
 def test_autocast_records_matmuls_in_bfloat16():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     full = profile(model, torch.randn(1, 8))
@@ -486,6 +529,9 @@ def test_the_estimates_know_their_shapes():
     # hand-computed: B * H * (2 L S E + 2 L S Ev)
     assert _attention_flops(q, k, v, backward=False) == 6 * (2 * 5 * 7 * 4 + 70 * 6)
     assert _attention_flops(q, k, v, backward=True) == 6 * 2 * 5 * 7 * (12 + 12)
+    # every dim before the last two is a batch (heads or not): 3 batches of one head
+    q, k, v = torch.empty(3, 5, 4), torch.empty(3, 7, 4), torch.empty(3, 7, 6)
+    assert _attention_flops(q, k, v, backward=False) == 3 * (2 * 5 * 7 * 4 + 70 * 6)
     assert math.isclose(ESTIMATES["aten.dot"]((torch.empty(9), torch.empty(9)), {}), 18)
 
 
@@ -531,4 +577,65 @@ def test_calibrations_timed_runs_count_and_estimate_nothing():
         Attention(explicit=False), torch.randn(2, 6, 16), None, True
     )
     assert all(op[1] == 0 and not op[6] for op in (*forward, *backward))
+    assert all(op[3] > 0 for op in (*forward, *backward))  # every op timed, the backward's too
     assert any(op[0] == "aten._scaled_dot_product_flash_attention_for_cpu" for op in forward)
+
+
+def test_an_unused_parameters_gradient_is_never_ready():
+    class Unused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.spare = nn.Linear(4, 3), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    profiled = profile(Unused(), torch.randn(1, 4))
+    used, spare = profiled.gradient_ops[:2], profiled.gradient_ops[2:]
+    assert spare == (-1, -1)  # spare.weight, spare.bias: autograd never makes theirs
+    assert all(0 <= index < len(profiled.backward) for index in used)
+
+
+def test_a_method_of_torchs_c_classes_counts_as_a_call():
+    # Generator.manual_seed has no __module__ of its own: its class's (torch._C) says torch
+    generator = torch.Generator()
+    assert python_calls(lambda: generator.manual_seed(0)) == 1
+    assert python_calls(lambda: [1, 2].copy()) == 0  # not torch's
+
+
+def test_a_sparse_buffer_is_counted_by_its_values_and_indices():
+    class Graph(nn.Module):  # a fixed sparse adjacency, as a graph network keeps one
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("adjacency", torch.eye(4).to_sparse())
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.sparse.mm(self.adjacency, self.linear(x).t()).t()
+
+    profiled = profile(Graph(), torch.randn(1, 4))
+    # hand-computed: 4 float32 values (16 B) and a 2 x 4 int64 index (64 B)
+    assert profiled.buffer_sizes == (16 + 64,)
+    (sparse,) = [op for op in profiled.forward.ops if "sparse" in op.name]
+    assert sparse.bytes_at(2) >= 80 + 2 * (2 * 4 * 4)  # the adjacency, the 4 x 2 in and out
+
+
+def test_without_a_record_of_which_outputs_need_grad_every_output_does():
+    profiled = profile(nn.Linear(4, 3), torch.randn(1, 4))
+    unknown = dataclasses.replace(profiled, grad_output_row_bytes=None, grad_output_tensors=None)
+    assert unknown.grad_output_bytes(5) == 5 * profiled.output_row_bytes == 5 * 3 * 4
+    assert unknown.grad_output_count == profiled.output_tensors
+
+
+def test_a_module_without_tensor_inputs_runs_its_passes():
+    class Learned(nn.Module):  # a learned constant (a prompt, a positional table)
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.ones(3, 4))
+
+        def forward(self):
+            return self.table * 2.0
+
+    forward, backward, output, _ = run_passes(Learned(), (), None, False)
+    assert [op[0] for op in forward] == ["aten.mul"]
+    assert torch.equal(output, torch.full((3, 4), 2.0)) and backward

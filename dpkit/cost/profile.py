@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from dpkit import host_clock
-from dpkit.nested import tensors_in
+from dpkit.nested import tensor_nbytes, tensors_in
 from dpkit.tracing import replica_graph
 
 PROFILE_ROWS = (2, 3, 4)  # the batch sizes each count's quadratic passes through
@@ -231,19 +231,19 @@ def _encoder_layer(args: tuple, kwargs: dict) -> float:
     return matmuls + 4.0 * _tokens(src) * src.shape[-2] * embed_dim
 
 
-def _sdpa(first: int) -> Estimate:  # forward: (query, key, value, ...); backward: grad first
-    return lambda args, kwargs: _attention_flops(*args[first : first + 3], backward=first > 0)
+def _sdpa(args: tuple, kwargs: dict, backward: bool) -> float:
+    """Fused attention: forward (query, key, value, ...), backward (grad, query, ...)."""
+    first = 1 if backward else 0
+    return _attention_flops(*args[first : first + 3], backward=backward)
 
 
-def _recurrent(weights: Callable[[tuple], Sequence[torch.Tensor]]) -> tuple[Estimate, ...]:
+def _recurrent(args: tuple, kwargs: dict, weights: Callable[[tuple], Sequence[torch.Tensor]],
+               backward: bool) -> float:  # fmt: skip
     """A recurrent layer's forward, ``2 * weights`` FLOPs a token (the gates' elementwise work
     left out), and its backward, twice that: the input's and the weights' gradients, each a
     matmul of the forward's size (oneDNN computes the input's even where nothing needs it)."""
-
-    def forward(args: tuple, kwargs: dict) -> float:
-        return 2.0 * _tokens(args[0]) * sum(w.numel() for w in weights(args))
-
-    return forward, lambda args, kwargs: 2.0 * forward(args, kwargs)
+    forward = 2.0 * _tokens(args[0]) * sum(w.numel() for w in weights(args))
+    return 2.0 * forward if backward else forward
 
 
 def _trilinear(args: tuple, kwargs: dict) -> float:
@@ -256,23 +256,28 @@ def _trilinear(args: tuple, kwargs: dict) -> float:
     return 2.0 * math.prod(torch.broadcast_shapes(*shapes))
 
 
-def _with_backward(estimates: tuple[Estimate, ...], *ops: str) -> dict[str, Estimate]:
-    """Each of ``ops`` and its ``_backward`` with ``estimates``' forward and backward."""
-    return {f"{op}{suffix}": e for op in ops for suffix, e in zip(("", "_backward"), estimates)}
-
-
 # FLOPs of the ops FlopCounterMode counts 0 for, by op name (addmv, mv, dot, addbmm and
 # _addmm_activation have no formula there). One that fails (a nested tensor's shape) is none.
+# An op and its ``_backward`` share an estimate, told which pass it prices as the op runs
+# (not at import, where mutation testing cannot follow it).
+_PASSES = (("", False), ("_backward", True))
+_FUSED_ATTENTION = (
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_fused_attention_overrideable",
+)
 ESTIMATES: dict[str, Estimate] = {
-    **_with_backward((_sdpa(0), _sdpa(1)), "aten._scaled_dot_product_flash_attention_for_cpu",
-                     "aten._scaled_dot_product_fused_attention_overrideable"),
+    **{op + suffix: functools.partial(_sdpa, backward=backward)
+       for op in _FUSED_ATTENTION for suffix, backward in _PASSES},
     "aten._native_multi_head_attention": _native_mha,
     "aten._transformer_encoder_layer_fwd": _encoder_layer,
     # One layer and direction of nn.LSTM on a CPU (input, w_ih, w_hh); a whole nn.LSTM, GRU or
     # RNN on a GPU (input, every weight)
-    **_with_backward(_recurrent(lambda args: args[1:3]), "aten.mkldnn_rnn_layer"),
-    **_with_backward(_recurrent(lambda args: [w for w in args[1] if w.dim() == 2]),
-                     "aten._cudnn_rnn", "aten.miopen_rnn"),
+    **{"aten.mkldnn_rnn_layer" + suffix: functools.partial(
+        _recurrent, weights=lambda args: args[1:3], backward=backward)
+       for suffix, backward in _PASSES},
+    **{op + suffix: functools.partial(
+        _recurrent, weights=lambda args: [w for w in args[1] if w.dim() == 2], backward=backward)
+       for op in ("aten._cudnn_rnn", "aten.miopen_rnn") for suffix, backward in _PASSES},
     **dict.fromkeys(("aten.addmv", "aten.mv"), lambda args, kwargs: 2.0 * (
         args[1] if args[0].dim() == 1 and args[1].dim() == 2 else args[0]).numel()),
     **dict.fromkeys(("aten.dot", "aten.vdot"), lambda args, kwargs: 2.0 * args[0].numel()),
@@ -307,8 +312,8 @@ class OpRecorder(TorchDispatchMode):
         for tensor in () if func.is_view else (*inputs, *outputs):
             try:
                 blocks[tensor.data_ptr(), tensor.nbytes] = tensor.nbytes
-            except RuntimeError:  # no single storage (sparse, ...): counted by size alone
-                blocks[id(tensor), tensor.nbytes] = tensor.nbytes
+            except RuntimeError:  # no single storage (sparse: values and indices)
+                blocks[id(tensor), 0] = tensor_nbytes(tensor)
         nbytes = sum(blocks.values())
         estimated = False
         if self.counter is not None and flops == 0 and name in ESTIMATES:
@@ -564,21 +569,21 @@ def profile(module: nn.Module, sample_input: torch.Tensor | tuple | list,
     _warn_uncounted(backward, "backward")
     first, last = output_tensors(runs[0][2]), output_tensors(runs[-1][2])
     roots = [gradient_roots(found) for found in (first, last)]
-    out_small, out_large = (sum(t.nbytes for t in found) for found in (first, last))
-    grad_small, grad_large = (sum(t.nbytes for t in found) for found in roots)
+    out_small, out_large = (sum(map(tensor_nbytes, found)) for found in (first, last))
+    grad_small, grad_large = (sum(map(tensor_nbytes, found)) for found in roots)
     per_row = CHECK_ROWS - PROFILE_ROWS[0]
     floating = [t for t in (*module.parameters(), *tensors) if t.is_floating_point()] or tensors
     cached[key] = Profile(
         dtype=floating[0].dtype,  # the parameters', else the inputs'
         forward=forward,
         backward=backward,
-        parameter_sizes=tuple(p.nbytes for p in module.parameters()),
-        buffer_sizes=tuple(b.nbytes for b in module.buffers()),
+        parameter_sizes=tuple(map(tensor_nbytes, module.parameters())),
+        buffer_sizes=tuple(map(tensor_nbytes, module.buffers())),
         modules=len(list(module.modules())),
         input_row_bytes=sum(t[:1].nbytes for t in tensors),
         output_row_bytes=round((out_large - out_small) / per_row),
         activations=fit_rows([run[3] for run in runs]),
-        gradient_sizes=tuple(p.nbytes for p in module.parameters() if p.requires_grad),
+        gradient_sizes=tuple(tensor_nbytes(p) for p in module.parameters() if p.requires_grad),
         amp=amp,
         output_tensors=len(last),
         gradient_ops=tuple(count - 1 if count > 0 else -1 for count in ready),
