@@ -46,7 +46,6 @@ import hashlib
 import json
 import os
 import platform
-import random
 import re
 import shutil
 import subprocess
@@ -560,11 +559,14 @@ _GENERATE = (
 
 
 def drawn(target: str, names: list[str], size: int) -> list[str]:
-    """``size`` of ``names`` at random, the same on every run: shuffled with the file's name
-    as seed, the first ``size`` taken, so a larger sample contains a smaller one."""
-    order = sorted(names)
-    random.Random(target).shuffle(order)
-    return order[:size]
+    """``size`` of ``names`` at random, the same on every run: those whose hash (of the file
+    and the mutant's name) is smallest. A larger sample contains a smaller one, and a change
+    to some functions leaves the others' mutants in or out of the sample as they were."""
+
+    def rank(name: str) -> str:
+        return hashlib.sha256(f"{target}:{name}".encode()).hexdigest()
+
+    return sorted(names, key=rank)[:size]
 
 
 def unchecked_sample(workdir: Path, target: str, size: int, children: int, env: dict) -> list[str]:
@@ -589,7 +591,10 @@ def summarize(
     """One file's verdicts from its cache. ``sample``: the checked mutants are a random
     sample of that size (:func:`drawn`), so the rate gets a 95 % interval."""
     workdir = WORK / module_of(target)
-    codes = read_results(workdir, target)
+    every = read_results(workdir, target)
+    codes = every  # a sample's draw alone: not what an earlier draw (before a change) checked
+    if sample:
+        codes = {name: every[name] for name in drawn(target, list(every), sample)}
     statuses = {name: _status(code) for name, code in codes.items()}
     caught_statuses = ("killed", "timeout", "crashed", "broke collection")
     open_names = [n for n, s in statuses.items() if s not in (*caught_statuses, "not checked")]
@@ -614,7 +619,8 @@ def summarize(
     source = (workdir / target).read_bytes()
     return {
         "file": target,
-        "mutants": len(codes),
+        "mutants": len(every),
+        "checked": checked,
         "counts": counts,
         "caught": caught,
         "surviving": len(survivors),
@@ -724,7 +730,9 @@ def _totals(ordered: list[dict], names: tuple[str, ...], goal: float) -> dict:
     def total(key: str) -> int:
         return sum(f.get(key, 0) for f in ordered)
 
-    checked = sum(f["mutants"] - f["counts"].get("not checked", 0) for f in ordered)
+    checked = sum(
+        f.get("checked", f["mutants"] - f["counts"].get("not checked", 0)) for f in ordered
+    )
     return {
         "goal": goal,
         **_rates(total("caught"), checked, total("equivalent"), total("gpu_only")),
@@ -787,7 +795,7 @@ def _table(files: list[dict], with_tests: bool = False) -> list[str]:
         partial = f" ({unchecked} not checked)" if unchecked else ""
         if f.get("sample") and f.get("interval"):
             low, high = (f"{100 * bound:.0f}" for bound in f["interval"])
-            partial = f" (random {f['mutants'] - unchecked}: {low}-{high} %)"
+            partial = f" (random {f['checked']}: {low}-{high} %)"
         tests = ", ".join(Path(t).name for t in f.get("tests", []))
         lines.append(
             f"| `{f['file']}` | {f['mutants']} | {f['caught']} | {f['surviving']} |"
