@@ -218,3 +218,53 @@ def test_the_link_is_measured_from_sources_out_of_the_caches(monkeypatch):
     assert link.bandwidth == pytest.approx(2e9)
     # on CPU lanes the default evicts too: more bytes than this VM's 32 MiB last-level cache
     assert calibration.EVICT_BYTES >= 2 * 32 * 2**20
+
+
+def test_the_relative_errors_cover_every_measured_time_of_every_step():
+    hardware = cost.presets()["this-machine"]
+    module, sample = build_model("mlp", seed=0), sample_input()
+    steps = []
+    for n in (1, 2):
+        predicted = calibration.predicted_segments(cost.predict(module, sample, 8, n, hardware))
+        measured = {"step": 2 * predicted["step"], "apply": predicted["apply"] / 2}
+        steps.append((module, sample, 8, n, {**measured, "never predicted": 1.0}))
+    errors = calibration._relative_errors(hardware, steps)
+    # hand-computed: twice the prediction reads -0.5, half of it +1, a time the model has
+    # no phase for -1 (predicted 0); both steps, in order
+    assert errors.tolist() == pytest.approx([-0.5, 1.0, -1.0] * 2)
+
+
+def test_a_pooled_curve_weighs_each_block_by_its_points():
+    # hand-computed: 10 and 11 merge (two points, 5.0); 100 is faster, so the three pool:
+    # (2 x 5.0 + 1 x 2.0) / 3 = 4.0, at the larger work
+    assert calibration.op_curve([(10, 5.0), (11, 5.0), (100, 2.0)]) == ((100, 4.0),)
+
+
+def test_the_forward_call_is_dataparallels_four_forward_phases():
+    hardware = cost.presets()["this-machine"]
+    predicted = cost.predict(build_model("mlp", seed=0), sample_input(), 64, 2, hardware)
+    segments = calibration.predicted_segments(predicted)
+    phases = {row["phase"]: row["time_s"] for row in predicted.summary()}
+    assert segments["forward_call"] == pytest.approx(
+        phases["scatter"] + phases["replicate"] + phases["apply"] + phases["gather"]
+    )
+
+
+def test_calibration_replaces_the_defaults_with_what_it_measured(measured):
+    from dpkit.cost.presets import this_machine_default
+
+    default = this_machine_default()
+    for name in ("memory_bandwidth", "device_to_device", "thread_start", "module_overhead"):
+        assert getattr(measured, name) != getattr(default, name), name
+    assert measured.peak_flops.keys() == {"float32"}
+    assert measured.peak_flops["float32"] != default.peak_flops["float32"]
+
+
+def test_the_cores_measured_are_between_one_and_the_threads():
+    assert 1.0 <= calibration.measure_cores(2, 1) <= 2.0
+
+
+def test_every_probe_of_a_full_calibration_runs():
+    for module, sample in calibration.probes(quick=False):
+        output = module(sample)
+        assert output.shape[0] == 1 and output.isfinite().all(), module

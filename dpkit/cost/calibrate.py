@@ -121,7 +121,7 @@ def measure_cores(lanes: int, repeats: int) -> float:
         for thread in threads:
             thread.join()
 
-    alone = _fastest(lambda: together(1), repeats)
+    alone = _fastest(work, repeats)  # in this thread: an error in the work shows
     at_once = _fastest(lambda: together(lanes), repeats)
     return min(float(lanes), max(1.0, lanes * alone / at_once))
 
