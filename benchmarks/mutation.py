@@ -274,13 +274,20 @@ def match_equivalent(name: str, diff: str, equivalents: list[Equivalent]) -> Equ
 # A message's wording: what users read is tested once, from docs/bad_input.md's table;
 # elsewhere tests check the error's type and the words that matter (issue 32). So a mutant
 # that only rewrites a message's text as mutmut rewrites strings (wrapped in "XX", upper- or
-# lower-cased) and survives is the tool's own equivalent, found here, not listed by hand.
-WORDING = "a message's wording: only the text of an error or warning changes (found by the tool)"
+# lower-cased) and survives is the tool's own equivalent, found here, not listed by hand. A
+# command-line option's help is prose of the same kind (tests check that each has one).
+WORDING = (
+    "a message's wording: only the text of an error, a warning or an option's help changes"
+    " (found by the tool)"
+)
 
 
-def message_lines(source: str) -> set[str]:
+def message_lines(source: str) -> dict[str, set[str] | None]:
     """The source lines (stripped) holding the text of an error or a warning: string literals
-    inside a ``raise``, an exception's or a warning's constructor, or ``warnings.warn``."""
+    inside a ``raise``, an exception's or a warning's constructor, or ``warnings.warn`` (value
+    None: any string on the line is the message's); and of an argparse option's or command's
+    ``help=`` or ``description=`` (value: those strings, the only prose on a line that may
+    also hold a default)."""
     lines = source.splitlines()
 
     def is_message(node: ast.AST) -> bool:
@@ -292,26 +299,49 @@ def message_lines(source: str) -> set[str]:
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         return name.endswith(("Error", "Exception", "Warning")) or name == "warn"
 
-    found = set()
-    for node in filter(is_message, ast.walk(ast.parse(source))):
-        for inner in ast.walk(node):
-            if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
-                found.update(
-                    lines[n - 1].strip() for n in range(inner.lineno, inner.end_lineno + 1)
-                )
+    found: dict[str, set[str] | None] = {}
+    tree = ast.parse(source)
+    for node in ast.walk(tree):  # the messages first: a help line inside one is a message
+        if is_message(node):
+            for line in _string_lines(node, lines):
+                found[line] = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in ("help", "description"):
+            texts = {n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant)}
+            for line in _string_lines(node.value, lines):
+                if found.get(line, set()) is not None:
+                    found[line] = found.get(line, set()) | {t for t in texts if isinstance(t, str)}
     return found
 
 
-def is_wording(diff: str, messages: set[str]) -> bool:
+def _string_lines(node: ast.AST, lines: list[str]) -> list[str]:
+    return [
+        lines[n - 1].strip()
+        for inner in ast.walk(node)
+        if isinstance(inner, ast.Constant) and isinstance(inner.value, str)
+        for n in range(inner.lineno, inner.end_lineno + 1)
+    ]
+
+
+def is_wording(diff: str, messages: dict[str, set[str] | None]) -> bool:
     """The mutant changes one line of a message (:func:`message_lines`) and only as mutmut
-    rewrites a string: the line with "XX" around a literal, or in another case."""
+    rewrites a string: the line with "XX" around a literal, or in another case; on a line of
+    help, only inside the help's own text."""
     change = _change_of(diff)
     if len(change) != 2 or not (change[0][0] == "-" and change[1][0] == "+"):
         return False
     before, after = change[0][1:], change[1][1:]
-    return (
-        before in messages and after != before and after.replace("XX", "").lower() == before.lower()
-    )
+    if before not in messages or after == before:
+        return False
+    if after.replace("XX", "").lower() != before.lower():
+        return False
+    helps = messages[before]
+    if helps is None:
+        return True
+    start = next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), len(before))
+    tail = next((i for i, (x, y) in enumerate(zip(before[::-1], after[::-1])) if x != y), 0)
+    changed = before[start : len(before) - tail].replace("XX", "")
+    return any(changed.lower() in text.lower() for text in helps)
 
 
 # --------------------------------------------------------------------------------------
@@ -482,9 +512,7 @@ def recheck_survivors(workdir: Path, target: str, equivalents: list[Equivalent])
         diff_by_name = diffs(workdir, target, undecided)
     except Exception:  # an older or partial mutants folder: recheck them all
         diff_by_name = {}
-    messages = (
-        message_lines((workdir / target).read_text()) if (workdir / target).exists() else set()
-    )
+    messages = message_lines((workdir / target).read_text()) if (workdir / target).exists() else {}
     reset = 0
     for name in undecided:
         diff = diff_by_name.get(name, "")

@@ -4,6 +4,7 @@ and the absence of a traceback are the point, else in this process through ``dpk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -331,6 +332,8 @@ def test_the_doc_example_file_predicts_through_hardware_file(predict_here, spy):
          ["memory_capacity='40 GB'", "plain number of bytes", "80e9 for 80 GB"]),
         ('base = "8xA100-SXM-NVLink"\nmemory_capacity = -1\n',
          ["memory_capacity=-1", "must be finite and above 0"]),
+        ('base = "8xA100-SXM-NVLink"\nmemory_capacity = [40e9]\n',  # a list, shown as written
+         ["memory_capacity=[40000000000.0]", "plain number of bytes"]),
         ('base = "8xA100-SXM-NVLink"\nmatmul_efficiency = 70\n',
          ["matmul_efficiency=70", "in (0, 1]"]),
         ('base = "8xA100-SXM-NVLink"\nnodes = 1.5\n', ["nodes=1.5", "whole number"]),
@@ -340,6 +343,8 @@ def test_the_doc_example_file_predicts_through_hardware_file(predict_here, spy):
          ["unknown key of node_to_node 'bandwith'", "did you mean 'bandwidth'"]),
         ('base = "8xA100-SXM-NVLink"\n[node_to_node]\nlatency = 0\n',
          ["node_to_node", "latency=0", "above 0"]),
+        ('[node_to_node]\nbandwidth = 12.5e9\n',  # a new link, without a base's to start from
+         ["node_to_node has no latency", "a link needs bandwidth"]),
         ('base = "8xA100-SXM-NVLink"\n[peak_flops]\nfp32 = 1e12\n',
          ["peak_flops['fp32'] is not a dtype", "float32"]),
         ('base = "8xA100-SXM-NVLink"\n[tensor_core_efficiency]\nfloat16 = 40\n',
@@ -429,3 +434,95 @@ def test_out_read_only_folder_exits_2(predict_here, tmp_path, monkeypatch):
         locked.chmod(0o755)
     assert status == 2
     one_line_error(err, f"--out {locked}", "cannot write there (Permission denied)")
+
+
+# -- what it prints, read back ---------------------------------------------------------------
+
+
+def test_every_option_says_what_it_is_for_and_its_unit(capsys):
+    from dpkit.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["predict", "--help"])
+    helped = capsys.readouterr().out
+    assert "--bucket-cap-mb MiB" in helped  # the unit, where a number is asked for
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    predict_parser = commands.choices["predict"]
+    assert predict_parser.description and "predicted" in predict_parser.description
+    for action in predict_parser._actions:
+        assert action.help and action.help.strip(), action.option_strings
+
+
+def test_the_printed_step_time_and_files_are_the_traces(predict_here, spy, tmp_path):
+    status, out, err = predict_here("--model", "cnn", "--devices", "4", "--out", str(tmp_path))
+    assert status == 0, err
+    trace = spy[0]["trace"]
+    assert f"predicted step time: {trace.step_time * 1e3:.3f} ms" in out
+    for label, name in (("Chrome trace", "trace.json"), ("timeline", "timeline.png"),
+                        ("memory", "memory.png")):  # fmt: skip
+        line = next(line for line in out.splitlines() if line.startswith(f"{label}:"))
+        assert line.split()[-1] == str(tmp_path / name)
+        assert (tmp_path / name).stat().st_size > 1000, name
+
+
+def test_the_memory_table_holds_each_devices_bytes_right_aligned(predict_here, spy):
+    status, out, err = predict_here("--model", "mlp", "--devices", "2", "--optimizer", "adam")
+    assert status == 0, err
+    held = spy[0]["trace"].held[0]
+    table = out.split("memory per device at the step's peak, predicted, in MiB:\n")[1]
+    header, _, device_0 = table.splitlines()[:3]
+    cells = dict(zip(header.split(), device_0.split()))
+    for category, nbytes in held.items():  # categories are single words ("cuBLAS ..." aside)
+        if category in cells:
+            assert float(cells[category].replace(",", "")) == pytest.approx(
+                nbytes / 2**20, abs=0.05
+            ), category
+    lines = table.splitlines()[:3]
+    assert all(not line.endswith(" ") for line in lines)  # numbers flush right
+    assert len({len(line) for line in lines}) == 1
+
+
+def test_readable_bytes_picks_the_unit():
+    assert predict_cli.readable_bytes(500) == "500 B"  # below a KiB: bytes
+    assert predict_cli.readable_bytes(3 << 20) == "3.0 MiB"
+    assert predict_cli.readable_bytes(5 << 30) == "5.00 GiB"
+
+
+@pytest.mark.parametrize("lanes", [False, True])
+def test_a_machine_exactly_full_fits(spy, predict_here, lanes):
+    arguments = ["--model", "mlp", "--devices", "2"]
+    arguments += ["--hardware", "this-machine"] if lanes else []
+    status, _, err = predict_here(*arguments)
+    assert status == 0, err
+    trace = spy[0]["trace"]
+    need = sum(trace.memory_per_device) if lanes else max(trace.memory_per_device)
+    trace.machine = dataclasses.replace(trace.machine, memory_capacity=need)
+    verdict = predict_cli.fit_verdict(trace)
+    assert verdict.startswith("fits: ")
+    if not lanes:
+        assert "(100.0 %), the fullest device" in verdict
+        trace.machine = dataclasses.replace(trace.machine, memory_capacity=4 * need)
+        assert "(25.0 %), the fullest device" in predict_cli.fit_verdict(trace)
+
+
+def test_an_error_without_a_file_name_while_writing_is_one_line(predict_here, monkeypatch):
+    def full_disk(self, path):
+        raise OSError("no space left on the device")  # no errno, no file name
+
+    monkeypatch.setattr(cost.PredictedTrace, "to_chrome_trace", full_disk)
+    status, _, err = predict_here("--devices", "2")
+    assert status == 2
+    one_line_error(err, "--out", "no space left on the device", "choose a folder")
+
+
+def test_a_file_with_only_a_base_names_what_changed_nothing(tmp_path):
+    path = tmp_path / "same.toml"
+    path.write_text('base = "T4-PCIe3"\n')
+    machine = predict_cli.load_hardware_file(path)
+    assert machine.description.startswith("T4-PCIe3 with nothing from ")
+
+
+def test_calibrate_measures_only_this_machine(predict_here):
+    status, _, err = predict_here("--calibrate", "--hardware", "T4-PCIe3")
+    assert status == 2
+    one_line_error(err, "--calibrate measures this machine", "--hardware this-machine")

@@ -1276,10 +1276,15 @@ def test_the_tool_tells_a_message_s_wording_from_a_change_users_would_see():
         "    if n > 9:\n"
         "        warn('n is large')\n"
         "    return 'count'\n"
+        "def options(parser):\n"
+        "    parser.add_argument('--n', help='how many', default='one')\n"
     )
     messages = mutation.message_lines(source)
-    assert {"'pass a count'", "warn('n is large')"} <= messages
+    assert {"'pass a count'", "warn('n is large')"} <= messages.keys()
     assert "return 'count'" not in messages  # a value the caller gets, not a message
+    # an option's help is prose too; its line holds a default, but a help= change is wording
+    option = "parser.add_argument('--n', help='how many', default='one')"
+    assert option in messages
 
     def diff(before, after):
         return f"--- a\n+++ b\n@@\n-    {before}\n+    {after}\n"
@@ -1287,6 +1292,12 @@ def test_the_tool_tells_a_message_s_wording_from_a_change_users_would_see():
     assert mutation.is_wording(diff("'pass a count'", "'XXpass a countXX'"), messages)
     assert mutation.is_wording(diff("'pass a count'", "'PASS A COUNT'"), messages)
     assert mutation.is_wording(diff("warn('n is large')", "warn('XXn is largeXX')"), messages)
+    assert mutation.is_wording(diff(option, option.replace("how many", "HOW MANY")), messages)
+    wrapped = option.replace("'how many'", "'XXhow manyXX'")
+    assert mutation.is_wording(diff(option, wrapped), messages)
+    # the option's default on the same line is a value, not its help
+    assert not mutation.is_wording(diff(option, option.replace("'one'", "'XXoneXX'")), messages)
+    assert not mutation.is_wording(diff(option, option.replace("'one'", "'ONE'")), messages)
     # not wording: a returned value, another message, or a changed condition
     assert not mutation.is_wording(diff("return 'count'", "return 'XXcountXX'"), messages)
     assert not mutation.is_wording(diff("'pass a count'", "'pass a number'"), messages)
