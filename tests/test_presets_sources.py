@@ -85,3 +85,61 @@ def test_without_peer_to_peer_device_to_device_is_nccl_through_host_memory(name)
     link = hardware.device_to_device
     assert "through host memory" in link.source, f"{name}: {link.source!r}"
     assert link.bandwidth <= hardware.host_to_device.bandwidth / 2
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_a_devices_peaks_are_the_numbers_its_datasheet_states(name):
+    hardware = cost.preset(name)
+    sheet = entry(hardware.device_name.split()[0])  # [A100] for "A100 PCIe": its datasheet
+    for dtype, rate in hardware.peak_flops.items():
+        number = rf"(?<![\d.]){re.escape(f'{rate / 1e12:g}')}(?![\d])"
+        assert re.search(number, sheet), f"{name}: {dtype} {rate / 1e12:g} TFLOP/s not in {sheet}"
+    gb = hardware.memory_bandwidth / 1e9
+    assert f"{gb:,g} GB/s" in sheet or f"{gb / 1000:g} TB/s" in sheet, (name, gb)
+
+
+SIZED = [name for name in GPU_PRESETS if re.search(r"\d+ GB\b", cost.preset(name).description)]
+
+
+def test_the_single_node_machines_name_their_memory_size():
+    # (the T4's description names none: 15 GiB of its 16 GB are usable, said in the code)
+    assert {"4xA100-PCIe4", "8xV100-NVLink", "8xA100-SXM-NVLink", "8xH100-SXM-NVLink"} <= set(SIZED)
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_a_devices_memory_is_the_size_its_description_names(name):
+    hardware = cost.preset(name)
+    (size,) = set(re.findall(r"(\d+) GB\b", hardware.description))
+    assert hardware.memory_capacity == int(size) * 2**30  # "80 GB" cards hold 80 GiB
+
+
+def stated_rate(source: str) -> float | None:
+    """Bytes/s a link's source states before its fraction: "100 GbE", "HDR 200 Gb/s",
+    "150 GB/s", or a PCIe generation's x16 rate from the [PCIe] entry."""
+    generation = re.search(r"Gen(\d) x16", source)
+    if generation:
+        rates = dict(re.findall(r"Gen(\d) ([\d.]+)", entry("PCIe")))
+        return float(rates[generation.group(1)]) * 1e9
+    found = re.search(r"([\d.]+) (GbE|Gb/s|GB/s)", source)
+    if not found:
+        return None
+    return float(found.group(1)) * 1e9 / (1 if found.group(2) == "GB/s" else 8)
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_a_spec_link_is_its_stated_rate_times_its_stated_fraction(name):
+    for field in LINKS:
+        link = getattr(cost.preset(name), field)
+        fraction = re.search(r"\bx (0\.\d+)", link.source)  # "spec x 0.8", "100 GbE x 0.5"
+        if not fraction:
+            continue  # measured outright, or halved ("/ 2": checked where it is measured)
+        rate = stated_rate(link.source)
+        assert rate is not None, f"{name}.{field}: {link.source!r} states no rate"
+        assert link.bandwidth == pytest.approx(rate * float(fraction.group(1))), (name, field)
+
+
+@pytest.mark.parametrize("name", sorted(cost.presets()))
+def test_every_link_waits_microseconds_not_seconds(name):
+    hardware = cost.preset(name)
+    for field in LINKS:
+        assert 1e-6 <= getattr(hardware, field).latency <= 1e-4, (name, field)
