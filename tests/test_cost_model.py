@@ -419,6 +419,35 @@ def test_dataparallel_scatters_a_gradient_only_for_outputs_that_require_grad():
     assert trace.held[0]["output gradient"] == 32 and trace.held[0]["gathered"] == 160
 
 
+class TwoHeads(nn.Module):
+    """Two outputs that require grad, 2 floats a row each: a gradient for each goes back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.first(x), self.second(x)
+
+
+def test_each_output_that_requires_grad_gets_its_own_gradient_copy():
+    trace = cost.predict(TwoHeads(), torch.randn(1, 4), 4, 2, made_up())
+    (back,) = [e for e in trace.events if e.phase == "grad_scatter" and e.nbytes]
+    # hand-computed: device 1's 2 rows of both outputs, 2 x 16 B; a message's 1 us for each
+    assert back.nbytes == 32
+    assert back.end - back.start == pytest.approx(2 * US + 32e-9, abs=1e-10)
+
+
+def test_the_loss_on_virtual_lanes_is_the_hosts_ops_and_their_bytes():
+    # made-up lanes with 1 GB/s memory: the host runs the loss itself, its 6 ops' Python
+    # (nothing here) and their work over the logits, 4 rows x 2 floats = 32 B each
+    lanes = made_up(virtual_lanes=True, memory_bandwidth=1 * GB)
+    got = spans(cost.predict(WithDetachedFeatures(), torch.randn(1, 4), 4, 2, lanes))
+    loss = got["grad_scatter"][0] - got["gather"][1]
+    assert loss == pytest.approx(6 * 32e-9, abs=1e-10)
+
+
 def test_ddp_copies_gradients_into_its_buckets_and_back_even_on_one_rank():
     slow_memory = made_up(memory_bandwidth=1 * GB)  # 1 ns a byte: the copies show
     model, sample = two_layers(), torch.randn(1, 4)
