@@ -5,6 +5,7 @@ cache, autocast, and a warning rather than a silent zero."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import warnings
@@ -639,3 +640,60 @@ def test_a_module_without_tensor_inputs_runs_its_passes():
     forward, backward, output, _ = run_passes(Learned(), (), None, False)
     assert [op[0] for op in forward] == ["aten.mul"]
     assert torch.equal(output, torch.full((3, 4), 2.0)) and backward
+
+
+def test_a_namedtuple_input_is_batched_as_one():
+    pair = collections.namedtuple("Pair", "features offset")
+
+    class Shifted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, inputs):
+            return self.linear(inputs.features) + inputs.offset
+
+    profiled = profile(Shifted(), (pair(torch.randn(1, 4), torch.randn(1, 4)),))
+    assert profiled.input_row_bytes == 2 * 4 * 4  # a row of each field
+    assert profiled.forward.flops(3) == 2 * 3 * 4 * 4  # the Linear's, at 3 rows
+
+
+def test_each_row_is_another_rotation_of_the_samples_row():
+    rows = rows_like(torch.arange(8.0).unsqueeze(0), 4)
+    assert len({tuple(row.tolist()) for row in rows}) == 4  # 8 features: still 4 rows apart
+    assert all(sorted(row.tolist()) == list(range(8)) for row in rows)
+
+
+def test_an_uncounted_op_run_twice_warns_once_with_both_shares(monkeypatch):
+    name = "aten._scaled_dot_product_flash_attention_for_cpu"
+    monkeypatch.delitem(ESTIMATES, name)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = Attention(explicit=False)
+
+        def forward(self, x):
+            return self.attention(self.attention(x).transpose(1, 2).flatten(2))
+
+    with pytest.warns(UserWarning) as caught:
+        cost = profile(Twice(), torch.randn(1, 6, 16))
+    (message,) = [str(w.message) for w in caught if "in the forward" in str(w.message)]
+    both = sum(op.bytes_at(5) for op in ops_named(cost.forward, name)) / cost.forward.nbytes(5)
+    assert len(ops_named(cost.forward, name)) == 2
+    assert f"{both:.1%} of the forward's bytes" in message
+
+
+def test_a_prims_op_is_torchs_own_not_a_custom_one():
+    class Squared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):  # prims have no autograd: on the input, off its path
+            return self.linear(torch.ops.prims.mul(x, x))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a custom op without FLOPs would warn
+        profiled = profile(Squared(), torch.randn(1, 4))
+    assert [op.name for op in profiled.forward.ops][0] == "prims.mul"
