@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 
 import pytest
 import torch
@@ -257,6 +258,7 @@ def test_calibration_replaces_the_defaults_with_what_it_measured(measured):
     for name in ("memory_bandwidth", "device_to_device", "thread_start", "module_overhead"):
         assert getattr(measured, name) != getattr(default, name), name
     assert measured.peak_flops.keys() == {"float32"}
+    assert "calibrated" in measured.description  # not the default's "documented default"
     assert measured.peak_flops["float32"] != default.peak_flops["float32"]
 
 
@@ -264,7 +266,14 @@ def test_the_cores_measured_are_between_one_and_the_threads():
     assert 1.0 <= calibration.measure_cores(2, 1) <= 2.0
 
 
-def test_every_probe_of_a_full_calibration_runs():
-    for module, sample in calibration.probes(quick=False):
-        output = module(sample)
-        assert output.shape[0] == 1 and output.isfinite().all(), module
+def test_every_probe_of_a_full_calibration_runs_on_rows_of_a_batch():
+    quick, full = calibration.probes(quick=True), calibration.probes(quick=False)
+    assert len(full) > len(quick)  # a full calibration times more: the quick probes, and more
+    for (module, _), (same, _) in zip(full, quick):
+        assert type(module) is type(same) and str(module) == str(same)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no probe leans on a default torch warns about
+        for module, sample in full:
+            rows = torch.cat([sample, torch.randn_like(sample)])
+            # dim 0 is the batch: a row's output does not depend on the other rows
+            torch.testing.assert_close(module.eval()(rows)[:1], module(sample))

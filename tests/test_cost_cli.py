@@ -449,6 +449,8 @@ def test_every_option_says_what_it_is_for_and_its_unit(capsys):
     commands = next(a for a in build_parser()._actions if a.dest == "command")
     predict_parser = commands.choices["predict"]
     assert predict_parser.description and "predicted" in predict_parser.description
+    listed = {action.dest: action.help for action in commands._choices_actions}
+    assert listed["predict"] and "predict" in listed["predict"]  # in dpkit --help's list
     for action in predict_parser._actions:
         assert action.help and action.help.strip(), action.option_strings
 
@@ -458,6 +460,7 @@ def test_the_printed_step_time_and_files_are_the_traces(predict_here, spy, tmp_p
     assert status == 0, err
     trace = spy[0]["trace"]
     assert f"predicted step time: {trace.step_time * 1e3:.3f} ms" in out
+    assert "open trace.json at https://ui.perfetto.dev" in out  # where to look at it
     for label, name in (("Chrome trace", "trace.json"), ("timeline", "timeline.png"),
                         ("memory", "memory.png")):  # fmt: skip
         line = next(line for line in out.splitlines() if line.startswith(f"{label}:"))

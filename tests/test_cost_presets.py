@@ -84,6 +84,17 @@ def test_hardware_refuses_numbers_that_are_not_positive():
     assert good.flops_per_second("float32") == pytest.approx(19.5e12 * good.matmul_efficiency)
 
 
+@pytest.mark.parametrize("name", ["description", "memory_capacity", "peer_to_peer"])
+def test_none_is_refused_where_a_field_needs_a_value(name):
+    with pytest.raises(TypeError, match=f"{name}=None must be"):
+        dataclasses.replace(cost.preset("8xA100-SXM-NVLink"), **{name: None})
+
+
+def test_none_is_the_all_reduce_rate_where_it_is_not_known():
+    machine = dataclasses.replace(cost.preset("8xH100-SXM-NVLink"), allreduce_bandwidth=None)
+    assert machine.allreduce_bandwidth is None  # NCCL's ring then, from the device link
+
+
 def test_tensor_core_fractions_are_the_measured_ones():
     """The A100 and V100 presets' fractions of peak are what
     benchmarks/tensor_core_efficiency.py read from ResNeXt-101's published steps (its

@@ -141,12 +141,14 @@ class Hardware:
         owner = f"Hardware {self.name!r}"
         for spec in fields(self):
             value, unit = getattr(self, spec.name), spec.metadata["unit"]
+            if value is None and spec.default is None:
+                continue  # allreduce_bandwidth: None where NCCL's own rate is not known
             if spec.name in TABLES and not isinstance(value, Mapping):
                 raise TypeError(f"{owner}: {spec.name} must map names to {unit}")
             if unit == "link" and not isinstance(value, Link):
                 raise TypeError(f"{owner}: {spec.name} must be a dpkit.cost.Link")
-            if spec.name not in TABLES and unit != "link" and value is not None:
-                check(owner, spec.name, value, unit)  # None: only allreduce_bandwidth's default
+            if spec.name not in TABLES and unit != "link":
+                check(owner, spec.name, value, unit)
         if "float32" not in self.peak_flops:
             raise ValueError(f"{owner}: peak_flops must map dtype names to FLOP/s, float32 too")
         for dtype, rate in self.peak_flops.items():
