@@ -143,3 +143,14 @@ def test_every_link_waits_microseconds_not_seconds(name):
     hardware = cost.preset(name)
     for field in LINKS:
         assert 1e-6 <= getattr(hardware, field).latency <= 1e-4, (name, field)
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_a_machines_counts_are_the_ones_its_name_or_description_says(name):
+    hardware = cost.preset(name)
+    counted = re.match(r"(?:(\d+)x)?(\d+)x", name)  # "8xA100-...", "2x8xA100-..."
+    if counted:
+        nodes, per_node = int(counted.group(1) or 1), int(counted.group(2))
+    else:  # "T4-PCIe3": "... as in a 4-GPU cloud VM"
+        nodes, per_node = 1, int(re.search(r"(\d+)-GPU", hardware.description).group(1))
+    assert (hardware.nodes, hardware.devices_per_node) == (nodes, per_node)
