@@ -42,6 +42,8 @@ def test_wide_layers_fill_every_lane_and_other_ops_are_left_alone(monkeypatch):
     assert vector_fill(half, groups=1) == pytest.approx(1.0 * 144 / 160)
     assert vector_fill(nn.Conv2d(4, 4, 3, groups=4).weight, groups=4) == 1.0  # depthwise
     assert vector_fill(nn.Linear(3, 4).weight, groups=1) == 1.0
+    # a 1-D convolution is one too: 4 outputs, 1 input x 3 taps, as a 2-D one's 3 x 3
+    assert vector_fill(nn.Conv1d(1, 4, 3).weight, groups=1) == pytest.approx(4 / 16 * 3 / 16)
     assert vector_fill(torch.empty(4, 1, 3, 3, device="meta"), groups=1) == 1.0  # not a CPU's
 
 
