@@ -277,3 +277,20 @@ def test_every_probe_of_a_full_calibration_runs_on_rows_of_a_batch():
             rows = torch.cat([sample, torch.randn_like(sample)])
             # dim 0 is the batch: a row's output does not depend on the other rows
             torch.testing.assert_close(module.eval()(rows)[:1], module(sample))
+
+
+def test_calibrate_measures_the_lanes_it_is_given(monkeypatch):
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def first_measurement(lanes, *args, **kwargs):
+        seen.append(list(lanes))
+        raise Stop  # the rest of a calibration is not this test's
+
+    monkeypatch.setattr(calibration, "measure_link", first_measurement)
+    lanes = dpkit.virtual_devices(3, on="cpu")
+    with pytest.raises(Stop):
+        cost.calibrate(lanes, models=("mlp",), quick=True, progress=False)
+    assert seen == [lanes]
