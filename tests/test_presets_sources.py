@@ -130,12 +130,14 @@ def stated_rate(source: str) -> float | None:
 def test_a_spec_link_is_its_stated_rate_times_its_stated_fraction(name):
     for field in LINKS:
         link = getattr(cost.preset(name), field)
-        fraction = re.search(r"\bx (0\.\d+)", link.source)  # "spec x 0.8", "100 GbE x 0.5"
-        if not fraction:
-            continue  # measured outright, or halved ("/ 2": checked where it is measured)
+        times = re.search(r"\bx (0\.\d+)", link.source)  # "spec x 0.8", "100 GbE x 0.5"
+        halved = re.search(r" / (\d+)\b", link.source)  # "35 GB/s on PCIe 5 [...] / 2"
+        if not (times or halved):
+            continue  # measured outright: test_a_measured_link_holds_the_number_its_source_states
         rate = stated_rate(link.source)
         assert rate is not None, f"{name}.{field}: {link.source!r} states no rate"
-        assert link.bandwidth == pytest.approx(rate * float(fraction.group(1))), (name, field)
+        fraction = float(times.group(1)) if times else 1 / int(halved.group(1))
+        assert link.bandwidth == pytest.approx(rate * fraction), (name, field)
 
 
 @pytest.mark.parametrize("name", sorted(cost.presets()))
