@@ -213,7 +213,7 @@ def report(
         str(trace.summary()),
         "",
         f"predicted step time: {trace.step_time * 1e3:.3f} ms",
-        _outside_phases(trace, "gradient_as_bucket_view" not in settings),
+        _outside_phases(trace),
         "",
         memory_table(trace),
         f"predicted memory: {fit_verdict(trace)}",
@@ -225,13 +225,14 @@ def report(
     return "\n".join(lines)
 
 
-def _outside_phases(trace: PredictedTrace, copies_back: bool) -> str:
+def _outside_phases(trace: PredictedTrace) -> str:
     """Why the shares above are not of the step time: the host work before the first phase
     and after the last (the step's entry and end, and DDP's sums copied back into .grad)."""
     last = max(trace.step_bounds)
     events = [e for e in trace.events if e.step == last]
     span = max(e.end for e in events) - min(e.start for e in events)
-    back = ", and DDP's sums copied into .grad" if trace.strategy == "ddp" and copies_back else ""
+    copies_back = trace.strategy == "ddp" and not trace.gradient_as_bucket_view
+    back = ", and DDP's sums copied into .grad" if copies_back else ""
     return (f"  (share: of the {span * 1e3:.3f} ms the phases span; the other "
             f"{(trace.step_time - span) * 1e3:.3f} ms is host work before and after them: "
             f"the step's entry and end{back})")  # fmt: skip

@@ -56,6 +56,7 @@ class PredictedTrace(Trace):
         self.origin = 0.0  # predicted times start at 0 s
         self.machine, self.strategy, self.batch_size = machine, strategy, batch_size
         self.device_count = devices
+        self.gradient_as_bucket_view = False  # DDP's .grad views its bucket (no copy back)
         self.step_bounds: dict[int, tuple[float, float]] = {}  # step -> (begins, ends)
         self.held: list[Held] = []
 
@@ -474,6 +475,7 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
         )
     cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=amp)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
+    trace.gradient_as_bucket_view = gradient_as_bucket_view
     sizes, per_node = torch_chunk_sizes(batch_size, count), hardware.devices_per_node
     # "predicted:3 (A100)", with the node past one
     node = (lambda i: f", node {i // per_node})") if count > per_node else (lambda i: ")")
