@@ -294,3 +294,44 @@ def test_calibrate_measures_the_lanes_it_is_given(monkeypatch):
     with pytest.raises(Stop):
         cost.calibrate(lanes, models=("mlp",), quick=True, progress=False)
     assert seen == [lanes]
+
+
+class _Op:
+    def __init__(self, name: str, work_per_row: float):
+        self.name, self.work_per_row = name, work_per_row
+
+    def work_at(self, rows: int) -> float:
+        return self.work_per_row * rows
+
+
+def test_op_times_are_the_fastest_whole_pass_s_less_the_recorder_s_own_cost(monkeypatch):
+    # Times by hand, in us. Each pass: forward (a view, an addmm), backward (a t, an mm).
+    # The first pass has the fastest view (3) but is slower in all; a pass that took another
+    # path (three forward ops) is left out however fast. So the fastest matching pass is
+    # (9, 20 | 7, 50). The recorder's own cost: the median of the no-work ops' times, 8,
+    # less an eager view's 1: 7 us, taken off every op (never below FLOOR).
+    forward = [_Op("aten.view", 0), _Op("aten.addmm", 100)]
+    backward = [_Op("aten.t", 0), _Op("aten.mm", 200)]
+    cost = type("Cost", (), {"forward": type("P", (), {"ops": forward}),
+                             "backward": type("P", (), {"ops": backward})})  # fmt: skip
+    passes = [((3, 40), (7, 60)), ((1, 1, 1), (1, 1, 1)), ((9, 20), (7, 50))]
+    calls = []
+
+    def run_passes(module, inputs, counter, timed):
+        times = passes[min(len(calls), 2)]
+        calls.append(inputs.shape[0])
+        return tuple([("op", None, None, us * 1e-6) for us in part] for part in times) + (0, 0)
+
+    monkeypatch.setattr(calibration, "profile", lambda module, sample: cost)
+    monkeypatch.setattr(calibration, "run_passes", run_passes)
+    monkeypatch.setattr(calibration, "_fastest", lambda call, repeats: 1e-6)
+    curves = calibration.measure_ops([(torch.nn.Identity(), torch.ones(1, 3))], (1, 10), 2)
+    us = {name: [(work, round(s * 1e6, 6)) for work, s in curve] for name, curve in curves.items()}
+    assert us == {
+        "aten.view": [(0, 2.0)],
+        "aten.addmm": [(100, 13.0), (1000, 13.0)],
+        "aten.t": [(0, round(calibration.FLOOR * 1e6, 6))],
+        "aten.mm": [(200, 43.0), (2000, 43.0)],
+    }
+    # 2 repeats, and more for short passes: 4 x 2 in all at each size (0.05 s allows more)
+    assert calls == [1] * 8 + [10] * 8
