@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpkit.ddp import process, rank
+from dpkit.ddp.record import with_waiting
 from dpkit.ddp.workload import Workload, shard
 
 ROWS, STEPS = 6, 2
@@ -85,6 +86,8 @@ def test_every_step_records_forward_backward_one_bucket_and_the_optimizer(group)
     assert run.parameter_bytes == PARAMETER_BYTES
     (replicate,) = events_of(run, "replicate")
     assert (replicate[3], replicate[4]) == (0, 1)  # rank 0 receives nothing from itself
+    assert "constructor" in replicate[5]["what"] and "broadcast" in replicate[5]["what"]
+    assert replicate[1] <= replicate[2] <= events_of(run, "apply", 1)[0][1]
     for step in range(1, STEPS + 1):
         (apply,) = events_of(run, "apply", step)
         assert apply[5] == {"rows": ROWS}
@@ -161,3 +164,37 @@ def test_blocks_wait_for_the_parent_s_go_and_time_out_without_it(group):
     assert len(run.step_times) == 2  # one step per block
     with pytest.raises(TimeoutError, match="never started block 0"):
         train(blocks, go=threading.Semaphore(0))
+
+
+def forward_only(model, inputs, targets, optimizer):
+    with torch.no_grad():
+        model(inputs)
+
+
+def test_a_step_without_backward_holds_no_gradients_or_buckets(group):
+    (run,), _ = train(rank.Plan(**{**group.__dict__, "workload": Workload(
+        model=small_model, data=small_data, step=forward_only, seed=3)}))  # fmt: skip
+    assert {e[0] for e in run.events} == {"replicate", "apply"}
+    for step in range(1, STEPS + 1):
+        assert held(run, "gradients", step) == [0]
+        assert held(run, "buckets", step) == [0]
+        assert held(run, "activations", step) == [0]  # no graph: nothing saved
+        assert held(run, "outputs", step) == [OUTPUT_BYTES]
+
+
+def test_the_wait_after_backward_is_until_the_step_s_last_all_reduce_ends():
+    # Step 1: the backward ends at 4; its all-reduces end at 6 and then 5: waits 2.
+    # Step 2: one all-reduce, ended at 9, before the backward's end at 10: no wait.
+    # Step 3: a backward with no all-reduce (no_sync): no wait.
+    events = [
+        ("backward", 1.0, 4.0, 0, 1, {}),
+        ("allreduce", 3.0, 6.0, 8, 1, {}),
+        ("allreduce", 4.0, 5.0, 8, 1, {}),
+        ("allreduce", 7.0, 9.0, 8, 2, {}),
+        ("backward", 7.0, 10.0, 0, 2, {}),
+        ("backward", 11.0, 12.0, 0, 3, {"kept": True}),
+    ]
+    waited = {e[4]: e[5] for e in with_waiting(events) if e[0] == "backward"}
+    assert waited == {1: {"waiting_s": 2.0}, 2: {"waiting_s": 0.0},
+                      3: {"kept": True, "waiting_s": 0.0}}  # fmt: skip
+    assert [e for e in with_waiting(events) if e[0] == "allreduce"] == events[1:4]
