@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import queue
+import socket
 import threading
 
 import pytest
@@ -37,6 +38,40 @@ def small_data(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 WORKLOAD = Workload(model=small_model, data=small_data, seed=3, name="small")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# First, before the module's group exists: run_rank joins a group of its own.
+@pytest.mark.parametrize("meeting", ["file", "port"])
+def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path):
+    where = process.Progress([0, 0], 0)
+    messages = queue.Queue()
+    port = free_port() if meeting == "port" else None
+    plan = rank.Plan(WORKLOAD, 1, ROWS, 1, "gloo", port, 30.0, bucket_caps=(25.0, 1e-6),
+                     store=str(tmp_path / "store"))  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        rank.run_rank(0, where, messages, None, plan)
+        assert torch.get_num_threads() == plan.threads  # ranks share the cores: one each
+        assert dist.get_world_size() == 1
+        assert len(rank._held) == (2 if meeting == "port" else 0)  # its socket and store
+    finally:
+        torch.set_num_threads(threads)
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        rank._held.clear()  # rank 0's store and its socket, when it served one
+    kind, who, runs = messages.get_nowait()
+    assert (kind, who) == ("done", 0)
+    assert [run.bucket_cap_mb for run in runs] == [25.0, 1e-6]
+    assert all(held(run, "input", 1) == [INPUT_BYTES] for run in runs)  # the whole batch
+    assert where.shared == [1, process.FINISHED]
+    assert messages.empty()
 
 
 @pytest.fixture(scope="module")
