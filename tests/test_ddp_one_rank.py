@@ -46,7 +46,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-# First, before the module's group exists: run_rank joins a group of its own.
+# run_rank joins a group of its own (the other tests' group is one per test)
 @pytest.mark.parametrize("meeting", ["file", "port"])
 def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path):
     where = process.Progress([0, 0], 0)
@@ -74,10 +74,10 @@ def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path):
     assert messages.empty()
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory):
+@pytest.fixture
+def group(tmp_path):
     """This process alone joins through a FileStore, as every rank of ``run_ddp`` does."""
-    store = tmp_path_factory.mktemp("store") / "store"
+    store = tmp_path / "store"
     plan = rank.Plan(WORKLOAD, 1, ROWS, STEPS, "gloo", None, 30.0, store=str(store))
     rank.join_group(plan, 0)
     assert (dist.get_rank(), dist.get_world_size(), dist.get_backend()) == (0, 1, "gloo")

@@ -282,7 +282,8 @@ def test_a_patched_torch_or_grader_function_is_seen():
         torch.equal = equal
     assert snapshot.changed() is None
     code = grading.report.__code__
-    grading.report.__code__ = (lambda results: "").__code__
+    # other code of the same shape (a function's free variables must match its closure)
+    grading.report.__code__ = code.replace(co_consts=(*code.co_consts, "tampered"))
     try:
         assert snapshot.changed().endswith(".report.__code__")
     finally:
