@@ -11,6 +11,7 @@ of the mean is the identity, so its gradients are plain training's.
 from __future__ import annotations
 
 import gc
+import os
 import queue
 import socket
 import threading
@@ -47,9 +48,24 @@ def free_port() -> int:
 
 
 # run_rank joins a group of its own (the other tests' group is one per test)
+class Writes(list):
+    """A rank's (step, stage) pair that keeps every stage it was set to, with the step then."""
+
+    def __init__(self):
+        super().__init__([0, 0])
+        self.stages = []
+
+    def __setitem__(self, index, value):
+        super().__setitem__(index, value)
+        if index == 1:
+            self.stages.append((self[0], value))
+
+
 @pytest.mark.parametrize("meeting", ["file", "port"])
-def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path):
-    where = process.Progress([0, 0], 0)
+def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path, monkeypatch):
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    where = process.Progress(Writes(), 0)
     messages = queue.Queue()
     port = free_port() if meeting == "port" else None
     plan = rank.Plan(WORKLOAD, 1, ROWS, 1, "gloo", port, 30.0, bucket_caps=(25.0, 1e-6),
@@ -70,8 +86,16 @@ def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path):
     assert (kind, who) == ("done", 0)
     assert [run.bucket_cap_mb for run in runs] == [25.0, 1e-6]
     assert all(held(run, "input", 1) == [INPUT_BYTES] for run in runs)  # the whole batch
-    assert where.shared == [1, process.FINISHED]
+    one_step = [(0, process.WRAPPING), (1, process.BEFORE_FORWARD), (1, process.FORWARD),
+                (1, process.BACKWARD), (1, process.OPTIMIZER), (1, process.AFTER_OPTIMIZER),
+                (1, process.AFTER_OPTIMIZER)]  # fmt: skip
+    # what the parent reads while it waits: a hung rank is named with its step and stage
+    assert where.shared.stages == [(0, process.CONNECTING), *one_step, *one_step,
+                                   (1, process.FINISHED)]  # fmt: skip
     assert messages.empty()
+    # gloo's connections on the loopback interface only
+    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"]
+    assert os.environ["GLOO_SOCKET_IFNAME"] in ("lo", "lo0")  # Linux's name, macOS's
 
 
 @pytest.fixture
