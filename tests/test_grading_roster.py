@@ -149,8 +149,11 @@ def test_the_roster_names_literal_values_as_pytest_collects_them(tmp_path):
 
 
 def test_values_pytest_would_rename_are_refused():
-    for values in ('["a", "a"]', '["", "b"]', "[[1], [2]]", '["é"]'):
-        source = f'import pytest\n@pytest.mark.parametrize("v", {values})\ndef test_v(v): pass\n'
+    for names, values in [("v", '["a", "a"]'), ("v", '["", "b"]'), ("v", "[[1], [2]]"),
+                          ("v", '["é"]'), ("a,b", "[1, 2]")]:  # fmt: skip
+        source = (
+            f'import pytest\n@pytest.mark.parametrize("{names}", {values})\ndef test_v(v): pass\n'
+        )
         with pytest.raises(roster.RosterError, match="literal string ids"):
             roster.checks_in(source, 8)
 
