@@ -308,15 +308,18 @@ WORDING = (
 
 def message_lines(source: str) -> dict[str, set[str] | None]:
     """The source lines (stripped) holding the text of an error or a warning: string literals
-    inside a ``raise``, an exception's or a warning's constructor, or ``warnings.warn`` (value
-    None: any string on the line is the message's); and of an argparse option's or command's
-    ``help=`` or ``description=`` (value: those strings, the only prose on a line that may
-    also hold a default)."""
+    inside a ``raise``, an exception's or a warning's constructor, or ``warnings.warn``, or a
+    sentence a function returns for a person to read (a grader's hint: a string of four
+    words or more, not a value like ``"cpu"``) (value None: any string on the line is the
+    message's); and of an argparse option's or command's ``help=`` or ``description=``
+    (value: those strings, the only prose on a line that may also hold a default)."""
     lines = source.splitlines()
 
     def is_message(node: ast.AST) -> bool:
         if isinstance(node, ast.Raise):
             return True
+        if isinstance(node, ast.Return):
+            return _is_sentence(node.value)
         if not isinstance(node, ast.Call):
             return False
         func = node.func
@@ -336,6 +339,17 @@ def message_lines(source: str) -> dict[str, set[str] | None]:
                 if found.get(line, set()) is not None:
                     found[line] = found.get(line, set()) | {t for t in texts if isinstance(t, str)}
     return found
+
+
+def _is_sentence(node: ast.AST | None) -> bool:
+    """A string literal or f-string whose own text has four words or more."""
+    if isinstance(node, ast.JoinedStr):
+        parts = [v.value for v in node.values if isinstance(v, ast.Constant)]
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        parts = [node.value]
+    else:
+        return False
+    return len("".join(parts).split()) >= 4
 
 
 def _string_lines(node: ast.AST, lines: list[str]) -> list[str]:

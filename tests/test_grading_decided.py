@@ -1266,6 +1266,47 @@ def test_one_identity_mistake_fails_its_check_in_the_parent(task, old, new, hint
     assert not result.passed and hint in result.hint, result.hint
 
 
+def test_a_copy_of_a_shared_object_is_not_the_object_even_when_one_is_shared(monkeypatch):
+    """One shared object (the draw's fewest), copied for each lane: every place then holds
+    no input object, which the grader sends as -1 (its NOT_FOUND), never as another's index."""
+    check = next(c for c in IDENTITY if c.task == 1)
+    inputs = check.choose(random.Random(6))
+    inputs[4] = 1
+    copying = solution_variant(  # each lane its own copy (the shared objects are key views)
+        1,
+        "return [inputs for _ in devices]",
+        "return [inputs if isinstance(inputs, str) else tuple(inputs) for _ in devices]",
+    )
+    result = verdict_of(check, sent_by(check, copying, inputs, monkeypatch), {check.key: inputs})
+    assert not result.passed and "shared as-is" in result.hint, result.hint
+    first, second = object(), [1]
+    assert identity.index_of(second, [first, second]) == 1
+    assert identity.index_of([1], [first, second]) == -1  # equal is not the same object
+
+
+def test_the_draws_span_the_rows_columns_and_shared_objects_they_promise():
+    """1 to 16 rows (one row: a single chunk; 16: four full lanes), 1 to 4 columns, 1 to 3
+    shared objects, a fresh label each time; the batch has the drawn shape."""
+    rng = random.Random(8)
+    draws = [identity.shared_inputs(rng) for _ in range(400)]
+    assert {d[0] for d in draws} == set(range(1, 17))
+    assert {d[1] for d in draws} == set(range(1, 5))
+    assert {d[4] for d in draws} == {1, 2, 3}
+    assert len({d[3] for d in draws}) > 390
+    assert identity.shared_image(5, 3, seed=1).shape == (5, 3)
+
+
+def test_a_module_whose_parameters_are_no_longer_parameters_fails():
+    seed = 11
+    want = list(outputs.seeded_model(seed).parameters())
+    values = {"same": torch.arange(len(want)), "parameter": torch.zeros(len(want), dtype=int)}
+    values |= {f"value{i}": p.detach() for i, p in enumerate(want)}
+    assert identity.judge_module_alone([seed], values) is None
+    for kept in (torch.tensor([0] * (len(want) - 1) + [-1]), None):
+        hint = identity.judge_module_alone([seed], {**values, "parameter": kept})
+        assert "must stay nn.Parameter" in hint
+
+
 # --------------------------------------------------------------------------------------
 # Task 6's measure_step_time (dpkit/grading/weighted.py): the grader's check runs here.
 

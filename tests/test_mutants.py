@@ -1275,6 +1275,8 @@ def test_the_tool_tells_a_message_s_wording_from_a_change_users_would_see():
         "        )\n"
         "    if n > 9:\n"
         "        warn('n is large')\n"
+        "    if n == 5:\n"
+        "        return f'{n} rows make one chunk too many'\n"
         "    return 'count'\n"
         "def options(parser):\n"
         "    parser.add_argument('--n', help='how many', default='one')\n"
@@ -1298,6 +1300,11 @@ def test_the_tool_tells_a_message_s_wording_from_a_change_users_would_see():
     # the option's default on the same line is a value, not its help
     assert not mutation.is_wording(diff(option, option.replace("'one'", "'XXoneXX'")), messages)
     assert not mutation.is_wording(diff(option, option.replace("'one'", "'ONE'")), messages)
+    # a sentence returned for a person (a grader's hint) is wording; a returned value is not
+    hint = "return f'{n} rows make one chunk too many'"
+    assert mutation.is_wording(diff(hint, hint.replace("rows", "ROWS")), messages)
+    assert mutation.is_wording(diff(hint, hint.replace("'{n}", "'XX{n}").replace("y'", "yXX'")),
+                               messages)  # fmt: skip
     # not wording: a returned value, another message, or a changed condition
     assert not mutation.is_wording(diff("return 'count'", "return 'XXcountXX'"), messages)
     assert not mutation.is_wording(diff("'pass a count'", "'pass a number'"), messages)
