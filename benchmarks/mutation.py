@@ -125,7 +125,7 @@ def _grading_tests(module: str) -> str:
 
 _GRADING_MACHINERY = (
     "decided", "sandbox", "forkserver", "harness", "rules", "conduct", "results", "apart",
-    "roster", "cleanup", "identity",
+    "roster", "cleanup", "identity", "layout",
 )  # fmt: skip
 BEYOND_CORE = {
     "dpkit/pipeline/stages.py": _PIPELINE_TESTS,
@@ -166,8 +166,6 @@ BEYOND_CORE = {
         f"dpkit/grading/{name}.py": rf"(?m){_grading_tests(name)}|^from dpkit import grading$"
         for name in _GRADING_MACHINERY
     },
-    # test_handout.py also imports layout, but reads git history, which a copy has not
-    "dpkit/grading/layout.py": r"from dpkit\.grading\.layout import NotTaken",
     # a rank's own code, run in the test's process by a world of one (test_ddp_one_rank.py)
     "dpkit/ddp/record.py": r"dpkit\.ddp\.record\b|from dpkit\.ddp import .*\b(merged_trace|rank)\b",
     "dpkit/ddp/rank.py": r"from dpkit\.ddp import .*\brank\b",
@@ -395,8 +393,11 @@ def own_tests(target: str, files: list[str], source: Path = ROOT) -> list[str]:
     text matches its pattern in :data:`BEYOND_CORE`, skipped ones included (``--ignore``
     and the markers still apply). Outside the test selection the suite is not run."""
     pattern = re.compile(BEYOND_CORE[target])
-    if target.startswith("dpkit/grading/"):  # the exercises' graders, 16 s a run: not theirs
-        files = [name for name in files if name != "tests/test_exercises_wrong_answers.py"]
+    if target.startswith("dpkit/grading/"):
+        # the exercises' graders (16 s a run: not the harness's own tests), and the handout's
+        # test, which reads git history, which a copy has not
+        not_own = ("tests/test_exercises_wrong_answers.py", "tests/test_handout.py")
+        files = [name for name in files if name not in not_own]
     # what the fast suite leaves out (its --ignore options) stays out here too
     ignored = [option.partition("=")[2] for option in TEST_SELECTION if option.startswith("--ig")]
     return [

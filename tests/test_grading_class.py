@@ -61,6 +61,29 @@ def test_two_candidates_are_an_error_and_links_are_not_followed(tmp_path):
     assert "symbolic link" in found.students["linked"][NAMES[1]]
 
 
+def test_hidden_and_tool_folders_are_not_students_and_do_not_hide_files(tmp_path):
+    """Folders an unzip or an editor leaves (.git, __MACOSX, .ipynb_checkpoints) are skipped
+    at the top and inside a student's folder, without skipping what comes after them."""
+    for junk in (".git", "__MACOSX", "__pycache__", "__notes", ".ipynb_checkpoints"):
+        write(tmp_path / junk / NAMES[1])
+        write(tmp_path / "ada" / junk / NAMES[2])
+    write(tmp_path / "ada" / NAMES[1])  # sorted after ".git" and "__MACOSX"
+    found = grading.find_students(tmp_path, NAMES)
+    assert list(found.students) == ["ada"]
+    assert found.students["ada"] == {NAMES[1]: tmp_path / "ada" / NAMES[1]}
+
+
+def test_flat_files_that_could_be_one_task_are_listed_four_at_most(tmp_path):
+    for suffix in "abcde":
+        write(tmp_path / f"ada_task1_{suffix}.py")
+    found = grading.find_students(tmp_path, NAMES)
+    why = found.students["ada"][NAMES[1]]
+    listed = "ada_task1_a.py, ada_task1_b.py, ada_task1_c.py, ada_task1_d.py"
+    assert isinstance(why, NotTaken) and f"({listed})" in why and "_e.py" not in why
+    (warning,) = found.warnings
+    assert warning.startswith("ada: ") and warning.endswith(listed)
+
+
 def rows_of(*results: tuple[str, int, bool]) -> list[tuple[str, grading.CheckResult]]:
     return [(s, grading.CheckResult(t, f"check {i}", p)) for i, (s, t, p) in enumerate(results)]
 
