@@ -16,7 +16,7 @@ import pytest
 
 from dpkit import grading
 from dpkit.grading.cleanup import remove_tree
-from dpkit.grading.layout import NotTaken
+from dpkit.grading.layout import NotTaken, check_task, submission_file
 from dpkit.grading.similarity import normalised, similar_pairs
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -242,3 +242,42 @@ def test_the_pipes_are_read_past_descriptor_1023():
     finally:
         for fd in (*held, *results, *output):
             os.close(fd)
+
+
+def test_the_exercises_folder_is_found_from_its_parent_itself_or_the_checkout(
+    tmp_path, monkeypatch
+):
+    write(tmp_path / "course" / "exercises" / "graders" / "test_task1.py")
+    found = tmp_path / "course" / "exercises"
+    assert grading.find_exercises(tmp_path / "course") == found
+    assert grading.find_exercises(found) == found
+    with pytest.raises(FileNotFoundError) as error:
+        grading.find_exercises(tmp_path / "elsewhere")
+    assert str(tmp_path / "elsewhere") in str(error.value)
+    assert "run dpkit grade from the root of the dpkit checkout" in str(error.value)
+    monkeypatch.chdir(found / "graders")  # no exercises/ here: dpkit's own checkout's
+    assert grading.find_exercises() == EXERCISES.resolve()
+    monkeypatch.chdir(tmp_path / "course")
+    assert grading.find_exercises() == found
+
+
+def test_a_task_needs_its_stub_and_its_grader(tmp_path):
+    write(tmp_path / "task1_scatter.py")
+    write(tmp_path / "task3_apply.py")
+    write(tmp_path / "graders" / "test_task1.py")
+    check_task(tmp_path, 1)
+    with pytest.raises(ValueError, match="there is no task 2; the tasks are 1, 3"):
+        check_task(tmp_path, 2)
+    with pytest.raises(ValueError, match="task 3 has no grader: .*test_task3.py is missing"):
+        check_task(tmp_path, 3)
+
+
+def test_a_lone_renamed_file_is_graded_for_its_task(tmp_path):
+    exact = tmp_path / NAMES[1]
+    assert submission_file(tmp_path, NAMES[1]) == exact  # nothing there: the expected name
+    write(tmp_path / "task1.py")
+    assert submission_file(tmp_path, NAMES[1]) == tmp_path / "task1.py"
+    write(tmp_path / "task1_mine.py")  # two could be it: none is guessed
+    assert submission_file(tmp_path, NAMES[1]) == exact
+    write(exact)
+    assert submission_file(tmp_path, NAMES[1]) == exact
