@@ -7,6 +7,7 @@ functions, tested here in a second or two. Grading itself is in test_grading_att
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import tempfile
@@ -162,6 +163,61 @@ def test_a_folder_1500_levels_deep_is_removed(quick_folder):
     os.close(top)
     assert remove_tree(tmp_path / "d") is None
     assert not (tmp_path / "d").exists() and Path("/etc").is_dir()
+
+
+@contextlib.contextmanager
+def as_a_student(folder: Path):
+    """Permissions as a student's run meets them. Root ignores them, so as root the block
+    runs as the user nobody (the effective user and group; the real ones stay root's, to
+    come back), in ``folder``, handed over to it first."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.chown(folder, NOBODY, NOBODY)
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+NOBODY = 65534
+
+
+def test_folders_a_submission_locked_are_opened_up_and_removed():
+    folder = Path(tempfile.mkdtemp(prefix="dpkit-test-"))  # in /tmp: nobody can reach it
+    try:
+        with as_a_student(folder):
+            top = folder / "run"
+            for sub in ("locked", "read-only", "read-only/inner"):
+                (top / sub).mkdir(parents=True)
+                (top / sub / "file.py").write_text("x = 1\n")
+            (top / "loose.txt").write_text("")
+            os.chmod(top / "read-only" / "inner", 0)  # nobody may list or enter it
+            os.chmod(top / "read-only", 0o500)  # nor remove what is in it
+            os.chmod(top / "locked", 0)
+            assert remove_tree(top) is None
+            assert not top.exists()
+    finally:
+        remove_tree(folder)
+
+
+def test_what_cannot_be_removed_is_named_and_nothing_raises():
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a student's folder one the student cannot open up")
+    folder = Path(tempfile.mkdtemp(prefix="dpkit-test-"))
+    try:
+        (folder / "run" / "kept").mkdir(parents=True)  # root's, inside the student's own
+        (folder / "run" / "kept" / "file.py").write_text("")
+        os.chown(folder / "run", NOBODY, NOBODY)
+        with as_a_student(folder):
+            why = remove_tree(folder / "run")
+        assert why == f"{folder / 'run'}: Operation not permitted", why
+        assert (folder / "run" / "kept" / "file.py").exists()
+    finally:
+        remove_tree(folder)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
