@@ -1,0 +1,98 @@
+"""What notebook 09 prints about ZeRO-1 and FSDP, from rows written here by hand (times in
+seconds on one clock, bytes made up): the traces, a typical step, the step table beside
+its predictions, and the predicted step of each engine (dpkit.ddp.sharding)."""
+
+from __future__ import annotations
+
+import pytest
+
+import dpkit.cost as cost
+from dpkit.ddp import sharding
+
+LINK = cost.Link(1000.0, 0.5, "made up: 1 kB/s, 0.5 s a step")
+
+
+def step(start: float, end: float, number: int, broadcasts: list[tuple[float, float]]):
+    """One rank's step: forward, backward, ZeRO-1's broadcasts of 400 bytes, optimizer."""
+    middle = start + (end - start) / 2
+    return [
+        ("apply", start, start + 1, 0, number, {}),
+        ("backward", start + 1, middle, 0, number, {}),
+        *[("broadcast", a, b, 400, number, {}) for a, b in broadcasts],
+        ("optimizer", middle, end, 0, number, {}),
+    ]
+
+
+def row(rank: int, events: list, engine: str = "zero1") -> dict:
+    return {"engine": engine, "rank": rank, "events": events, "parameters": 800,
+            "gradients": 800, "optimizer state": 800, "link": (2000.0 + rank, 0.25)}  # fmt: skip
+
+
+# Rank 0's steps: 0-4 s, 10-13.5 s, 20-25 s; rank 1 ends each 0.2 s later.
+ROWS = [
+    row(0, step(0, 4, 1, [(3.0, 3.5)]) + step(10, 13.5, 2, [(12, 12.5), (12.2, 12.4)])
+        + step(20, 25, 3, [(22, 23)])),
+    row(1, step(0.5, 4.2, 1, [(3.1, 3.6)]) + step(10.1, 13.7, 2, [(12, 12.6)])
+        + step(20.1, 25.2, 3, [(22, 23.1)])),
+]  # fmt: skip
+
+
+def test_a_trace_per_engine_has_a_track_per_rank_and_what_it_held():
+    (trace,) = sharding.traces(ROWS).values()
+    assert sorted({e.device for e in trace.events}) == ["rank:0 (cpu)", "rank:1 (cpu)"]
+    assert len(trace.events) == sum(len(r["events"]) for r in ROWS)
+    assert sharding.step_seconds(trace, 1) == pytest.approx(4.2)  # 0 to rank 1's 4.2
+    assert sharding.step_seconds(trace) == pytest.approx(5.2)  # the last: 20 to 25.2
+    # The step of median length after the first (3.7 and 5.2 s): the lower of the two.
+    assert sharding.typical_step(trace) == 2
+
+
+def test_the_step_table_gives_rank_0_s_collectives_beside_the_ring_formulas():
+    traces = sharding.traces(ROWS)
+    table = sharding.step_table(traces, {"zero1": 2}, {"zero1": 3.0}, LINK)
+    # Two broadcasts of 400 bytes overlapping from 12 to 12.5 s: 0.5 s busy, not 0.7. Each
+    # predicted S / B + (n - 1) alpha = 0.4 + 0.5 s, one after the other: 1.8 s.
+    assert list(table) == [
+        {"engine": "zero1", "step": 2, "what": "the step", "calls": 1, "bytes": 0,
+         "measured_ms": pytest.approx(3700), "predicted_ms": pytest.approx(3000)},
+        {"engine": "zero1", "step": 2, "what": "rank 0's broadcast", "calls": 2,
+         "bytes": 800, "measured_ms": pytest.approx(500), "predicted_ms": pytest.approx(1800)},
+    ]  # fmt: skip
+
+
+def test_rank_0_s_link_is_the_one_the_predictions_use():
+    link = sharding.link_of(list(reversed(ROWS)))
+    assert (link.bandwidth, link.latency) == (2000.0, 0.25)
+
+
+def test_time_in_collectives_counts_overlaps_once():
+    assert sharding.busy_seconds([]) == 0
+    assert sharding.busy_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.8)]) == pytest.approx(4)
+    assert sharding.busy_seconds([(1, 2), (2, 3)]) == pytest.approx(2)  # touching: both
+    assert sharding.busy_seconds([(0, 4), (1, 2)]) == pytest.approx(4)  # inside: none more
+
+
+def test_each_engine_s_collectives_are_priced_by_the_ring_formulas():
+    # 1,200 bytes over 3 ranks at 1 kB/s, 0.5 s a step: a ring all-reduce 2 (n-1)/n S/B +
+    # 2 (n-1) alpha = 1.6 + 2 s; an all-gather or a reduce-scatter half of it; a broadcast
+    # S/B + (n-1) alpha = 1.2 + 1 s.
+    price = sharding.predicted_collective_seconds
+    assert price("allreduce", 1200, 3, LINK) == pytest.approx(3.6)
+    assert price("allgather", 1200, 3, LINK) == pytest.approx(1.8)
+    assert price("reduce_scatter", 1200, 3, LINK) == pytest.approx(1.8)
+    assert price("broadcast", 1200, 3, LINK) == pytest.approx(2.2)
+    ddp = type("Predicted", (), {"step_time": 10.0})
+    assert sharding.predicted_step_seconds(ddp, 1200, 3, LINK) == pytest.approx(
+        {"ddp": 10.0, "zero1": 12.2, "fsdp": 11.8}
+    )
+
+
+def test_the_zero_paper_s_bytes_per_rank_by_hand():
+    # 1,000 bytes of parameters, Adam's two moments, 4 ranks; an odd count floors
+    assert sharding.predicted_bytes(1000, 4, "ddp") == {
+        "parameters": 1000, "gradients": 1000, "optimizer state": 2000}  # fmt: skip
+    assert sharding.predicted_bytes(1000, 4, "zero1") == {
+        "parameters": 1000, "gradients": 1000, "optimizer state": 500}  # fmt: skip
+    assert sharding.predicted_bytes(1001, 4, "fsdp", state_copies=1) == {
+        "parameters": 250, "gradients": 250, "optimizer state": 250}  # fmt: skip
+    assert isinstance(sharding.predicted_bytes(1001, 3, "zero1")["optimizer state"], int)
