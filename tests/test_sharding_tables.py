@@ -41,6 +41,9 @@ def test_a_trace_per_engine_has_a_track_per_rank_and_what_it_held():
     (trace,) = sharding.traces(ROWS).values()
     assert sorted({e.device for e in trace.events}) == ["rank:0 (cpu)", "rank:1 (cpu)"]
     assert len(trace.events) == sum(len(r["events"]) for r in ROWS)
+    held = {(m.device[:6], m.category, m.step): m.nbytes for m in trace.memory}
+    assert held == {(f"rank:{rank}", category, 3): 800 for rank in (0, 1)
+                    for category in ("parameters", "gradients", "optimizer state")}  # fmt: skip
     assert sharding.step_seconds(trace, 1) == pytest.approx(4.2)  # 0 to rank 1's 4.2
     assert sharding.step_seconds(trace) == pytest.approx(5.2)  # the last: 20 to 25.2
     # The step of median length after the first (3.7 and 5.2 s): the lower of the two.
