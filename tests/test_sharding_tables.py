@@ -99,3 +99,9 @@ def test_the_zero_paper_s_bytes_per_rank_by_hand():
     assert sharding.predicted_bytes(1001, 4, "fsdp", state_copies=1) == {
         "parameters": 250, "gradients": 250, "optimizer state": 250}  # fmt: skip
     assert isinstance(sharding.predicted_bytes(1001, 3, "zero1")["optimizer state"], int)
+
+
+@pytest.mark.parametrize("ranks", [1, 0, 2.0, True])
+def test_sharding_is_measured_on_two_ranks_or_more(ranks):
+    with pytest.raises(ValueError, match=r"ranks=.*2 ranks or more.*pass e.g. ranks=2"):
+        sharding.measure(ranks=ranks)

@@ -286,6 +286,11 @@ def measure(
     gloo ring's (bandwidth, latency)."""
     from dpkit.ddp.script import run_main
 
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+        raise ValueError(
+            f"ranks={ranks!r}: sharding is measured on 2 ranks or more (one rank holds every "
+            "shard and sends nothing, and its ring has no link to time); pass e.g. ranks=2"
+        )
     argv = ["--init-method", "{store}", "--width", str(width), "--steps", str(steps),
             "--batch", str(batch)]  # fmt: skip
     per_rank = run_main(sharding_main, argv, nproc=ranks)
