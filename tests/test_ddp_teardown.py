@@ -5,12 +5,13 @@ its work: the parent keeps what it sent. A rank that dies before sending is stil
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 
 import pytest
 
-from dpkit.ddp import launch
+from dpkit.ddp import launch, process
 
 
 def deliver_then_abort(rank, where, messages, go):
@@ -44,3 +45,76 @@ def test_a_rank_that_aborts_before_delivering_is_named():
         ended(running)
         with pytest.raises(launch.RankFailed, match="rank 1 of 2 was killed by SIGABRT"):
             running.wait_for("done")
+
+
+def raise_in_turn(rank, where, messages, go):
+    """Rank 1 raises first; rank 0 once it sees rank 1 at its last stage (the progress
+    array is shared), within the parent's window for more errors."""
+    where.at(process.FORWARD, 1)
+    if rank == 0:
+        while where.shared[3] != process.AFTER_OPTIMIZER:
+            time.sleep(0.001)
+        raise ValueError("boom 0")
+    where.at(process.AFTER_OPTIMIZER)
+    raise ValueError("boom 1")
+
+
+def raise_alone(rank, where, messages, go):
+    where.at(process.BACKWARD, 3)
+    if rank == 1:
+        raise KeyError("boom 1")
+    time.sleep(60)
+
+
+def test_the_first_rank_s_error_is_raised_naming_the_others_that_failed():
+    with launch.Ranks(raise_in_turn, (), 2, timeout=30) as running:
+        with pytest.raises(launch.RankFailed) as failed:
+            running.wait_for("done")
+    message = str(failed.value)
+    assert message.startswith("rank 1 of 2 raised ValueError: boom 1 (in step 1, the step's "
+                              "code after the optimizer); every rank was stopped (rank 0 then "
+                              "failed too).")  # fmt: skip
+    assert message.rstrip().endswith("ValueError: boom 1")  # its traceback follows
+    assert (failed.value.rank, failed.value.error_type) == (1, "ValueError")
+    with launch.Ranks(raise_alone, (), 2, timeout=30) as running:
+        with pytest.raises(launch.RankFailed) as failed:
+            running.wait_for("done")
+    assert str(failed.value).startswith(
+        "rank 1 of 2 raised KeyError: 'boom 1' (in step 3, backward); every rank was "
+        "stopped. The traceback of rank 1:"
+    )
+
+
+def stall(rank, where, messages, go):
+    where.at(process.FORWARD, 1)
+    if rank == 0:
+        where.at(process.BACKWARD)
+    time.sleep(60)
+
+
+def stall_together(rank, where, messages, go):
+    where.at(process.OPTIMIZER, 2)
+    time.sleep(60)
+
+
+@pytest.mark.parametrize(
+    ("target", "places", "culprit"),
+    [
+        (stall, "rank 0: in step 1, backward; rank 1: in step 1, forward",
+         "Rank 1 is furthest behind"),
+        (stall_together, "rank 0: in step 2, optimizer step; rank 1: in step 2, optimizer step",
+         "No rank was behind the others."),
+    ],
+)  # fmt: skip
+def test_a_stall_names_where_each_rank_is_and_which_is_behind(target, places, culprit):
+    with launch.Ranks(target, (), 2, timeout=0.5) as running:
+        with pytest.raises(launch.RanksTimedOut) as stalled:
+            running.wait_for("done")
+    assert str(stalled.value).startswith(f"no rank moved on for 0.5 s (timeout=0.5): {places}. ")
+    assert culprit in str(stalled.value)
+
+
+def test_ranks_start_from_the_fork_server_where_there_is_one():
+    methods = multiprocessing.get_all_start_methods()
+    expected = "forkserver" if "forkserver" in methods else "spawn"
+    assert launch.start_context().get_start_method() == expected
