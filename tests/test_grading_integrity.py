@@ -8,6 +8,7 @@ the exercises so that the submission that edits the graders on disk edits the co
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from dpkit import grading
+from dpkit.grading import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ROOT / "exercises"
@@ -166,7 +168,16 @@ def graded(tmp_path_factory):
         for task, source in files.items():
             (base / "class" / student / names[task]).write_text(source)
     tracemalloc.start()
-    rows = grading.grade_submissions(base / "class", TASKS, timeout=12, exercises=exercises)
+    # The grader's terminal (its standard output) kept in a file meanwhile: what the
+    # students print must not reach it (one prints 100 MB).
+    terminal, kept = base / "terminal.txt", os.dup(1)
+    with terminal.open("wb") as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            rows = grading.grade_submissions(base / "class", TASKS, timeout=12, exercises=exercises)
+        finally:
+            os.dup2(kept, 1)
+            os.close(kept)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert checkout_grader.read_text() != before, "the editing submission did not edit"
@@ -246,6 +257,20 @@ def test_output_and_memory_are_capped(graded):
     assert all("MemoryError" in r.hint for r in by[("cheats", 3)]), hints(by[("cheats", 3)])
     # 100 MB printed by a submission is read and dropped, not kept by the grader
     assert parent_peak < 20 * 1024**2, f"the grader's Python memory peaked at {parent_peak} B"
+    # nor shown on the grader's terminal
+    terminal = (graded[3] / "terminal.txt").read_bytes()
+    assert b"x" * 1000 not in terminal and len(terminal) < 100_000, len(terminal)
+
+
+def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch):
+    answers = tmp_path / "answers.py"
+    answers.write_text("the reference solution\n")
+    link = tmp_path / "task1_scatter.py"
+    link.symlink_to(answers)
+    assert "is a symbolic link, which grading refuses" in sandbox.read_submission(link)
+    monkeypatch.setattr(sandbox, "refusal", lambda source: None)  # swapped in since the check
+    why = sandbox.read_submission(link)
+    assert isinstance(why, str) and why.startswith("task1_scatter.py could not be read ("), why
 
 
 def test_the_class_csv_neutralises_formulas_and_escapes(graded):
@@ -467,3 +492,13 @@ def test_edited_graders_are_named_against_the_last_commit(tmp_path):
     assert read_trusted(exercises).modified == ()
     (exercises / "graders" / "test_task1.py").write_text("def test_x():\n    pass\n")
     assert read_trusted(exercises).modified == ("exercises/graders/test_task1.py",)
+
+
+def test_what_a_submission_prints_stays_off_the_grader_s_terminal(capfd):
+    """A student grading their own work (no fork server: the run is a process of its own)."""
+    submission = stub_with('print("printed by the submission " * 100)\n')
+    names = grading.task_files(EXERCISES)
+    results = sandbox.run_graders([1], EXERCISES, {names[1]: submission.encode()}, timeout=30)
+    assert results and not any(r.passed for r in results)  # the stub's TODOs fail
+    printed = capfd.readouterr()
+    assert "printed by the submission" not in printed.out + printed.err
