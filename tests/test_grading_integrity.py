@@ -502,3 +502,13 @@ def test_what_a_submission_prints_stays_off_the_grader_s_terminal(capfd):
     assert results and not any(r.passed for r in results)  # the stub's TODOs fail
     printed = capfd.readouterr()
     assert "printed by the submission" not in printed.out + printed.err
+
+
+def test_a_file_grown_past_the_limit_since_the_check_is_refused(tmp_path, monkeypatch):
+    grown = tmp_path / "task1_scatter.py"
+    grown.write_bytes(b"#" * (sandbox.SUBMISSION_LIMIT + 1))
+    assert "more than a task file's 1 MB limit" in sandbox.read_submission(grown)
+    monkeypatch.setattr(sandbox, "refusal", lambda source: None)  # it grew since the check
+    assert "over a task file's 1 MB limit" in sandbox.read_submission(grown)
+    grown.write_bytes(b"#" * sandbox.SUBMISSION_LIMIT)  # at the limit: taken whole
+    assert sandbox.read_submission(grown) == b"#" * sandbox.SUBMISSION_LIMIT

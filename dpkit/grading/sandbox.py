@@ -170,7 +170,10 @@ def read_submission(source: Path | str | bytes | None) -> bytes | str | None:
     with os.fdopen(fd, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             return f"{source.name} in the submission is not a regular file"
-        return file.read(SUBMISSION_LIMIT + 1)
+        data = file.read(SUBMISSION_LIMIT + 1)  # one byte more tells a file grown since
+    if len(data) > SUBMISSION_LIMIT:
+        return f"{source.name} is over a task file's 1 MB limit (it grew while being read)"
+    return data
 
 
 def _lay_out(
