@@ -84,7 +84,7 @@ def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path, mo
         rank._held.clear()  # rank 0's store and its socket, when it served one
     kind, who, runs = messages.get_nowait()
     assert (kind, who) == ("done", 0)
-    assert [run.bucket_cap_mb for run in runs] == [25.0, 1e-6]
+    assert [(run.rank, run.bucket_cap_mb) for run in runs] == [(0, 25.0), (0, 1e-6)]
     assert all(held(run, "input", 1) == [INPUT_BYTES] for run in runs)  # the whole batch
     one_step = [(0, process.WRAPPING), (1, process.BEFORE_FORWARD), (1, process.FORWARD),
                 (1, process.BACKWARD), (1, process.OPTIMIZER), (1, process.AFTER_OPTIMIZER),
