@@ -19,6 +19,7 @@ SCANNED = [  # (source, what the verdict says; None: it may be graded)
      "task.py line 2 imports the reference solutions (exercises.solutions): the grade is "
      "for code you wrote"),
     ("import course.solutions.task1\n", "line 1 imports the reference solutions"),
+    ("from exercises import task1_scatter\n", "line 1 imports the reference solutions"),
     ("from dpkit import torch_chunk_sizes\n",
      "task.py line 1 imports dpkit.torch_chunk_sizes, which this task asks you to write "
      "yourself: remove it"),
