@@ -5,6 +5,8 @@ each verdict names the line and the rule, as the grading process reports it."""
 from __future__ import annotations
 
 import importlib.util
+import sys
+import threading
 import types
 from pathlib import Path
 
@@ -97,3 +99,135 @@ def test_a_grader_s_forbidden_names_are_its_list():
     grader = type("Grader", (), {"FORBIDDEN": ["dpkit.scatter", "torch.chunk"]})
     assert rules.forbidden_names(grader) == ("dpkit.scatter", "torch.chunk")
     assert rules.forbidden_names(type("Plain", (), {})) == ()
+
+
+# --------------------------------------------------------------------------------------
+# While the checks run: forbidden functions guarded, on a library made here (a module
+# named under dpkit, as the guard replaces references in dpkit's and torch's modules only).
+
+LIBRARY = """
+def helper(x):
+    return x + 1
+
+
+class Base:
+    def chunk(self):
+        return "chunked"
+
+
+class Child(Base):
+    pass
+
+
+class Maker:
+    @classmethod
+    def make(cls):
+        return cls.__name__
+"""
+
+GRADER = """
+FORBIDDEN = ["dpkit._rules_lib.helper"]
+
+
+def reference_sizes(n):
+    return [n]
+
+
+def test_uses_the_helper(lib):
+    return lib.helper(1)
+"""
+
+
+@pytest.fixture
+def library(monkeypatch):
+    lib = types.ModuleType("dpkit._rules_lib")
+    exec(LIBRARY, lib.__dict__)
+    alias = types.ModuleType("dpkit._rules_alias")
+    alias.plus_one = lib.helper  # the same function under another name, elsewhere
+    for module in (lib, alias):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return lib, alias
+
+
+def student_call(student: Path, expression: str, **names):
+    """``expression`` evaluated as line 3 of the student's file."""
+    code = compile("\n\n" + expression, str(student), "eval")
+    return eval(code, dict(names))
+
+
+def test_a_forbidden_function_refuses_the_student_s_file_alone(library, tmp_path):
+    lib, alias = library
+    student = tmp_path / "task1_scatter.py"
+    original = lib.helper
+    rules.forbid(["dpkit._rules_lib.helper", "dpkit._rules_lib.missing"], student, 1, tmp_path)
+    assert lib.helper is not original and rules.lent(lib.helper) is original
+    assert alias.plus_one is lib.helper  # the alias is guarded too
+    assert (lib.helper.__name__, lib.helper.__module__) == ("helper", original.__module__)
+    assert lib.helper(1) == 2  # anyone else (here the test, in the main thread) may call it
+    for call in ("lib.helper(1)", "plus_one(1)"):
+        with pytest.raises(rules.ForbiddenCall) as refused:
+            student_call(student, call, lib=lib, plus_one=alias.plus_one)
+        assert str(refused.value) == (
+            "task1_scatter.py line 3 calls dpkit._rules_lib.helper, which task 1 asks you to "
+            "write yourself (the file's docstring says what you may use)"
+        )
+    guard = lib.helper
+    rules.forbid(["dpkit._rules_lib.helper"], student, 1, tmp_path)
+    assert lib.helper is guard  # guarded once
+    assert rules.lent(original) is original
+
+
+def test_a_thread_the_submission_started_is_refused_by_name(library, tmp_path):
+    lib, _ = library
+    rules.forbid(["dpkit._rules_lib.helper"], tmp_path / "task1_scatter.py", 1, tmp_path)
+    errors = []
+
+    def worker():
+        try:
+            lib.helper(1)
+        except rules.ForbiddenCall as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=worker, name="students-worker")
+    thread.start()
+    thread.join()
+    assert errors == [
+        "dpkit._rules_lib.helper was called from the thread 'students-worker', which your "
+        "code started; task 1 asks you to write it yourself"
+    ]
+
+
+def test_methods_and_classmethods_are_guarded_where_they_are_defined(library, tmp_path):
+    lib, _ = library
+    student = tmp_path / "task4_gather.py"
+    rules.forbid(["dpkit._rules_lib.Child.chunk", "dpkit._rules_lib.Maker.make"], student, 4,
+                 tmp_path)  # fmt: skip
+    assert lib.Child().chunk() == "chunked" and lib.Maker.make() == "Maker"
+    assert isinstance(vars(lib.Maker)["make"], classmethod)  # still a classmethod
+    for call in ("lib.Base().chunk()", "lib.Child().chunk()", "lib.Maker.make()"):
+        with pytest.raises(rules.ForbiddenCall, match="task4_gather.py line 3 calls"):
+            student_call(student, call, lib=lib)
+
+
+def test_install_guards_each_grader_s_names_and_its_own_helpers(library, tmp_path):
+    lib, _ = library
+    (tmp_path / "test_task1.py").write_text(GRADER)
+    spec = importlib.util.spec_from_file_location("grader_task1", tmp_path / "test_task1.py")
+    grader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grader)
+    student = tmp_path / "task1_scatter.py"
+    helper, test = grader.reference_sizes, grader.test_uses_the_helper
+    rules.install([(grader, student, 1)])
+    assert grader.test_uses_the_helper is test  # the checks themselves stay as they are
+    assert rules.lent(grader.reference_sizes) is helper
+    assert grader.test_uses_the_helper(lib) == 2  # the grader's own call is allowed
+    with pytest.raises(rules.ForbiddenCall, match="line 3 calls dpkit._rules_lib.helper"):
+        student_call(student, "lib.helper(1)", lib=lib)
+    with pytest.raises(rules.ForbiddenCall) as refused:
+        student_call(student, "reference_sizes(4)", reference_sizes=grader.reference_sizes)
+    assert str(refused.value) == (
+        "task1_scatter.py line 3 calls the grader's own reference_sizes: the grade is for code "
+        "you wrote"
+    )
+    # the grader's code, called from the student's file, may still use what it forbids
+    assert student_call(student, "check(lib)", check=grader.test_uses_the_helper, lib=lib) == 2
