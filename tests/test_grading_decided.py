@@ -1360,3 +1360,16 @@ def test_measure_inputs_always_leave_the_old_slack_so_a_right_answer_is_never_fa
         sizes, speeds, per_row = MEASURED.choose(rng)
         sleeps = [rows * per_row / speed for rows, speed in zip(sizes, speeds)]
         assert max(sleeps) <= 0.07 and sum(sleeps) - max(sleeps) >= 0.15 - 1e-9, sleeps
+
+
+def test_the_draws_hold_what_their_checks_rely_on():
+    """The chunk-size draws include the four corners of the range (1 or 300 rows, 1 or 16
+    devices); the straggler report's second case leaves exactly 3 devices idle under
+    torch.chunk (so its padding shows)."""
+    rng = random.Random(12)
+    for _ in range(20):
+        pairs = {tuple(pair) for pair in decided.chunk_sizes_inputs(rng)}
+        assert len(pairs) == 100 and {(1, 1), (1, 16), (300, 1), (300, 16)} <= pairs
+        assert all(1 <= batch <= 300 and 1 <= devices <= 16 for batch, devices in pairs)
+        _, (batch, speeds, _) = decided.straggler_inputs(rng)
+        assert len(speeds) - len(torch.empty(batch).chunk(len(speeds))) == 3
