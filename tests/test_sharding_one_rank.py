@@ -16,12 +16,12 @@ import torch.distributed as dist
 
 from dpkit.ddp import sharding
 
-WIDTH, ROWS, STEPS = 64, 4, 2
+WIDTH, ROWS, STEPS = 64, 16, 2
 PARAMETER_BYTES = 4 * (784 * 64 + 64 + 2 * (64 * 64 + 64) + 64 * 10 + 10)
 PER_PARAMETER = sorted(4 * n for n in (784 * 64, 64, 64 * 64, 64, 64 * 64, 64, 64 * 10, 10))
-# Saved for backward: the three ReLUs' outputs (4 x 64 floats each), the loss's log-softmax
-# (4 x 10 floats), the labels (4 int64) and its total weight (one float); the input and
-# the parameters are not activations.
+# Saved for backward: the three ReLUs' outputs (ROWS x 64 floats each), the loss's
+# log-softmax (ROWS x 10 floats), the labels (ROWS int64) and its total weight (one
+# float); the input and the parameters are not activations.
 SAVED = 3 * ROWS * 64 * 4 + ROWS * 10 * 4 + ROWS * 8 + 4
 
 

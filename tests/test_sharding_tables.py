@@ -105,3 +105,15 @@ def test_the_zero_paper_s_bytes_per_rank_by_hand():
 def test_sharding_is_measured_on_two_ranks_or_more(ranks):
     with pytest.raises(ValueError, match=r"ranks=.*2 ranks or more.*pass e.g. ranks=2"):
         sharding.measure(ranks=ranks)
+
+
+def test_the_ddp_prediction_is_dpkit_predict_s_on_the_measured_link():
+    """Notebook 09's prediction of DDP's step (``wide_mlp``, 2 ranks): a slower link only
+    lengthens the all-reduce of its 236,840 bytes of gradients."""
+    fast = sharding.ddp_prediction(64, 16, 2, cost.Link(1e9, 1e-6, "fast"))
+    slow = sharding.ddp_prediction(64, 16, 2, cost.Link(1e6, 1e-6, "slow"))
+    sent = [e for e in slow.events if e.phase == "allreduce"]
+    assert sum(e.nbytes for e in sent) == 2 * 4 * 59_210  # every gradient, on each of 2 devices
+    assert len({e.device for e in slow.events if e.phase == "apply"}) == 2
+    # 2 (n-1)/n S/B more on the slow link: 0.237 s, where the fast one takes 0.24 ms
+    assert slow.step_time - fast.step_time == pytest.approx(236_840 / 1e6 - 236_840 / 1e9, rel=0.05)
