@@ -126,7 +126,17 @@ class Maker:
 """
 
 GRADER = """
+import pytest
+
 FORBIDDEN = ["dpkit._rules_lib.helper"]
+
+
+@pytest.fixture
+def lanes():
+    def inner():
+        return 4
+
+    return inner()
 
 
 def reference_sizes(n):
@@ -229,5 +239,10 @@ def test_install_guards_each_grader_s_names_and_its_own_helpers(library, tmp_pat
         "task1_scatter.py line 3 calls the grader's own reference_sizes: the grade is for code "
         "you wrote"
     )
+    # the grader's code, fixtures and nested functions included, counts as the grader's
+    codes = rules.code_of([grader])
+    fixture = grader.lanes._get_wrapped_function().__code__
+    nested = next(c for c in fixture.co_consts if isinstance(c, types.CodeType))
+    assert {fixture, nested, test.__code__} <= codes  # (its helpers are guards by now)
     # the grader's code, called from the student's file, may still use what it forbids
     assert student_call(student, "check(lib)", check=grader.test_uses_the_helper, lib=lib) == 2
