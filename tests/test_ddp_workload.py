@@ -41,10 +41,18 @@ def module_level_model():
     return torch.nn.Linear(2, 2)
 
 
+class CallableModel:
+    """A picklable callable object: it has a module but, being no function, no __qualname__."""
+
+    def __call__(self):
+        return torch.nn.Linear(2, 2)
+
+
 def test_functions_a_fresh_process_cannot_import_are_refused_naming_the_field():
     fine = workload.Workload(model=functools.partial(build_model, "mlp"), name="fine")
     workload.check_importable(fine)  # a partial of a module-level function is fine
     workload.check_importable(workload.Workload(model=module_level_model))
+    workload.check_importable(workload.Workload(model=CallableModel()))
 
     def local_model():
         return torch.nn.Linear(2, 2)
