@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
 
 import pytest
@@ -43,8 +44,10 @@ def test_a_rank_that_aborts_after_delivering_keeps_its_result():
 def test_a_rank_that_aborts_before_delivering_is_named():
     with launch.Ranks(abort_before_delivering, (), 2, timeout=30) as running:
         ended(running)
-        with pytest.raises(launch.RankFailed, match="rank 1 of 2 was killed by SIGABRT"):
+        with pytest.raises(launch.RankFailed, match="rank 1 of 2 was killed by SIGABRT") as died:
             running.wait_for("done")
+    # it never reported a stage: the advice for a rank that died while starting
+    assert "It failed while starting, before running any dpkit code" in str(died.value)
 
 
 def raise_in_turn(rank, where, messages, go):
@@ -70,12 +73,20 @@ def test_the_first_rank_s_error_is_raised_naming_the_others_that_failed():
     with launch.Ranks(raise_in_turn, (), 2, timeout=30) as running:
         with pytest.raises(launch.RankFailed) as failed:
             running.wait_for("done")
+    # Whichever error reached the parent first is raised (rank 1's, unless rank 0's message
+    # overtook it in the pipe), the other named after it.
     message = str(failed.value)
-    assert message.startswith("rank 1 of 2 raised ValueError: boom 1 (in step 1, the step's "
-                              "code after the optimizer); every rank was stopped (rank 0 then "
-                              "failed too).")  # fmt: skip
-    assert message.rstrip().endswith("ValueError: boom 1")  # its traceback follows
-    assert (failed.value.rank, failed.value.error_type) == (1, "ValueError")
+    first = re.match(
+        r"rank (\d) of 2 raised ValueError: boom \1 \((in step 1, [^)]*)\); every rank was "
+        r"stopped \(rank (\d) then failed too\)\. The traceback of rank \1:\n",
+        message,
+    )
+    assert first is not None, message
+    assert {first[1], first[3]} == {"0", "1"}
+    assert first[2] == {"1": "in step 1, the step's code after the optimizer",
+                        "0": "in step 1, forward"}[first[1]]  # fmt: skip
+    assert message.rstrip().endswith(f"ValueError: boom {first[1]}")  # its traceback
+    assert (failed.value.rank, failed.value.error_type) == (int(first[1]), "ValueError")
     with launch.Ranks(raise_alone, (), 2, timeout=30) as running:
         with pytest.raises(launch.RankFailed) as failed:
             running.wait_for("done")
@@ -112,6 +123,7 @@ def test_a_stall_names_where_each_rank_is_and_which_is_behind(target, places, cu
             running.wait_for("done")
     assert str(stalled.value).startswith(f"no rank moved on for 0.5 s (timeout=0.5): {places}. ")
     assert culprit in str(stalled.value)
+    assert stalled.value.behind == (1 if target is stall else None)
 
 
 def test_ranks_start_from_the_fork_server_where_there_is_one():
