@@ -111,7 +111,8 @@ SKIPPED_TESTS = (
 # Beyond the core (issue 32): each file with the grep pattern of the test files that are
 # its package's own (they name the module, or the package as the module's tests import
 # it). A test file found so is copied even where SKIPPED_TESTS would leave it out; none of
-# these patterns finds a test that starts DDP ranks (those call ``ddp.run_ddp``).
+# these patterns finds a test that calls ``ddp.run_ddp`` (the sharding and launcher tests
+# start two ranks of their own for about a second).
 _PIPELINE_TESTS = r"dpkit\.pipeline\b|from dpkit import .*\bpipeline\b"
 # (and the runs of ``dpkit predict`` that docs/hardware_file.md shows, checked line by line)
 _COST_TESTS = r"dpkit\.cost\b|from dpkit import .*\bcost\b|hardware_file\.md"
@@ -156,12 +157,11 @@ BEYOND_CORE = {
     "dpkit/grading/outputs.py": _grading_tests("outputs"),
     "dpkit/grading/counted.py": _grading_tests("counted"),
     "dpkit/grading/structure.py": _grading_tests("structure"),
-    # The harness's own machinery. Code that runs only in the processes it forks (the
-    # audit hook in warden.py, the seccomp filter in fence.py, the rank processes' side of
-    # ddp/) is invisible to mutmut, which records what each test calls in the test's own
-    # process: those files are left out, and a function of these reached only there shows
-    # as "no tests".
-    # Most of their tests reach them through the package (``grading.grade_class``).
+    # The harness's own machinery, whose tests mostly reach it through the package
+    # (``grading.grade_class``). mutmut records what each test calls in the test's own
+    # process: code run only in the processes the harness forks (warden.py's audit hook,
+    # fence.py's seccomp filter) is left out, and a function reached only there shows as
+    # "no tests".
     **{
         f"dpkit/grading/{name}.py": rf"(?m){_grading_tests(name)}|^from dpkit import grading$"
         for name in _GRADING_MACHINERY
@@ -175,6 +175,9 @@ BEYOND_CORE = {
     "dpkit/ddp/launch.py": r"from dpkit\.ddp import .*\blaunch\b",
 }
 BEYOND_CORE_GOAL = 0.90
+# Test files that import dpkit.grading but are not its machinery's own: the exercises'
+# graders (16 s a run), and the handout's test, which reads git history a copy has not.
+NOT_THE_HARNESS_S = ("tests/test_exercises_wrong_answers.py", "tests/test_handout.py")
 PYTEST_ARGS = ("-m", MARKERS, "-p", "no:cacheprovider")
 
 # mutmut's wall-clock limit per mutant: (seconds its tests took + constant) * multiplier.
@@ -394,10 +397,7 @@ def own_tests(target: str, files: list[str], source: Path = ROOT) -> list[str]:
     and the markers still apply). Outside the test selection the suite is not run."""
     pattern = re.compile(BEYOND_CORE[target])
     if target.startswith("dpkit/grading/"):
-        # the exercises' graders (16 s a run: not the harness's own tests), and the handout's
-        # test, which reads git history, which a copy has not
-        not_own = ("tests/test_exercises_wrong_answers.py", "tests/test_handout.py")
-        files = [name for name in files if name not in not_own]
+        files = [name for name in files if name not in NOT_THE_HARNESS_S]
     # what the fast suite leaves out (its --ignore options) stays out here too
     ignored = [option.partition("=")[2] for option in TEST_SELECTION if option.startswith("--ig")]
     return [
