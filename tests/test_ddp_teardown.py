@@ -47,7 +47,12 @@ def test_a_rank_that_aborts_before_delivering_is_named():
         with pytest.raises(launch.RankFailed, match="rank 1 of 2 was killed by SIGABRT") as died:
             running.wait_for("done")
     # it never reported a stage: the advice for a rank that died while starting
-    assert "It failed while starting, before running any dpkit code" in str(died.value)
+    assert str(died.value).endswith(
+        "It failed while starting, before running any dpkit code: its error is on the "
+        "parent's stderr (in Jupyter: the kernel's log). A script that starts ranks must do so "
+        "under `if __name__ == '__main__':`, since each spawned rank imports the script "
+        "again. Every rank was stopped"
+    )
 
 
 def raise_in_turn(rank, where, messages, go):
@@ -130,3 +135,62 @@ def test_ranks_start_from_the_fork_server_where_there_is_one():
     methods = multiprocessing.get_all_start_methods()
     expected = "forkserver" if "forkserver" in methods else "spawn"
     assert launch.start_context().get_start_method() == expected
+
+
+def exit_mid_step(rank, where, messages, go, status):
+    where.at(process.FORWARD, 1)
+    if rank == 1:
+        os._exit(status)  # no Python exit handling: no error for the rank to report
+    time.sleep(60)
+
+
+@pytest.mark.parametrize(
+    ("status", "how"),
+    [(0, "exited with status 0 (in step 1, forward) without reporting an error before its "
+         "work was done: a clean exit in the middle of the run"),
+     (3, "exited with code 3 (in step 1, forward) without reporting an error. Every rank "
+         "was stopped")],
+)  # fmt: skip
+def test_a_rank_that_exits_mid_run_is_named_with_its_status(status, how):
+    with launch.Ranks(exit_mid_step, (status,), 2, timeout=30) as running:
+        with pytest.raises(launch.RankFailed) as died:
+            running.wait_for("done")
+    assert str(died.value).startswith(f"rank 1 of 2 {how}")
+    assert (died.value.rank, died.value.error_type) == (1, "exit")
+    assert "while starting" not in str(died.value)  # it had reported a stage
+
+
+def report_block_1_then_die(rank, where, messages, go):
+    where.at(process.FORWARD, 1)
+    messages.put(("waiting", rank, 1))
+    if rank == 1:
+        messages.close()
+        messages.join_thread()
+        os.abort()
+    time.sleep(60)
+
+
+def test_a_message_for_another_block_does_not_excuse_a_death():
+    """Rank 1 said it waits before block 1, then died: waiting for block 2, the parent
+    names it (its block-1 message is not what is waited for)."""
+    with launch.Ranks(report_block_1_then_die, (), 2, timeout=5) as running:
+        ended_1 = time.monotonic() + 30
+        while running.processes[1].exitcode is None and time.monotonic() < ended_1:
+            time.sleep(0.05)
+        with pytest.raises(launch.RankFailed, match="rank 1 of 2 was killed by SIGABRT"):
+            running.wait_for("waiting", block=2)
+
+
+def return_without_reporting(rank, where, messages, go):
+    where.at(process.FORWARD, 1)
+
+
+def test_ranks_that_all_returned_without_reporting_time_out_with_no_culprit():
+    with launch.Ranks(return_without_reporting, (), 2, timeout=0.5) as running:
+        with pytest.raises(launch.RanksTimedOut) as stalled:
+            running.wait_for("done")
+    assert str(stalled.value).startswith(
+        "no rank moved on for 0.5 s (timeout=0.5): every rank had ended. No rank was behind "
+        "the others."
+    )
+    assert stalled.value.behind is None

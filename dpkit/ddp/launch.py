@@ -282,7 +282,8 @@ class Ranks:
         if behind is not None and list(keys.values()).count(keys[behind]) > 1:
             behind = None  # several at the same place: no single culprit
         self.stop()
-        where = "; ".join(f"rank {r}: {places[r]}" for r in alive)
+        # (every rank may have returned without sending what the parent waits for)
+        where = "; ".join(f"rank {r}: {places[r]}" for r in alive) or "every rank had ended"
         if behind is None:
             culprit = "No rank was behind the others."
         else:
