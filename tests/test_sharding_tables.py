@@ -5,6 +5,7 @@ its predictions, and the predicted step of each engine (dpkit.ddp.sharding)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import dpkit.cost as cost
 from dpkit.ddp import sharding
@@ -117,3 +118,24 @@ def test_the_ddp_prediction_is_dpkit_predict_s_on_the_measured_link():
     assert len({e.device for e in slow.events if e.phase == "apply"}) == 2
     # 2 (n-1)/n S/B more on the slow link: 0.237 s, where the fast one takes 0.24 ms
     assert slow.step_time - fast.step_time == pytest.approx(236_840 / 1e6 - 236_840 / 1e9, rel=0.05)
+
+
+def test_the_ring_s_link_from_two_all_reduce_times_by_hand():
+    # 4 ranks: a tiny all-reduce is 2 x 3 ring steps of 10 us; 3 MB puts 2 x 3/4 x 3 MB =
+    # 4.5 MB on each rank's wire, 4.5 ms at 1 GB/s, after those 60 us
+    bandwidth, latency = sharding.ring_link(60e-6, 4.5e-3 + 60e-6, 3_000_000, 4)
+    assert latency == pytest.approx(10e-6)
+    assert bandwidth == pytest.approx(1e9)
+    # a large all-reduce read faster than the tiny one's latency (noise): its whole time
+    assert sharding.ring_link(60e-6, 50e-6, 3_000_000, 4)[0] == pytest.approx(4.5e6 / 50e-6)
+
+
+def test_a_collective_s_payload_is_its_whole_tensor():
+    shard, whole = torch.zeros(2), torch.zeros(8)  # float32: 8 and 32 bytes
+    # all-gather (output, input): the gathered output; reduce-scatter (output, input): the input
+    assert sharding._payload("all_gather_into_tensor", (whole, shard), {}) == 32
+    assert sharding._payload("reduce_scatter_tensor", (shard, whole), {}) == 32
+    assert sharding._payload("reduce_scatter_tensor", (), {"output": shard, "input": whole}) == 32
+    assert sharding._payload("all_gather_into_tensor", (), {"output_tensor": whole}) == 32
+    assert sharding._payload("all_reduce", (), {"tensor": shard}) == 8
+    assert sharding._payload("broadcast", (), {}) == 0

@@ -337,6 +337,13 @@ def measure_link(small: int = 1 << 12, large: int = 1 << 22, repeats: int = 20) 
         return best
 
     tiny, whole = fastest(small, repeats), fastest(large, max(1, repeats // 4))
+    return ring_link(tiny, whole, large, world)
+
+
+def ring_link(tiny: float, whole: float, large: int, world: int) -> tuple[float, float]:
+    """``(bandwidth, latency)`` of a ring of ``world`` ranks whose all-reduce of a few bytes
+    took ``tiny`` seconds (all latency: its ``2 (n - 1)`` steps) and of ``large`` bytes
+    ``whole`` seconds (``2 (n - 1) / n * large`` bytes on the wire, after that latency)."""
     latency = tiny / (2 * (world - 1))
     wire = whole - 2 * (world - 1) * latency
     bandwidth = 2 * (world - 1) / world * large / (wire if wire > 0 else whole)
