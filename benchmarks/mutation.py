@@ -173,6 +173,8 @@ BEYOND_CORE = {
     # two gloo ranks for about a second; the parent's arithmetic is most of the file
     "dpkit/ddp/sharding.py": r"from dpkit\.ddp import .*\bsharding\b",
     "dpkit/ddp/launch.py": r"from dpkit\.ddp import .*\blaunch\b",
+    # the checks before any rank starts, in the caller's process (not the launching tests)
+    "dpkit/ddp/checks.py": r"from dpkit\.ddp\.checks import",
 }
 BEYOND_CORE_GOAL = 0.90
 # Test files that import dpkit.grading but are not its machinery's own: the exercises'

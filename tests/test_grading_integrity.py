@@ -453,6 +453,12 @@ def test_a_timeout_that_is_not_positive_is_rejected(value, capsys):
         grading.grade(1, timeout=float(value))
 
 
+def test_a_timeout_past_float_s_range_is_rejected_not_a_crash():
+    for too_long in (10**400, 10**5000):  # float() raises OverflowError; str() a ValueError
+        with pytest.raises(ValueError, match="finite number of seconds, got an int too large"):
+            grading.grade(1, timeout=too_long)
+
+
 def test_an_unwritable_csv_is_reported_before_grading(tmp_path, capsys):
     from dpkit.cli import main
 

@@ -8,7 +8,6 @@ single rank is spawned: a mistake costs milliseconds, not a spawn and a timeout.
 from __future__ import annotations
 
 import errno
-import math
 import os
 import socket
 from typing import Any
@@ -141,9 +140,11 @@ def check_timeout(timeout: Any) -> float:
     """``timeout`` as a float: a finite number of seconds above 0 that torch can hold."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not math.isfinite(timeout) or timeout > MAX_TIMEOUT_S:
+    if timeout > MAX_TIMEOUT_S:  # inf, and an int past float's range (10**400): compared as is
+        big = isinstance(timeout, int) and timeout > 1e300
+        shown = " (an int too large for a float)" if big else f"={timeout:g}"
         raise ValueError(
-            f"timeout={timeout:g} is not a number of seconds torch can wait: its collectives "
+            f"timeout{shown} is not a number of seconds torch can wait: its collectives "
             f"count it in 64-bit nanoseconds; use at most {MAX_TIMEOUT_S:g} s. There is no "
             "'wait forever': a stuck rank would then hang the run for good"
         )

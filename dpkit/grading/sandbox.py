@@ -109,13 +109,16 @@ def check_timeout(timeout: float) -> float:
 
 def validate_timeout(timeout: float) -> float:
     """``timeout`` as a positive, finite number of seconds, or a clear ValueError."""
+    shown = None
     try:
         value = float(timeout)
+    except OverflowError:  # an int past float's range (10**400): too long, not a crash
+        value, shown = float("inf"), "an int too large for a float"
     except (TypeError, ValueError):
         raise ValueError(f"timeout must be a number of seconds, got {timeout!r}") from None
     if not (0 < value < float("inf")):  # also rejects nan
         raise ValueError(
-            f"timeout must be a positive, finite number of seconds, got {timeout!r}; "
+            f"timeout must be a positive, finite number of seconds, got {shown or repr(timeout)}; "
             "the default is 60 (seconds per task)"
         )
     return value
