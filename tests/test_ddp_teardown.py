@@ -47,12 +47,9 @@ def test_a_rank_that_aborts_before_delivering_is_named():
         with pytest.raises(launch.RankFailed, match="rank 1 of 2 was killed by SIGABRT") as died:
             running.wait_for("done")
     # it never reported a stage: the advice for a rank that died while starting
-    assert str(died.value).endswith(
-        "It failed while starting, before running any dpkit code: its error is on the "
-        "parent's stderr (in Jupyter: the kernel's log). A script that starts ranks must do so "
-        "under `if __name__ == '__main__':`, since each spawned rank imports the script "
-        "again. Every rank was stopped"
-    )
+    for words in ("It failed while starting", "stderr (in Jupyter: the kernel's log)",
+                  "under `if __name__ == '__main__':`"):  # fmt: skip
+        assert words in str(died.value)
 
 
 def raise_in_turn(rank, where, messages, go):
@@ -145,17 +142,16 @@ def exit_mid_step(rank, where, messages, go, status):
 
 
 @pytest.mark.parametrize(
-    ("status", "how"),
-    [(0, "exited with status 0 (in step 1, forward) without reporting an error before its "
-         "work was done: a clean exit in the middle of the run"),
-     (3, "exited with code 3 (in step 1, forward) without reporting an error. Every rank "
-         "was stopped")],
+    ("status", "how", "why"),
+    [(0, "exited with status 0", "before its work was done"),
+     (3, "exited with code 3", "Every rank was stopped")],
 )  # fmt: skip
-def test_a_rank_that_exits_mid_run_is_named_with_its_status(status, how):
+def test_a_rank_that_exits_mid_run_is_named_with_its_status(status, how, why):
     with launch.Ranks(exit_mid_step, (status,), 2, timeout=30) as running:
         with pytest.raises(launch.RankFailed) as died:
             running.wait_for("done")
-    assert str(died.value).startswith(f"rank 1 of 2 {how}")
+    assert str(died.value).startswith(f"rank 1 of 2 {how} (in step 1, forward)")
+    assert why in str(died.value)
     assert (died.value.rank, died.value.error_type) == (1, "exit")
     assert "while starting" not in str(died.value)  # it had reported a stage
 
@@ -189,8 +185,5 @@ def test_ranks_that_all_returned_without_reporting_time_out_with_no_culprit():
     with launch.Ranks(return_without_reporting, (), 2, timeout=0.5) as running:
         with pytest.raises(launch.RanksTimedOut) as stalled:
             running.wait_for("done")
-    assert str(stalled.value).startswith(
-        "no rank moved on for 0.5 s (timeout=0.5): every rank had ended. No rank was behind "
-        "the others."
-    )
+    assert "(timeout=0.5): every rank had ended. No rank was behind" in str(stalled.value)
     assert stalled.value.behind is None
