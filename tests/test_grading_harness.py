@@ -77,7 +77,8 @@ def probe_module():
 def run_main(tmp_path, monkeypatch, probe_module):
     """``harness.main`` in this process on CHECKS: the records it wrote, checked for their
     signatures and sequence, as the parent reads them."""
-    monkeypatch.setattr(harness.warden, "arm", lambda allowed: None)  # one-way: not here
+    armed = []  # the warden's audit hook is one-way: noted here, not set
+    monkeypatch.setattr(harness.warden, "arm", armed.append)
     monkeypatch.setattr(harness, "freeze_comparisons", lambda: None)  # torch's: not here
     # pytest sets these around each test and clears them after, as the inner run will: in a
     # grading process they are None when the snapshot is taken, and here too
@@ -107,6 +108,10 @@ def run_main(tmp_path, monkeypatch, probe_module):
     ]
     try:
         status = harness.main(args)
+        # armed once, letting only the harness's own wrapper and thread check do what it
+        # refuses to everyone else
+        assert armed == [frozenset({harness.Harness._watch.__code__,
+                                    harness.thread_tampered.__code__})]  # fmt: skip
     finally:
         os.close(results_fd)
         for name in [name for name in sys.modules if "test_checks" in name]:

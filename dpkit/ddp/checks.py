@@ -141,8 +141,10 @@ def check_timeout(timeout: Any) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if timeout > MAX_TIMEOUT_S:  # inf, and an int past float's range (10**400): compared as is
-        big = isinstance(timeout, int) and timeout > 1e300
-        shown = " (an int too large for a float)" if big else f"={timeout:g}"
+        try:
+            shown = f"={timeout:g}"
+        except OverflowError:
+            shown = " (an int too large for a float)"
         raise ValueError(
             f"timeout{shown} is not a number of seconds torch can wait: its collectives "
             f"count it in 64-bit nanoseconds; use at most {MAX_TIMEOUT_S:g} s. There is no "
