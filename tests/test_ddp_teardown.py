@@ -37,6 +37,8 @@ def ended(running: launch.Ranks) -> None:
 
 def test_a_rank_that_aborts_after_delivering_keeps_its_result():
     with launch.Ranks(deliver_then_abort, (), 2, timeout=30) as running:
+        # named for what they are in tracebacks and debuggers
+        assert [p.name for p in running.processes] == ["dpkit-rank-0", "dpkit-rank-1"]
         ended(running)
         assert running.wait_for("done") == [0, 10]
 
@@ -114,7 +116,8 @@ def stall_together(rank, where, messages, go):
     ("target", "places", "culprit"),
     [
         (stall, "rank 0: in step 1, backward; rank 1: in step 1, forward",
-         "Rank 1 is furthest behind"),
+         "Rank 1 is furthest behind: it is the one stuck, and the others wait for it inside a "
+         "collective."),
         (stall_together, "rank 0: in step 2, optimizer step; rank 1: in step 2, optimizer step",
          "No rank was behind the others."),
     ],
@@ -128,10 +131,13 @@ def test_a_stall_names_where_each_rank_is_and_which_is_behind(target, places, cu
     assert stalled.value.behind == (1 if target is stall else None)
 
 
-def test_ranks_start_from_the_fork_server_where_there_is_one():
+def test_ranks_start_from_the_fork_server_where_there_is_one(monkeypatch):
     methods = multiprocessing.get_all_start_methods()
     expected = "forkserver" if "forkserver" in methods else "spawn"
     assert launch.start_context().get_start_method() == expected
+    # Windows has no fork server: a fresh interpreter per rank
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert launch.start_context().get_start_method() == "spawn"
 
 
 def exit_mid_step(rank, where, messages, go, status):
