@@ -303,7 +303,12 @@ def step_rows(result: DDPResult, rank: int = 0) -> Table:
                 "constructor_ms": 1e3 * sum(e.duration for e in events if e.phase == "replicate"),
                 "backward_ms": 1e3 * backward.duration,
                 "allreduces": len(allreduces),
-                "first_starts_ms": 1e3 * (min(e.start for e in allreduces) - backward.start),
+                # None in a step without all-reduces (a step under ddp.no_sync())
+                "first_starts_ms": (
+                    1e3 * (min(e.start for e in allreduces) - backward.start)
+                    if allreduces
+                    else None
+                ),
                 "overlap_%": 100 * during / busy if busy else 0.0,
                 "waiting_ms": 1e3 * backward.details.get("waiting_s", 0.0),
             }
