@@ -128,6 +128,8 @@ def test_the_ring_s_link_from_two_all_reduce_times_by_hand():
     assert bandwidth == pytest.approx(1e9)
     # a large all-reduce read faster than the tiny one's latency (noise): its whole time
     assert sharding.ring_link(60e-6, 50e-6, 3_000_000, 4)[0] == pytest.approx(4.5e6 / 50e-6)
+    # exactly all latency (2 ranks: 2 steps of 0.25 s), no time left for the bytes: the same
+    assert sharding.ring_link(0.5, 0.5, 1000, 2) == (1000 / 0.5, 0.25)
 
 
 def test_a_collective_s_payload_is_its_whole_tensor():
@@ -139,3 +141,28 @@ def test_a_collective_s_payload_is_its_whole_tensor():
     assert sharding._payload("all_gather_into_tensor", (), {"output_tensor": whole}) == 32
     assert sharding._payload("all_reduce", (), {"tensor": shard}) == 8
     assert sharding._payload("broadcast", (), {}) == 0
+
+
+def test_a_rank_s_main_reads_its_options_and_trains_each_engine_named(monkeypatch, tmp_path):
+    """sharding_main as a world of one runs it (the ring's link is made up: one rank has no
+    ring to time): each engine named, in order, at the width, batch and steps given."""
+    monkeypatch.setattr(sharding, "measure_link", lambda: (1e9, 1e-5))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    threads = torch.get_num_threads()
+    try:
+        rows = sharding.sharding_main(["--init-method", (tmp_path / "store").as_uri(),
+                                       "--engines", "zero1,ddp", "--width", "32", "--steps",
+                                       "1", "--batch", "4"])  # fmt: skip
+        assert torch.get_num_threads() == 1  # a rank's one intra-op thread
+    finally:
+        torch.set_num_threads(threads)
+    assert [(row["engine"], row["link"]) for row in rows] == [("zero1", (1e9, 1e-5)),
+                                                             ("ddp", (1e9, 1e-5))]  # fmt: skip
+    # 784 -> 32 -> 32 -> 32 -> 10: 25,088 + 32 + 2 x (1,024 + 32) + 320 + 10 floats
+    assert all(row["parameters"] == 4 * 27_562 for row in rows)
+    # saved for backward at 4 rows: three ReLUs' 4 x 32 floats, the log-softmax's 4 x 10,
+    # the labels' 4 int64 and the loss's total weight (tests/test_sharding_one_rank.py)
+    assert all(row["activations"] == 3 * 4 * 32 * 4 + 4 * 10 * 4 + 4 * 8 + 4 for row in rows)
+    assert {event[4] for row in rows for event in row["events"]} == {1}  # one step
+    assert not torch.distributed.is_initialized()  # the group was destroyed
