@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from dpkit.ddp import compare, run, settings
 from dpkit.ddp.record import RankRun
@@ -386,6 +387,10 @@ def test_gradient_errors_compare_rank_0_with_the_reference_per_parameter():
     # 4, w's would be 0.375); "unused" is all 0, left out. norm: sqrt((1.5^2 + 1^2) / (3^2 + 4^2))
     largest, norm = settings.gradient_errors(rounded, REFERENCE)
     assert (largest, norm) == pytest.approx((0.5, (3.25 / 25) ** 0.5))
+    # gradients under 1 count too: 0.25 off the largest 0.5; norm sqrt(0.25^2 / (0.5^2 + 0.25^2))
+    small = {"s": torch.tensor([0.5, -0.25])}
+    halved = result([], gradients=[{"s": torch.tensor([0.25, -0.25])}])
+    assert settings.gradient_errors(halved, small) == pytest.approx((0.5, 0.2**0.5))
     with pytest.raises(ValueError, match="keep_gradients=True"):
         settings.gradient_errors(result([]), REFERENCE)
 
