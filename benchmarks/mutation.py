@@ -166,6 +166,8 @@ BEYOND_CORE = {
         f"dpkit/grading/{name}.py": rf"(?m){_grading_tests(name)}|^from dpkit import grading$"
         for name in _GRADING_MACHINERY
     },
+    # the command line and the graders' helper, with grading itself replaced by stand-ins
+    **{f"dpkit/grading/{name}.py": _grading_tests(name) for name in ("command", "checks")},
     # a rank's own code, run in the test's process by a world of one (test_ddp_one_rank.py)
     "dpkit/ddp/record.py": r"dpkit\.ddp\.record\b|from dpkit\.ddp import .*\b(merged_trace|rank)\b",
     "dpkit/ddp/rank.py": r"from dpkit\.ddp import .*\brank\b",

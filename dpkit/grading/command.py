@@ -119,7 +119,7 @@ def _grade_class(args: argparse.Namespace) -> int:
 
 def positive_jobs(text: str) -> int:
     """An argparse type: a whole number of students graded at a time, at least 1."""
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:  # not "²", a digit int() refuses
         raise argparse.ArgumentTypeError(f"expected a whole number from 1, got {text!r}")
     return int(text)
 

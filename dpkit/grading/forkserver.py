@@ -97,12 +97,13 @@ class Run:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.returncode is None:
+        while True:  # as Popen: a run that has ended answers even wait(0)
             left = 1.0 if deadline is None else deadline - time.monotonic()
+            self._receive(min(left, 1.0))
+            if self.returncode is not None:
+                return self.returncode
             if left <= 0:
                 raise subprocess.TimeoutExpired("grading run", timeout or 0)
-            self._receive(min(left, 1.0))
-        return self.returncode
 
     def kill(self) -> None:
         if self.returncode is None:
