@@ -180,8 +180,12 @@ BEYOND_CORE = {
     # The parent's tables, from rank records written by hand (test_ddp_tables.py), and the
     # launches they come from, in the lightest test files that make them (two gloo ranks
     # from the fork server, under a second each): the comparison with DataParallel and the
-    # bucket sweep; the settings sweep; run_ddp's shared run (test_ddp.py).
-    "dpkit/ddp/compare.py": r"from dpkit\.ddp import .*\bcompare\b|compare_with_data_parallel\(",
+    # bucket sweep; the settings sweep (against one process's gradients); run_ddp's shared
+    # run (test_ddp.py).
+    "dpkit/ddp/compare.py": (
+        r"from dpkit\.ddp import .*\bcompare\b|compare_with_data_parallel\("
+        r"|single_process_gradients\("
+    ),
     "dpkit/ddp/settings.py": r"from dpkit\.ddp import .*\bcompare\b|settings_sweep\(",
     "dpkit/ddp/run.py": (
         r"from dpkit\.ddp import .*\bcompare\b|settings_sweep\("
