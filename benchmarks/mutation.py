@@ -168,6 +168,13 @@ BEYOND_CORE = {
     },
     # the command line and the graders' helper, with grading itself replaced by stand-ins
     **{f"dpkit/grading/{name}.py": _grading_tests(name) for name in ("command", "checks")},
+    # dpkit ddp's command line, with the run replaced by a stand-in; what a rank process
+    # reports (its setup calls replaced: they change a process for good) and the parent's
+    # look at /proc; the script launcher, its Ranks replaced, and its recipe (two ranks)
+    **{
+        f"dpkit/ddp/{name}.py": rf"from dpkit\.ddp import .*\b{name}\b"
+        for name in ("command", "process", "script")
+    },
     # a rank's own code, run in the test's process by a world of one (test_ddp_one_rank.py)
     "dpkit/ddp/record.py": r"dpkit\.ddp\.record\b|from dpkit\.ddp import .*\b(merged_trace|rank)\b",
     "dpkit/ddp/rank.py": r"from dpkit\.ddp import .*\brank\b",

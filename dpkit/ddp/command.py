@@ -45,12 +45,14 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
     payload = sum(e.nbytes for e in buckets)
     ring = sum(e.details["ring_sent_bytes"] for e in buckets)
     where = "the CPU" if result.backend == "gloo" else "one GPU each"
+    cap = result.bucket_cap_mb
+    cap_text = "torch's default (25, the first bucket 1)" if cap is None else f"{cap:g}"
     lines = [
         f"DistributedDataParallel: {result.nproc} processes (ranks), backend "
         f"{result.backend}, on {where}; pids {', '.join(map(str, result.pids))}",
         f"model {model}, global batch {result.batch} ({result.batch // result.nproc} rows per "
         f"rank, random 1x28x28 images), {len(result.step_times)} SGD steps, bucket_cap_mb "
-        f"{result.bucket_cap_mb:g}",
+        f"{cap_text}",
         f"parameters: {result.parameter_bytes:,d} bytes; all-reduced per step by each rank: "
         f"{payload:,d} bytes in {len(buckets)} bucket(s), of which a ring sends "
         f"{ring:,d} per rank (2(n-1)/n)",

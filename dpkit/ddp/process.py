@@ -91,7 +91,8 @@ def _release_fork_server() -> None:
 
     server = forkserver._forkserver
     alive = getattr(server, "_forkserver_alive_fd", None)
-    if alive is not None:  # None in a spawned rank, and in the process that owns the server
+    if alive is not None:  # None in a spawned rank (never called in the server's owner,
+        # which holds the pipe's other end under the same name: closing it would end its server)
         with contextlib.suppress(OSError):
             os.close(alive)
         server._forkserver_alive_fd = None
