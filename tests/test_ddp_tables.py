@@ -120,6 +120,9 @@ def test_a_result_s_step_runs_from_the_first_rank_s_start_to_the_last_rank_s_end
     assert len(made.trace.events) == 2
     kept = run.result_of([rank0, rank1], plan(keep_gradients=True), [11, 12])
     assert kept.gradients == [{"w": 1}, {"w": 2}]
+    # a world of one (nproc=1 is allowed): its one rank's steps and cap
+    alone = run.result_of([rank0], plan(nproc=1, bucket_caps=[0.5]), [11])
+    assert (alone.step_times, alone.bucket_cap_mb, alone.nproc) == ([2.0, 1.5], 0.5, 1)
 
 
 @pytest.mark.parametrize(
@@ -142,6 +145,17 @@ def test_a_result_s_step_runs_from_the_first_rank_s_start_to_the_last_rank_s_end
 def test_a_plan_refuses_a_bad_argument_by_name(changes, words):
     with pytest.raises(ValueError, match=words):
         plan(**changes)
+
+
+def test_a_plan_checks_the_backend_and_the_port_it_is_given():
+    from dpkit.ddp.checks import free_port
+
+    if not torch.cuda.is_available():  # no GPU: nccl is refused, None picks gloo
+        with pytest.raises(ValueError, match="backend='nccl' needs CUDA GPUs"):
+            plan(backend="nccl")
+        assert plan(backend=None).backend == "gloo"
+    port = free_port()
+    assert plan(port=port).port == port
 
 
 def test_a_plan_refuses_a_world_size_that_is_not_a_whole_number():
