@@ -170,11 +170,17 @@ BEYOND_CORE = {
     **{f"dpkit/grading/{name}.py": _grading_tests(name) for name in ("command", "checks")},
     # dpkit ddp's command line, with the run replaced by a stand-in; what a rank process
     # reports (its setup calls replaced: they change a process for good) and the parent's
-    # look at /proc; the script launcher, its Ranks replaced, and its recipe (two ranks)
+    # look at /proc; the script launcher, its Ranks replaced
     **{
         f"dpkit/ddp/{name}.py": rf"from dpkit\.ddp import .*\b{name}\b"
         for name in ("command", "process", "script")
     },
+    # the nodes' launcher and a node's training script, in this process (torchrun and the
+    # process start replaced; a world of one trains): not the files that run torchrun
+    "dpkit/ddp/nodes.py": (
+        r"from dpkit\.ddp import (checks|command), nodes\b|dpkit\.ddp\.nodes import"
+    ),
+    "dpkit/ddp/train.py": r"from dpkit\.ddp import checks, train\b",
     # a rank's own code, run in the test's process by a world of one (test_ddp_one_rank.py)
     "dpkit/ddp/record.py": r"dpkit\.ddp\.record\b|from dpkit\.ddp import .*\b(merged_trace|rank)\b",
     "dpkit/ddp/rank.py": r"from dpkit\.ddp import .*\brank\b",

@@ -75,13 +75,13 @@ def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path, mo
         rank.run_rank(0, where, messages, None, plan)
         assert torch.get_num_threads() == plan.threads  # ranks share the cores: one each
         assert dist.get_world_size() == 1
-        assert len(rank._held) == (2 if meeting == "port" else 0)  # its socket and store
+        assert len(rank._held) == (1 if meeting == "port" else 0)  # the store it serves
     finally:
         torch.set_num_threads(threads)
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
-        rank._held.clear()  # rank 0's store and its socket, when it served one
+        rank._held.clear()  # rank 0's store (its server owns the socket), when it served one
     kind, who, runs = messages.get_nowait()
     assert (kind, who) == ("done", 0)
     assert [(run.rank, run.bucket_cap_mb) for run in runs] == [(0, 25.0), (0, 1e-6)]

@@ -204,12 +204,12 @@ def read_trace(path: str | Path) -> Trace:
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost")
 
 
-def loopback_store(port: int, address: str = "127.0.0.1") -> tuple[socket.socket, Any]:
+def loopback_store(port: int, address: str = "127.0.0.1") -> Any:
     """A TCPStore server listening on ``address``:``port`` alone (a socket bound there and
     handed to TCPStore as ``master_listen_fd``), shared with every later ``multi_tenant``
-    TCPStore on that port in this process; the socket and the store, both to keep open for
-    as long as the store serves. torch's own server binds every interface (its C++ server
-    binds the IPv6 and IPv4 wildcards); given a listening socket, it serves that one."""
+    TCPStore on that port in this process; keep the store for as long as it serves. torch's
+    own server binds every interface (its C++ server binds the IPv6 and IPv4 wildcards);
+    given a listening socket, it serves that one, and closes it with its last store."""
     import torch.distributed as dist
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -224,20 +224,16 @@ def loopback_store(port: int, address: str = "127.0.0.1") -> tuple[socket.socket
     except BaseException:
         listener.close()
         raise
-    return listener, store
+    listener.detach()  # the server owns the descriptor now: one owner, one close
+    return store
 
 
 def _options(argv: Sequence[str]) -> argparse.Namespace:
-    """The torchrun options that decide who hosts the store, in either of torchrun's
-    spellings; everything else is torchrun's to read."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--node-rank", "--node_rank", type=int, default=0)
-    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1")
-    parser.add_argument("--master-port", "--master_port", type=int, default=None)
-    parser.add_argument("--rdzv-backend", "--rdzv_backend", default="static")
-    parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="")
-    parser.add_argument("--standalone", action="store_true")
-    return parser.parse_known_args(list(argv))[0]
+    """torchrun's own reading of its options in ``argv`` (its parser: both spellings,
+    abbreviations, ``PET_*`` variables, and nothing of the script's arguments)."""
+    from torch.distributed.run import parse_args
+
+    return parse_args(list(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -165,8 +165,8 @@ def join_group(plan: Plan, rank: int, device: torch.device | None = None) -> Non
     # dpkit: torch's TCPStore server binds every interface, whatever address it is given;
     # rank 0 serves it from a socket bound to the loopback address alone, kept open here.
     if rank == 0:
-        _held[:] = nodes.loopback_store(plan.port, plan.address)
-        store = _held[1]
+        store = nodes.loopback_store(plan.port, plan.address)
+        _held[:] = [store]
     else:
         store = dist.TCPStore(plan.address, plan.port, is_master=False, timeout=timeout)
     dist.init_process_group(
@@ -175,7 +175,7 @@ def join_group(plan: Plan, rank: int, device: torch.device | None = None) -> Non
     )  # fmt: skip
 
 
-_held: list[Any] = []  # rank 0's listening socket and store, for as long as the rank lives
+_held: list[Any] = []  # rank 0's store (its server owns the socket), as long as the rank lives
 
 
 def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: Plan) -> None:
