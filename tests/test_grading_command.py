@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -441,3 +443,42 @@ def test_any_other_exception_goes_through_unchanged():
         with checks.must_raise(TypeError, "f()", "why"):
             raise stub
     assert through.value is stub
+
+
+def test_the_help_shows_what_each_option_takes(capsys):
+    from dpkit.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["grade", "--help"])
+    assert exit_.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal
+    for usage in ("--submissions DIR", "--csv OUT.csv", "--tasks N [N ...]", "--jobs N",
+                  "--summary OUT.csv", "--weights FILE.toml", "--feedback DIR"):  # fmt: skip
+        assert usage in shown
+    assert "--all grade every task" in shown
+
+
+def test_a_student_s_crashed_and_timed_out_tasks_are_named_in_order(here, monkeypatch, capsys):
+    a_class(here)
+    cy = [OK(2, "c", False, "crashed: exit code 1"), OK(1, "a", False, "timed out: after 5 s"),
+          OK(3, "d", False, "wrong: crashed is not the first word")]  # fmt: skip
+    monkeypatch.setattr(grading, "grade_submissions", FakeClass({"cy": cy}))
+    run(["grade", "--submissions", "class", "--csv", "g.csv"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "0/3 checks passed (crashed or timed out in task 1, 2) (" in first
+
+
+def test_each_student_s_line_is_flushed_as_they_finish(here, monkeypatch):
+    """Piped (``| tee log``), an instructor sees each student as they finish, not at the end."""
+
+    class Piped(io.StringIO):
+        flushed_at: list[int] = []
+
+        def flush(self) -> None:
+            self.flushed_at.append(self.getvalue().count("\n"))
+
+    a_class(here)
+    monkeypatch.setattr(grading, "grade_submissions", FakeClass({"bo": BO, "ada": ADA}))
+    monkeypatch.setattr(sys, "stdout", Piped())
+    run(["grade", "--submissions", "class", "--csv", "g.csv"])
+    assert {1, 2} <= set(Piped.flushed_at)  # after bo's line, and after ada's

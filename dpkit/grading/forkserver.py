@@ -146,7 +146,7 @@ class Server:
         probe = tempfile.mkdtemp(prefix="dpkit-probe-", dir=scratch)
         os.mkdir(os.path.join(probe, "home"))
         pipes = [os.pipe() for _ in range(3)]
-        code, why = None, "no answer"
+        code = None
         try:
             run = self.start([], {}, probe, [], [write for _, write in pipes], probe=True)
             code = run.wait(READY_SECONDS)
