@@ -420,10 +420,11 @@ TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 
 @pytest.fixture
 def torchrun_environment(monkeypatch):
-    """script_rank sets torchrun's variables in os.environ: this test's values are undone
-    after it (monkeypatch restores what it removed)."""
+    """script_rank sets torchrun's variables in os.environ: whatever it sets is undone after
+    the test (monkeypatch forgets a variable it deleted that was not there: set it first)."""
     for name in (*TORCHRUN_VARIABLES, "GLOO_SOCKET_IFNAME"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
 
 
 def environment_and_stage(shared, rank):
