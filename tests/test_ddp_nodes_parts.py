@@ -629,6 +629,13 @@ def test_train_on_nodes_defaults_to_two_nodes_of_one_rank(launches):
     assert script[script.index("--batch-per-rank") + 1] == "32"  # 64 rows over 2 ranks
     assert script[script.index("--samples") + 1] == "192"  # 3 steps of 64
     assert script[-2:] == ["--out", "runs/two"]
+    assert script[script.index("--model") + 1] == "mlp"  # the course's MLP
+
+
+def test_train_on_nodes_refuses_a_model_it_does_not_know_before_any_start(launches):
+    with pytest.raises(ValueError, match="model='resnet' is not one of mlp, cnn"):
+        nodes.train_on_nodes("out", model="resnet")
+    assert launches == []
 
 
 def test_train_on_nodes_refuses_a_batch_the_ranks_cannot_share_and_names_the_fix(launches):

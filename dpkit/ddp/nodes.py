@@ -147,7 +147,11 @@ def train_on_nodes(
     """``dpkit ddp --nnodes``: :mod:`dpkit.ddp.train` on ``nnodes`` nodes of
     ``nproc_per_node`` ranks each (one ``torchrun`` per node, on 127.0.0.1), ``steps`` SGD
     steps of a global ``batch``; rank 0 writes ``trace.json`` and ``ranks.json`` into
-    ``out``. Refuses a batch the ranks cannot share evenly before anything starts."""
+    ``out``. Refuses a model it does not know, and a batch the ranks cannot share evenly,
+    before anything starts."""
+    from dpkit.ddp.workload import named_workload
+
+    named_workload(model)  # a ValueError naming the models, not one from every rank later
     world = checks.check_nproc(nnodes * nproc_per_node)
     if batch % world:
         raise ValueError(
