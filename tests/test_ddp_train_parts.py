@@ -361,14 +361,20 @@ def assert_same_weights(model: nn.Module, expected: nn.Module) -> None:
 
 def test_one_rank_trains_each_epoch_s_shuffle_as_plain_training_does(one_rank):
     args = train.parse(["--samples", "12", "--batch-per-rank", "4", "--epochs", "2",
-                        "--bucket-mb", "0.5"])  # fmt: skip
+                        "--bucket-mb", "0.1"])  # fmt: skip
     record, model = train.train(args, torch.device("cpu"))
     assert not isinstance(model, nn.parallel.DistributedDataParallel)  # DDP unwrapped
     # with one rank DDP's all-reduce of the mean changes nothing
     assert_same_weights(model, plain_training(12, 4, 2))
     # 12 rows in batches of 4, twice: 6 steps, each recorded with its rows
-    assert (record.rank, record.device, record.bucket_cap_mb) == (0, "cpu", 0.5)
+    assert (record.rank, record.device, record.bucket_cap_mb) == (0, "cpu", 0.1)
     assert len(record.step_times) == 6
+    # DDP was given the cap. Step 1 all-reduces everything in one bucket (torch's DDP
+    # without find_unused_parameters); the rebuilt buckets then fill from the last
+    # parameter: 40 + 5,120 + 512 + 131,072 bytes pass 0.1 MiB (104,858) and close one,
+    # 1,024 + 802,816 the second. (Under torch's default, 1 MiB first, 940,584 bytes: one.)
+    allreduces = [e[4] for e in record.events if e[0] == "allreduce"]
+    assert allreduces == [1] + [step for step in range(2, 7) for _ in range(2)]
     applies = [(e[4], e[5]["rows"]) for e in record.events if e[0] == "apply"]
     assert applies == [(step, 4) for step in range(1, 7)]
 
@@ -400,6 +406,8 @@ def test_main_trains_a_world_of_one_and_rank_0_saves_everything(no_world, monkey
                         "MASTER_PORT": str(port)}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # as if rank 0 were on another host whose clock reads 1,000 s ahead: events move, whole
+    monkeypatch.setattr(train, "_clock_offset", lambda host: 1000.0)
     threads = torch.get_num_threads()
     # env:// asks for a multi-tenant store on MASTER_PORT: it shares this one, on loopback
     store = loopback_store(port)
@@ -422,4 +430,5 @@ def test_main_trains_a_world_of_one_and_rank_0_saves_everything(no_world, monkey
     phases = {(name, args["step"]) for name, _, _, _, args in x_events(trace)}
     assert {("apply", 1), ("apply", 2), ("backward", 2), ("optimizer", 2)} <= phases
     assert {track for _, track, _, _, _ in x_events(trace)} == {"rank:0 (cpu)"}
+    assert all(0 <= duration < 60e6 for _, _, _, duration, _ in x_events(trace))  # in us
     assert capsys.readouterr().out.startswith("rank 0: 1 ranks, 2 steps each")
