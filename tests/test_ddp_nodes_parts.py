@@ -405,18 +405,6 @@ def start(script: str, popen: type = subprocess.Popen) -> subprocess.Popen:
     return popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 
-@on_linux
-def test_stop_ends_a_process_that_obeys_sigterm():
-    launch = start("echo ready; exec sleep 30")
-    try:
-        assert launch.stdout.readline() == "ready\n"
-        nodes._stop(launch)
-        assert launch.returncode == -signal.SIGTERM
-    finally:
-        kill_group(launch)
-        launch.stdout.close()
-
-
 class QuickWait(subprocess.Popen):
     """A Popen whose waits last 0.2 s at most: _stop's grace period, shortened for the test."""
 
@@ -425,12 +413,19 @@ class QuickWait(subprocess.Popen):
 
 
 @on_linux
-def test_stop_kills_a_process_that_ignores_sigterm():
-    launch = start("trap '' TERM; echo ready; exec sleep 30", QuickWait)  # ignored past exec
+@pytest.mark.parametrize(
+    ("script", "popen", "ended_by"),
+    [("echo ready; exec sleep 30", subprocess.Popen, signal.SIGTERM),
+     # ignored past exec: SIGKILL once the (shortened) grace period is over
+     ("trap '' TERM; echo ready; exec sleep 30", QuickWait, signal.SIGKILL)],
+    ids=["obeys-sigterm", "ignores-sigterm"],
+)  # fmt: skip
+def test_stop_ends_a_process_with_sigterm_else_sigkill(script, popen, ended_by):
+    launch = start(script, popen)
     try:
         assert launch.stdout.readline() == "ready\n"
         nodes._stop(launch)
-        assert launch.returncode == -signal.SIGKILL
+        assert launch.returncode == -ended_by
     finally:
         kill_group(launch)
         launch.stdout.close()
