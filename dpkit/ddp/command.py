@@ -52,7 +52,7 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
         f"{result.backend}, on {where}; pids {', '.join(map(str, result.pids))}",
         f"model {model}, global batch {result.batch} ({result.batch // result.nproc} rows per "
         f"rank, random 1x28x28 images), {len(result.step_times)} SGD steps, bucket_cap_mb "
-        f"{cap_text}",
+        + cap_text,
         f"parameters: {result.parameter_bytes:,d} bytes; all-reduced per step by each rank: "
         f"{payload:,d} bytes in {len(buckets)} bucket(s), of which a ring sends "
         f"{ring:,d} per rank (2(n-1)/n)",
