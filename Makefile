@@ -13,7 +13,10 @@ PYTEST_ARGS ?=
 # fixtures (one JupyterLab server for the browser tests) stay in one process: most tests
 # wait on subprocesses, kernels and a browser, so two workers take about 0.6x the time of
 # one on 2 cores (217 s against 348 s here). PYTEST_PARALLEL= runs them in one process.
-PYTEST_PARALLEL ?= -n 2 --dist loadfile
+# Files go out in collection order, the browser tests' (100-140 s, a third of a worker's
+# share) first: xdist's default, most tests first, handed them out halfway and left one
+# worker idle for the last 27 s.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 # The 15 slowest tests, at the end of every run: CI time stays visible (issue 32).
 PYTEST_REPORT ?= --durations=15
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
@@ -49,7 +52,14 @@ venv: $(STAMP)
 # (no nvidia-smi), torch comes first from PyTorch's CPU wheel index: PyPI's Linux wheel is the
 # CUDA build, several GB of NVIDIA libraries a laptop cannot use. Where that index cannot be
 # reached, the pinned install below takes whatever torch wheel pip finds, as it did before.
-PIP_INSTALL := $(BIN)/python -m pip install --disable-pip-version-check --progress-bar off
+# --no-compile: pip would compile all of the environment's 11,000 modules to bytecode, one
+# after another (30 s on our 2-core machines); Python writes a module's bytecode the first
+# time it is imported instead (make test imports about 4,600 of them: 13 s, spread over its
+# processes).
+# That needs PYTHONDONTWRITEBYTECODE unset where it is set (as on our CI machines): without
+# bytecode on disk, every Python the tests start would compile torch again.
+PIP_INSTALL := $(BIN)/python -m pip install --no-compile --disable-pip-version-check --progress-bar off
+unexport PYTHONDONTWRITEBYTECODE
 TORCH_PIN := $(shell grep -E '^torch==' requirements/course.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): requirements/course.txt pyproject.toml
@@ -96,10 +106,6 @@ NBVAL = DPKIT_CHECK_PLACEMENT=1 DPKIT_NOTEBOOKS_UNDER_LOAD=$(DPKIT_NOTEBOOKS_UND
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(NBVAL_ARGS) $(NBVAL_PATHS)
 test: venv test-tools
 	$(BIN)/ruff check $(LINT_PATHS) notebooks
-	@# dpkit's bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on our CI
-	@# machines), each of the hundreds of Pythons the tests start would compile dpkit again
-	@# (0.3 s of CPU each). Python still recompiles any file edited after this.
-	$(BIN)/python -m compileall -q dpkit
 	@state=$$(mktemp -d) && trap 'rm -rf "$$state"' EXIT && $(JUPYTER_STATE) || exit 1; \
 	echo "$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_REPORT) $(PYTEST_ARGS)"; \
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_REPORT) $(PYTEST_ARGS); status=$$?; \
