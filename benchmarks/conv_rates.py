@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dpkit.cost.calibrate import measure_ops, probes
+from dpkit.cost.calibration import measure_ops, probes
 from dpkit.cost.compute import interpolate
 
 RESULTS = Path(__file__).parent / "results" / "conv_rates.json"

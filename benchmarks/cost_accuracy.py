@@ -60,7 +60,7 @@ from torch import nn  # noqa: E402
 import dpkit  # noqa: E402
 import dpkit.cost as cost  # noqa: E402
 from benchmarks.heldout_models import HELDOUT_MODELS, heldout_model  # noqa: E402
-from dpkit.cost.calibrate import _Timed, predicted_segments  # noqa: E402
+from dpkit.cost.calibration import _Timed, predicted_segments  # noqa: E402
 from dpkit.models import COURSE_MODELS, build_model, sample_input  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cost_accuracy.json"

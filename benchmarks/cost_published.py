@@ -5,7 +5,7 @@
 Every row sets one number somebody measured on real GPUs and published (nccl-tests bus
 bandwidths, NVIDIA's ResNet-50 tables, PyTorch's DDP benchmark, Hugging Face's GPT-2 DP/DDP
 runs: ``benchmarks/published_measurements.py``, each with its source and a verbatim quote)
-beside what ``dpkit.cost`` predicts for it from its presets (``dpkit/cost/presets.py``) or
+beside what ``dpkit.cost`` predicts for it from its presets (``dpkit/cost/catalog.py``) or
 from a variant of one made with ``dataclasses.replace`` to match the measured machine.
 
 How the rows are compared:
@@ -74,12 +74,9 @@ sys.path.insert(0, str(HERE.parent))
 from published_measurements import MEASUREMENTS, Measurement  # noqa: E402
 
 import dpkit.cost as cost  # noqa: E402
-from dpkit.cost import Hardware, Link  # noqa: E402
+from dpkit.cost import Hardware, Link, prediction  # noqa: E402
 from dpkit.cost.compute import pass_time  # noqa: E402
-from dpkit.cost.profile import OpCost, PassCost, Profile  # noqa: E402
-
-# dpkit.cost's ``predict`` (the function) hides the submodule of the same name.
-predict_module = sys.modules["dpkit.cost.predict"]
+from dpkit.cost.profiling import OpCost, PassCost, Profile  # noqa: E402
 
 GB = 1e9
 GIB = 1 << 30
@@ -329,17 +326,17 @@ def prepared(profiles: dict[tuple[int, Any], Profile]):
     profiling: predict looks ``profile`` up in its own module, so it is swapped there for
     the ``with`` block. How the GPT-2 profile stretched to 1024 tokens and the cached
     profiles reach predict."""
-    original = predict_module.profile
+    original = prediction.profile
 
     def chosen(module: Any, sample: Any, **options: Any) -> Profile:
         found = profiles.get((id(module), options.get("amp")))
         return found if found is not None else original(module, sample, **options)
 
-    predict_module.profile = chosen
+    prediction.profile = chosen
     try:
         yield
     finally:
-        predict_module.profile = original
+        prediction.profile = original
 
 
 # --- the optimizer's step, which step_time leaves out ------------------------------------------

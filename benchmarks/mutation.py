@@ -32,7 +32,7 @@ the mutants with the fastest tests first, so an interrupted full run is not a ra
     make mutation FILES=dpkit/pipeline/bubble.py   # a file beyond the core, its own tests
     .venv/bin/python -m benchmarks.mutation --beyond --head   # all of them, the last commit
     .venv/bin/python -m benchmarks.mutation --files dpkit/comm.py --fresh
-    .venv/bin/python -m benchmarks.mutation --files dpkit/cost/profile.py --sample 100
+    .venv/bin/python -m benchmarks.mutation --files dpkit/cost/profiling.py --sample 100
 
 Results, merged file by file into what earlier runs measured:
 ``benchmarks/results/mutation.json`` and a readable ``benchmarks/results/mutation.md``.
@@ -139,11 +139,11 @@ BEYOND_CORE = {
     "dpkit/cost/compute.py": _COST_TESTS,
     "dpkit/cost/memory.py": _COST_TESTS,
     "dpkit/cost/hardware.py": _COST_TESTS,
-    "dpkit/cost/presets.py": _COST_TESTS,
+    "dpkit/cost/catalog.py": _COST_TESTS,
     "dpkit/cost/cli.py": _COST_TESTS,
-    "dpkit/cost/predict.py": _COST_TESTS,
-    "dpkit/cost/profile.py": _COST_TESTS,
-    "dpkit/cost/calibrate.py": _COST_TESTS,
+    "dpkit/cost/prediction.py": _COST_TESTS,
+    "dpkit/cost/profiling.py": _COST_TESTS,
+    "dpkit/cost/calibration.py": _COST_TESTS,
     "dpkit/lane_memory.py": r"dpkit\.lane_memory\b|from dpkit import .*\blane_memory\b",
     # (the instructor kit's test only writes a kernel config, and needs a git clone)
     "dpkit/testing/placement_check.py": (

@@ -3,7 +3,7 @@
 Each row is one number somebody measured (or, marked so in ``note``, stated as the expected
 measurement) on real hardware and published, with its conditions in machine-readable form,
 the source, its address and a short verbatim quote of the number. None of them was used to
-set a preset in ``dpkit/cost/presets.py`` except where ``note`` says so, so they can check
+set a preset in ``dpkit/cost/catalog.py`` except where ``note`` says so, so they can check
 it. The rows were chosen thus:
 
 - only primary sources: NVIDIA's own READMEs and engineers' answers, PyTorch's DDP

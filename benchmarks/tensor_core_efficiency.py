@@ -12,7 +12,7 @@ unit's peak at which ``dpkit.cost`` predicts exactly that throughput (bisection 
 ``tensor_core_efficiency={unit: e}``, or ``matmul_efficiency`` for the CUDA cores), the step
 being forward + backward (``step_time``) plus the SGD-with-momentum step that
 ``cost_published.py`` estimates. The presets take the tensor-core fractions
-(``dpkit/cost/presets.py``, [dle-rnx101]); ResNet-50's rows in ``cost_published.py`` then
+(``dpkit/cost/catalog.py``, [dle-rnx101]); ResNet-50's rows in ``cost_published.py`` then
 check them on a model they were not read from.
 
 Why not a matmul microbenchmark: a large GEMM reaches 80-90 % of a tensor core's peak, the
@@ -45,7 +45,7 @@ from published_models import resnext101_32x4d  # noqa: E402
 
 import dpkit.cost as cost  # noqa: E402
 from dpkit.cost import Hardware  # noqa: E402
-from dpkit.cost.profile import Profile  # noqa: E402
+from dpkit.cost.profiling import Profile  # noqa: E402
 
 RESULTS = HERE / "results"
 PRESETS = {"a100": "8xA100-SXM-NVLink", "v100": "8xV100-NVLink"}

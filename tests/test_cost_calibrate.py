@@ -4,7 +4,6 @@ calibration of virtual CPU lanes gives a valid Hardware with plausible numbers."
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import warnings
 
 import pytest
@@ -12,12 +11,10 @@ import torch
 
 import dpkit
 import dpkit.cost as cost
+from dpkit.cost import calibration
 from dpkit.cost.hardware import HOST_TERMS
 from dpkit.models import build_model, sample_input
 from dpkit.placement_check import checking_placement
-
-# dpkit.cost.calibrate is the function (re-exported by dpkit.cost); this is its module
-calibration = importlib.import_module("dpkit.cost.calibrate")
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +249,7 @@ def test_the_forward_call_is_dataparallels_four_forward_phases():
 
 
 def test_calibration_replaces_the_defaults_with_what_it_measured(measured):
-    from dpkit.cost.presets import this_machine_default
+    from dpkit.cost.catalog import this_machine_default
 
     default = this_machine_default()
     for name in ("memory_bandwidth", "device_to_device", "thread_start", "module_overhead"):

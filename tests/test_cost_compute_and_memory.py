@@ -16,7 +16,7 @@ from torch import nn
 import dpkit.cost as cost
 from dpkit.cost.compute import elementwise_time, host_calls, interpolate, op_time
 from dpkit.cost.memory import ddp_memory, dp_memory, optimizer_copies
-from dpkit.cost.profile import OpCost, PassCost
+from dpkit.cost.profiling import OpCost, PassCost
 
 # (work, seconds): 2 s at 100, 8 s at 400, 16 s at 1,600
 SAMPLES = ((100.0, 2.0), (400.0, 8.0), (1600.0, 16.0))

@@ -566,7 +566,7 @@ def test_tensor_cores_reach_their_own_fraction_and_cuda_cores_matmul_efficiency(
 
 def test_convolutions_run_in_tf32_by_default_and_matmuls_do_not():
     from dpkit.cost.compute import rate_key
-    from dpkit.cost.profile import OpCost
+    from dpkit.cost.profiling import OpCost
 
     a100 = cost.preset("8xA100-SXM-NVLink")
     conv = OpCost("aten.convolution", (0.0, 1.0), (0.0, 1.0), kind="conv", dtype="float32")
@@ -601,8 +601,8 @@ def test_ddp_buckets_close_once_a_gradient_takes_them_past_the_cap():
 
 
 def test_a_gradient_is_ready_when_the_backward_op_making_it_ends():
-    from dpkit.cost.predict import gradient_ready
-    from dpkit.cost.profile import PassCost
+    from dpkit.cost.prediction import gradient_ready
+    from dpkit.cost.profiling import PassCost
 
     profiled = cost.profile(two_layers(), torch.randn(1, 4))
     machine = made_up(backward_op_overhead=1 * US)
@@ -737,7 +737,7 @@ def test_ddp_buckets_wait_for_the_backward_work_not_the_bytes():
     # comes within its first few ops
     assert profile.gradient_ops[0] == max(i for i, n in enumerate(ops) if "convolution" in n)
     assert max(profile.gradient_ops[-2:]) < ops.index("aten.threshold_backward")
-    from dpkit.cost.predict import gradient_ready
+    from dpkit.cost.prediction import gradient_ready
 
     a100 = cost.preset("8xA100-SXM-NVLink")
     ready = gradient_ready(profile, 256, a100)
@@ -786,7 +786,7 @@ def test_a_model_of_several_inputs_and_a_dict_output_is_predicted_as_dataparalle
 
 
 def test_replica_threads_take_turns_with_the_gil_call_by_call():
-    from dpkit.cost.predict import _threads
+    from dpkit.cost.prediction import _threads
 
     # by hand, 2 threads on 2 cores, 4 calls of 1 s of Python then 3 s of kernel: A runs
     # Python 0-1, B waits for the GIL, runs 1-2; each call after is 4 s later: A ends at
@@ -806,7 +806,7 @@ def test_replica_threads_take_turns_with_the_gil_call_by_call():
 def test_the_gil_queue_without_kernels_is_the_simulation_with_kernels_of_nothing():
     import random
 
-    from dpkit.cost.predict import _gil_queue, _threads
+    from dpkit.cost.prediction import _gil_queue, _threads
 
     chooser = random.Random(1)
     for _ in range(200):
@@ -823,7 +823,7 @@ def test_the_gil_queue_without_kernels_is_the_simulation_with_kernels_of_nothing
 
 
 def test_processes_share_the_cores_fairly_without_a_gil():
-    from dpkit.cost.predict import _threads
+    from dpkit.cost.prediction import _threads
 
     # 3 processes of 2 s each on 2 cores: each at 2/3 speed, all done at 3 s
     assert _threads([0.0] * 3, 1, [0.0] * 3, [2.0] * 3, 2.0) == pytest.approx([3, 3, 3])

@@ -117,7 +117,7 @@ def test_predicted_bytes_follow_chunks_and_parameters():
 
 
 def test_the_caller_starting_replica_threads_holds_the_gil_as_their_calls_do():
-    from dpkit.cost.predict import _threads
+    from dpkit.cost.prediction import _threads
 
     # by hand, 2 threads on 2 cores, one call each of 1 s of Python then 3 s of kernel, the
     # caller's starts 1 s of Python each: A started 0-1, its Python 1-2 (the caller waits for

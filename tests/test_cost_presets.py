@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 
 import pytest
 
 import dpkit.cost as cost
-from dpkit.cost import Hardware, Link
+from dpkit.cost import Hardware, Link, catalog
 from dpkit.cost.hardware import HOST_TERMS
 
 REQUIRED = {
@@ -17,7 +16,7 @@ REQUIRED = {
     "8xH100-SXM-NVLink", "2x8xA100-IB-HDR", "2x8xA100-100GbE", "2x8xA100-10GbE",
 }  # fmt: skip
 # the module, not the function of the same name that dpkit.cost exports
-SOURCES = importlib.import_module("dpkit.cost.presets").__doc__
+SOURCES = catalog.__doc__
 CITED = set(re.findall(r"^- \[([\w-]+)\]", SOURCES, flags=re.MULTILINE))
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from dpkit.cost.profile import (
+from dpkit.cost.profiling import (
     ESTIMATES,
     OpCost,
     PassCost,
@@ -572,7 +572,7 @@ def test_a_bilinear_layers_estimate_is_the_hand_count():
 
 def test_calibrations_timed_runs_count_and_estimate_nothing():
     # calibration times ops without a counter, so that counting costs no time
-    from dpkit.cost.profile import run_passes
+    from dpkit.cost.profiling import run_passes
 
     forward, backward, _, _ = run_passes(
         Attention(explicit=False), torch.randn(2, 6, 16), None, True

@@ -5,19 +5,16 @@ long as one with them filled: a calibrated machine prices its FLOPs over the lan
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import pytest
 import torch
 from torch import nn
 
 import dpkit.cost as cost
-from dpkit.cost.calibrate import measure_ops
+from dpkit.cost import profiling
+from dpkit.cost.calibration import measure_ops
 from dpkit.cost.compute import op_time
-from dpkit.cost.profile import OpCost, vector_fill
-
-# the module, which dpkit.cost's profile() function hides as an attribute
-profile_module = importlib.import_module("dpkit.cost.profile")
+from dpkit.cost.profiling import OpCost, vector_fill
 
 
 @pytest.mark.parametrize(
@@ -31,12 +28,12 @@ profile_module = importlib.import_module("dpkit.cost.profile")
 def test_the_fill_pads_both_sides_of_the_product_to_the_vector(
     monkeypatch, vector_bytes, lanes_filled
 ):
-    monkeypatch.setattr(profile_module, "VECTOR_BYTES", vector_bytes)
+    monkeypatch.setattr(profiling, "VECTOR_BYTES", vector_bytes)
     assert vector_fill(nn.Conv2d(1, 4, 3).weight, groups=1) == pytest.approx(lanes_filled)
 
 
 def test_wide_layers_fill_every_lane_and_other_ops_are_left_alone(monkeypatch):
-    monkeypatch.setattr(profile_module, "VECTOR_BYTES", 64)
+    monkeypatch.setattr(profiling, "VECTOR_BYTES", 64)
     assert vector_fill(nn.Conv2d(16, 32, 3).weight, groups=1) == 1.0  # 32 and 144 = 9 x 16
     half = nn.Conv2d(16, 32, 3).weight.to(torch.bfloat16)  # 32 bfloat16 lanes: 144 of 160
     assert vector_fill(half, groups=1) == pytest.approx(1.0 * 144 / 160)
@@ -48,7 +45,7 @@ def test_wide_layers_fill_every_lane_and_other_ops_are_left_alone(monkeypatch):
 
 
 def test_the_profile_reads_the_fill_off_each_convolutions_weight(monkeypatch):
-    monkeypatch.setattr(profile_module, "VECTOR_BYTES", 64)
+    monkeypatch.setattr(profiling, "VECTOR_BYTES", 64)
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 24, 3))
     profiled = cost.profile(model, torch.randn(1, 1, 8, 8))
     fills = {
@@ -84,7 +81,7 @@ def test_a_calibrated_curve_prices_a_quarter_filled_convolution_as_four_times_th
 
 
 def test_calibration_keys_a_convolutions_time_by_its_filled_work(monkeypatch):
-    monkeypatch.setattr(profile_module, "VECTOR_BYTES", 64)
+    monkeypatch.setattr(profiling, "VECTOR_BYTES", 64)
     conv, sample = nn.Conv2d(1, 4, 3), torch.randn(1, 1, 6, 6)
     curves = measure_ops([(conv, sample)], (2,), repeats=1)
     flops = 2 * 4 * 9 * 4 * 4 * 2  # 2 per multiply-add, 4 outputs x 9, 4 x 4 pixels, 2 rows

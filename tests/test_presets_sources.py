@@ -5,15 +5,15 @@ show. Fast: reads the presets and their module's docstring only."""
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
 
 import dpkit.cost as cost
+from dpkit.cost import catalog
 
 # the module, not the function of the same name that dpkit.cost exports
-DOC = importlib.import_module("dpkit.cost.presets").__doc__
+DOC = catalog.__doc__
 LINKS = ("host_to_device", "device_to_device", "node_to_node")
 GPU_PRESETS = sorted(name for name in cost.presets() if name != "this-machine")
 
@@ -21,7 +21,7 @@ GPU_PRESETS = sorted(name for name in cost.presets() if name != "this-machine")
 def entry(key: str) -> str:
     """The docstring's bullet for ``[key]``, up to the next bullet or blank line."""
     found = re.search(rf"^- \[{re.escape(key)}\](.*?)(?=^- \[|\n\n)", DOC, re.M | re.S)
-    assert found, f"[{key}] is cited but has no entry in dpkit/cost/presets.py's docstring"
+    assert found, f"[{key}] is cited but has no entry in dpkit/cost/catalog.py's docstring"
     return found.group(1)
 
 

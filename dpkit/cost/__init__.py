@@ -12,12 +12,13 @@ a spec sheet or a published measurement (:func:`presets`, every number cited)::
     here = cost.calibrate()                               # this machine's virtual CPU lanes
     cost.predict(model, x[:1], 256, 4, here).step_time    # seconds, to set beside a measurement
 
-Its parts, a file each: ``hardware``, ``presets`` (cited), ``profile`` (FLOPs and bytes),
-``collectives`` and ``compute`` (the formulas), ``memory``, ``predict`` (the step),
-``calibrate``, ``cli`` (``dpkit predict``). Its accuracy: ``benchmarks/README.md``.
+Its parts, a file each: ``hardware``, ``catalog`` (the presets, cited), ``profiling`` (FLOPs
+and bytes), ``collectives`` and ``compute`` (the formulas), ``memory``, ``prediction`` (the
+step), ``calibration``, ``cli`` (``dpkit predict``). Its accuracy: ``benchmarks/README.md``.
 """
 
-from dpkit.cost.calibrate import calibrate
+from dpkit.cost.calibration import calibrate
+from dpkit.cost.catalog import preset, presets
 from dpkit.cost.collectives import (
     allreduce,
     broadcast,
@@ -29,9 +30,8 @@ from dpkit.cost.collectives import (
     transfer,
 )
 from dpkit.cost.hardware import Hardware, Link
-from dpkit.cost.predict import PredictedTrace, allreduce_schedule, ddp_buckets, predict
-from dpkit.cost.presets import preset, presets
-from dpkit.cost.profile import Profile, profile
+from dpkit.cost.prediction import PredictedTrace, allreduce_schedule, ddp_buckets, predict
+from dpkit.cost.profiling import Profile, profile
 
 __all__ = ["Hardware", "Link", "PredictedTrace", "Profile", "allreduce", "allreduce_schedule",
            "broadcast", "bus_bandwidth", "calibrate", "ddp_buckets", "predict", "preset",

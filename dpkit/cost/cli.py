@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from dpkit.cli_types import at_least_one, more_than_zero
+from dpkit.cost.catalog import preset, presets
 from dpkit.cost.hardware import TABLES, Hardware, Link, check
 from dpkit.cost.memory import OPTIMIZER_COPIES
-from dpkit.cost.predict import STRATEGIES, PredictedTrace, predict
-from dpkit.cost.presets import preset, presets
+from dpkit.cost.prediction import STRATEGIES, PredictedTrace, predict
 from dpkit.models import PREDICTION_MODELS, build_model, sample_input
 
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
@@ -288,7 +288,7 @@ def choose_hardware(args: argparse.Namespace) -> Hardware:
         named = (args.hardware or "this-machine").lower()
         if args.hardware_file is not None or named != "this-machine":
             raise ValueError("--calibrate measures this machine: use --hardware this-machine")
-        from dpkit.cost.calibrate import calibrate
+        from dpkit.cost.calibration import calibrate
 
         return calibrate(quick=True, progress=True)
     if args.hardware_file is not None:

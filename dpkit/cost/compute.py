@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dpkit.cost.hardware import Hardware, OpSamples
-from dpkit.cost.profile import OpCost, PassCost
+from dpkit.cost.profiling import OpCost, PassCost
 
 
 @dataclass(frozen=True)

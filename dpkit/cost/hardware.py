@@ -1,11 +1,11 @@
 """What the cost model knows about a machine: a :class:`Hardware` made of :class:`Link` objects.
 
 The surprise first: a spec sheet's peak is never what a step gets. Real kernels reach a
-fraction of it, so a Hardware keeps the peaks (cited in :mod:`dpkit.cost.presets`) and the
+fraction of it, so a Hardware keeps the peaks (cited in :mod:`dpkit.cost.catalog`) and the
 fractions, and the model only ever uses their product. Link bandwidths are stored achieved
 (nccl-tests' bus bandwidth, or a spec sheet times a stated fraction).
 
-How each field is used (:mod:`dpkit.cost.predict` is the rest):
+How each field is used (:mod:`dpkit.cost.prediction` is the rest):
 
 - an op takes ``max(FLOPs / (peak[dtype] * efficiency[dtype]), bytes / (memory_bandwidth *
   memory_efficiency))`` on its device (``efficiency``: ``tensor_core_efficiency`` where it
@@ -100,7 +100,7 @@ TABLES = ("peak_flops", "tensor_core_efficiency", "op_seconds")  # one entry per
 @dataclass(frozen=True)
 class Hardware:
     """A machine as the cost model sees it (how each field is used: the module's docstring;
-    every preset's numbers cited: :mod:`dpkit.cost.presets`)."""
+    every preset's numbers cited: :mod:`dpkit.cost.catalog`)."""
 
     name: str = _about("text", "what the outputs call the machine")
     description: str = _about("text", "one line about it")

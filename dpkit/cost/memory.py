@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dpkit.cost.collectives import COALESCE_BYTES
-from dpkit.cost.profile import Profile, op_kind
+from dpkit.cost.profiling import Profile, op_kind
 
 # Optimizer state per trainable parameter, in copies of it (torch.optim's state_dict):
 # plain SGD none, SGD(momentum>0) its momentum_buffer, Adam and AdamW exp_avg, exp_avg_sq.

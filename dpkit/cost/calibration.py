@@ -29,10 +29,10 @@ from torch import nn
 
 import dpkit
 from dpkit import host_clock
+from dpkit.cost.catalog import this_machine_default
 from dpkit.cost.hardware import Hardware, Link, OpSamples
-from dpkit.cost.predict import predict
-from dpkit.cost.presets import this_machine_default
-from dpkit.cost.profile import profile, rows_like, run_passes
+from dpkit.cost.prediction import predict
+from dpkit.cost.profiling import profile, rows_like, run_passes
 from dpkit.device import Device
 from dpkit.models import COURSE_MODELS, build_model, sample_input
 

@@ -27,11 +27,11 @@ import torch
 from torch import nn
 
 from dpkit.cost import collectives
+from dpkit.cost.catalog import preset
 from dpkit.cost.compute import PassTime, elementwise_time, host_calls, op_time, pass_time
 from dpkit.cost.hardware import Hardware
 from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies, with_blas_workspaces
-from dpkit.cost.presets import preset
-from dpkit.cost.profile import Profile, profile
+from dpkit.cost.profiling import Profile, profile
 from dpkit.ddp.checks import check_bucket_cap
 from dpkit.device import Device
 from dpkit.scatter import torch_chunk_sizes
