@@ -739,7 +739,7 @@ def test_single_replica_scalar_output_stays_plain():
 # The functional form.
 
 
-@pytest.mark.parametrize("batch,ndev", [(10, 4), (2, 4), (5, 1), (7, 3)])
+@pytest.mark.parametrize("batch,ndev", [(10, 4), (2, 4), (5, 1), (7, 3), (6, 2)])
 def test_functional_data_parallel_outputs_and_grads(batch, ndev):
     model = Scaled().to(F64)
     reference = copy.deepcopy(model)

@@ -133,6 +133,16 @@ def test_one_device_records_the_module_s_own_call_as_its_apply_and_backward():
     assert held["activations"] > 0
 
 
+def test_data_parallel_on_one_device_records_the_module_s_call_there_too():
+    """The functional form on one device calls the module itself, as DataParallel does: its
+    apply is on that device, in the caller's thread."""
+    (dev,) = lanes(1)
+    with dpkit.trace() as tr:
+        dpkit.data_parallel(mlp(), torch.randn(6, F), device_ids=[dev]).sum().backward()
+    (apply,) = [e for e in tr.events if e.phase == "apply"]
+    assert apply.device == dev.name and apply.details["thread"] == "caller"
+
+
 # --------------------------------------------------------------------------------------
 # bytes
 
