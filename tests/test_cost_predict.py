@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
-import time
 from collections import Counter
 
 import pytest
@@ -15,6 +13,7 @@ from torch import nn
 
 import dpkit
 import dpkit.cost as cost
+from dpkit.cost import profiling
 from dpkit.models import build_model, sample_input
 from dpkit.tracing import BACKWARD_PHASES
 from tests.lanes import lanes
@@ -245,15 +244,24 @@ def test_one_device_runs_the_module_itself():
     assert sum(e.nbytes for e in predicted.events) == 0
 
 
-def test_a_prediction_takes_milliseconds_once_profiled():
+def test_a_prediction_runs_the_model_once_and_reuses_its_profile(monkeypatch):
+    """The explorers predict at every slider move: only the first prediction of a model runs
+    it (a speed goal in milliseconds would be a timed unit test, noisy under load)."""
     model, x = build_model("transformer", seed=0), sample_input()
     cost.predict(model, x, 1024, 8, "8xH100-SXM-NVLink")  # profiles once
-    times = []
-    for strategy in ("dp", "ddp") * 5:
-        start = time.perf_counter()
-        cost.predict(model, x, 1024, 8, "8xH100-SXM-NVLink", strategy=strategy)
-        times.append(time.perf_counter() - start)
-    assert statistics.median(times) < 0.02
+    passes = []
+    run_passes = profiling.run_passes
+    monkeypatch.setattr(
+        profiling,
+        "run_passes",
+        lambda *args, **kwargs: passes.append(1) or run_passes(*args, **kwargs),
+    )
+    for strategy in ("dp", "ddp"):
+        for batch in (64, 1024):
+            cost.predict(model, x, batch, 8, "8xH100-SXM-NVLink", strategy=strategy)
+    assert passes == []
+    cost.predict(build_model("transformer", seed=0), x, 64, 8, "8xH100-SXM-NVLink")
+    assert passes, "a new model is profiled: the check above would see a pass"
 
 
 def test_profile_counts_flops_like_flop_counter_mode_and_leaves_the_model_alone():
