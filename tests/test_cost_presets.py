@@ -15,7 +15,6 @@ REQUIRED = {
     "this-machine", "T4-PCIe3", "4xA100-PCIe4", "8xV100-NVLink", "8xA100-SXM-NVLink",
     "8xH100-SXM-NVLink", "2x8xA100-IB-HDR", "2x8xA100-100GbE", "2x8xA100-10GbE",
 }  # fmt: skip
-# the module, not the function of the same name that dpkit.cost exports
 SOURCES = catalog.__doc__
 CITED = set(re.findall(r"^- \[([\w-]+)\]", SOURCES, flags=re.MULTILINE))
 

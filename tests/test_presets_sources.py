@@ -12,7 +12,6 @@ import pytest
 import dpkit.cost as cost
 from dpkit.cost import catalog
 
-# the module, not the function of the same name that dpkit.cost exports
 DOC = catalog.__doc__
 LINKS = ("host_to_device", "device_to_device", "node_to_node")
 GPU_PRESETS = sorted(name for name in cost.presets() if name != "this-machine")
