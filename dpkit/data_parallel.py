@@ -21,8 +21,7 @@ then runs in a worker thread too, so that the timeout holds).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any, Generic, TypeVar
 
@@ -67,16 +66,26 @@ class DataParallel(nn.Module, Generic[T]):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("DataParallel.forward"):
-            steps = self.scatter, self.replicate, self.parallel_apply, self.gather
-            return _parallel_forward(
-                self.module,
-                inputs,
-                kwargs,
-                self.device_ids,
-                self.output_device,
-                steps,
-                self.timeout,
-            )
+            _check_on_source(self.module, self.src_device_obj)  # dpkit: the fix in its error
+            # dpkit: while tracing, a step begins here and its forward ends at the return
+            with tracing.forward_step((*self.device_ids, self.output_device)):
+                inputs, module_kwargs = self.scatter(inputs, kwargs, self.device_ids)
+                # for forward function without any inputs, empty list and dict will be created
+                # so the module can be executed on one device which is the first one in device_ids
+                if not inputs and not module_kwargs:
+                    inputs = ((),)
+                    module_kwargs = ({},)
+
+                if len(self.device_ids) == 1:
+                    if self.timeout is None:  # dpkit: traced as replica 0's forward
+                        return tracing.traced_call(
+                            self.module, inputs[0], module_kwargs[0], self.src_device_obj
+                        )
+                    # dpkit: timeout= needs a worker thread, even for one device
+                    return self.parallel_apply([self.module], inputs[:1], module_kwargs[:1])[0]
+                replicas = self.replicate(self.module, self.device_ids[: len(inputs)])
+                outputs = self.parallel_apply(replicas, inputs, module_kwargs)
+                return self.gather(outputs, self.output_device)
 
     def replicate(self, module: T, device_ids: Sequence[DeviceLike]) -> list[T]:
         return replicate(module, device_ids, not torch.is_grad_enabled())
@@ -126,58 +135,26 @@ def data_parallel(
     check_timeout(timeout)  # before any work, not in parallel_apply after the scatter
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()
-    resolved, output = _resolve(device_ids, output_device)
+    device_ids, output_device = _resolve(device_ids, output_device)  # dpkit: Devices, lanes
+    _check_on_source(module, device_ids[0])
+    with tracing.forward_step((*device_ids, output_device)):  # dpkit, as in DataParallel
+        inputs, module_kwargs = scatter_kwargs(inputs, module_kwargs, device_ids, dim, chunk_sizes)
+        # For module without any inputs, empty list and dict will be created
+        # so the module can be executed on one device which is the first one in device_ids
+        if not inputs and not module_kwargs:
+            inputs = ((),)
+            module_kwargs = ({},)
 
-    def apply_on_used(replicas: Sequence[nn.Module], chunks: Any, chunk_kwargs: Any) -> Any:
-        return parallel_apply(
-            replicas, chunks, chunk_kwargs, resolved[: len(replicas)], timeout=timeout
-        )
-
-    steps = (
-        partial(scatter_kwargs, dim=dim, chunk_sizes=chunk_sizes),
-        replicate,
-        apply_on_used,
-        partial(gather, dim=dim),
-    )
-    return _parallel_forward(module, inputs, module_kwargs, resolved, output, steps, timeout)
-
-
-def _parallel_forward(
-    module: nn.Module,
-    inputs: tuple[Any, ...],
-    kwargs: dict[str, Any] | None,
-    device_ids: list[Device],
-    output_device: Device,
-    steps: tuple[Callable[..., Any], ...],
-    timeout: float | None,
-) -> Any:
-    """torch's ``DataParallel.forward``, which ``data_parallel`` repeats: here once for both.
-
-    ``steps`` are scatter, replicate, parallel_apply and gather with the signatures of torch's
-    ``DataParallel`` methods: the DataParallel's own (so a subclass can override any of
-    them), or the plain primitives for ``data_parallel``.
-    """
-    scatter, replicate, parallel_apply, gather = steps
-    _check_on_source(module, device_ids[0])  # dpkit: torch's check, with the fix in its error
-    tracing_on = tracing.enabled()  # dpkit: while tracing, a step begins and its forward ends
-    if tracing_on:
-        tracing.begin_step((*device_ids, output_device))
-    inputs, kwargs = scatter(inputs, kwargs, device_ids)
-    # A forward without inputs still runs once, on device_ids[0].
-    if not inputs and not kwargs:
-        inputs, kwargs = ((),), ({},)
-    if len(device_ids) == 1 and timeout is None:
-        # torch's module(*inputs[0], **kwargs[0]); dpkit: while tracing, replica 0's forward
-        result = tracing.traced_call(module, inputs[0], kwargs[0], device_ids[0])
-    elif len(device_ids) == 1:  # dpkit: timeout= needs a worker thread, even for one device
-        result = parallel_apply([module], inputs[:1], kwargs[:1])[0]
-    else:
-        replicas = replicate(module, device_ids[: len(inputs)])
-        outputs = parallel_apply(replicas, inputs, kwargs)
-        result = gather(outputs, output_device)
-    if tracing_on:
-        tracing.end_forward()
-    return result
+        if len(device_ids) == 1:
+            if timeout is None:
+                return tracing.traced_call(module, inputs[0], module_kwargs[0], device_ids[0])
+            return parallel_apply(
+                [module], inputs[:1], module_kwargs[:1], device_ids[:1], timeout=timeout
+            )[0]
+        used_device_ids = device_ids[: len(inputs)]
+        replicas = replicate(module, used_device_ids)
+        outputs = parallel_apply(replicas, inputs, module_kwargs, used_device_ids, timeout=timeout)
+        return gather(outputs, output_device, dim)
 
 
 # --------------------------------------------------------------------------------------

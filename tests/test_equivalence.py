@@ -679,10 +679,18 @@ class NoInputs(nn.Module):
         return self.value * 2
 
 
+def _data_parallel_functional(model, devices, timeout):
+    return lambda: dpkit.data_parallel(model, None, devices, timeout=timeout)
+
+
+# timeout= runs the module in a worker thread even on one device, which must still be told its
+# device: with no input tensor to find it from, parallel_apply could not.
+@pytest.mark.parametrize("form", [dpkit.DataParallel, _data_parallel_functional])
+@pytest.mark.parametrize("timeout", [None, 30.0])
 @pytest.mark.parametrize("ndev", [1, 4])
-def test_forward_without_inputs_runs_once_on_device_0(ndev):
+def test_forward_without_inputs_runs_once_on_device_0(ndev, timeout, form):
     model = NoInputs()
-    out = dpkit.DataParallel(model, lanes(ndev))()
+    out = form(model, lanes(ndev), timeout=timeout)()
     assert len(model.calls) == 1
     if ndev > 1:
         assert model.calls[0].index == 0

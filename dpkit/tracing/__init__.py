@@ -68,6 +68,7 @@ from dpkit.context import current_step as current_step
 from dpkit.tracing.backward import ReplicaBackward as ReplicaBackward
 from dpkit.tracing.backward import after_apply as after_apply
 from dpkit.tracing.backward import applying as applying
+from dpkit.tracing.backward import forward_step as forward_step
 from dpkit.tracing.backward import replicating as replicating
 from dpkit.tracing.backward import trace_replica as trace_replica
 from dpkit.tracing.backward import traced_call as traced_call

@@ -185,6 +185,18 @@ def applying(
     after_apply(work, results)
 
 
+@contextmanager
+def forward_step(devices: Sequence[Device]) -> Iterator[None]:
+    """Around DataParallel's forward: while tracing, a step begins on ``devices`` and, when the
+    forward returns, torch's allocator is read for its ``allocated (torch)`` records."""
+    if not recorder.enabled():
+        yield
+        return
+    recorder.begin_step(devices)
+    yield
+    recorder.end_forward()
+
+
 def traced_call(module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device) -> Any:
     """``module(*input, **kwargs)`` in the caller's thread, where DataParallel on one device
     calls its module, as torch's does, recorded as replica 0's forward on ``device`` (an
