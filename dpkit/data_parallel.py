@@ -33,7 +33,7 @@ from dpkit.device import Device, DeviceLike, as_device, as_devices, devices
 from dpkit.gather import gather
 from dpkit.lanes import device_of, resides_on
 from dpkit.parallel_apply import check_timeout, parallel_apply
-from dpkit.replicate import check_not_compiled, replicate
+from dpkit.replicate import check_module, replicate
 from dpkit.scatter import ChunkSizes, check_dim, scatter_kwargs
 
 T = TypeVar("T", bound=nn.Module)
@@ -53,7 +53,7 @@ class DataParallel(nn.Module, Generic[T]):
         timeout: float | None = None,
     ) -> None:
         super().__init__()
-        _check_module(module)  # dpkit: a clear error for what is not a Module, or is compiled
+        check_module(module)  # dpkit: a clear error for what is not a Module, or is compiled
         self.dim = check_dim(dim)  # dpkit: a clear error now, not at the first forward
         self.module = module
         self.chunk_sizes = chunk_sizes  # dpkit: other splits than torch.chunk's
@@ -131,7 +131,7 @@ def data_parallel(
     As torch's ``data_parallel``, it never detaches the replicas (``DataParallel`` does
     when grad is off).
     """
-    _check_module(module)  # dim is checked by scatter_kwargs, before any copy
+    check_module(module)  # dim is checked by scatter_kwargs, before any copy
     check_timeout(timeout)  # before any work, not in parallel_apply after the scatter
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()
@@ -159,15 +159,6 @@ def data_parallel(
 
 # --------------------------------------------------------------------------------------
 # dpkit's additions: clearer errors, and devices resolved.
-
-
-def _check_module(module: Any) -> None:
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"module must be a torch.nn.Module, got {type(module).__name__}; wrap the "
-            "computation in an nn.Module"
-        )
-    check_not_compiled(module)
 
 
 def _check_on_source(module: nn.Module, source: Device) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -121,13 +121,19 @@ def check_not_compiled(module: nn.Module, where: str = "module") -> None:
         )
 
 
-def _check_replicable(network: nn.Module) -> None:
-    """Clear errors for what torch would fail on later, then torch's own first check."""
-    if not isinstance(network, nn.Module):
+def check_module(module: Any) -> None:
+    """Clear errors for what is not a Module, or is compiled (DataParallel checks when made)."""
+    if not isinstance(module, nn.Module):
         raise TypeError(
-            f"module must be a torch.nn.Module, got {type(network).__name__}; to run a plain "
+            f"module must be a torch.nn.Module, got {type(module).__name__}; to run a plain "
             "function on every device, wrap it in an nn.Module"
         )
+    check_not_compiled(module)
+
+
+def _check_replicable(network: nn.Module) -> None:
+    """Clear errors for what torch would fail on later, then torch's own first check."""
+    check_module(network)
     for name, param in network.named_parameters():
         if isinstance(param, nn.parameter.UninitializedParameter):
             raise ValueError(
