@@ -38,6 +38,17 @@ from typing import Any
 
 import torch
 from torch import nn
+
+__all__ = [
+    "ENVIRONMENT_VARIABLE",
+    "active",
+    "checking_placement",
+    "disable",
+    "enable",
+    "enable_from_environment",
+    "load_ipython_extension",
+    "write_kernel_config",
+]
 from torch.overrides import TorchFunctionMode
 
 from dpkit import device
