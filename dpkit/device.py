@@ -21,6 +21,7 @@ kind            what it is                                           ``torch_dev
 
 A trace's events can carry two more kinds, which are labels, not devices: a cost model's
 predictions and DDP's ranks (:data:`dpkit.tracing.PREDICTED`, :data:`dpkit.tracing.RANK`).
+Figures name every kind in words from :data:`dpkit.tracing.KIND_LABELS`.
 """
 
 from __future__ import annotations
@@ -36,15 +37,6 @@ REAL = "real"
 VIRTUAL_GPU = "virtual-gpu"
 VIRTUAL_CPU = "virtual-cpu"
 HOST = "host"
-
-# How figures and tables name each kind of device (dpkit.tracing adds the trace's labels).
-DEVICE_LABELS = {
-    REAL: "real devices",
-    VIRTUAL_GPU: "virtual devices on one GPU",
-    VIRTUAL_CPU: "virtual devices on the CPU",
-    HOST: "host CPU",
-}
-
 
 # Under the placement check (dpkit.testing.placement_check), CPU lanes pretend to live on a
 # device of their own, apart from plain CPU memory, as lanes on one GPU live on cuda:0.
@@ -80,9 +72,6 @@ class Device:
     # Whether its work runs on a CUDA stream of its own (lanes on one GPU), apart from the
     # caller's stream where copies are queued.
     has_own_stream: bool = field(init=False, compare=False, repr=False)
-    # Whether torch's allocator totals for its torch device are its own (a real CUDA device;
-    # lanes on one GPU share its allocator).
-    has_own_allocator: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         where = self.torch_device
@@ -102,12 +91,6 @@ class Device:
         set_once(self, "memory", memory)
         set_once(self, "holds_plain_memory", plain)
         set_once(self, "has_own_stream", self.kind == VIRTUAL_GPU)
-        set_once(self, "has_own_allocator", self.kind == REAL and where.type == "cuda")
-
-    @property
-    def label(self) -> str:
-        """Its kind in words, for figures: "virtual devices on the CPU", "real devices", ..."""
-        return DEVICE_LABELS[self.kind]
 
     def shares_memory_with(self, other: Device) -> bool:
         """Whether a tensor on this device is also on ``other`` without a copy: the same

@@ -83,7 +83,10 @@ def test_only_real_cuda_devices_have_allocator_readings():
     cuda0, cuda1 = (Device(i, REAL, torch.device("cuda", i)) for i in (0, 1))
     shared = Device(0, VIRTUAL_GPU, torch.device("cuda", 0))
     cpu_lane = Device(0, VIRTUAL_CPU, torch.device("cpu"))
-    chosen = allocator.devices_with_allocator([cuda0, shared, cpu_lane, cuda1, cuda0, HOST_DEVICE])
+    xpu = Device(0, REAL, torch.device("xpu", 0))  # a real accelerator, but not torch.cuda's
+    chosen = allocator.devices_with_allocator(
+        [cuda0, shared, cpu_lane, xpu, cuda1, cuda0, HOST_DEVICE]
+    )
     assert chosen == (cuda0, cuda1)
 
 

@@ -12,12 +12,13 @@ from collections.abc import Iterable
 
 import torch
 
-from dpkit.device import Device
+from dpkit.device import REAL, Device
 
 
 def devices_with_allocator(devices: Iterable[Device]) -> tuple[Device, ...]:
-    """Those of ``devices`` whose allocator totals are their own, each once."""
-    return tuple(dict.fromkeys(d for d in devices if d.has_own_allocator))
+    """Those of ``devices`` whose allocator totals are their own (real CUDA devices), each once."""
+    own = (d for d in devices if d.kind == REAL and d.device_type == "cuda")
+    return tuple(dict.fromkeys(own))
 
 
 def reset_peaks(devices: Iterable[Device]) -> None:

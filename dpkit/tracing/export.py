@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dpkit.device import DEVICE_LABELS, HOST
+from dpkit.device import HOST, REAL, VIRTUAL_CPU, VIRTUAL_GPU
 from dpkit.tracing.events import (
     ALLOCATOR_CATEGORIES,
     BACKWARD,
@@ -26,9 +26,12 @@ from dpkit.tracing.events import (
     MemoryRecord,
 )
 
-# How figures, tables and traces name the kind each event carries.
+# How figures, tables and traces name the kind each event carries: a device's, or a label's.
 KIND_LABELS = {
-    **DEVICE_LABELS,
+    REAL: "real devices",
+    VIRTUAL_GPU: "virtual devices on one GPU",
+    VIRTUAL_CPU: "virtual devices on the CPU",
+    HOST: "host CPU",
     PREDICTED: "predicted devices (cost model)",
     RANK: "processes (DistributedDataParallel, a rank each)",
 }

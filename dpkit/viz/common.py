@@ -20,7 +20,7 @@ from torch import nn
 
 from dpkit.device import Device
 from dpkit.threads import intra_op_threads  # noqa: F401 (the explorers import it from here)
-from dpkit.tracing import Trace
+from dpkit.tracing import KIND_LABELS, Trace
 from dpkit.viz.explorer import drawn_marker
 from dpkit.viz.figures import timeline
 
@@ -76,7 +76,7 @@ def one_device_marker(data: object, values: dict[str, object]) -> str:
 
 def hardware_of(lanes: Sequence[Device]) -> str:
     """How a figure names the devices it measured: "virtual devices on the CPU", ..."""
-    return " + ".join(sorted({d.label for d in lanes}))
+    return " + ".join(sorted({KIND_LABELS[d.kind] for d in lanes}))
 
 
 def cores() -> int:
