@@ -9,8 +9,6 @@ to untraced DataParallel steps through :func:`~dpkit.cost.predict` itself. Nothi
 per model. About 4 s with ``quick=True``, 10 s without.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import functools

@@ -60,8 +60,6 @@ matmul peak, 0.8 of HBM's (which streams at 80-90 %), *assumed* where [dle-rnx10
 measured a unit (tensor cores reach less of theirs).
 """
 
-from __future__ import annotations
-
 from dataclasses import replace
 
 from dpkit.cost.hardware import Hardware, Link

@@ -3,8 +3,6 @@
 is a preset or a hardware file (TOML, SI units; ``docs/hardware_file.md``, with runs of every
 option)."""
 
-from __future__ import annotations
-
 import argparse
 import difflib
 import itertools

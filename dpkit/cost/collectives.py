@@ -13,8 +13,6 @@ its latency. ``B`` is nccl-tests' *bus bandwidth* (``S / t`` for broadcast and r
 ``S / t * 2 (n - 1) / n`` for all-reduce, its doc/PERFORMANCE.md): a measurement goes in.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 from dpkit.cost.hardware import Hardware, Link

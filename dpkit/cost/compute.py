@@ -10,8 +10,6 @@ the longer of its FLOPs at its units' rate and its bytes at the memory's achieve
 over the CPU's vector lanes it fills (``OpCost.work_at``); the host pays per op on top.
 """
 
-from __future__ import annotations
-
 import math
 from bisect import bisect_left
 from dataclasses import dataclass

@@ -26,8 +26,6 @@ How each field is used (:mod:`dpkit.cost.prediction` is the rest):
 Each field declares its unit, which :func:`check` enforces, and a line about it.
 """
 
-from __future__ import annotations
-
 import math
 import warnings
 from collections.abc import Mapping

@@ -8,8 +8,6 @@ buffers and the optimizer's state. DDP's ranks are even, but each holds its grad
 parameters' bytes with plain SGD, five with Adam.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 from dpkit.cost.collectives import COALESCE_BYTES

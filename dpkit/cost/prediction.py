@@ -14,8 +14,6 @@ once its last gradient is ready, overlapping the rest of the backward. A step is
 backward: the optimizer's state is in the memory, its step is not.
 """
 
-from __future__ import annotations
-
 import itertools
 import math
 from collections import deque

@@ -10,8 +10,6 @@ autograd Function runs no aten op, so its work is missing without a warning. The
 runs on 2 to 5 rows, each count fitted to rows (:func:`fit_rows`).
 """
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import functools
@@ -218,7 +216,7 @@ def _attention_flops(query: Any, key: Any, value: Any, backward: bool) -> float:
 
 def _native_mha(args: tuple, kwargs: dict) -> float:
     """``nn.MultiheadAttention``'s fast path (eval, no gradients): 4 projections, attention."""
-    query, key, value, embed_dim = args[0], args[1], args[2], args[3]
+    query, key, value, embed_dim = args[:4]
     projections = 2.0 * embed_dim * embed_dim * (2 * _tokens(query) + _tokens(key) + _tokens(value))
     return projections + 4.0 * _tokens(query) * key.shape[-2] * embed_dim
 
@@ -233,8 +231,7 @@ def _encoder_layer(args: tuple, kwargs: dict) -> float:
 
 def _sdpa(args: tuple, kwargs: dict, backward: bool) -> float:
     """Fused attention: forward (query, key, value, ...), backward (grad, query, ...)."""
-    first = 1 if backward else 0
-    return _attention_flops(*args[first : first + 3], backward=backward)
+    return _attention_flops(*(args[1:4] if backward else args[:3]), backward=backward)
 
 
 def _recurrent(args: tuple, kwargs: dict, weights: Callable[[tuple], Sequence[torch.Tensor]],
@@ -350,10 +347,9 @@ def batch_like(inputs: Any, rows: int) -> Any:
     :func:`rows_like` of it, as DataParallel's scatter cuts them, the rest as it is."""
     if isinstance(inputs, torch.Tensor):
         return rows_like(inputs, rows)
-    if isinstance(inputs, tuple) and hasattr(inputs, "_fields"):
-        return type(inputs)(*(batch_like(item, rows) for item in inputs))
     if isinstance(inputs, (list, tuple)):
-        return type(inputs)(batch_like(item, rows) for item in inputs)
+        items = [batch_like(item, rows) for item in inputs]
+        return type(inputs)(*items) if hasattr(inputs, "_fields") else type(inputs)(items)
     if isinstance(inputs, dict):
         return type(inputs)((key, batch_like(item, rows)) for key, item in inputs.items())
     return inputs
