@@ -31,9 +31,10 @@ def dpkit(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def predict_here(capsys, monkeypatch, tmp_path):
+def predict_here(capsys, monkeypatch, tmp_path, predict_models_built_once):
     """``dpkit predict ARGS`` in this process: (exit status, stdout, stderr); the figures
-    and trace go to a temporary folder unless ``--out`` is given."""
+    and trace go to a temporary folder unless ``--out`` is given. Each model is built and
+    profiled once per test module (conftest.py's predict_models_built_once)."""
     monkeypatch.delenv("DPKIT_DEBUG", raising=False)
 
     def run(*arguments: str) -> tuple[int, str, str]:

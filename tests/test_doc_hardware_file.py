@@ -43,8 +43,10 @@ def test_the_doc_shows_runs_of_every_kind():
 
 @pytest.mark.parametrize(("command", "shown", "status"), RUNS, ids=[r[0][14:] for r in RUNS])
 def test_every_line_the_doc_shows_is_what_the_run_prints(
-    command, shown, status, capsys, monkeypatch, tmp_path
+    command, shown, status, capsys, monkeypatch, tmp_path, predict_models_built_once
 ):
+    # In this process, each model built and profiled once (conftest.py): the lines printed
+    # are a fresh command's.
     monkeypatch.chdir(ROOT)  # the doc's paths are the repository's
     monkeypatch.delenv("DPKIT_DEBUG", raising=False)
     assert main([*shlex.split(command)[1:], "--out", str(tmp_path)]) == status

@@ -160,19 +160,21 @@ def test_import_dpkit_never_turns_the_check_on_the_cli_and_kernels_read_the_swit
     IPython directory has write_kernel_config's config (``python -m dpkit.placement_check``)."""
     env = {**os.environ, "DPKIT_CHECK_PLACEMENT": "1", "IPYTHONDIR": str(tmp_path / "ipython")}
     lane = "import dpkit; print(dpkit.devices(2)[0].torch_device)"
-    imported = subprocess.run([sys.executable, "-c", lane], capture_output=True, text=True,
-                              env=env, timeout=60)  # fmt: skip
-    assert imported.stdout.strip() == "cpu", imported.stderr
-    # The Makefile's `python -m dpkit.placement_check IPYTHONDIR` writes the kernels' config,
-    # then the dpkit command turns the check on, through the names it has always used.
-    from_cli = subprocess.run(
-        [sys.executable, "-c", "import runpy, sys, dpkit.cli, dpkit.testing.placement_check as p; "
+    # One fresh Python for both (each would pay for importing torch): its first line is
+    # printed right after `import dpkit`, before anything else runs in it. Then the
+    # Makefile's `python -m dpkit.placement_check IPYTHONDIR` writes the kernels' config, and
+    # the dpkit command turns the check on, through the names it has always used.
+    run = subprocess.run(
+        [sys.executable, "-c", f"{lane}; "
+         "import runpy, sys, dpkit.cli, dpkit.testing.placement_check as p; "
          f"sys.argv[1:] = [{env['IPYTHONDIR']!r}]; "
          "runpy.run_module('dpkit.placement_check', run_name='__main__'); "
          "dpkit.cli.main(['devices', '-n', '1']); print(p.active())"],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
-    assert from_cli.stdout.strip().endswith("True"), from_cli.stderr
+    printed = run.stdout.strip().splitlines()
+    assert printed[:1] == ["cpu"], run.stdout + run.stderr  # import dpkit: the check is off
+    assert printed[-1:] == ["True"], run.stdout + run.stderr  # the dpkit command: on
     config = tmp_path / "ipython" / "profile_default" / "ipython_kernel_config.py"
     assert config.read_text() == write_kernel_config(tmp_path / "copy").read_text()
 
