@@ -27,7 +27,10 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 # torchrun is `python -m torch.distributed.run`: the module form needs no PATH entry.
 torchrun=("$PYTHON" -m dpkit.ddp.nodes)  # torchrun, its store on 127.0.0.1 (see above)
-port="${PORT:-$("$PYTHON" -c 'from dpkit.ddp import free_port; print(free_port())')}"
+# A free port, as dpkit.ddp.free_port picks it (the kernel's pick for port 0), without
+# importing torch for it (2 s before either node starts).
+free_port='import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+port="${PORT:-$("$PYTHON" -c "$free_port")}"
 limit="${LIMIT_S:-180}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # dpkit from this checkout
