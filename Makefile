@@ -78,9 +78,15 @@ $(STAMP): requirements/course.txt pyproject.toml
 	touch $@
 
 # The tools that test the course (requirements/test.txt), beside the course environment.
+# Without rfc3987-syntax: jupyter-events pulls it in for jsonschema's optional "iri" format
+# check, which builds its grammars when jsonschema is imported: 1.1-1.6 s of CPU in every
+# process that loads nbformat, and nbval's plugin loads it in every pytest process, the
+# graders' and the nested runs' too (0.25 s without). Nothing the tests run validates IRIs,
+# jsonschema skips the format without the package, and `pip check` stays clean.
 TEST_STAMP := $(VENV)/.dpkit-test-tools-installed
 $(TEST_STAMP): requirements/test.txt $(STAMP)
 	$(PIP_INSTALL) -r requirements/test.txt -c requirements/course.txt
+	$(BIN)/python -m pip uninstall --yes --quiet --disable-pip-version-check rfc3987-syntax
 	touch $@
 
 test-tools: $(TEST_STAMP)
