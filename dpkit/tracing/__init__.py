@@ -79,7 +79,6 @@ from dpkit.tracing.events import Collective as Collective
 from dpkit.tracing.recorder import begin_step as begin_step
 from dpkit.tracing.recorder import copy_span as copy_span
 from dpkit.tracing.recorder import enabled as enabled
-from dpkit.tracing.recorder import end_forward as end_forward
 from dpkit.tracing.recorder import holds as holds
 from dpkit.tracing.recorder import host_span as host_span
 from dpkit.tracing.recorder import record_memory as record_memory
