@@ -140,8 +140,8 @@ def _check_replicable(network: nn.Module) -> None:
                 f"module has an uninitialised (lazy) parameter {name!r}; run one forward on a "
                 "single device first (e.g. model(x[:1])) so its shape is known, then replicate"
             )
-    for module in network.modules():
-        check_not_compiled(module, "module" if module is network else "a submodule of module")
+    for submodule in network.modules():  # the module itself passed check_module above
+        check_not_compiled(submodule, "a submodule of module")
     # torch's check that no Python module hides under a ScriptModule (its private helper, read
     # when called: torch.nn.parallel's replicate function hides the module of the same name)
     from torch.nn.parallel.replicate import _replicatable_module
