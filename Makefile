@@ -47,18 +47,25 @@ help:
 
 venv: $(STAMP)
 
-# torch is pinned exactly in requirements/course.txt; installing it together with `-e .` keeps
-# pip from re-resolving torch>=2.4 into a multi-GB CUDA build. On Linux without an NVIDIA GPU
-# (no nvidia-smi), torch comes first from PyTorch's CPU wheel index: PyPI's Linux wheel is the
-# CUDA build, several GB of NVIDIA libraries a laptop cannot use. Where that index cannot be
-# reached, the pinned install below takes whatever torch wheel pip finds, as it did before.
-# --no-compile: pip would compile all of the environment's 11,000 modules to bytecode, one
-# after another (30 s on our 2-core machines); Python writes a module's bytecode the first
-# time it is imported instead (make test imports about 4,600 of them: 13 s, spread over its
-# processes).
-# That needs PYTHONDONTWRITEBYTECODE unset where it is set (as on our CI machines): without
-# bytecode on disk, every Python the tests start would compile torch again.
+# torch is pinned exactly in requirements/course.txt and installed first, by pip: pip follows
+# the machine's own settings (a wheel on disk, a constraints file), and a looser spec or another
+# installer can pull a multi-GB CUDA build. On Linux without an NVIDIA GPU (no nvidia-smi),
+# it comes from PyTorch's CPU wheel index where that can be reached: PyPI's Linux wheel is the
+# CUDA build, several GB of NVIDIA libraries a laptop cannot use.
+# Everything else goes through uv, installed into the venv first (2 s): the course's hundred
+# packages take it 3-5 s where pip takes 33 s (on our 2-core machines, cold caches both), most
+# of CI's install. torch, already there, satisfies the pin. Where uv cannot be installed, pip
+# does it all, as before.
+# No bytecode at install (pip's --no-compile, uv's default): pip would compile all of the
+# environment's 11,000 modules, one after another (30 s here); Python writes a module's bytecode
+# the first time it is imported instead (make test imports about 4,600 of them: 13 s, spread
+# over its processes). That needs PYTHONDONTWRITEBYTECODE unset where it is set (as on our CI
+# machines): without bytecode on disk, every Python the tests start would compile torch again.
 PIP_INSTALL := $(BIN)/python -m pip install --no-compile --disable-pip-version-check --progress-bar off
+UV_PIN := uv==0.13.8
+# $(call INSTALL,ARGS): uv where the venv has it, else pip
+INSTALL = if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install --python $(BIN)/python $(1); \
+	  else $(PIP_INSTALL) $(1); fi
 unexport PYTHONDONTWRITEBYTECODE
 TORCH_PIN := $(shell grep -E '^torch==' requirements/course.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -74,7 +81,9 @@ $(STAMP): requirements/course.txt pyproject.toml
 	    echo "== no NVIDIA GPU, but PyTorch's CPU index cannot be reached: $(TORCH_PIN) as pip finds it"; \
 	  fi; \
 	fi
-	$(PIP_INSTALL) -r requirements/course.txt -e .
+	$(PIP_INSTALL) "$(TORCH_PIN)"
+	$(PIP_INSTALL) "$(UV_PIN)" || echo "== uv could not be installed: pip installs the rest (slower)"
+	$(call INSTALL,-r requirements/course.txt -e .)
 	touch $@
 
 # The tools that test the course (requirements/test.txt), beside the course environment.
@@ -85,7 +94,7 @@ $(STAMP): requirements/course.txt pyproject.toml
 # jsonschema skips the format without the package, and `pip check` stays clean.
 TEST_STAMP := $(VENV)/.dpkit-test-tools-installed
 $(TEST_STAMP): requirements/test.txt $(STAMP)
-	$(PIP_INSTALL) -r requirements/test.txt -c requirements/course.txt
+	$(call INSTALL,-r requirements/test.txt -c requirements/course.txt)
 	$(BIN)/python -m pip uninstall --yes --quiet --disable-pip-version-check rfc3987-syntax
 	touch $@
 
@@ -184,7 +193,7 @@ FILES ?=
 MUTATION_ARGS ?=
 
 $(MUTATION_STAMP): requirements/mutation.txt $(TEST_STAMP)
-	$(PIP_INSTALL) -r requirements/mutation.txt -c requirements/course.txt -c requirements/test.txt
+	$(call INSTALL,-r requirements/mutation.txt -c requirements/course.txt -c requirements/test.txt)
 	touch $@
 
 mutation: venv $(MUTATION_STAMP)
