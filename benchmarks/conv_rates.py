@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks.machine import machine
 from dpkit.cost.calibration import measure_ops, probes
 from dpkit.cost.compute import interpolate
 
@@ -92,9 +92,7 @@ def main() -> int:
               f"x {row['batch']:4d}: forward {row['forward_gflops']:5.1f} GFLOP/s (curve "
               f"{row['forward_error']:+.0%}), backward {row['backward_gflops']:5.1f} (curve "
               f"{row['backward_error']:+.0%})", flush=True)  # fmt: skip
-    machine = {"torch": torch.__version__, "python": platform.python_version(),
-               "platform": platform.platform(), "threads": torch.get_num_threads()}  # fmt: skip
-    RESULTS.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
+    RESULTS.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 
 import dpkit
+from benchmarks.machine import machine
 from dpkit import comm, lane_memory
 
 RESULTS = Path(__file__).resolve().parent / "results" / "copy_bandwidth.json"
@@ -160,12 +160,7 @@ def main() -> None:
         "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
         "seconds": time.perf_counter() - started,
-        "machine": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_cores": os.cpu_count(),
-        },
+        "machine": machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

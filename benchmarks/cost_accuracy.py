@@ -46,7 +46,6 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -60,6 +59,7 @@ from torch import nn  # noqa: E402
 import dpkit  # noqa: E402
 import dpkit.cost as cost  # noqa: E402
 from benchmarks.heldout_models import HELDOUT_MODELS, heldout_model  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 from dpkit.cost.calibration import _Timed, predicted_segments  # noqa: E402
 from dpkit.models import COURSE_MODELS, build_model, sample_input  # noqa: E402
 
@@ -281,17 +281,6 @@ def _load() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-    }
-
-
 def calibration_summary(hardware: cost.Hardware) -> dict[str, Any]:
     numbers: dict[str, Any] = {}
     for field in dataclasses.fields(hardware):
@@ -363,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     against_medians = compare(configs, hardware, "median")
     roofline = compare(configs, dataclasses.replace(hardware, op_seconds={}))
     result = {
-        "machine": machine(),
+        "machine": machine(omp_num_threads=os.environ.get("OMP_NUM_THREADS")),
         "seconds": {"calibration": calibrated_at, "total": time.perf_counter() - began},
         "load_average": {
             "at_start": load_at_start,

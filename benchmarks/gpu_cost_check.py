@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import time
 import traceback
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.machine import machine
 from dpkit import cost, models
 
 # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 141 GB; compute as the H100 SXM's (same GH100)
@@ -220,10 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             if gpu:
                 torch.cuda.empty_cache()
     result = {
-        "machine": {"torch": torch.__version__, "python": platform.python_version(),
-                    "gpu": torch.cuda.get_device_name() if gpu else None,
-                    "float32_matmul_precision": torch.get_float32_matmul_precision(),
-                    "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32},
+        "machine": machine(gpu=torch.cuda.get_device_name() if gpu else None,
+                           float32_matmul_precision=torch.get_float32_matmul_precision(),
+                           cudnn_allow_tf32=torch.backends.cudnn.allow_tf32),
         "hardware": {"name": hardware.name, "description": hardware.description},
         "probe": probed, "rows": rows, "ratios": ratios(rows),
     }  # fmt: skip

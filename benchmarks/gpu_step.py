@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
 import statistics
 import time
 import traceback
@@ -45,6 +43,7 @@ import torch
 from torch import nn
 
 import dpkit
+from benchmarks.machine import machine
 
 LANES = (1, 2, 4, 8)
 DEPTH = 3
@@ -111,7 +110,7 @@ class Bench:
         self.min_rounds = 3 if quick else 8
         self.budget = budget
         self.out = out
-        self.results: dict[str, Any] = {"machine": machine(device), "sizes": self.sizes}
+        self.results: dict[str, Any] = {"machine": _machine(device), "sizes": self.sizes}
 
     def save(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -365,16 +364,8 @@ def format_step_times(size: str, shape: tuple[int, int], found: dict[str, Any]) 
     return "\n".join(lines)
 
 
-def machine(device: str) -> dict[str, Any]:
-    found: dict[str, Any] = {
-        "device": device,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
+def _machine(device: str) -> dict[str, Any]:
+    found = machine(device=device, float32_matmul_precision=torch.get_float32_matmul_precision())
     if device == "cuda":
         found["cuda"] = torch.version.cuda
         found["gpu"] = torch.cuda.get_device_name(0)

@@ -45,7 +45,6 @@ import ast
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -56,6 +55,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
+
+from benchmarks.machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "mutation"
@@ -772,14 +773,7 @@ def _mutant_order(name: str) -> tuple[str, int]:
 def _machine() -> dict:
     from importlib.metadata import version
 
-    return {
-        "mutmut": version("mutmut"),
-        "pytest": version("pytest"),
-        "torch": version("torch"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_cores": os.cpu_count(),
-    }
+    return machine(mutmut=version("mutmut"), pytest=version("pytest"))
 
 
 def _staleness(measured: dict) -> str:

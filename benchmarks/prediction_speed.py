@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 import dpkit.cost as cost
+from benchmarks.machine import machine
 from dpkit.cost import profiling
 from dpkit.models import COURSE_MODELS, build_model, sample_input
 
@@ -214,12 +214,7 @@ def main() -> None:
         "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
         "seconds": time.perf_counter() - started,
-        "machine": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_cores": os.cpu_count(),
-        },
+        "machine": machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

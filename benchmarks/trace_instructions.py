@@ -27,7 +27,6 @@ import contextlib
 import importlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -38,6 +37,8 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from benchmarks.machine import machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trace_instructions.json"
 CONFIGURATIONS = ("off", "on", "no-replica-walk", "no-spans")
@@ -167,11 +168,7 @@ def summarise(per_step: dict[str, float], args: argparse.Namespace) -> dict[str,
             "spans (phase events, bytes)": (on - per_step["no-spans"]) / (on - off),
         },
         "steps": args.steps,
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "torch": importlib.import_module("torch").__version__,
-        },
+        "machine": machine(),
     }
 
 

@@ -27,13 +27,14 @@ import ctypes
 import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.machine import machine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trace_long_run.json"
 RUNS = ("untraced", "bounded", "unbounded")
@@ -150,11 +151,7 @@ def main() -> None:
         "steps": args.steps,
         "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_cores": os.cpu_count(),
-        },
+        "machine": machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +40,7 @@ import torch
 from torch import nn
 
 import dpkit
+from benchmarks.machine import machine
 from dpkit import tracing as trace
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trace_overhead.json"
@@ -153,13 +152,7 @@ def summarise(times: dict[str, list[float]], args: argparse.Namespace) -> dict[s
         "goal": "on/off <= 1.05 (not asserted)",
         "repeats": args.repeats,
         "warmup": args.warmup,
-        "machine": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-        },
+        "machine": machine(),
     }
 
 

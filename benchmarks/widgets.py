@@ -49,7 +49,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.machine import machine
 from dpkit import viz
 from dpkit.viz import explorer as explorer_module
 
@@ -436,16 +436,11 @@ def run(rounds: int, names: list[str] | None = None) -> dict[str, Any]:
         "explorers": results,
         "rounds": rounds,
         "seconds": round(time.time() - started, 1),
-        "machine": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpu_cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "matplotlib": __import__("matplotlib").__version__,
-            "load_average_at_start": load_start,
-            "load_average_at_end": _load(),
-        },
+        "machine": machine(
+            matplotlib=__import__("matplotlib").__version__,
+            load_average_at_start=load_start,
+            load_average_at_end=_load(),
+        ),
     }
 
 
