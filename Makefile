@@ -54,8 +54,8 @@ venv: $(STAMP)
 # CUDA build, several GB of NVIDIA libraries a laptop cannot use.
 # Everything else goes through uv, installed into the venv first (2 s): the course's hundred
 # packages take it 3-5 s where pip takes 33 s (on our 2-core machines, cold caches both), most
-# of CI's install. torch, already there, satisfies the pin. Where uv cannot be installed, pip
-# does it all, as before.
+# of CI's install. torch, already there, satisfies the pin. Where uv cannot be installed, or an
+# install with it fails (no network for it, say), pip does that install, as before.
 # No bytecode at install (pip's --no-compile, uv's default): pip would compile all of the
 # environment's 11,000 modules, one after another (30 s here); Python writes a module's bytecode
 # the first time it is imported instead (make test imports about 4,600 of them: 13 s, spread
@@ -63,9 +63,9 @@ venv: $(STAMP)
 # machines): without bytecode on disk, every Python the tests start would compile torch again.
 PIP_INSTALL := $(BIN)/python -m pip install --no-compile --disable-pip-version-check --progress-bar off
 UV_PIN := uv==0.13.8
-# $(call INSTALL,ARGS): uv where the venv has it, else pip
-INSTALL = if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install --python $(BIN)/python $(1); \
-	  else $(PIP_INSTALL) $(1); fi
+# $(call INSTALL,ARGS): uv where the venv has it, else (or if uv fails) pip
+INSTALL = if [ -x $(BIN)/uv ] && $(BIN)/uv pip install --python $(BIN)/python $(1); then :; \
+	  else echo "== pip installs $(1)"; $(PIP_INSTALL) $(1); fi
 unexport PYTHONDONTWRITEBYTECODE
 TORCH_PIN := $(shell grep -E '^torch==' requirements/course.txt)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
