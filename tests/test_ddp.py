@@ -275,6 +275,10 @@ def test_it_runs_from_a_jupyter_kernel_and_refuses_notebook_functions():
     try:
         reply = client.execute_interactive(code, timeout=180, output_hook=keep)
     finally:
+        # The client's heartbeat thread first: left running, it kept closing and reopening a
+        # socket in this pytest process for the rest of the run (4 times in 12 s), which
+        # failed a later test in the same worker that counts open file descriptors.
+        client.stop_channels()
         kernel.shutdown_kernel(now=True)
     assert reply["content"]["status"] == "ok", reply["content"]
     text = "".join(printed)
