@@ -187,7 +187,8 @@ lab: venv
 # Mutation testing of the core (benchmarks/mutation.py): results in benchmarks/results/mutation.*,
 # caches in build/mutation/ (a rerun tests only what changed). FILES="dpkit/comm.py ..." runs
 # some core files; MUTATION_ARGS passes more options (--fresh, --skip-tests GLOB, --report-only,
-# --sample N: N mutants per file drawn at random, with the kill rate's 95 % interval).
+# --sample N: N mutants per file drawn at random, with the kill rate's 95 % interval;
+# --recheck-timeouts: mutants stopped at the time limit tested again, one at a time).
 MUTATION_STAMP := $(VENV)/.dpkit-mutation-installed
 FILES ?=
 MUTATION_ARGS ?=

@@ -27,6 +27,10 @@ random (the same draw on every run, seeded by the file's name, so a larger N ext
 reports the kill rate with its 95 % interval. Start a sample from a fresh cache: mutmut tests
 the mutants with the fastest tests first, so an interrupted full run is not a random sample.
 
+mutmut counts a mutant whose tests run past its time limit as caught (a hang a user would
+see), but on a loaded machine tests that pass run slow too. ``--recheck-timeouts`` tests those
+mutants once more after the run, one at a time; one that really hangs stays caught.
+
     make mutation                              # every core file (hours on 2 cores)
     make mutation FILES=dpkit/comm.py          # one file, or several: FILES="a.py b.py"
     make mutation FILES=dpkit/pipeline/bubble.py   # a file beyond the core, its own tests
@@ -599,6 +603,23 @@ def recheck_survivors(workdir: Path, target: str, equivalents: list[Equivalent])
     return reset
 
 
+def reset_timeouts(workdir: Path, target: str) -> list[str]:
+    """Forget the verdict of every mutant mutmut stopped at its time limit, for a second run
+    one at a time (``--recheck-timeouts``): on a loaded machine, tests that pass but run slow
+    pass the limit too, and the mutant counts as caught (one survivor of data_parallel.py hid
+    that way). A mutant that really hangs hangs again, and stays caught. Returns their names."""
+    meta = _meta_path(workdir, target)
+    if not meta.exists():
+        return []
+    data = json.loads(meta.read_text())
+    codes = data["exit_code_by_key"]
+    names = [name for name, code in codes.items() if code in TIMEOUT_CODES]
+    for name in names:
+        codes[name] = None
+    meta.write_text(json.dumps(data, indent=4))
+    return names
+
+
 def run_file(
     target: str,
     *,
@@ -608,10 +629,13 @@ def run_file(
     debug: bool = False,
     source_root: Path = ROOT,
     sample: int | None = None,
+    recheck_timeouts: bool = False,
 ) -> tuple[float, bool]:
     """Run mutmut on one core file in its own copy: the seconds it took, and whether it
     started from nothing (every mutant tested, not only what a cache left open). ``debug``:
-    mutmut prints each pytest run's output; ``sample``: test only that many, drawn at random."""
+    mutmut prints each pytest run's output; ``sample``: test only that many, drawn at random;
+    ``recheck_timeouts``: then the mutants stopped at the time limit once more, one at a time
+    (:func:`reset_timeouts`)."""
     workdir = WORK / module_of(target)
     if fresh and workdir.exists():
         shutil.rmtree(workdir)
@@ -646,6 +670,15 @@ def run_file(
         env=env,
         check=True,
     )
+    timed_out = reset_timeouts(workdir, target) if recheck_timeouts else []
+    if timed_out:
+        print(f"{target}: {len(timed_out)} stopped at the time limit, once more alone", flush=True)
+        subprocess.run(
+            [str(mutmut), "run", "--max-children", "1", *timed_out],
+            cwd=workdir,
+            env=env,
+            check=True,
+        )
     return time.monotonic() - start, full and sample is None
 
 
@@ -1019,6 +1052,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-children", type=int, default=os.cpu_count() or 2, help="mutants tested at once"
     )
     parser.add_argument(
+        "--recheck-timeouts",
+        action="store_true",
+        help="after the run, test the mutants stopped at the time limit again, one at a time"
+        " (a slow pass under load counts as caught; real hangs take their limit again)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="rewrite the results from the caches, run nothing",
@@ -1071,6 +1110,7 @@ def _run(args: argparse.Namespace, equivalents: list[Equivalent], tree: list[str
                     files=files,
                     source_root=source_root,
                     sample=args.sample,
+                    recheck_timeouts=args.recheck_timeouts,
                 )
             except subprocess.CalledProcessError:
                 # mutmut stops when the unmutated tests fail, without saying which. Once more:
@@ -1084,6 +1124,7 @@ def _run(args: argparse.Namespace, equivalents: list[Equivalent], tree: list[str
                     debug=True,
                     source_root=source_root,
                     sample=args.sample,
+                    recheck_timeouts=args.recheck_timeouts,
                 )
         except subprocess.CalledProcessError:
             print(f"{target}: mutmut failed; its cache is kept, run it again", flush=True)

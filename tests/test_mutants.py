@@ -1328,3 +1328,22 @@ def test_a_listed_survivor_matches_its_change_whatever_mutmut_numbers_it():
     assert not mutation.match_equivalent("dpkit.scatter.x_scatter__mutmut_62", other, [entry])
     whole_line = dataclasses.replace(entry, change=("-scatter_map = None",))
     assert mutation.match_equivalent("dpkit.scatter.x_scatter__mutmut_1", other, [whole_line])
+
+
+def test_recheck_timeouts_forgets_only_the_verdicts_of_mutants_stopped_at_the_time_limit(
+    tmp_path,
+):
+    # A mutant whose tests passed but ran past mutmut's limit on a loaded machine counted as
+    # caught; --recheck-timeouts runs those once more, alone. Every other verdict stays.
+    mutation = _load_mutation_script()
+    meta = tmp_path / "mutants" / "dpkit" / "comm.py.meta"
+    meta.parent.mkdir(parents=True)
+    codes = {"killed": 1, "survived": 0, "not checked": None, "crashed": -11}
+    timeouts = {f"timeout {code}": code for code in (36, 24, -24, 152)}
+    meta.write_text(json.dumps({"exit_code_by_key": {**codes, **timeouts}, "other": [1]}))
+    assert sorted(mutation.reset_timeouts(tmp_path, "dpkit/comm.py")) == sorted(timeouts)
+    kept = json.loads(meta.read_text())
+    assert kept["exit_code_by_key"] == {**codes, **dict.fromkeys(timeouts)}
+    assert kept["other"] == [1]  # the rest of mutmut's file as it was
+    assert mutation.reset_timeouts(tmp_path, "dpkit/comm.py") == []  # nothing left to recheck
+    assert mutation.reset_timeouts(tmp_path, "dpkit/gather.py") == []  # no cache: nothing
