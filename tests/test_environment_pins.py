@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,27 @@ def test_the_lab_extra_can_grade():
     lab = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["lab"]
     names = {canonical(re.split(r"[<>=!~ ;\[]", dep, maxsplit=1)[0]) for dep in lab}
     assert {"pytest", "hypothesis"} <= names, f"the lab extra: {sorted(names)}"
+
+
+def test_make_venv_installs_the_torch_pin_with_pip_before_uv_installs_the_rest(tmp_path):
+    """``make venv``'s plan: pip installs torch's exact pin first (pip follows the machine's
+    settings; another installer resolving torch>=2.4 could pull a multi-GB CUDA build), then
+    an exactly pinned uv, then the course's packages through uv with pip as the fallback."""
+    torch_pin = next(
+        line for line in COURSE_TXT.read_text().splitlines() if line.startswith("torch==")
+    )
+    plan = subprocess.run(
+        ["make", "-n", "venv", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    pip = f"{tmp_path / 'venv'}/bin/python -m pip install"
+    torch_first = next(
+        i for i, line in enumerate(plan) if line.startswith(pip) and torch_pin in line
+    )
+    uv_install = next(i for i, line in enumerate(plan) if re.search(r'"uv==[\d.]+"', line))
+    course = next(i for i, line in enumerate(plan) if "-r requirements/course.txt" in line)
+    assert torch_first < uv_install < course, plan
+    assert plan[uv_install].startswith(pip)
+    uv_route, pip_route = plan[course].split("else", 1)
+    assert "bin/uv pip install" in uv_route and "-r requirements/course.txt -e ." in uv_route
+    assert f"{pip} --no-compile" in pip_route and "-r requirements/course.txt -e ." in pip_route
