@@ -156,7 +156,6 @@ def main() -> None:
         "repeats": args.repeats,
         "warmup": args.warmup,
         "pinned_to_cpu": args.cpu,
-        "torch_threads": 1,
         "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
         "seconds": time.perf_counter() - started,

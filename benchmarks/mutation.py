@@ -806,7 +806,8 @@ def _mutant_order(name: str) -> tuple[str, int]:
 def _machine() -> dict:
     from importlib.metadata import version
 
-    return machine(mutmut=version("mutmut"), pytest=version("pytest"))
+    # the tests run with one intra-op thread (run_file's OMP_NUM_THREADS=1), not this process's
+    return machine(mutmut=version("mutmut"), pytest=version("pytest"), torch_threads=1)
 
 
 def _staleness(measured: dict) -> str:

@@ -210,7 +210,6 @@ def main() -> None:
         "rounds": args.rounds,
         "calls_per_round": args.calls,
         "warmup": args.warmup,
-        "torch_threads": 1,
         "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
         "seconds": time.perf_counter() - started,
