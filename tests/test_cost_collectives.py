@@ -11,17 +11,6 @@ from dpkit.cost import Link
 from dpkit.cost.collectives import COALESCE_BYTES, allreduce_link, messages
 
 
-def test_a_transfer_is_latency_plus_bytes_over_bandwidth():
-    assert cost.transfer(1000, Link(bandwidth=100, latency=2)) == pytest.approx(12)
-
-
-def test_virtual_lane_copies_through_device0_add_up():
-    link = Link(bandwidth=100, latency=1)
-    sizes = [500, 100, 200, 300]  # device 0's own share moves nothing
-    assert cost.through_device0(sizes, link) == pytest.approx((1 + 1) + (1 + 2) + (1 + 3))
-    assert cost.through_device0([500], link) == 0
-
-
 def test_nccl_broadcast_and_reduce_take_about_one_model_over_the_bus_bandwidth():
     link = Link(bandwidth=100e9, latency=2e-6)
     # 1 GB at 100 GB/s = 10 ms, whatever n; each of 3 calls pays 7 ring steps of 2 us

@@ -803,23 +803,17 @@ def test_replica_threads_take_turns_with_the_gil_call_by_call():
     assert _threads([1.0, 0.0], 2, [1.0, 1.0], [0.0, 1.0], 2.0) == pytest.approx([4, 4])
 
 
-def test_the_gil_queue_without_kernels_is_the_simulation_with_kernels_of_nothing():
-    import random
+def test_gpu_launches_take_the_gil_in_turns_first_come_first_served():
+    from dpkit.cost.prediction import _threads
 
-    from dpkit.cost.prediction import _gil_queue, _threads
-
-    chooser = random.Random(1)
-    for _ in range(200):
-        n, calls = chooser.randint(1, 6), chooser.randint(1, 6)
-        starts = [chooser.choice([0.0, 0.5, 2.5]) * chooser.random() for _ in range(n)]
-        python = [chooser.choice([0.3, 0.7, 1.0]) for _ in range(n)]
-        fast = _gil_queue(starts, calls, python)
-        assert fast == pytest.approx(_threads(starts, calls, python, [1e-18] * n, float(n)))
-    # by hand: A from 0, B from 0.5, 2 calls of 1 s each: A 0-1, B 1-2, A 2-3, B 3-4
-    assert _gil_queue([0.0, 0.5], 2, [1.0, 1.0]) == [3.0, 4.0]
+    # kernels of nothing (a GPU's launches return at once): the GIL alone orders the calls.
+    # By hand: A from 0, B from 0.5, 2 calls of 1 s each: A 0-1, B 1-2, A 2-3, B 3-4
+    assert _threads([0.0, 0.5], 2, [1.0, 1.0], [0.0, 0.0], 2.0) == pytest.approx([3, 4])
     # B asking just as A's call ends goes first: A, asking again, waits behind it (CPython
     # hands the GIL to a waiting thread when the holder drops it)
-    assert _gil_queue([0.0, 1.0], 2, [1.0, 1.0]) == [3.0, 4.0]
+    assert _threads([0.0, 1.0], 2, [1.0, 1.0], [0.0, 0.0], 2.0) == pytest.approx([3, 4])
+    # three threads from 0, one call of 0.5 s each: one after another
+    assert _threads([0.0] * 3, 1, [0.5] * 3, [0.0] * 3, 3.0) == pytest.approx([0.5, 1, 1.5])
 
 
 def test_processes_share_the_cores_fairly_without_a_gil():

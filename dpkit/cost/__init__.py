@@ -26,8 +26,6 @@ from dpkit.cost.collectives import (
     reduce,
     ring_allreduce,
     ring_bytes_sent,
-    through_device0,
-    transfer,
 )
 from dpkit.cost.hardware import Hardware, Link
 from dpkit.cost.prediction import PredictedTrace, allreduce_schedule, ddp_buckets, predict
@@ -35,5 +33,4 @@ from dpkit.cost.profiling import Profile, profile
 
 __all__ = ["Hardware", "Link", "PredictedTrace", "Profile", "allreduce", "allreduce_schedule",
            "broadcast", "bus_bandwidth", "calibrate", "ddp_buckets", "predict", "preset",
-           "presets", "profile", "reduce", "ring_allreduce", "ring_bytes_sent",
-           "through_device0", "transfer"]  # fmt: skip
+           "presets", "profile", "reduce", "ring_allreduce", "ring_bytes_sent"]  # fmt: skip

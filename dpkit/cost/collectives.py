@@ -5,8 +5,8 @@ DataParallel's ``replicate`` is an NCCL broadcast (``comm.broadcast_coalesced``,
 buffers) and its backward an NCCL reduce (``comm.reduce_add_coalesced``), each about
 ``S / B``; DDP's ring all-reduce moves ``2 (n - 1) / n * S / B``. DataParallel is slower for
 *when* it moves them (every step; the reduce after the whole backward) and for device 0's
-extra work. On dpkit's virtual lanes the host copies each tensor itself
-(:func:`through_device0`).
+extra work. On dpkit's virtual lanes the host copies each tensor itself, one after another
+(``prediction._copies``).
 
 Notation: ``S`` bytes, ``n`` devices, ``B`` a link's bandwidth (bytes/s one way), ``alpha``
 its latency. ``B`` is nccl-tests' *bus bandwidth* (``S / t`` for broadcast and reduce,
@@ -19,17 +19,6 @@ from dpkit.cost.hardware import Hardware, Link
 
 # torch.nn.parallel.comm's buffer_size for broadcast_coalesced and reduce_add_coalesced.
 COALESCE_BYTES = 10 * 1024 * 1024
-
-
-def transfer(nbytes: float, link: Link) -> float:
-    """One message: ``alpha + S / B``."""
-    return link.time(nbytes)
-
-
-def through_device0(sizes: Sequence[float], link: Link) -> float:
-    """dpkit's lanes: the host copies ``sizes[i]`` bytes between device 0 and each device
-    ``i`` one after another (entry 0 stays put)."""
-    return sum(transfer(size, link) for size in sizes[1:])
 
 
 def messages(tensor_sizes: Sequence[int], buffer_bytes: int = COALESCE_BYTES) -> int:

@@ -16,7 +16,6 @@ backward: the optimizer's state is in the memory, its step is not.
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,8 +120,6 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
     call each. ``caller`` (lanes' parallel_apply): from ``starts[0]`` the caller starts the
     threads one by one, each start holding the GIL ``caller`` seconds (a new thread runs
     Python to begin); ``starts`` is then filled in with when each thread began."""
-    if not any(kernel) and not caller:  # GPU launches: the GIL alone, a queue (fast)
-        return _gil_queue(starts, calls, python)
     n = len(starts)
     left_calls, begin = [calls] * n, list(starts)
     if caller:  # the caller as one more thread, whose n calls start the others
@@ -168,29 +165,6 @@ def _threads(starts: list[float], calls: int, python: list[float], kernel: list[
             else:
                 state[i], ends[i] = "done", now
     return ends[:n]
-
-
-def _gil_queue(starts: list[float], calls: int, python: list[float]) -> list[float]:
-    """:func:`_threads` without kernels: calls wait for the GIL in one first-come queue."""
-    pending = deque(sorted(range(len(starts)), key=starts.__getitem__))
-    waiting: deque[int] = deque()
-    left, ends, now = [calls] * len(starts), [0.0] * len(starts), min(starts)
-    while pending or waiting:
-        while pending and starts[pending[0]] <= now:
-            waiting.append(pending.popleft())
-        if not waiting:
-            now = starts[pending[0]]
-            continue
-        thread = waiting.popleft()
-        now += python[thread]
-        left[thread] -= 1
-        while pending and starts[pending[0]] <= now:
-            waiting.append(pending.popleft())
-        if left[thread]:
-            waiting.append(thread)
-        else:
-            ends[thread] = now
-    return ends
 
 
 def _lasts(time: PassTime, hardware: Hardware) -> float:
