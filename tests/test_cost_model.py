@@ -203,6 +203,18 @@ def test_gather_copies_into_device_0_once_its_own_forward_is_done():
     assert copy.start == pytest.approx(apply["0"].end, abs=1e-11)
 
 
+@pytest.mark.parametrize("lanes", [False, True])
+def test_device_0_copies_its_own_gathered_piece_but_keeps_its_scattered_chunk(lanes):
+    # torch's gather concatenates every piece into a new tensor on device 0, its own piece
+    # too (read 16 B, write 16 B: 32 ns at 1 GB/s); scatter's chunk for device 0 is a view
+    slow_memory = made_up(memory_bandwidth=1 * GB, virtual_lanes=lanes)
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, slow_memory)
+    own = {e.phase: e.end - e.start for e in trace.events if e.device.startswith("predicted:0")}
+    host = 2 * TINY if lanes else 0.0  # on lanes the host makes the copy: an op, and Python
+    assert own["gather"] == pytest.approx(2 * 16e-9 + host, abs=1e-15)
+    assert own["scatter"] == pytest.approx(host, abs=1e-15)
+
+
 def test_dataparallels_reduce_flattens_the_gradients_and_back():
     slow_memory = made_up(memory_bandwidth=1 * GB)  # 1 ns a byte
     trace = cost.predict(two_layers(), torch.randn(1, 4), 4, 2, slow_memory)
