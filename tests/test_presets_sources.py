@@ -105,6 +105,13 @@ def test_the_single_node_machines_name_their_memory_size():
     assert {"4xA100-PCIe4", "8xV100-NVLink", "8xA100-SXM-NVLink", "8xH100-SXM-NVLink"} <= set(SIZED)
 
 
+def test_the_t4_holds_what_nvidia_smi_shows_of_its_16_gb_not_16_gib():
+    # nvidia-smi on a T4 (public logs; Colab's among them): 15,360 MiB with ECC off, 15,079 to
+    # 15,109 MiB with ECC on, of the "16 GB GDDR6" its datasheet names
+    capacity = cost.preset("T4-PCIe3").memory_capacity
+    assert 15_079 * 2**20 <= capacity <= 15_360 * 2**20
+
+
 @pytest.mark.parametrize("name", SIZED)
 def test_a_devices_memory_is_the_size_its_description_names(name):
     hardware = cost.preset(name)
@@ -155,3 +162,10 @@ def test_a_machines_counts_are_the_ones_its_name_or_description_says(name):
     else:  # "T4-PCIe3": "... as in a 4-GPU cloud VM"
         nodes, per_node = 1, int(re.search(r"(\d+)-GPU", hardware.description).group(1))
     assert (hardware.nodes, hardware.devices_per_node) == (nodes, per_node)
+    # the network ports, where the description names them: "8 x 200 Gb/s per node", "one
+    # 100 Gb Ethernet port each" (a port more would double what DDP gets across nodes)
+    ports = re.search(r"(\d+|one) x? ?[\d.]+ Gb(?:/s| Ethernet)(?: per node| port each)",
+                      hardware.description)  # fmt: skip
+    if ports:
+        assert hardware.nics_per_node == (1 if ports.group(1) == "one" else int(ports.group(1)))
+    assert bool(ports) == (hardware.nodes > 1), name  # the machines of several nodes say it
