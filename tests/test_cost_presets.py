@@ -111,3 +111,21 @@ def test_tensor_core_fractions_are_the_measured_ones():
             assert hardware.tensor_core_efficiency[unit] == round(fraction, 2), row
     a100 = cost.preset("8xA100-SXM-NVLink")
     assert a100.flops_per_second("tfloat32") == pytest.approx(156e12 * 0.33)
+    # every machine of the measured GPU uses them: the PCIe card and the two-node ones too
+    for row in found.values():
+        measured = cost.preset(row["preset"])
+        same_gpu = [h for h in cost.presets().values()
+                    if h.device_name.split()[0] == measured.device_name]  # fmt: skip
+        assert len(same_gpu) > 1 or measured.device_name == "V100", row
+        for hardware in same_gpu:
+            rates = (hardware.matmul_efficiency, hardware.tensor_core_efficiency)
+            assert rates == (measured.matmul_efficiency, measured.tensor_core_efficiency)
+
+
+def test_the_course_models_fit_the_default_machine_with_room_to_spare():
+    # what a learner without a GPU predicts first: 4 lanes, as the course's notebooks run
+    from dpkit.models import COURSE_MODELS, build_model, sample_input
+
+    for name in COURSE_MODELS:
+        trace = cost.predict(build_model(name, seed=0), sample_input(), 256, 4, "this-machine")
+        assert trace.fits and max(trace.memory_per_device) < 0.01 * trace.machine.memory_capacity
