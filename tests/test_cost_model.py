@@ -720,6 +720,13 @@ def test_dataparallel_beyond_one_node_teaches_ddp():
     assert cost.predict(two_layers(), torch.randn(1, 4), 8, 3, made_up(), "ddp").step_time > 0
 
 
+@pytest.mark.parametrize("strategy", ["dp", "ddp"])
+def test_virtual_lanes_are_one_machine_however_many(strategy):
+    lanes = made_up(virtual_lanes=True)  # 2 devices a node, as the GPUs above
+    trace = cost.predict(two_layers(), torch.randn(1, 4), 8, 3, lanes, strategy)
+    assert trace.step_time > 0 and not any("node" in e.device for e in trace.events)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

@@ -438,7 +438,9 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     count = len(devices) if is_list else devices
     if count < 1:
         raise ValueError(f"devices must be at least 1, got {count}")
-    if strategy == "dp" and count > hardware.devices_per_node:  # one process, one machine
+    # virtual lanes are threads of one process on one machine, however many
+    nodes_apart = count > hardware.devices_per_node and not hardware.virtual_lanes
+    if strategy == "dp" and nodes_apart:  # one process, one machine
         raise ValueError(
             f"strategy='dp' on {count} devices: nn.DataParallel is one process with a thread "
             f"per device, so it uses the devices of one machine ({hardware.devices_per_node} "
@@ -450,7 +452,7 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     trace.gradient_as_bucket_view = gradient_as_bucket_view
     sizes, per_node = torch_chunk_sizes(batch_size, count), hardware.devices_per_node
     # "predicted:3 (A100)", with the node past one
-    node = (lambda i: f", node {i // per_node})") if count > per_node else (lambda i: ")")
+    node = (lambda i: f", node {i // per_node})") if nodes_apart else (lambda i: ")")
     names = [f"predicted:{i} ({hardware.device_name}{node(i)}" for i in range(count)]
     gpu = not hardware.virtual_lanes
     if strategy == "dp":
