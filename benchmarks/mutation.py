@@ -27,6 +27,11 @@ random (the same draw on every run, seeded by the file's name, so a larger N ext
 reports the kill rate with its 95 % interval. Start a sample from a fresh cache: mutmut tests
 the mutants with the fastest tests first, so an interrupted full run is not a random sample.
 
+mutmut tests a mutant against the tests it saw call the mutated function. A fixture shared by
+a test file runs inside the first test that asks for it, so each function's tests are widened
+to every test of their files (:func:`widened`); otherwise the file's other tests, which check
+what the fixture made, would never meet the mutant.
+
 mutmut counts a mutant whose tests run past its time limit as caught (a hang a user would
 see), but on a loaded machine tests that pass run slow too. ``--recheck-timeouts`` tests those
 mutants once more after the run, one at a time; one that really hangs stays caught.
@@ -47,6 +52,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -54,6 +60,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -657,7 +664,7 @@ def run_file(
     reset = recheck_survivors(workdir, target, load_equivalents())
     print(f"\n=== {target}: mutmut in {workdir.relative_to(ROOT)} ({reset} to recheck)", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
-    mutmut = Path(sys.executable).with_name("mutmut")
+    mutmut = [sys.executable, "-c", _WIDENED_RUN]  # mutmut's command, its tests widened
     start = time.monotonic()
     names: list[str] = []  # mutmut's default: every mutant not yet checked
     if sample is not None:
@@ -665,7 +672,7 @@ def run_file(
         if not names:
             return time.monotonic() - start, False
     subprocess.run(
-        [str(mutmut), "run", "--max-children", str(max_children), *names],
+        [*mutmut, "run", "--max-children", str(max_children), *names],
         cwd=workdir,
         env=env,
         check=True,
@@ -674,12 +681,46 @@ def run_file(
     if timed_out:
         print(f"{target}: {len(timed_out)} stopped at the time limit, once more alone", flush=True)
         subprocess.run(
-            [str(mutmut), "run", "--max-children", "1", *timed_out],
+            [*mutmut, "run", "--max-children", "1", *timed_out],
             cwd=workdir,
             env=env,
             check=True,
         )
     return time.monotonic() - start, full and sample is None
+
+
+def widened(tests_by_function: dict[str, set[str]], all_tests: Iterable[str]) -> None:
+    """Each function's tests widened, in place, to every test of the files they are in.
+
+    mutmut links a test to the functions that run while it runs. A fixture shared by a test
+    file (``scope="module"``) runs inside the first test that asks for it, so the file's
+    other tests, which check what it made, were never run against a mutant of its functions:
+    the audit counted mutants of ``compare_with_data_parallel`` as surviving that its
+    memory test catches."""
+    by_file: dict[str, set[str]] = {}
+    for test in all_tests:
+        by_file.setdefault(test.split("::")[0], set()).add(test)
+    for tests in tests_by_function.values():
+        files = {test.split("::")[0] for test in tests}
+        tests.update(*(by_file.get(name, ()) for name in files))
+
+
+# ``mutmut run``, with each function's tests widened (:func:`widened`) once mutmut has
+# collected or loaded them, before any mutant is tested.
+_WIDENED_RUN = f"""from __future__ import annotations
+from collections.abc import Iterable
+import mutmut.__main__ as main
+from mutmut.state import state
+from mutmut.stats import save_stats
+collect = main.collect_or_load_stats
+{inspect.getsource(widened)}
+def collect_widened(runner, **options):
+    collect(runner, **options)
+    widened(state().tests_by_mangled_function_name, state().duration_by_test)
+    save_stats()
+main.collect_or_load_stats = collect_widened
+main.cli()
+"""
 
 
 # How mutmut's ``run`` makes the mutants, without testing any (it has no command for that).

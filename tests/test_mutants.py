@@ -1347,3 +1347,18 @@ def test_recheck_timeouts_forgets_only_the_verdicts_of_mutants_stopped_at_the_ti
     assert kept["other"] == [1]  # the rest of mutmut's file as it was
     assert mutation.reset_timeouts(tmp_path, "dpkit/comm.py") == []  # nothing left to recheck
     assert mutation.reset_timeouts(tmp_path, "dpkit/gather.py") == []  # no cache: nothing
+
+
+def test_a_function_s_tests_are_widened_to_every_test_of_their_files():
+    """A module-scoped fixture runs inside the first test that asks for it: mutmut links the
+    function to that test alone, though the file's other tests check what it made."""
+    mutation = _load_mutation_script()
+    by_function = {"f": {"tests/a.py::one"}, "g": {"tests/b.py::three"}, "untested": set()}
+    found = ["tests/a.py::one", "tests/a.py::two", "tests/b.py::three", "tests/c.py::four"]
+    mutation.widened(by_function, found)
+    assert by_function == {
+        "f": {"tests/a.py::one", "tests/a.py::two"},
+        "g": {"tests/b.py::three"},
+        "untested": set(),  # no test file: still "no tests"
+    }
+    compile(mutation._WIDENED_RUN, "mutmut run, widened", "exec")  # the program mutmut runs
