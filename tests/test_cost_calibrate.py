@@ -257,6 +257,10 @@ def test_calibration_replaces_the_defaults_with_what_it_measured(measured):
     assert measured.peak_flops.keys() == {"float32"}
     assert "calibrated" in measured.description  # not the default's "documented default"
     assert measured.peak_flops["float32"] != default.peak_flops["float32"]
+    # one measured link for every copy: CPU lanes, the host and "nodes" share one memory
+    link = measured.device_to_device
+    assert link.source == "calibrate(): lanes" and link != default.device_to_device
+    assert measured.host_to_device == link == measured.node_to_node
 
 
 def test_the_cores_measured_are_between_one_and_the_threads():
@@ -291,6 +295,27 @@ def test_calibrate_measures_the_lanes_it_is_given(monkeypatch):
     with pytest.raises(Stop):
         cost.calibrate(lanes, models=("mlp",), quick=True, progress=False)
     assert seen == [lanes]
+
+
+def test_calibrate_times_a_module_of_yours_on_your_sample(monkeypatch):
+    class Stop(Exception):
+        pass
+
+    timed = []
+
+    def measure_ops(modules, rows, repeats):
+        timed.extend(modules)
+        raise Stop  # the rest of a calibration is not this test's
+
+    monkeypatch.setattr(calibration, "measure_link", lambda *args, **kwargs: cost.Link(1e9, 1e-6))
+    monkeypatch.setattr(calibration, "measure_cores", lambda *args, **kwargs: 1.0)
+    monkeypatch.setattr(calibration, "measure_ops", measure_ops)
+    mine, sample = torch.nn.Linear(5, 3), torch.ones(1, 5)
+    with pytest.raises(Stop):
+        cost.calibrate(2, models=(mine, "mlp"), sample=sample, quick=True, progress=False)
+    (module, inputs), (course, image) = timed[-2:]  # after the probes
+    assert module is mine and torch.equal(inputs, sample)
+    assert image.shape == (1, 1, 28, 28)  # a course model keeps its own sample
 
 
 class _Op:
