@@ -29,8 +29,9 @@ the mutants with the fastest tests first, so an interrupted full run is not a ra
 
 mutmut tests a mutant against the tests it saw call the mutated function. A fixture shared by
 a test file runs inside the first test that asks for it, so each function's tests are widened
-to every test of their files (:func:`widened`); otherwise the file's other tests, which check
-what the fixture made, would never meet the mutant.
+to every test of their files (``benchmarks/mutmut_widened.py``, run in mutmut's place);
+otherwise the file's other tests, which check what the fixture made, would never meet the
+mutant.
 
 mutmut counts a mutant whose tests run past its time limit as caught (a hang a user would
 see), but on a loaded machine tests that pass run slow too. ``--recheck-timeouts`` tests those
@@ -52,7 +53,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import inspect
 import json
 import os
 import re
@@ -60,7 +60,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -664,7 +663,7 @@ def run_file(
     reset = recheck_survivors(workdir, target, load_equivalents())
     print(f"\n=== {target}: mutmut in {workdir.relative_to(ROOT)} ({reset} to recheck)", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
-    mutmut = [sys.executable, "-c", _WIDENED_RUN]  # mutmut's command, its tests widened
+    mutmut = [sys.executable, str(Path(__file__).with_name("mutmut_widened.py"))]
     start = time.monotonic()
     names: list[str] = []  # mutmut's default: every mutant not yet checked
     if sample is not None:
@@ -687,40 +686,6 @@ def run_file(
             check=True,
         )
     return time.monotonic() - start, full and sample is None
-
-
-def widened(tests_by_function: dict[str, set[str]], all_tests: Iterable[str]) -> None:
-    """Each function's tests widened, in place, to every test of the files they are in.
-
-    mutmut links a test to the functions that run while it runs. A fixture shared by a test
-    file (``scope="module"``) runs inside the first test that asks for it, so the file's
-    other tests, which check what it made, were never run against a mutant of its functions:
-    the audit counted mutants of ``compare_with_data_parallel`` as surviving that its
-    memory test catches."""
-    by_file: dict[str, set[str]] = {}
-    for test in all_tests:
-        by_file.setdefault(test.split("::")[0], set()).add(test)
-    for tests in tests_by_function.values():
-        files = {test.split("::")[0] for test in tests}
-        tests.update(*(by_file.get(name, ()) for name in files))
-
-
-# ``mutmut run``, with each function's tests widened (:func:`widened`) once mutmut has
-# collected or loaded them, before any mutant is tested.
-_WIDENED_RUN = f"""from __future__ import annotations
-from collections.abc import Iterable
-import mutmut.__main__ as main
-from mutmut.state import state
-from mutmut.stats import save_stats
-collect = main.collect_or_load_stats
-{inspect.getsource(widened)}
-def collect_widened(runner, **options):
-    collect(runner, **options)
-    widened(state().tests_by_mangled_function_name, state().duration_by_test)
-    save_stats()
-main.collect_or_load_stats = collect_widened
-main.cli()
-"""
 
 
 # How mutmut's ``run`` makes the mutants, without testing any (it has no command for that).

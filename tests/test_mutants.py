@@ -1352,13 +1352,13 @@ def test_recheck_timeouts_forgets_only_the_verdicts_of_mutants_stopped_at_the_ti
 def test_a_function_s_tests_are_widened_to_every_test_of_their_files():
     """A module-scoped fixture runs inside the first test that asks for it: mutmut links the
     function to that test alone, though the file's other tests check what it made."""
-    mutation = _load_mutation_script()
+    from benchmarks.mutmut_widened import widened
+
     by_function = {"f": {"tests/a.py::one"}, "g": {"tests/b.py::three"}, "untested": set()}
     found = ["tests/a.py::one", "tests/a.py::two", "tests/b.py::three", "tests/c.py::four"]
-    mutation.widened(by_function, found)
+    widened(by_function, found)
     assert by_function == {
         "f": {"tests/a.py::one", "tests/a.py::two"},
         "g": {"tests/b.py::three"},
         "untested": set(),  # no test file: still "no tests"
     }
-    compile(mutation._WIDENED_RUN, "mutmut run, widened", "exec")  # the program mutmut runs
