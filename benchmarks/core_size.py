@@ -40,6 +40,13 @@ CORE_FILES = (
     "nested.py",
     "placement_check.py",
 )
+# Code moved out of the core files since the issue counted 1,754 lines: a file, or named
+# functions of a file. Printed beside the core and counted in a second total, so that a move
+# cannot pass for a cut.
+MOVED_OUT = {
+    "chunk_plans.py": None,  # chunk_sizes= (options torch lacks), from scatter.py
+    "environment.py": ("describe_choice", "_counted"),  # the devices(n) report, from device.py
+}
 TORCH_FILES = (
     "scatter_gather.py",
     "_functions.py",
@@ -63,9 +70,11 @@ def docstring_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
-def code_lines(source: str) -> int:
-    """Lines holding a token that is not a comment, a docstring or layout."""
-    skipped = docstring_lines(ast.parse(source))
+def code_lines(source: str, functions: tuple[str, ...] | None = None) -> int:
+    """Lines holding a token that is not a comment, a docstring or layout (of the top-level
+    ``functions`` only, when named)."""
+    tree = ast.parse(source)
+    skipped = docstring_lines(tree)
     layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
     lines: set[int] = set()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -74,6 +83,9 @@ def code_lines(source: str) -> int:
         for line in range(token.start[0], token.end[0] + 1):
             if line not in skipped:
                 lines.add(line)
+    if functions is not None:
+        named = [node for node in tree.body if getattr(node, "name", None) in functions]
+        lines &= {line for node in named for line in range(node.lineno, node.end_lineno + 1)}
     return len(lines)
 
 
@@ -92,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, lines in ours.items():
         print(f"{name:<{width}} {lines:>6,}")
     print(f"{'total':<{width}} {sum(ours.values()):>6,}  (goal: about {GOAL:,})")
+    moved = {
+        name: code_lines((ROOT / "dpkit" / name).read_text(), functions)
+        for name, functions in MOVED_OUT.items()
+    }
+    print("\nmoved out of the core files".ljust(width))
+    for name, lines in moved.items():
+        print(f"{name:<{width}} {lines:>6,}")
+    print(f"{'core with them':<{width}} {sum(ours.values()) + sum(moved.values()):>6,}")
     print(f"\ntorch {torch.__version__} nn/parallel".ljust(width))
     for name, lines in theirs.items():
         print(f"{name:<{width}} {lines:>6,}")
@@ -101,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             "dpkit": ours,
             "dpkit_total": sum(ours.values()),
             "goal": GOAL,
+            "moved_out": moved,
+            "dpkit_total_with_moved": sum(ours.values()) + sum(moved.values()),
             "torch_version": torch.__version__,
             "torch": theirs,
             "torch_total": sum(theirs.values()),

@@ -82,6 +82,7 @@ HEAD_TREE = WORK / f"_head-{os.getpid()}"
 CORE_FILES = (
     "dpkit/comm.py",
     "dpkit/scatter.py",
+    "dpkit/chunk_plans.py",
     "dpkit/gather.py",
     "dpkit/_functions.py",
     "dpkit/replicate.py",

@@ -13,6 +13,7 @@ stream each) and on virtual lanes on the CPU (a thread and real copies each).
 import sys
 
 from dpkit import device
+from dpkit.chunk_plans import torch_chunk_sizes, weighted_chunk_sizes
 from dpkit.comm import Transfer, add_transfer_listener
 from dpkit.data_parallel import DataParallel, data_parallel
 from dpkit.device import Device, current_device, devices, to_device, virtual_devices
@@ -21,16 +22,16 @@ from dpkit.gather import gather
 from dpkit.lanes import device_of
 from dpkit.parallel_apply import parallel_apply
 from dpkit.replicate import replicate
-from dpkit.scatter import scatter, scatter_kwargs, torch_chunk_sizes, weighted_chunk_sizes
+from dpkit.scatter import scatter, scatter_kwargs
 from dpkit.tracing import Trace, register_phase_hook, trace
 
 # isort: split
 # Importable from here as before, but not in __all__: how device specs are resolved, the
 # planners behind chunk_sizes=, and a trace's event type (dpkit.tracing.Event).
+from dpkit.chunk_plans import balanced_chunk_sizes as balanced_chunk_sizes
+from dpkit.chunk_plans import plan_chunks as plan_chunks
 from dpkit.device import as_device as as_device
 from dpkit.device import as_devices as as_devices
-from dpkit.scatter import balanced_chunk_sizes as balanced_chunk_sizes
-from dpkit.scatter import plan_chunks as plan_chunks
 from dpkit.tracing import Event as Event
 
 # The module was dpkit/devices.py, hidden behind the dpkit.devices() function of the same

@@ -29,7 +29,8 @@ from dpkit.cost.cli import add_predict_command
 from dpkit.ddp.command import add_ddp_command
 from dpkit.ddp.plan import add_plan_command
 from dpkit.ddp.workload import MODELS
-from dpkit.device import accelerator_count, accelerator_type, describe_choice
+from dpkit.device import accelerator_count, accelerator_type
+from dpkit.environment import describe_choice
 from dpkit.grading import add_grade_command
 
 

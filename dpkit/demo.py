@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import dpkit
-from dpkit.device import describe_choice
+from dpkit.environment import describe_choice
 from dpkit.models import CLASSES, IMAGE_SHAPE, build_model
 
 

@@ -178,12 +178,16 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
             f"on={str(on)!r}: no {on.type} accelerator is available here; use on='cpu'"
         )
     if n > MAX_GPU_LANES:
-        raise ValueError(
-            f"n={n} lanes on one GPU: at most {MAX_GPU_LANES}, since torch's pool has "
-            f"{MAX_GPU_LANES} CUDA streams per device and lanes sharing a stream would run one "
-            f"after another; use n<={MAX_GPU_LANES}, or on='cpu' for more lanes"
-        )
+        raise _too_many_gpu_lanes(f"n={n} lanes", f"n<={MAX_GPU_LANES}")
     return [Device(i, VIRTUAL_GPU, on) for i in range(n)]  # Device makes "cuda" cuda:0
+
+
+def _too_many_gpu_lanes(asked: str, fix: str) -> ValueError:
+    return ValueError(
+        f"{asked} on one GPU: at most {MAX_GPU_LANES} lanes, since torch's pool has "
+        f"{MAX_GPU_LANES} CUDA streams per device and lanes sharing a stream would run one after "
+        f"another; use {fix}, or dpkit.virtual_devices(n, on='cpu') for more lanes"
+    )
 
 
 def devices(n: int | None = None) -> list[Device]:
@@ -198,21 +202,6 @@ def devices(n: int | None = None) -> list[Device]:
     return real_devices(n) if _check_count(n) <= count else virtual_devices(n)
 
 
-def describe_choice(n: int) -> str:
-    """One line saying which kind of device ``devices(n)`` gives on this machine, and why."""
-    chosen = devices(n)
-    if chosen[0].kind == REAL:
-        names = ", ".join(d.name for d in chosen)
-        return f"devices({n}) -> {_counted(n, 'real accelerator')}: {names}"
-    where = "the GPU, a CUDA stream each" if chosen[0].has_own_stream else "the CPU, a thread each"
-    have = _counted(accelerator_count(), "real accelerator")
-    return f"devices({n}) -> {_counted(n, 'virtual lane')} on {where} (this machine has {have})"
-
-
-def _counted(count: int, thing: str) -> str:
-    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
-
-
 # --------------------------------------------------------------------------------------
 # Resolving what users pass (handles, ints, strings, torch.device) into Device handles.
 
@@ -222,12 +211,7 @@ def _resolve_int(index: int, like: Device | None) -> Device:
         return HOST_DEVICE  # torch's convention: -1 means the CPU
     if like is not None and like.is_virtual:
         if like.kind == VIRTUAL_GPU and index >= MAX_GPU_LANES:
-            raise ValueError(
-                f"lane {index} on one GPU: at most {MAX_GPU_LANES} lanes (0-"
-                f"{MAX_GPU_LANES - 1}), since torch's pool has {MAX_GPU_LANES} CUDA streams "
-                "per device and lanes sharing a stream would run one after another; use "
-                f"fewer device_ids, or dpkit.virtual_devices(n, on='cpu') for more lanes"
-            )
+            raise _too_many_gpu_lanes(f"lane {index}", f"lanes 0-{MAX_GPU_LANES - 1}")
         return Device(index, like.kind, like.torch_device)
     return devices(index + 1)[index]  # a real device where it exists, else a lane
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from dpkit.device import accelerator_count, accelerator_type, describe_choice
+from dpkit import device
+from dpkit.device import accelerator_count, accelerator_type
 
 MIN_TORCH = (2, 4)
 
@@ -105,3 +106,18 @@ def check_environment(verbose: bool = True) -> EnvironmentReport:
     if verbose:
         print(report)
     return report
+
+
+def describe_choice(n: int) -> str:
+    """One line saying which kind of device ``devices(n)`` gives on this machine, and why."""
+    chosen = device.devices(n)
+    if chosen[0].kind == device.REAL:
+        names = ", ".join(d.name for d in chosen)
+        return f"devices({n}) -> {_counted(n, 'real accelerator')}: {names}"
+    where = "the GPU, a CUDA stream each" if chosen[0].has_own_stream else "the CPU, a thread each"
+    have = _counted(device.accelerator_count(), "real accelerator")
+    return f"devices({n}) -> {_counted(n, 'virtual lane')} on {where} (this machine has {have})"
+
+
+def _counted(count: int, thing: str) -> str:
+    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"

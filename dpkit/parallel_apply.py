@@ -198,17 +198,13 @@ def check_timeout(timeout: float | None) -> float | None:
             f"timeout must be a number of seconds or None, got {timeout!r}; pass e.g. timeout=60"
         )
     shown = repr(timeout) if len(repr(timeout)) <= 20 else f"a number of {len(str(timeout))} digits"
-    # An int past float's range (10**400) is infinite for this check, not an OverflowError.
-    if not (timeout > 0 and (isinstance(timeout, int) or math.isfinite(timeout))):
+    # One range check: nan fails both comparisons, and an int past float's range (10**400) is
+    # compared exactly (math.isfinite would raise OverflowError); threads wait no longer.
+    if not 0 < timeout <= threading.TIMEOUT_MAX:
         raise ValueError(
-            f"timeout must be a positive, finite number of seconds, got {shown}; pass e.g. "
+            f"timeout must be a positive number of seconds, at most {threading.TIMEOUT_MAX:.0f} "
+            f"(about 292 years, the longest a thread can wait), got {shown}; pass e.g. "
             "timeout=60, or timeout=None to wait as long as the replicas take"
-        )
-    if timeout > threading.TIMEOUT_MAX:  # threads cannot wait longer (OverflowError)
-        raise ValueError(
-            f"timeout must be at most {threading.TIMEOUT_MAX:.0f} seconds (about 292 years, "
-            f"the longest a thread can wait), got {shown}; pass timeout=None to wait as long "
-            "as the replicas take"
         )
     return timeout
 

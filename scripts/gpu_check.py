@@ -64,7 +64,8 @@ from torch import nn  # noqa: E402
 import dpkit  # noqa: E402
 from dpkit import host_clock  # noqa: E402
 from dpkit import pipeline as pp  # noqa: E402
-from dpkit.device import REAL, VIRTUAL_CPU, VIRTUAL_GPU, describe_choice  # noqa: E402
+from dpkit.device import REAL, VIRTUAL_CPU, VIRTUAL_GPU  # noqa: E402
+from dpkit.environment import describe_choice  # noqa: E402
 from dpkit.lanes import stream_of  # noqa: E402
 
 STALL_S = 0.02  # a known stall: long against launches and thread hand-offs, short in total

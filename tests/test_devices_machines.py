@@ -23,6 +23,7 @@ import torch
 import dpkit
 from dpkit import lanes as lanes_module
 from dpkit.device import HOST_DEVICE, REAL, VIRTUAL_CPU, VIRTUAL_GPU, Device
+from dpkit.environment import describe_choice
 
 # The module behind dpkit.devices (the function).
 dev = importlib.import_module("dpkit.device")
@@ -208,7 +209,7 @@ def test_the_line_the_course_prints_about_the_choice(machine, kind, count, n, ex
     # `dpkit devices` prints this line; on Colab (one GPU) it is the learner's explanation of
     # why their four devices are lanes.
     machine(kind, count)
-    assert dev.describe_choice(n) == expected
+    assert describe_choice(n) == expected
 
 
 # --------------------------------------------------------------------------------------

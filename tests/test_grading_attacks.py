@@ -465,7 +465,11 @@ def test_swapping_the_checks_found_with_gc_scores_nothing(graded):
 def test_forbidden_calls_by_any_route_fail_their_checks(graded):
     results = {r.check: r for r in graded["forbidden"]}
     assert len(results) == 8 and not passed(results.values()), grading.report(results.values())
-    routes = ("calls dpkit.scatter.torch_chunk_sizes", "'__wrapped__'", "which your code started")
+    routes = (
+        "calls dpkit.chunk_plans.torch_chunk_sizes",
+        "'__wrapped__'",
+        "which your code started",
+    )
     for name, result in results.items():
         assert any(route in result.hint for route in routes), (name, result.hint)
 

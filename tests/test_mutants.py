@@ -30,6 +30,7 @@ import dpkit.device as devices_module
 from dpkit import comm, tracing
 from dpkit import lanes as lanes_module
 from dpkit.context import backward_of
+from dpkit.environment import describe_choice
 from dpkit.lanes import place, resides_on
 from dpkit.nested import module_tensors
 from dpkit.testing.placement_check import checking_placement
@@ -854,7 +855,7 @@ def gpu_lane(index: int) -> dpkit.Device:
 def test_dpkit_devices_says_what_each_machine_gets(gpus, count, n, line):
     """The lines ``dpkit devices`` prints, on a laptop, a one-GPU and a two-GPU machine."""
     gpus(count)
-    assert devices_module.describe_choice(n) == line
+    assert describe_choice(n) == line
 
 
 def test_devices_picks_real_accelerators_when_there_are_enough_else_lanes(gpus):

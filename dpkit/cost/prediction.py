@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpkit.chunk_plans import torch_chunk_sizes
 from dpkit.cost import collectives
 from dpkit.cost.catalog import preset
 from dpkit.cost.compute import PassTime, elementwise_time, host_calls, op_time, pass_time
@@ -31,7 +32,6 @@ from dpkit.cost.memory import Held, ddp_memory, dp_memory, optimizer_copies, wit
 from dpkit.cost.profiling import Profile, profile
 from dpkit.ddp.checks import check_bucket_cap
 from dpkit.device import Device
-from dpkit.scatter import torch_chunk_sizes
 from dpkit.tracing import KIND_LABELS, PREDICTED, Event, Phase, Trace
 
 STRATEGIES = ("dp", "ddp")

@@ -29,7 +29,7 @@ class ForbiddenCall(RuntimeError):
 
 
 def _resolve(dotted: str) -> tuple[Any, str, Any] | None:
-    """``(container, attribute, object)`` for ``"dpkit.scatter.torch_chunk_sizes"`` or
+    """``(container, attribute, object)`` for ``"dpkit.chunk_plans.torch_chunk_sizes"`` or
     ``"torch.Tensor.chunk"``; None when it does not exist in this torch or dpkit."""
     parts = dotted.split(".")
     for cut in range(len(parts) - 1, 0, -1):

@@ -23,8 +23,8 @@ from dpkit.lanes import resides_on
 pytestmark = pytest.mark.task1
 EXERCISE = "task1_scatter.py"
 FORBIDDEN = (
-    "dpkit.scatter.torch_chunk_sizes",
-    "dpkit.scatter.plan_chunks",
+    "dpkit.chunk_plans.torch_chunk_sizes",
+    "dpkit.chunk_plans.plan_chunks",
     "dpkit.scatter.scatter",
     "dpkit.scatter.scatter_kwargs",
     "dpkit.comm.scatter",

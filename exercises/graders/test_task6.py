@@ -15,7 +15,7 @@ from dpkit.grading.checks import must_raise
 
 pytestmark = pytest.mark.task6
 EXERCISE = "task6_weighted.py"
-FORBIDDEN = ("dpkit.scatter.weighted_chunk_sizes",)
+FORBIDDEN = ("dpkit.chunk_plans.weighted_chunk_sizes",)
 
 
 def sizes_of(exercise, cases) -> list[list[int]]:
