@@ -108,3 +108,13 @@ def test_the_device_module_is_not_hidden_by_the_devices_function():
     from dpkit.devices import Device, virtual_devices
 
     assert Device is dpkit.Device and virtual_devices is dpkit.virtual_devices
+
+
+def test_the_chunk_plans_still_import_from_the_scatter_module():
+    """DESIGN.md's layout puts chunk planning in scatter.py; it has a file of its own now."""
+    import dpkit.chunk_plans as plans
+
+    scatter_module = importlib.import_module("dpkit.scatter")
+    planners = ("plan_chunks", "torch_chunk_sizes", "balanced_chunk_sizes", "weighted_chunk_sizes")
+    for name in (*planners, "ChunkSizes"):
+        assert getattr(scatter_module, name) is getattr(plans, name)
