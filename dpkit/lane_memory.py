@@ -54,7 +54,6 @@ from dpkit.device import Device
 
 MIN_BYTES = 2**20  # malloc hands smaller ones back from its heap, already touched, as fast
 MAX_BYTES = 512 * 2**20  # per lane: blocks in use and free together
-MAX_BLOCKS_PER_SIZE = 64  # blocks of one size a lane tracks (more in use: plain allocations)
 IDLE_SECONDS = 2.0  # no block taken for this long: the free blocks go back to the system
 
 
@@ -79,8 +78,9 @@ def _refs_of_a_free_block() -> int | None:
 _REFS_WHEN_FREE = _refs_of_a_free_block()
 
 _lock = threading.Lock()
-_blocks: dict[Device, dict[int, list[Any]]] = {}  # lane -> size -> storages
-_lane_bytes: dict[Device, int] = {}
+# lane -> its blocks' storages, in use or free; a block's size is its storage's, read when
+# needed (a user may resize a tensor on a block, and its storage with it)
+_blocks: dict[Device, list[Any]] = {}
 _idle = threading.Condition(_lock)  # the releaser waits on it; release() wakes it
 _last_take = 0.0  # time.monotonic() of the latest take
 _releaser: threading.Thread | None = None
@@ -116,22 +116,13 @@ def _take(
                 target=_release_when_idle, name="dpkit-lane-memory", daemon=True
             )
             _releaser.start()  # it waits for the lock, so it finds this block in the pool
-        blocks = _blocks.setdefault(device, {}).setdefault(nbytes, [])
-        _lane_bytes.setdefault(device, 0)
-        block = next(iter(_free(blocks)), None)
-        if block is not None:
-            blocks.remove(block)  # to the end: the free ones stay in front
-            if block.nbytes() != nbytes:  # resized by its last user: not this size any more
-                _lane_bytes[device] -= nbytes
-                block = None
+        blocks = _blocks.setdefault(device, [])
+        block = next((block for block in _free(blocks) if block.nbytes() == nbytes), None)
         if block is None:
-            if len(blocks) >= MAX_BLOCKS_PER_SIZE:
-                return None
-            if _lane_bytes[device] + nbytes > MAX_BYTES and not _drop_free(device, nbytes):
+            if not _make_room(device, nbytes):
                 return None
             block = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-            _lane_bytes[device] += nbytes
-        blocks.append(block)
+            blocks.append(block)
         tensor = torch.empty(0, dtype=dtype)
         return tensor.set_(block, 0, shape, stride)  # stride () is contiguous
 
@@ -141,26 +132,27 @@ def _release_when_idle() -> None:
     the pool holds no block at all (blocks in use keep it waking, once per IDLE_SECONDS)."""
     global _releaser
     with _lock:
-        while any(_lane_bytes.values()):
+        while any(_blocks.values()):
             idle = time.monotonic() - _last_take
             if idle >= IDLE_SECONDS:
                 for lane in _blocks:
-                    _drop_free(lane)
+                    _make_room(lane)
                 idle = 0.0
             _idle.wait(IDLE_SECONDS - idle)
         _releaser = None
 
 
-def _drop_free(device: Device, wanted: float = math.inf) -> bool:
-    """Drop free blocks of ``device`` until ``wanted`` more bytes fit, by default all of them,
-    and say whether they fit (the lock is held)."""
-    for size, blocks in _blocks.get(device, {}).items():
-        for block in _free(blocks):
-            blocks.remove(block)
-            _lane_bytes[device] -= size
-            if _lane_bytes[device] + wanted <= MAX_BYTES:
-                return True
-    return False
+def _make_room(device: Device, wanted: float = math.inf) -> bool:
+    """Drop free blocks of ``device``, oldest first, until ``wanted`` more bytes fit in
+    MAX_BYTES (by default all of them), and say whether they fit (the lock is held)."""
+    blocks = _blocks.get(device, [])
+    held = sum(block.nbytes() for block in blocks)
+    for block in _free(blocks):
+        if held + wanted <= MAX_BYTES:
+            break
+        blocks.remove(block)
+        held -= block.nbytes()
+    return held + wanted <= MAX_BYTES
 
 
 def _poolable(nbytes: int, device: Device) -> bool:
@@ -208,9 +200,8 @@ def copy(tensor: torch.Tensor, device: Device) -> torch.Tensor | None:
 def cached_bytes(device: Device | None = None) -> int:
     """Bytes of blocks the pool holds for ``device`` (every lane: None), in use or free."""
     with _lock:
-        if device is not None:
-            return _lane_bytes.get(device, 0)
-        return sum(_lane_bytes.values())
+        lanes = _blocks.values() if device is None else [_blocks.get(device, [])]
+        return sum(block.nbytes() for blocks in lanes for block in blocks)
 
 
 def release(device: Device | None = None) -> None:
@@ -218,5 +209,5 @@ def release(device: Device | None = None) -> None:
     ``torch.cuda.empty_cache`` does; blocks in use stay their users'."""
     with _lock:
         for lane in _blocks if device is None else [device]:
-            _drop_free(lane)
+            _make_room(lane)
         _idle.notify()  # the releaser ends now if the pool is empty

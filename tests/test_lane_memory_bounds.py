@@ -1,8 +1,8 @@
 """The lanes' block pool (dpkit.lane_memory) keeps to its bounds and its rules.
 
-Its documented bounds: at most MAX_BYTES of blocks per lane (free ones evicted first, one
-at a time, only as many as needed) and MAX_BLOCKS_PER_SIZE blocks of one size; beyond
-them a copy is a plain allocation. Its rule: only tensors whose copy is a plain clone take
+Its documented bound: at most MAX_BYTES of blocks per lane, each counted at its storage's
+size now (free ones evicted first, oldest first, only as many as needed); beyond it a copy
+is a plain allocation. Its rule: only tensors whose copy is a plain clone take
 blocks. Small bounds are set here so that the cases cost kilobytes, not the real 512 MiB.
 """
 
@@ -68,21 +68,18 @@ def test_free_blocks_are_evicted_only_as_far_as_the_new_one_needs():
     assert large.numel() == 2 * KIB // 4
 
 
-def test_at_most_max_blocks_of_one_size_are_tracked(monkeypatch):
-    monkeypatch.setattr(lane_memory, "MAX_BYTES", 100 * KIB)
-    monkeypatch.setattr(lane_memory, "MAX_BLOCKS_PER_SIZE", 2)
-    kept = [block(seed=i) for i in range(3)]
-    assert lane_memory.cached_bytes(LANE) == 2 * KIB  # the third is a plain allocation
-    assert len({t.data_ptr() for t in kept}) == 3
-
-
-def test_a_block_its_user_resized_is_dropped_not_handed_out_again():
+def test_a_block_its_user_resized_counts_at_its_new_size_and_serves_that_size():
     grown = block()
     grown.resize_(2 * KIB // 4)  # the storage under the block grows to 2 KiB
+    assert lane_memory.cached_bytes(LANE) == 2 * KIB  # counted as it is, not as it was
     del grown
-    again = block(seed=5)
-    assert lane_memory.cached_bytes(LANE) == KIB  # the new block only, counted once
-    assert again.untyped_storage().nbytes() == KIB
+    small = block(seed=5)  # 1 KiB: not the free block's size any more, a new block
+    assert lane_memory.cached_bytes(LANE) == 3 * KIB
+    twice = torch.arange(2 * KIB // 4, dtype=torch.float32)
+    again = lane_memory.copy(twice, LANE)  # 2 KiB: the grown block, free, handed out again
+    assert torch.equal(again, twice) and lane_memory.cached_bytes(LANE) == 3 * KIB
+    assert again.untyped_storage().nbytes() == 2 * KIB
+    del small, again
 
 
 def test_release_empties_one_lane_or_all_and_a_lane_never_used_holds_nothing():
