@@ -29,8 +29,12 @@ IDLE = 0.2  # seconds
 LANE = virtual_devices(2, on="cpu")[1]
 
 
+def releasers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dpkit-lane-memory"]
+
+
 def releaser_alive() -> bool:
-    return any(t.name == "dpkit-lane-memory" for t in threading.enumerate())
+    return bool(releasers())
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
@@ -79,7 +83,8 @@ def test_free_blocks_go_back_once_idle_and_a_block_in_use_stays():
 def test_release_ends_the_thread_at_once_and_the_next_copy_starts_it_again(monkeypatch):
     monkeypatch.setattr(lane_memory, "IDLE_SECONDS", 60.0)
     freed = block(3)
-    assert releaser_alive()
+    # a daemon: a process that ends while its tensors still hold blocks does not wait for it
+    assert releaser_alive() and all(thread.daemon for thread in releasers())
     del freed
     time.sleep(0.05)  # the thread has run to its wait, not found an empty pool on its way
     lane_memory.release()
