@@ -226,9 +226,7 @@ def test_more_device_ids_than_a_gpu_has_lane_streams_is_a_clear_error():
     assert MAX_GPU_LANES == 32  # torch's pool: 32 streams per device and priority
     assert as_device(31, like=gpu_lane).index == 31  # the last lane that has a stream
     # the first that has none, and the lanes there are, by index
-    with pytest.raises(
-        ValueError, match=r"lane 32 on one GPU: at most 32 .*; use lanes 0-31, or"
-    ):
+    with pytest.raises(ValueError, match=r"lane 32 on one GPU: at most 32 .*; use lanes 0-31, or"):
         as_device(32, like=gpu_lane)
     with pytest.raises(ValueError, match=r"lane 39 on one GPU: at most 32 lanes"):
         as_device(39, like=gpu_lane)  # was a bare IndexError in stream_of later
