@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from lanes import recorded_transfers
@@ -167,6 +169,12 @@ def test_transfer_listener_remove_stops_it():
 
 def test_current_device_is_none_outside_parallel_apply():
     assert dpkit.current_device() is None
+    # also in a thread that never ran a replica (a widget's callback, a data loader's worker)
+    found = []
+    thread = threading.Thread(target=lambda: found.append(dpkit.current_device()))
+    thread.start()
+    thread.join()
+    assert found == [None]
 
 
 class _RoundRobinPool:
