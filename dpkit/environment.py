@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from dpkit import device
-from dpkit.device import accelerator_count, accelerator_type
 
 MIN_TORCH = (2, 4)
 
@@ -74,7 +73,7 @@ def check_environment(verbose: bool = True) -> EnvironmentReport:
     report = EnvironmentReport()
     report.add(sys.version_info >= (3, 10), f"python {platform.python_version()} (needs >= 3.10)")
     report.add(_torch_ok(), f"torch {torch.__version__} (needs >= 2.4)")
-    kind, count = accelerator_type(), accelerator_count()
+    kind, count = device.accelerator_type(), device.accelerator_count()
     found = f"{count} x {kind}" if kind else "none: virtual CPU lanes will stand in"
     report.add(True, f"accelerators: {found}")
     report.add(True, describe_choice(4))

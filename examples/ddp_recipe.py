@@ -67,7 +67,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--base-batch", type=int, default=64, help="the batch --lr was tuned at")
     parser.add_argument("--warmup", type=int, default=0, help="steps of linear warm-up")
     parser.add_argument("--batch-norm", action="store_true", help="a BatchNorm layer (synced)")
-    parser.add_argument("--uneven", action="store_true", help="rank r skips r batches (Join)")
+    parser.add_argument("--uneven", action="store_true", help="rank r skips r batches an epoch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-method", default="env://", help="where the ranks meet")
     parser.add_argument("--timeout", type=float, default=120.0, help="collective timeout (s)")

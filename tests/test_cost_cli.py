@@ -136,7 +136,7 @@ def test_amp_gradient_as_bucket_view_and_bucket_cap_reach_predict(predict_here, 
 
 @pytest.mark.parametrize("view", [False, True])
 def test_the_step_time_not_in_the_phases_is_said_and_adds_up(predict_here, spy, view):
-    # The shares are of the phases' span, not of the step: the line under the step time
+    # The table's step (and its shares) is the phases' span, not the step: the line under it
     # says what the rest is, and the two numbers add up to the step time printed.
     arguments = ["--model", "mlp", "--devices", "16", "--hardware", "2x8xA100-100GbE",
                  "--strategy", "ddp", *(["--gradient-as-bucket-view"] if view else [])]  # fmt: skip
@@ -144,12 +144,13 @@ def test_the_step_time_not_in_the_phases_is_said_and_adds_up(predict_here, spy, 
     assert status == 0, err
     trace = spy[0]["trace"]
     span = max(e.end for e in trace.events) - min(e.start for e in trace.events)
-    line = next(line for line in out.splitlines() if line.startswith("  (share: of the"))
+    line = next(line for line in out.splitlines() if line.startswith("  (the table's step: the"))
     phases, rest = (float(n) for n in re.findall(r"([\d.]+) ms", line))
     assert phases == pytest.approx(span * 1e3, abs=1e-3)
     assert phases + rest == pytest.approx(trace.step_time * 1e3, abs=2e-3)
     assert rest > 0
     assert ("copied into .grad" in line) is not view
+    assert trace.summary().step_s == pytest.approx(span)  # one step: the table's step row
 
 
 def test_the_defaults_are_torchs(predict_here, spy):

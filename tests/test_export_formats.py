@@ -91,8 +91,11 @@ def test_summary_prints_milliseconds_bytes_and_shares_in_columns(traced):
     lines = str(summary).split("\n")
     assert lines[0].split() == ["phase", "time/step", "bytes/step", "share"]
     assert lines[1] == "-" * len(lines[0])
-    assert len(lines) == 2 + len(summary)
-    for line, row in zip(lines[2:], summary):
+    assert len(lines) == 2 + len(summary) + 4  # a rule, the step's row and two lines of why
+    step, ms, unit, share = lines[-3].split()
+    assert (step, unit, share) == ("step", "ms", "100.0%")
+    assert float(ms) == pytest.approx(summary.step_s * 1e3, abs=5e-4)
+    for line, row in zip(lines[2:-4], summary):
         phase, ms, unit, nbytes, share = line.split()
         assert (phase, unit) == (row["phase"], "ms")
         assert float(ms) == pytest.approx(row["time_s"] * 1e3, abs=5e-4)

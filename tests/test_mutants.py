@@ -1097,17 +1097,23 @@ def _events():
 
 
 def test_the_summary_table_prints_time_bytes_and_share_per_step():
-    """Step 1 lasts 12 ms: scatter spans 2 ms of it (1/6), apply 10 ms; step 2 has no
-    length, so its share is 0. Each column is the mean over the two steps."""
+    """Step 1 lasts 12 ms: scatter spans 2 ms of it, apply 10 ms; step 2 has no length.
+    Time and bytes are means over the two steps (a step: 6 ms), and a share is of the steps'
+    12 ms together, so it is the time column over the step's: 1 of 6 ms, 5 of 6."""
     summary = export.summary(_events())
     assert [(r["phase"], r["nbytes"]) for r in summary] == [("scatter", 24), ("apply", 0)]
     assert [r["time_s"] for r in summary] == pytest.approx([0.001, 0.005])
-    assert [r["share"] for r in summary] == pytest.approx([1 / 12, 5 / 12])
+    assert summary.step_s == pytest.approx(0.006)
+    assert [r["share"] for r in summary] == pytest.approx([1 / 6, 5 / 6])
     assert str(summary) == (
         "phase            time/step    bytes/step   share\n"
         "------------------------------------------------\n"
-        "scatter           1.000 ms            24    8.3%\n"
-        "apply             5.000 ms             0   41.7%"
+        "scatter           1.000 ms            24   16.7%\n"
+        "apply             5.000 ms             0   83.3%\n"
+        "------------------------------------------------\n"
+        "step              6.000 ms                100.0%\n"
+        "shares are of the step (first event to last) and need not add up to 100%:\n"
+        "time in no phase is in no row; phases that run at the same time each count it"
     )
 
 
@@ -1215,6 +1221,10 @@ def test_a_step_whose_events_come_in_two_batches_is_counted_once():
     assert totals.steps == 2
     per_step = {row["phase"]: (row["time_s"], row["nbytes"]) for row in totals.summary()}
     assert per_step == {"scatter": pytest.approx((0.2, 8)), "gather": pytest.approx((0.25, 2))}
+    # step 1 runs from 0.0 to 1.0 (its late event widens it), step 2 from 1.0 to 1.2
+    assert totals.step_s == pytest.approx(1.2)
+    totals.add_rows([(1, "gather", 1.5, 1.6, 0)])  # a step older than the latest: not widened
+    assert totals.step_s == pytest.approx(1.2)
 
 
 # --------------------------------------------------------------------------------------

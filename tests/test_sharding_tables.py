@@ -57,10 +57,11 @@ def test_the_step_table_gives_rank_0_s_collectives_beside_the_ring_formulas():
     # Two broadcasts of 400 bytes overlapping from 12 to 12.5 s: 0.5 s busy, not 0.7. Each
     # predicted S / B + (n - 1) alpha = 0.4 + 0.5 s, one after the other: 1.8 s.
     assert list(table) == [
-        {"engine": "zero1", "step": 2, "what": "the step", "calls": 1, "bytes": 0,
+        {"engine": "zero1", "step": 2, "what": "the step", "calls": 1, "payload_bytes": 0,
          "measured_ms": pytest.approx(3700), "predicted_ms": pytest.approx(3000)},
         {"engine": "zero1", "step": 2, "what": "rank 0's broadcast", "calls": 2,
-         "bytes": 800, "measured_ms": pytest.approx(500), "predicted_ms": pytest.approx(1800)},
+         "payload_bytes": 800, "measured_ms": pytest.approx(500),
+         "predicted_ms": pytest.approx(1800)},
     ]  # fmt: skip
 
 

@@ -761,20 +761,20 @@ def test_summary_bytes_and_shares():
     assert len(by_step) == 2
     for counts in by_step.values():
         assert {phase: counts[phase] for phase in expected} == expected
-    # time of a phase in a step: first start to last end across devices; share: of the step
-    spans, shares = defaultdict(list), defaultdict(list)
+    # time of a phase in a step: first start to last end across devices; share: of the steps'
+    # time (first event to last), so that it is the time column over the step's
+    spans, step_spans = defaultdict(list), []
     for events in per_step(tr.events).values():
-        step_span = max(e.end for e in events) - min(e.start for e in events)
+        step_spans.append(max(e.end for e in events) - min(e.start for e in events))
         for phase in expected:
             mine = [e for e in events if e.phase == phase]
-            span = max(e.end for e in mine) - min(e.start for e in mine)
-            spans[phase].append(span)
-            shares[phase].append(span / step_span)
+            spans[phase].append(max(e.end for e in mine) - min(e.start for e in mine))
+    assert table.step_s == pytest.approx(sum(step_spans) / 2)
     for row in table:
         phase = row["phase"]
         assert row["nbytes"] == expected[phase]
         assert 0.0 <= row["share"] <= 1.0
-        assert row["share"] == pytest.approx(sum(shares[phase]) / 2)
+        assert row["share"] == pytest.approx(sum(spans[phase]) / sum(step_spans))
         assert row["time_s"] == pytest.approx(sum(spans[phase]) / 2)
     text = str(table)
     assert all(phase in text for phase in expected)

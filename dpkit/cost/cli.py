@@ -224,14 +224,14 @@ def report(
 
 
 def _outside_phases(trace: PredictedTrace) -> str:
-    """Why the shares above are not of the step time: the host work before the first phase
-    and after the last (the step's entry and end, and DDP's sums copied back into .grad)."""
+    """Why the table's step is not the step time: the host work before the first phase and
+    after the last (the step's entry and end, and DDP's sums copied back into .grad)."""
     last = max(trace.step_bounds)
     events = [e for e in trace.events if e.step == last]
     span = max(e.end for e in events) - min(e.start for e in events)
     copies_back = trace.strategy == "ddp" and not trace.gradient_as_bucket_view
     back = ", and DDP's sums copied into .grad" if copies_back else ""
-    return (f"  (share: of the {span * 1e3:.3f} ms the phases span; the other "
+    return (f"  (the table's step: the {span * 1e3:.3f} ms the phases span; the other "
             f"{(trace.step_time - span) * 1e3:.3f} ms is host work before and after them: "
             f"the step's entry and end{back})")  # fmt: skip
 

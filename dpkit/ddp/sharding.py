@@ -467,7 +467,7 @@ def step_table(
     for engine, trace in traces.items():
         step = steps[engine]
         table.append({"engine": engine, "step": step, "what": "the step", "calls": 1,
-                      "bytes": 0, "measured_ms": step_seconds(trace, step) * 1e3,
+                      "payload_bytes": 0, "measured_ms": step_seconds(trace, step) * 1e3,
                       "predicted_ms": predicted_s[engine] * 1e3})  # fmt: skip
         ranks = len({e.device for e in trace.events})
         found: dict[str, list] = {}
@@ -480,7 +480,7 @@ def step_table(
                 into[3] += predicted_collective_seconds(e.phase, e.nbytes, ranks, link)
         for phase, (calls, nbytes, intervals, guess) in found.items():
             table.append({"engine": engine, "step": step, "what": f"rank 0's {phase}",
-                          "calls": calls, "bytes": nbytes,
+                          "calls": calls, "payload_bytes": nbytes,
                           "measured_ms": busy_seconds(intervals) * 1e3,
                           "predicted_ms": guess * 1e3})  # fmt: skip
     return table

@@ -71,31 +71,46 @@ def as_dataframe(table: list[dict[str, Any]]) -> Any:
 
 
 class Summary(list):
-    """Per-phase rows (time per step, bytes per step, share of the step) that print as a table."""
+    """Per-phase rows (time per step, bytes per step, share of the step) that print as a table,
+    and ``step_s``: the mean wall time of a step, first event to last, which shares are of."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), step_s: float = 0.0) -> None:
+        super().__init__(rows)
+        self.step_s = step_s
 
     def __str__(self) -> str:
         header = f"{'phase':<14}{'time/step':>12}{'bytes/step':>14}{'share':>8}"
-        lines = [header, "-" * len(header)]
+        rule = "-" * len(header)
+        lines = [header, rule]
         for row in self:
             lines.append(
                 f"{row['phase']:<14}{row['time_s'] * 1e3:>9.3f} ms"
                 f"{row['nbytes']:>14,d}{row['share']:>8.1%}"
             )
+        # Shares rarely add up to 100 %: say why under the table, where a learner adds them.
+        lines += [
+            rule,
+            f"{'step':<14}{self.step_s * 1e3:>9.3f} ms{'':>14}{1:>8.1%}",
+            "shares are of the step (first event to last) and need not add up to 100%:",
+            "time in no phase is in no row; phases that run at the same time each count it",
+        ]
         return "\n".join(lines)
 
 
 class PhaseTotals:
-    """Per phase, sums over steps of its wall time, its bytes and its share of the step: what
-    :func:`summary` averages. A bounded trace adds the steps it drops here (:meth:`add`), so
-    that its summary still covers every step of the run."""
+    """Per phase, sums over steps of its wall time and its bytes, and the steps' own wall time
+    (first event to last), of which a phase's time is its share: what :func:`summary` averages.
+    A bounded trace adds the steps it drops here (:meth:`add`), so that its summary still
+    covers every step of the run."""
 
     def __init__(self) -> None:
         self.time_s: dict[str, float] = defaultdict(float)
         self.nbytes: dict[str, int] = defaultdict(int)
-        self.share: dict[str, float] = defaultdict(float)
+        self.step_s = 0.0  # every step's wall time, summed
         self.order: dict[str, None] = {}  # phases in the order they first appeared
         self.steps = 0
         self.last_step: int | None = None  # the latest step added
+        self._last_bounds = (0.0, 0.0)  # its first start and last end, which late events widen
 
     def add(self, events: Sequence[Event]) -> None:
         """Add whole steps' events; a step seen before (a late event of it) is not counted
@@ -122,43 +137,53 @@ class PhaseTotals:
             else:
                 totals[0], totals[1] = min(totals[0], start), max(totals[1], end)
                 totals[2] += nbytes
-        new_steps = [step for step in steps if self.last_step is None or step > self.last_step]
-        if new_steps:
-            self.steps += len(new_steps)
-            self.last_step = max(new_steps)
-        for (step, phase), (start, end, nbytes) in phases.items():
-            step_start, step_end = steps[step]
-            span = end - start
-            self.time_s[phase] += span
+        for step in sorted(steps):
+            start, end = steps[step]
+            if self.last_step is not None and step < self.last_step:
+                continue  # late events of an older step: its length was counted
+            if step == self.last_step:  # late events of the latest step may widen it
+                start, end = min(start, self._last_bounds[0]), max(end, self._last_bounds[1])
+                self.step_s -= self._last_bounds[1] - self._last_bounds[0]
+            else:
+                self.steps += 1
+                self.last_step = step
+            self._last_bounds = (start, end)
+            self.step_s += end - start
+        for (_, phase), (start, end, nbytes) in phases.items():
+            self.time_s[phase] += end - start
             self.nbytes[phase] += nbytes
-            self.share[phase] += span / (step_end - step_start) if step_end > step_start else 0.0
 
     def copy(self) -> PhaseTotals:
         other = PhaseTotals()
-        for name in ("time_s", "nbytes", "share"):
-            getattr(other, name).update(getattr(self, name))
-        other.order, other.steps, other.last_step = dict(self.order), self.steps, self.last_step
+        other.time_s.update(self.time_s)
+        other.nbytes.update(self.nbytes)
+        other.order, other.steps, other.step_s = dict(self.order), self.steps, self.step_s
+        other.last_step, other._last_bounds = self.last_step, self._last_bounds
         return other
 
     def summary(self) -> Summary:
         steps = max(self.steps, 1)
-        return Summary(
+        rows = (
             {
                 "phase": phase,
                 "time_s": self.time_s[phase] / steps,
                 "nbytes": int(self.nbytes[phase] / steps),
-                "share": self.share[phase] / steps,
+                # of the steps' time: the time column over the step's, in the same steps
+                "share": self.time_s[phase] / self.step_s if self.step_s > 0 else 0.0,
             }
             for phase in self.order
         )
+        return Summary(rows, step_s=self.step_s / steps)
 
 
 def summary(events: Sequence[Event]) -> Summary:
     """Wall time of each phase per step (first start to last end, across devices), its bytes,
-    and its share of the step's wall time, averaged over steps.
+    and its share of the steps' wall time, averaged over steps.
 
     Phases overlap across devices (apply runs in parallel), so the time of a phase is its
-    span, not the sum over devices; shares need not add up to 100%.
+    span, not the sum over devices. Shares need not add up to 100%: time outside every phase
+    (the loss, Python between phases) is in none, and phases that overlap (an all-reduce
+    during backward) are in both; the table says so under its rows.
     """
     totals = PhaseTotals()
     totals.add(events)
