@@ -26,7 +26,9 @@ Figures name every kind in words from :data:`dpkit.tracing.KIND_LABELS`.
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,9 @@ _placement_check: Callable[[], None] | None = None
 # torch hands out CUDA streams from a pool of 32 per device and priority, round-robin: more
 # lanes than that on one GPU would share streams and run one after another.
 MAX_GPU_LANES = 32
+# Each CPU lane runs a thread of its own: past this many, a slip (n=10**9) would build handles
+# for minutes, then start as many threads, instead of failing at once.
+MAX_CPU_LANES = 1024
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,11 @@ def virtual_devices(n: int, on: str | torch.device | None = None) -> list[Device
             "the GPU, or leave it out to pick the GPU when there is one"
         ) from None
     if on.type == "cpu":
+        if n > MAX_CPU_LANES:
+            raise ValueError(
+                f"n={n} lanes on the CPU: at most {MAX_CPU_LANES}, each runs a thread of its "
+                f"own; use n<={MAX_CPU_LANES} (this machine has {os.cpu_count()} cores)"
+            )
         if _placement_check is None:
             return [Device(i, VIRTUAL_CPU, torch.device("cpu")) for i in range(n)]
         _placement_check()
@@ -275,7 +285,7 @@ def as_devices(specs: Iterable[DeviceLike] | None, argument: str = "devices") ->
             f"{argument} contains the host CPU, which cannot run a replica; for CPU lanes "
             "use dpkit.virtual_devices(n, on='cpu')"
         )
-    duplicates = sorted({d.name for d in resolved if resolved.count(d) > 1})
+    duplicates = sorted(d.name for d, times in Counter(resolved).items() if times > 1)
     if duplicates:
         raise ValueError(
             f"{argument} lists {', '.join(duplicates)} more than once; each replica needs its "

@@ -115,6 +115,18 @@ def test_predicted_bytes_follow_chunks_and_parameters():
     assert by_phase["gather"] == by_phase["grad_scatter"] == (3 + 3 + 1) * 10 * 4
 
 
+def test_dataparallel_replicates_onto_the_devices_that_got_a_chunk_and_no_others():
+    # 3 rows over 8 GPUs: torch.chunk makes 3 chunks of 1, and DataParallel replicates the
+    # module onto devices_ids[:3] only (as dpkit.DataParallel, measured on lanes above)
+    model = build_model("mlp", seed=0)
+    params = sum(p.nbytes for p in model.parameters())
+    predicted = cost.predict(model, sample_input(), 3, 8, "8xA100-SXM-NVLink")
+    for phase in ("replicate", "reduce"):
+        events = [e for e in predicted.events if e.phase == phase]
+        assert {_index(e.device) for e in events} == {0, 1, 2}, phase
+        assert sum(e.nbytes for e in events) == 2 * params, phase
+
+
 def test_the_caller_starting_replica_threads_holds_the_gil_as_their_calls_do():
     from dpkit.cost.prediction import _threads
 
@@ -291,6 +303,11 @@ def test_profile_counts_flops_like_flop_counter_mode_and_leaves_the_model_alone(
         ({"bucket_cap_mb": True}, "bucket_cap_mb"),  # not 1 MiB: torch's DDP has its own check
         ({"bucket_cap_mb": float("inf")}, "bucket_cap_mb=inf is more than torch can hold"),
         ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a positive number"),
+        # DataParallel leaves a device without a chunk idle; DDP would have a rank of no rows
+        (
+            {"strategy": "ddp", "batch_size": 3, "devices": 4},
+            r"^batch_size=3 over devices=4 leaves 1 of 4 ranks without rows .*batch_size=4$",
+        ),
     ],
 )
 def test_bad_arguments_are_named(kwargs, words):

@@ -66,6 +66,8 @@ def made_up_predictions(monkeypatch):
 
     monkeypatch.setattr(cost, "predict", predict)
     monkeypatch.setattr(cost, "allreduce", allreduce)
+    # two_linears gives the bytes; the made-up model is deep enough for a stage per device
+    monkeypatch.setattr(plan_module, "_layers", lambda model: 16)
     return calls
 
 
@@ -404,9 +406,9 @@ def test_dpkit_plan_s_options_their_defaults_choices_and_help(monkeypatch, capsy
     printed = capsys.readouterr().out
     assert printed.startswith("usage: python -m dpkit.ddp.plan ")
     assert says(plan_module.DESCRIPTION, printed)
-    for text in ("a model of dpkit.models", "--hardware PRESET",
-                 "a preset (dpkit predict --list)", "global batch",
-                 "default: all of the preset's"):  # fmt: skip
+    for text in ("a model of dpkit.models, default: wide-mlp", "--hardware PRESET",
+                 "a preset (dpkit predict --list), default: 8xA100-SXM-NVLink",
+                 "global batch, default: 256", "default: all of the preset's"):  # fmt: skip
         assert says(text, printed), text
     assert "{" + ",".join(PREDICTION_MODELS) + "}" in printed
     with pytest.raises(SystemExit):

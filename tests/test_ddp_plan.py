@@ -16,8 +16,8 @@ MACHINE = cost.preset("8xA100-SXM-NVLink")
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 8, MACHINE)
+def rows():  # 3 devices: a stage for each of the mlp's 3 layers
+    return plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 3, MACHINE)
 
 
 def by_name(rows):
@@ -34,7 +34,7 @@ def test_sharding_holds_less_than_ddp_in_zero_s_order(rows):
 def test_fits_follows_the_memory_and_the_choice_is_the_fastest_that_fits(rows):
     memory = {name: row["predicted bytes/device"] for name, row in by_name(rows).items()}
     small = dataclasses.replace(MACHINE, memory_capacity=memory["ZeRO-1"])
-    tight = plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 8, small)
+    tight = plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 3, small)
     fitting = {row["strategy"] for row in tight if row["fits"]}
     assert fitting == {name for name, nbytes in memory.items() if nbytes <= memory["ZeRO-1"]}
     assert "DDP" not in fitting and "ZeRO-1" in fitting
@@ -45,6 +45,14 @@ def test_fits_follows_the_memory_and_the_choice_is_the_fastest_that_fits(rows):
     assert name == "ZeRO-1" or steps[name] * 2 <= steps["ZeRO-1"]
     assert "DDP" in chosen.split("; ")[-1] and "would not fit" in chosen
     assert choose(tight, 1).startswith("nothing fits")
+
+
+def test_no_pipeline_of_more_stages_than_the_model_has_layers():
+    # the mlp has 3 Linear layers: 8 stages would leave 5 devices without one
+    eight = by_name(plan(models.build_model("mlp", seed=0), models.sample_input(), 256, 8, MACHINE))
+    pipeline = eight["pipeline"]
+    assert not pipeline["fits"] and pipeline["how"] == "3 layers for 8 stages"
+    assert choose(list(eight.values()), MACHINE.memory_capacity).split(":")[0] != "pipeline"
 
 
 def test_dpkit_plan_prints_every_engine_and_the_choice(capsys):

@@ -227,6 +227,21 @@ def test_lane_streams_that_would_repeat_are_refused_with_a_clear_error():
         lanes_module._new_lane_streams(pool, torch.device("cuda", 0))
 
 
+def test_more_cpu_lanes_than_threads_can_sensibly_run_is_a_clear_error_not_a_hang():
+    from dpkit.device import MAX_CPU_LANES
+
+    most = dpkit.virtual_devices(MAX_CPU_LANES, on="cpu")
+    assert [d.index for d in most] == list(range(MAX_CPU_LANES))
+    assert dpkit.as_devices(most) == most  # each listed once: the duplicates check passes
+    # a slip of a few digits: refused at once (it built 10**20 handles, then hung)
+    for n in (MAX_CPU_LANES + 1, 10**20):
+        with pytest.raises(ValueError, match=rf"^n={n} lanes on the CPU: at most 1024, .*n<=1024"):
+            dpkit.virtual_devices(n, on="cpu")
+    if not devices_module.accelerator_count():  # devices(n) falls back to CPU lanes here
+        with pytest.raises(ValueError, match=r"at most 1024"):
+            dpkit.devices(10**20)
+
+
 def test_more_device_ids_than_a_gpu_has_lane_streams_is_a_clear_error():
     from dpkit.device import MAX_GPU_LANES, VIRTUAL_GPU, as_device
 

@@ -131,11 +131,17 @@ def test_explorer_redraws_for_every_control_and_names_what_it_shows():
     first_png = explorer.last_png
     explorer.controls["batch"].value = 272
     assert explorer.marker.value.startswith("batch=272 ") and explorer.last_png != first_png
-    explorer.controls["devices"].value = 64  # past one node: DDP alone, and why
+    explorer.controls["devices"].value = 64  # past one node, and 272 rows make 55 chunks
+    assert explorer.last_data.dp is None and explorer.last_data.ddp is None
+    assert "DataParallel one node only, DDP too few rows" in explorer.marker.value
+    said = " ".join(text.get_text() for text in explorer.last_figure.texts)
+    assert "no DataParallel: one process" in said
+    assert "no DDP: batch 272 makes 55 chunks, so 9 of 64 ranks would get no rows" in said
+    explorer.controls["batch"].value = 512  # 8 rows a rank: DDP alone, and why
     assert explorer.last_data.dp is None and explorer.last_data.ddp.device_count == 64
-    assert "one node only" in explorer.marker.value
     labels = [axes.get_title(loc="left") for axes in explorer.last_figure.axes]
     assert len(labels) == 1 and "no DataParallel: one process" in labels[0]
+    assert "predicted" in explorer.last_figure.get_suptitle()
     explorer.controls["devices"].value = 8
     assert explorer.last_data.dp.device_count == 8
     explorer.controls["hardware"].value = TWO_NODES
@@ -212,3 +218,15 @@ def test_a_models_first_prediction_says_it_is_profiling_while_it_works(monkeypat
     assert seen[1][1].startswith("profiling cnn")
     assert seen[2][1].startswith("batch=1024 devices=8") and "model=cnn" in seen[2][1]
     assert explorer.marker.value.startswith("batch=272 ")
+
+
+def test_ddp_is_left_out_where_the_batch_leaves_a_rank_without_rows_and_the_figure_says_so():
+    # 16 rows over 7 devices: torch.chunk's chunks of 3 make 6, so DataParallel leaves one
+    # device idle (it builds no replica there), while DDP has no rank without rows of its own
+    view = scaling.scaling_view("8xA100-SXM-NVLink", "mlp", 7, 16)
+    assert view.ddp is None and view.dp.device_count == 7
+    figure = scaling.scaling_view_figure(view)
+    (label,) = [axes.get_title(loc="left") for axes in figure.axes]
+    assert label.startswith("DataParallel: ")
+    assert label.endswith("(no DDP: batch 16 makes 6 chunks, so 1 of 7 ranks would get no rows)")
+    assert "predicted" in figure.get_suptitle() and ", dp" not in figure.get_suptitle()

@@ -98,13 +98,14 @@ class _Step:
         self.event(phase, index, start, self.host, **details)
 
     def collective(self, hardware: Hardware, phase: Phase, calls: int, took: float,
-                   nbytes: int, **details: Any) -> None:  # fmt: skip
-        """``calls`` NCCL calls on every GPU at once, once all are free."""
+                   nbytes: int, n: int, **details: Any) -> None:  # fmt: skip
+        """``calls`` NCCL calls on the first ``n`` GPUs at once (those that got a chunk: torch
+        replicates onto no other), once all are free."""
         self.host += hardware.copy_overhead + calls * hardware.op_overhead
-        start = max(self.host, *self.device)
-        for index in range(len(self.device)):
+        start = max(self.host, *self.device[:n])
+        for index in range(n):
             self.event(phase, index, start, start + took, nbytes if index else 0, **details)
-        self.device = [start + took] * len(self.device)
+        self.device[:n] = [start + took] * n
 
     def busy(self, host: float) -> tuple[float, float]:
         """The host does ``host`` seconds of work itself (virtual lanes)."""
@@ -262,7 +263,7 @@ def _replicate(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
         # One way, so not the all-reduce's link through host memory (nccl#384: broadcast
         # 10.3 GB/s, all-reduce 3.9); without peer to peer, down and up (6.3 on PCIe 3)
         took = collectives.broadcast(sum(sizes), n, hardware.device_link(), calls)
-        step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), tensors=len(sizes))
+        step.collective(hardware, Phase.REPLICATE, calls, took, sum(sizes), n, tensors=len(sizes))
     start, end = step.busy(hardware.module_overhead * model.modules * n)
     step.event(Phase.REPLICATE, 0, start, end, what="modules", modules=model.modules)
 
@@ -302,7 +303,7 @@ def _reduce(step: _Step, model: Profile, hardware: Hardware, n: int) -> None:
     calls = collectives.messages(sizes)
     flatten = elementwise_time(2 * total, hardware)  # read the gradients, write the buffer
     took = 2 * flatten + collectives.reduce(total, n, hardware.device_link(), calls)  # one way
-    step.collective(hardware, Phase.REDUCE, calls, took, total, tensors=len(sizes))
+    step.collective(hardware, Phase.REDUCE, calls, took, total, n, tensors=len(sizes))
 
 
 def ddp_buckets(sizes: Sequence[int], bucket_bytes: int = DDP_BUCKET_BYTES,
@@ -446,6 +447,14 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
             f"per device, so it uses the devices of one machine ({hardware.devices_per_node} "
             f"on {hardware.name!r}). Across machines, train with strategy='ddp' "
             "(DistributedDataParallel: a process per device, started by torchrun on each node)"
+        )
+    chunks = len(torch_chunk_sizes(batch_size, count))
+    if strategy == "ddp" and chunks < count:  # DataParallel leaves devices idle; DDP cannot
+        raise ValueError(
+            f"batch_size={batch_size} over devices={count} leaves {count - chunks} of {count} "
+            f"ranks without rows (torch.chunk's split makes {chunks} chunks), and every DDP rank "
+            f"trains on rows of its own; use a multiple of {count}, e.g. "
+            f"batch_size={(batch_size // count + 1) * count}"
         )
     cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=amp)
     trace = PredictedTrace(hardware, strategy, batch_size, count)

@@ -19,7 +19,11 @@ their assumptions stated in each row's ``how``:
 - **pipeline** (GPipe, ``m = 4n`` micro-batches): each device a ``1/n`` slice of the
   layers with its parameters, gradients and state, and ``1/n`` of the activations; the
   step ``m + n - 1`` times one micro-batch's step on one device over ``n`` stages (the
-  bubble included); the sends between stages left out.
+  bubble included); the sends between stages left out. Not for fewer layers (modules with
+  parameters of their own) than devices: a stage holds one at least.
+
+Every prediction assumes Adam unless told otherwise (``optimizer=``): its state is what
+ZeRO-1 shards. (``dpkit predict`` defaults to SGD, as torch's examples do.)
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ def _largest_layer_bytes(model: nn.Module) -> int:
          for m in model.modules()),
         default=0,
     )  # fmt: skip
+
+
+def _layers(model: nn.Module) -> int:
+    """Modules with parameters of their own: what a pipeline cuts into stages, one at least
+    per stage."""
+    return sum(next(m.parameters(recurse=False), None) is not None for m in model.modules())
 
 
 def plan(
@@ -90,7 +100,9 @@ def plan(
         ("FSDP", sum(fsdp.values()), ddp.step_time + gather,
          "DDP, all / n + a layer; + an all-gather"),
         ("pipeline", sum(stage.values()), one_micro.step_time / n * (micro + n - 1),
-         f"a micro-batch's step / n x (m + n - 1), m={micro}; sends left out"),
+         f"a micro-batch's step / n x (m + n - 1), m={micro}; sends left out")
+        if _layers(model) >= n  # a stage holds a layer at least
+        else ("pipeline", 0, math.inf, f"{_layers(model)} layers for {n} stages"),
     ]  # fmt: skip
     table = Table()
     for strategy, nbytes, seconds, how in rows:
@@ -151,7 +163,8 @@ def choose(rows: Table, memory_capacity: float) -> str:
 
 DESCRIPTION = (
     "Predict memory per device and step time of DataParallel, DDP, ZeRO-1, FSDP and a "
-    "pipeline split for a model, batch and machine, and pick one (every number predicted)."
+    "pipeline split for a model, batch and machine, and pick one (every number predicted, "
+    "with Adam)."
 )
 
 
@@ -160,10 +173,12 @@ def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from dpkit.models import PREDICTION_MODELS
 
     parser.add_argument("--model", default="wide-mlp", choices=PREDICTION_MODELS,
-                        help="a model of dpkit.models")  # fmt: skip
+                        help="a model of dpkit.models, default: wide-mlp")  # fmt: skip
     parser.add_argument("--hardware", default="8xA100-SXM-NVLink", choices=cost.presets(),
-                        metavar="PRESET", help="a preset (dpkit predict --list)")  # fmt: skip
-    parser.add_argument("--batch", type=at_least_one, default=256, help="global batch")
+                        metavar="PRESET", help="a preset (dpkit predict --list), default: "
+                        "8xA100-SXM-NVLink")  # fmt: skip
+    parser.add_argument("--batch", type=at_least_one, default=256,
+                        help="global batch, default: 256")  # fmt: skip
     parser.add_argument("--devices", type=at_least_one, default=None,
                         help="default: all of the preset's")  # fmt: skip
     parser.set_defaults(run=_run)
@@ -178,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
     devices = args.devices or machine.devices_per_node * machine.nodes
     rows = plan(model, sample, args.batch, devices, machine)
     print(f"{args.model} on {devices} x {machine.device_name}, global batch {args.batch} "
-          "(every number predicted by dpkit.cost):")  # fmt: skip
+          "(every number predicted by dpkit.cost, with Adam):")  # fmt: skip
     print(rows)
     print("choice: " + choose(rows, machine.memory_capacity))
     return 0

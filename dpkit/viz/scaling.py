@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from dpkit import cost
+from dpkit.chunk_plans import torch_chunk_sizes
 from dpkit.models import PREDICTION_MODELS, build_model, sample_input
 from dpkit.tracing import Trace
 from dpkit.tracing.events import BACKWARD_PHASES, FORWARD_PHASES
@@ -481,49 +482,63 @@ class ScalingView:
     devices: int
     batch: int
     dp: Any  # None beyond one node: DataParallel is one process
-    ddp: Any
+    ddp: Any  # None where the batch leaves ranks without rows: each DDP rank needs its own
 
     @property
     def marker(self) -> str:
         dp = f"{self.dp.step_time * 1e3:.3g} ms" if self.dp is not None else "one node only"
+        ddp = f"{self.ddp.step_time * 1e3:.3g} ms" if self.ddp is not None else "too few rows"
         return (
             f"batch={self.batch} devices={self.devices} hardware={self.hardware} "
-            f"model={self.model}: predicted step DataParallel {dp}, "
-            f"DDP {self.ddp.step_time * 1e3:.3g} ms"
+            f"model={self.model}: predicted step DataParallel {dp}, DDP {ddp}"
         )
 
 
 def scaling_view(hardware: str, model_name: str, devices: int, batch: int) -> ScalingView:
     """DataParallel and DDP predicted for the same step on the same hardware (DataParallel
-    None past one node)."""
-    dp = None
+    None past one node; DDP None where torch.chunk's split leaves a rank without rows)."""
+    dp = ddp = None
     if dp_fits_on(hardware, devices):
         dp = predict(model_name, batch, devices, hardware, "dp")
-    ddp = predict(model_name, batch, devices, hardware, "ddp")
+    if len(torch_chunk_sizes(batch, devices)) == devices:
+        ddp = predict(model_name, batch, devices, hardware, "ddp")
     return ScalingView(hardware, model_name, devices, batch, dp, ddp)
 
 
 def scaling_view_figure(view: ScalingView) -> Figure:
-    """DataParallel above DDP, phase by phase, predicted, on one time axis (DDP alone past
-    one node, saying why)."""
-    machine = view.ddp.machine
+    """DataParallel above DDP, phase by phase, predicted, on one time axis, each left out
+    where it cannot run, saying why (DataParallel past one node, DDP without rows for every
+    rank)."""
+    machine = cost.preset(view.hardware)
     nodes = -(-view.devices // machine.devices_per_node)
     where = f"{view.devices} device(s)" + (f" on {nodes} nodes" if nodes > 1 else "")
-    traces, labels = [view.ddp], [f"DDP: {view.ddp.step_time * 1e3:.3g} ms per step"]
-    if view.dp is not None:
-        traces.insert(0, view.dp)
-        labels.insert(0, f"DataParallel: {view.dp.step_time * 1e3:.3g} ms per step")
-        if view.devices == 1:
-            labels[0] += f" ({ONE_DEVICE})"
-    else:
-        labels[0] += (
-            f" (no DataParallel: one process uses one node's {machine.devices_per_node} devices)"
-        )
+    chunks = len(torch_chunk_sizes(view.batch, view.devices))
+    why_not = {
+        "DataParallel": f"one process uses one node's {machine.devices_per_node} devices",
+        "DDP": f"batch {view.batch} makes {chunks} chunks, so {view.devices - chunks} of "
+        f"{view.devices} ranks would get no rows",
+    }
+    traces, labels, missing = [], [], []
+    for name, trace in (("DataParallel", view.dp), ("DDP", view.ddp)):
+        if trace is None:
+            missing.append(f"no {name}: {why_not[name]}")
+            continue
+        traces.append(trace)
+        labels.append(f"{name}: {trace.step_time * 1e3:.3g} ms per step")
+        if name == "DataParallel" and view.devices == 1:
+            labels[-1] += f" ({ONE_DEVICE})"
+    title = f"{view.model}, batch {view.batch}, {where}"
+    if not traces:
+        figure = Figure(figsize=(FIGURE_WIDTH, 1.2), dpi=FIGURE_DPI, layout="constrained")
+        figure.text(0.02, 0.5, "\n".join(missing), fontsize=9, va="center")
+        figure.suptitle(f"Predicted on {view.hardware}: {title}", fontsize=9)
+        return figure
+    labels[-1] += "".join(f" ({why})" for why in missing)
     figure = phase_timeline(traces, labels)
-    title = hardware_title(view.ddp, f"{view.model}, batch {view.batch}, {where}")
+    title = hardware_title(traces[-1], title)
     if nodes > machine.nodes:  # the cost model predicts DDP there by assuming more nodes
         title += f"\n(the machine has {machine.nodes} nodes; more alike are assumed)"
-    figure.suptitle(title.replace(", ddp", ""), fontsize=9)
+    figure.suptitle(re.sub(r", d?dp\b", "", title), fontsize=9)
     return figure
 
 
