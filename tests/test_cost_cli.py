@@ -179,6 +179,25 @@ def test_bad_flags_are_refused_by_the_parser(predict_here, capsys, arguments, ne
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags", [["--bucket-cap-mb", "5"], ["--gradient-as-bucket-view"],
+              ["--bucket-cap-mb", "5", "--gradient-as-bucket-view"]],
+)  # fmt: skip
+def test_ddp_s_flags_without_strategy_ddp_are_refused_not_ignored(predict_here, spy, flags):
+    status, _, err = predict_here(*flags)  # --strategy is dp by default
+    assert status == 2 and not spy  # refused before any prediction
+    named = " and ".join(flag for flag in flags if flag.startswith("--"))
+    one_line_error(err, f"{named}: for DDP's buckets, but --strategy is dp", "--strategy ddp")
+
+
+def test_a_batch_of_fewer_rows_than_devices_says_how_many_got_a_chunk(predict_here):
+    status, out, err = predict_here("--batch", "3")  # 8 devices by default
+    assert status == 0, err
+    assert "8 device(s) (3 got a chunk, the others sit idle), strategy dp" in out
+    status, out, err = predict_here("--batch", "8")
+    assert "8 device(s), strategy dp" in out
+
+
 def test_amp_on_a_device_without_its_units_is_a_clear_error(predict_here):
     status, _, err = predict_here("--hardware", "8xV100-NVLink", "--amp", "bf16")
     assert status == 2

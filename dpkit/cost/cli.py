@@ -12,6 +12,7 @@ from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
+from dpkit.chunk_plans import torch_chunk_sizes
 from dpkit.cli_types import at_least_one, more_than_zero
 from dpkit.cost.catalog import preset, presets
 from dpkit.cost.hardware import TABLES, Hardware, Link, check
@@ -199,12 +200,14 @@ def report(
     """What ``dpkit predict`` prints, every number labelled predicted; ``settings``: the
     options besides the model, batch and devices, in words."""
     machine = trace.machine
+    chunks = len(torch_chunk_sizes(trace.batch_size, trace.device_count))
+    idle = f" ({chunks} got a chunk, the others sit idle)" if chunks < trace.device_count else ""
     lines = [
         f"PREDICTED by dpkit's cost model, not measured: {machine.name}",
         f"  {machine.description}",
         f"  numbers from: {machine.source}",
         f"model {model}, batch {trace.batch_size} (1x28x28 images), {trace.device_count} "
-        f"device(s), strategy {trace.strategy}",
+        f"device(s){idle}, strategy {trace.strategy}",
         f"  {'; '.join(settings)}",
         "",
         f"per phase, per step — {trace.hardware}:",
@@ -298,6 +301,13 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(hardware.summary() for hardware in presets().values()))
         return 0
+    ddp_only = [flag for flag, given in (("--bucket-cap-mb", args.bucket_cap_mb is not None),
+                ("--gradient-as-bucket-view", args.gradient_as_bucket_view)) if given]  # fmt: skip
+    if ddp_only and args.strategy != "ddp":
+        raise ValueError(
+            f"{' and '.join(ddp_only)}: for DDP's buckets, but --strategy is {args.strategy}; "
+            f"add --strategy ddp, or leave out {' and '.join(ddp_only)}"
+        )
     hardware = choose_hardware(args)
     out = _out_folder(args.out)
     trace = predict(
@@ -344,7 +354,8 @@ def add_predict_command(commands: Any) -> None:
     option(
         "--hardware-file", metavar="PATH", help="a machine from a TOML file (not with --hardware)"
     )
-    option("--calibrate", action="store_true", help="with --hardware this-machine: measure it")
+    option("--calibrate", action="store_true",
+           help="measure this machine first (then it is --hardware this-machine)")  # fmt: skip
     option("--devices", type=at_least_one, default=8, help="number of devices")
     option("--batch", type=at_least_one, default=256, help="batch size per step")
     option("--model", choices=PREDICTION_MODELS, default="mlp", help="course model")
