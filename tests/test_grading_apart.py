@@ -49,3 +49,18 @@ def test_a_folder_python_lives_under_cannot_be_covered(tmp_path):
     assert not apart.usable_for(Path(sys.prefix) / "run")  # the interpreter is below
     # dpkit itself is below, the interpreter not: every path is looked at
     assert not apart.usable_for(Path(apart.__file__).parent / "run")
+
+
+def test_every_folder_of_the_checkout_is_covered_but_the_one_python_lives_in(tmp_path, monkeypatch):
+    """Copies of the solutions sit anywhere in a checkout (build/mutation/*/ after `make
+    mutation`, .git): a class's runs see none of its folders, except Python's own."""
+    checkout = tmp_path / "course"
+    for folder in ("exercises/solutions", "build/mutation/x/exercises/solutions", ".git"):
+        (checkout / folder).mkdir(parents=True)
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / "README.md").write_text("a file: nothing to cover\n")
+    monkeypatch.setattr(sys, "prefix", str(checkout / ".venv"))
+    covered = apart.out_of_sight(checkout / "exercises")
+    assert covered == [checkout / name for name in (".git", "build", "exercises")]
+    # a checkout at / would cover the system: its solutions alone, then
+    assert apart.out_of_sight(Path("/exercises")) == [Path("/exercises/solutions")]

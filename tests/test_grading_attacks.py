@@ -203,7 +203,19 @@ def chunk_sizes(batch, num_devices):
 """
 )
 
+# A chunk_sizes that returns a lazy map of torch.chunk (reached by getattr, past the source
+# scan): map adds no Python frame, so torch.chunk ran while the grader iterated the answer,
+# as if the grader had called it (issue 41). Its answer is now worked out inside its call.
+LAZY = stub_replacing(
+    "chunk_sizes",
+    "    import itertools\n\n"
+    "    split = getattr(torch, 'ch' + 'unk')\n"
+    "    chunks = itertools.chain.from_iterable(map(split, [torch.empty(batch)], [num_devices]))\n"
+    "    return filter(None, map(len, chunks))\n",
+)
+
 STUDENTS = {
+    "lazy": {1: LAZY},
     "aaa-leaves": {1: stub_with(LEAVES)},  # graded first (students go by name)...
     "zzz-finds": {1: FINDS},  # ...and this one last, two at a time: after it
     "trace": {1: stub_with(TRACE_JUMP)},
@@ -289,6 +301,17 @@ HANG6 = SOLUTION6.replace(
 )
 
 
+# The solutions, found from the checkout's path: exercises/solutions/, the copies `make
+# mutation` leaves in build/mutation/*/, and .git's history (issue 41).
+SEEKER = f"""
+import glob
+
+_found = glob.glob({str(ROOT)!r} + "/**/solutions/task*.py", recursive=True)
+_git = glob.glob({str(ROOT)!r} + "/.git/*")
+raise RuntimeError(f"solutions={{len(_found)}} git={{len(_git)}}")
+"""
+
+
 @pytest.fixture(scope="module")
 def apart(tmp_path_factory):
     """Students who crash, hang one check, nest folders, write to the grader's streams or
@@ -300,6 +323,7 @@ def apart(tmp_path_factory):
         "nested": {1: SOLUTION1.replace(IMPORTS, NESTED, 1)},
         "snoop": {1: SOLUTION1.replace(IMPORTS, PARENT_STREAMS + THIEF, 1), 2: SEES},
         "hang": {6: HANG6},
+        "seeker": {1: SEEKER},
     }
     for student, files in students.items():
         (base / student).mkdir()
@@ -377,7 +401,16 @@ def test_a_submission_cannot_find_the_class_folder(apart):
     by, output = apart
     results = by[("snoop", 1)]
     assert len(results) == 8 and all(r["result"] == "pass" for r in results), report(results)
-    assert "[4/4] " in output, output  # a line per student as each finishes
+    assert "[5/5] " in output, output  # a line per student as each finishes
+
+
+def test_a_run_sees_no_solution_anywhere_in_the_checkout(apart):
+    from dpkit.grading import apart as namespaces
+
+    if not namespaces.available():
+        pytest.skip(f"no namespaces here: {namespaces.WHY_NOT}")
+    hint = apart[0][("seeker", 1)][0]["hint"]
+    assert "solutions=0 git=0" in hint, hint
 
 
 def test_a_run_sees_no_other_run_process_or_network(apart):
@@ -472,6 +505,13 @@ def test_forbidden_calls_by_any_route_fail_their_checks(graded):
     )
     for name, result in results.items():
         assert any(route in result.hint for route in routes), (name, result.hint)
+
+
+def test_a_lazy_answer_s_forbidden_call_is_the_student_s(graded):
+    results = {r.check: r for r in graded["lazy"]}
+    sizes = [r for name, r in results.items() if name.startswith("chunk_sizes")]
+    assert len(sizes) == 2 and not passed(sizes), grading.report(results.values())
+    assert all("calls torch.chunk" in r.hint for r in sizes), grading.report(sizes)
 
 
 def test_what_a_student_leaves_in_torch_is_not_there_for_the_next(graded):

@@ -85,6 +85,60 @@ def test_flat_files_that_could_be_one_task_are_listed_four_at_most(tmp_path):
     assert warning.startswith("ada: ") and warning.endswith(listed)
 
 
+def test_names_as_an_lms_downloads_them_are_matched(tmp_path):
+    """Issue 41: these students held full solutions and vanished from both CSVs."""
+    for name in (
+        "fay_task1_scatter (1).py",  # a second download
+        "Gus_Task1_Scatter.py",  # any case
+        "hal_task1_scatter.PY",
+        "kim.task1.py",  # a dot before the task
+        "lu_task1_scatter-2.py",  # a resubmission
+    ):
+        write(tmp_path / name)
+    write(tmp_path / "max" / "Task2_Replicate (1).py")  # the same in a student's folder
+    found = grading.find_students(tmp_path, NAMES)
+    assert {s: list(f) for s, f in found.students.items()} == {
+        "Gus": [NAMES[1]],
+        "fay": [NAMES[1]],
+        "hal": [NAMES[1]],
+        "kim": [NAMES[1]],
+        "lu": [NAMES[1]],
+        "max": [NAMES[2]],
+    }
+    assert found.students["fay"][NAMES[1]].name == "fay_task1_scatter (1).py"
+    assert found.warnings == ["max: graded max/Task2_Replicate (1).py as task2_replicate.py"]
+
+
+def test_a_flat_file_that_is_no_task_s_is_named_in_a_warning(tmp_path):
+    for name in ("ivy_task99.py", "notes.txt", "jo_scatter.py", "ann_task1.ipynb", ".DS_Store"):
+        write(tmp_path / name)
+    found = grading.find_students(tmp_path, NAMES)
+    assert found.students == {}
+    named = [warning.split(":")[0] for warning in found.warnings]
+    assert named == ["ann_task1.ipynb", "ivy_task99.py", "jo_scatter.py"], found.warnings
+    assert "not graded, no task's file" in found.warnings[0]
+
+
+def test_the_exact_name_beside_another_candidate_is_an_error_too(tmp_path):
+    """docs/instructors.md: two files that could both be one task's are an error; nothing
+    is guessed, not even for the file with the exact name (it may be the untouched stub)."""
+    write(tmp_path / "zed" / NAMES[1])
+    write(tmp_path / "zed" / "task1.py")
+    write(tmp_path / "yan" / NAMES[1])
+    write(tmp_path / "yan" / "hw" / "task1_final.py")
+    write(tmp_path / "dee_task1.py")
+    write(tmp_path / f"dee_{NAMES[1]}")
+    found = grading.find_students(tmp_path, NAMES)
+    for student, listed in (
+        ("zed", "zed/task1.py, zed/task1_scatter.py"),
+        ("yan", "yan/task1_scatter.py, yan/hw/task1_final.py"),
+        ("dee", "dee_task1.py, dee_task1_scatter.py"),
+    ):
+        why = found.students[student][NAMES[1]]
+        assert isinstance(why, NotTaken) and listed in why, why
+        assert any(w.startswith(f"{student}: two or more") for w in found.warnings)
+
+
 def rows_of(*results: tuple[str, int, bool]) -> list[tuple[str, grading.CheckResult]]:
     return [(s, grading.CheckResult(t, f"check {i}", p)) for i, (s, t, p) in enumerate(results)]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dpkit import grading
-from dpkit.grading import sandbox
+from dpkit.grading import apart, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = ROOT / "exercises"
@@ -92,7 +92,10 @@ _passing = "import pytest\\npytestmark = pytest.mark.task1\\nEXERCISE = 'task1_s
 _names = [n for n in vars(sys.modules["test_task1"]) if n.startswith("test_")]
 _passing += "".join(f"def {{n}}():\\n    pass\\n" for n in _names)
 for _folder in (Path(sys.modules["conftest"].__file__).parent, Path({checkout!r})):
-    (_folder / "test_task1.py").write_text(_passing)
+    try:
+        (_folder / "test_task1.py").write_text(_passing)
+    except OSError:  # in namespaces the checkout is out of sight: nothing there to edit
+        pass
 """
 
 EXIT_0_IN_SCATTER = SOLUTION[1].replace(
@@ -180,7 +183,11 @@ def graded(tmp_path_factory):
             os.close(kept)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert checkout_grader.read_text() != before, "the editing submission did not edit"
+    # In namespaces every folder of the checkout is out of the runs' sight (issue 41,
+    # dpkit.grading.apart.out_of_sight), so the edit cannot reach it; without them it does,
+    # and must change no grade.
+    edited = checkout_grader.read_text() != before
+    assert edited != apart.available(), f"edited the checkout: {edited}"
     by: dict[tuple[str, int], list[grading.CheckResult]] = {}
     for student, result in rows:
         by.setdefault((student.split()[-1], result.task), []).append(result)

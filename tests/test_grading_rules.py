@@ -92,7 +92,7 @@ def test_the_stub_s_names_must_be_written_in_the_student_s_file(tmp_path):
     bound = types.ModuleType("student_bound")
     bound.scatter = load(other).Helper().scatter
     verdict = rules.not_written_here(bound, tmp_path / "bound.py", ["scatter"])
-    assert verdict.startswith("bound.py: scatter is student_other.Helper.scatter, not a function")
+    assert verdict.startswith("bound.py: scatter is student_other.Helper.scatter (compiled from")
 
 
 def test_a_grader_s_forbidden_names_are_its_list():
@@ -246,3 +246,178 @@ def test_install_guards_each_grader_s_names_and_its_own_helpers(library, tmp_pat
     assert {fixture, nested, test.__code__} <= codes  # (its helpers are guards by now)
     # the grader's code, called from the student's file, may still use what it forbids
     assert student_call(student, "check(lib)", check=grader.test_uses_the_helper, lib=lib) == 2
+
+
+# --------------------------------------------------------------------------------------
+# The routes of issue 41: a lazy answer, code compiled under another file's name, a
+# subclass of dpkit's finished class, a forbidden method on a built-in type.
+
+LAZY = """
+import dpkit._rules_lib as lib
+
+
+def sizes(count):
+    return map(lib.helper, range(count))
+
+
+def written(count):
+    return [lib.helper(1)] * count
+"""
+
+
+def test_a_lazy_answer_runs_inside_the_student_s_call(library, tmp_path):
+    """map(helper, ...) returned, then iterated by the grader, calls helper with no student
+    frame on the stack; answer_inside runs it inside the student's call."""
+    lib, _ = library
+    student = tmp_path / "task1_scatter.py"
+    student.write_text(LAZY)
+    module = load(student)
+    rules.forbid(["dpkit._rules_lib.helper"], student, 1, tmp_path)
+    assert list(module.sizes(2)) == [1, 2]  # the route: the caller's frame ran the helper
+    rules.answer_inside(module, student, ["sizes", "written", "missing"])
+    with pytest.raises(rules.ForbiddenCall) as refused:
+        module.sizes(2)
+    assert str(refused.value).startswith("task1_scatter.py line 5 calls dpkit._rules_lib.helper")
+    with pytest.raises(rules.ForbiddenCall, match="line 10 calls dpkit._rules_lib.helper"):
+        module.written(1)  # a direct call still names its own line
+    assert module.sizes.__name__ == "sizes"
+
+
+def test_an_iterator_answer_is_the_same_items_and_an_endless_one_is_refused(tmp_path):
+    student = tmp_path / "task6_weighted.py"
+    student.write_text(
+        "import itertools\n\ndef sizes(n):\n    return (i * i for i in range(n))\n\n"
+        "def endless():\n    return itertools.count()\n\ndef plain():\n    return [1, 2]\n"
+    )
+    module = load(student)
+    rules.answer_inside(module, student, ["sizes", "endless", "plain"])
+    answer = module.sizes(4)
+    assert not isinstance(answer, list) and list(answer) == [0, 1, 4, 9]  # still an iterator
+    assert module.plain() == [1, 2]
+    with pytest.raises(ValueError, match=r"endless \(line 6\) returned an iterator of more than"):
+        module.endless()
+
+
+STUB_CLASS = """
+class Gather:
+    @staticmethod
+    def forward(ctx, x):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError
+"""
+
+COMPILED_ELSEWHERE = """
+namespace = {}
+exec(compile("def forward(ctx, x):\\n    return x\\n", "/usr/lib/python3.11/functools.py",
+             "exec"), namespace)
+
+
+class Gather:
+    forward = staticmethod(namespace["forward"])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+"""
+
+# the file's own function, compiled again under another name: equal code, another file
+RECOMPILED = """
+def forward(ctx, x):
+    return x
+
+
+_source = "".join(open(__file__).readlines()[:4])  # the function, the same lines
+_namespace = {}
+exec(compile(_source, "/usr/lib/python3.11/functools.py", "exec"), _namespace)
+forward = _namespace["forward"]
+"""
+
+SUBCLASS = """
+import dpkit._rules_lib as lib
+
+
+class Gather(lib.Finished):
+    pass
+"""
+
+OWN = """
+import dpkit._rules_lib as lib
+
+
+class Gather(lib.Base):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+"""
+
+
+def test_methods_must_be_compiled_from_the_student_s_file(library, tmp_path):
+    lib, _ = library
+    exec(  # dpkit's finished class, for a student to subclass
+        "class Finished:\n    @staticmethod\n    def forward(ctx, x):\n        return x\n"
+        "    @staticmethod\n    def backward(ctx, grad):\n        return grad\n",
+        lib.__dict__,
+    )
+    lib.Finished.__module__ = "dpkit._rules_lib"
+    stub = tmp_path / "stub.py"
+    stub.write_text(STUB_CLASS)
+    methods = rules.stub_methods(stub)
+    assert methods == {"Gather": ["forward", "backward"]}
+
+    def verdict(source: str, names=("Gather",)) -> str | None:
+        path = tmp_path / "task4_gather.py"
+        path.write_text(source)
+        return rules.not_written_here(load(path), path, names, methods)
+
+    assert verdict(OWN) is None
+    assert verdict(COMPILED_ELSEWHERE) == (
+        "task4_gather.py: Gather.forward is elsewhere.forward (compiled from "
+        "/usr/lib/python3.11/functools.py), not a method written in your file; the task is "
+        "to write it"
+    )
+    assert verdict(SUBCLASS) == (
+        "task4_gather.py: Gather.forward is inherited from dpkit._rules_lib.Finished, not a "
+        "method written in your file; the task is to write it"
+    )
+    assert verdict(RECOMPILED, ["forward"]).startswith(
+        "task4_gather.py: forward is elsewhere.forward (compiled from /usr/lib/python3.11/"
+    )
+
+
+def test_dpkit_s_class_is_refused_whatever_the_case_of_its_name(tmp_path):
+    path = tmp_path / "task2_replicate.py"
+    path.write_text("from dpkit._functions import Broadcast as B\n")
+    assert rules.scan_source(path, ["dpkit.comm.broadcast"]) == (
+        "task2_replicate.py line 1 imports dpkit._functions.Broadcast, which this task asks "
+        "you to write yourself: remove it"
+    )
+
+
+def test_a_method_of_a_built_in_type_is_guarded_there(tmp_path):
+    """torch._C.TensorBase refuses setattr; its chunk is guarded all the same."""
+    import torch
+
+    student = tmp_path / "task1_scatter.py"
+    original = torch._C.TensorBase.chunk
+    try:
+        rules.forbid(["torch._C.TensorBase.chunk"], student, 1, tmp_path)
+        assert len(torch.arange(10).chunk(4)) == 4  # anyone else may call it
+        with pytest.raises(rules.ForbiddenCall, match="line 3 calls torch._C.TensorBase.chunk"):
+            student_call(student, "TensorBase.chunk(torch.arange(10), 4)",
+                         TensorBase=torch._C.TensorBase, torch=torch)  # fmt: skip
+    finally:
+        rules._set(torch._C.TensorBase, "chunk", original)
+    assert torch._C.TensorBase.chunk is original
+
+
+def test_a_guard_that_cannot_be_put_in_place_stops_the_run(library, monkeypatch, tmp_path):
+    monkeypatch.setattr(rules, "_set", lambda owner, attribute, value: None)  # it did nothing
+    with pytest.raises(RuntimeError, match="cannot guard dpkit._rules_lib.Base.chunk: grading"):
+        rules.forbid(["dpkit._rules_lib.Base.chunk"], tmp_path / "task1_scatter.py", 1, tmp_path)

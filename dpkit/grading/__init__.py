@@ -190,7 +190,7 @@ def grade_submissions(
         student: {name: read_submission(path) for name, path in files.items()}
         for student, files in found.students.items()
     }
-    hidden = [root.resolve(), exercise_root / "solutions"]  # out of a run's sight
+    hidden = [root.resolve(), *apart.out_of_sight(exercise_root)]  # out of a run's sight
     scratch = Path(tempfile.mkdtemp(prefix="dpkit-class-"))  # every run's folder, in here
     jobs = default_jobs() if jobs is None else max(1, int(jobs))
     server = None  # runs forked with torch imported, in namespaces where they can be

@@ -10,8 +10,10 @@ and network namespaces, as the instructor's user (no privilege is gained), where
 - the run's own temporary folder is mounted over the folder all the class's runs are made
   in (``/tmp/dpkit-class-...``): the other students' runs are out of sight, and the run
   sees its files at the path they have outside (``/tmp/dpkit-class-.../dpkit-grade-...``);
-- the class folder and the checkout's ``exercises/solutions/`` are covered by empty
-  folders;
+- the class folder and every folder of the checkout (:func:`out_of_sight`) are covered by
+  empty folders: the solutions are in ``exercises/solutions/``, but copies are in
+  ``build/mutation/*/`` after ``make mutation``, in ``.git``'s history, and wherever an
+  instructor keeps one; only a folder holding the Python that grades (a ``.venv``) stays;
 - ``/proc`` shows only the run's own processes, and there is no network;
 - the run then enters a second user and mount namespace, so it cannot unmount any of that
   (the mounts are locked to it).
@@ -28,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -84,6 +87,25 @@ def usable_for(root: Path) -> bool:
             continue
         return False
     return True
+
+
+def out_of_sight(exercises: Path) -> list[Path]:
+    """The folders a class's runs must not see: every folder of the checkout (``exercises``'
+    parent) but those holding the Python that grades or the temporary folder, which the runs
+    need. A run reads dpkit, the graders and the stubs from its own copies, so nothing else
+    of the checkout is used. A checkout at ``/`` would cover the system itself: there,
+    ``exercises/solutions`` only."""
+    checkout = exercises.resolve().parent
+    if checkout == Path(checkout.anchor):
+        return [exercises.resolve() / "solutions"]
+    needed = [sys.executable, sys.prefix, sys.base_prefix, tempfile.gettempdir()]
+    needed_paths = [Path(os.path.realpath(path)) for path in needed]  # and the runs' folders
+    folders = []
+    for entry in sorted(checkout.iterdir()):
+        folder = entry.resolve()
+        if folder.is_dir() and not any(p.is_relative_to(folder) for p in needed_paths):
+            folders.append(folder)
+    return folders
 
 
 def wrap(command: Sequence[str], root: Path, hide: Sequence[Path]) -> list[str]:

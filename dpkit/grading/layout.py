@@ -65,7 +65,12 @@ def submission_file(folder: Path, file_name: str) -> Path:
 # A class's submissions, as they arrive.
 
 SKIPPED_FOLDERS = ("__MACOSX", "__pycache__")
-FLAT_FILE = re.compile(r"(?P<student>.+?)[_\- ]+(?P<file>task(?P<task>\d+)(?:_\w+)?\.py)")
+# A task's file as students and LMS downloads name it: any case (Task1_Scatter.PY), with a
+# copy's " (1)" or "-1" (a second download, a resubmission), or renamed (task1_mine.py).
+_TASK = r"task(?P<task>\d+)(?:_[\w\- ]*?)?(?: ?\(\d+\)|-\d+)?\.py"
+TASK_NAME = re.compile(_TASK, re.IGNORECASE)
+FLAT_FILE = re.compile(rf"(?P<student>.+?)[_\-. ]+(?P<file>{_TASK})", re.IGNORECASE)
+LOOKS_LIKE_WORK = re.compile(r"\.py|\.ipynb|task\d", re.IGNORECASE)  # named when not graded
 SEARCH_DEPTH = 3  # folders below a student's folder searched for its files
 
 
@@ -84,10 +89,10 @@ class NotTaken(str):
 
 def _candidates(folder: Path, file_name: str) -> list[Path]:
     """Every file in ``folder`` and up to :data:`SEARCH_DEPTH` folders down that may be
-    ``file_name``'s: the exact name first, else ``taskN_*.py`` or ``taskN.py``."""
-    prefix = file_name.split("_")[0]
-    exact: list[Path] = []
-    loose: list[Path] = []
+    ``file_name``'s: its task's number in a name :data:`TASK_NAME` matches (the exact name,
+    ``task1.py``, ``task1_mine.py``, ``Task1_Scatter (1).py``)."""
+    task = _task_number(file_name)
+    found: list[Path] = []
     level = [folder]
     for _ in range(SEARCH_DEPTH + 1):
         below = []
@@ -101,14 +106,15 @@ def _candidates(folder: Path, file_name: str) -> list[Path]:
                     continue
                 if entry.is_dir(follow_symlinks=False):
                     below.append(Path(entry.path))
-                elif entry.name == file_name:
-                    exact.append(Path(entry.path))
-                elif entry.name == f"{prefix}.py" or (
-                    entry.name.startswith(f"{prefix}_") and entry.name.endswith(".py")
-                ):
-                    loose.append(Path(entry.path))
+                elif _task_number(entry.name) == task:
+                    found.append(Path(entry.path))
         level = below
-    return exact or loose
+    return found
+
+
+def _task_number(file_name: str) -> int | None:
+    match = TASK_NAME.fullmatch(file_name)
+    return int(match["task"]) if match else None
 
 
 def _pick(student: str, root: Path, file_name: str, found: Students) -> Path | NotTaken | None:
@@ -136,8 +142,11 @@ def find_students(root: Path, names: dict[int, str]) -> Students:
     - one flat folder, ``root/ada_task1_scatter.py`` (the student's name or id, then ``_``,
       ``-`` or a space, then the task file's name, or ``taskN.py``).
 
-    Two files that could both be one task's are an error for that task (no file is
-    guessed); a student folder that is a symbolic link is not followed.
+    Either way a name may differ in case, end in a copy's `` (1)`` or ``-1``, and use ``.``
+    before the task in a flat name (``kim.task1.py``). Two files that could both be one
+    task's, the exact name among them, are an error for that task (no file is guessed); a
+    student folder that is a symbolic link is not followed; a flat file that looks like work
+    (``.py``, ``.ipynb``, ``taskN``) but is no task's is named in a warning.
     """
     found = Students()
     entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -158,20 +167,24 @@ def find_students(root: Path, names: dict[int, str]) -> Students:
     flat: dict[str, dict[str, list[Path]]] = {}
     by_number = {str(task): name for task, name in names.items()}
     for entry in entries:
+        if entry.name.startswith(".") or entry.is_dir(follow_symlinks=False):
+            continue
         match = FLAT_FILE.fullmatch(entry.name)
-        if match and not entry.is_dir(follow_symlinks=False):
-            name = by_number.get(str(int(match["task"])))
-            if name is not None:
-                files = flat.setdefault(match["student"], {})
-                files.setdefault(name, []).append(Path(entry.path))
+        name = by_number.get(str(int(match["task"]))) if match else None
+        if name is not None:
+            files = flat.setdefault(match["student"], {})
+            files.setdefault(name, []).append(Path(entry.path))
+        elif LOOKS_LIKE_WORK.search(entry.name):
+            found.warnings.append(
+                f"{entry.name}: not graded, no task's file (name it student_taskN_*.py, "
+                f"N one of {', '.join(by_number)}, or put it in a folder per student)"
+            )
     for student, files in flat.items():
         if student in found.students:
             found.warnings.append(f"{student}: has a folder and flat files; the folder is graded")
             continue
         chosen: dict[str, Path | NotTaken] = {}
         for name, paths in files.items():
-            exact = [p for p in paths if p.name.endswith(name)]
-            paths = exact or paths
             if len(paths) > 1:
                 listed = ", ".join(p.name for p in paths[:4])
                 found.warnings.append(f"{student}: two or more files could be {name}: {listed}")

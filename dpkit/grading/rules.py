@@ -7,18 +7,26 @@
 - While the checks run, each forbidden function (a grader's ``FORBIDDEN``) is wrapped: a
   call made from the student's file (directly or through other library code) raises
   :class:`ForbiddenCall` naming the call and the line. The graders' own calls are allowed.
-- After the import, every function and class the stub defines must be defined in the
-  student's file: ``chunk_sizes = dpkit.torch_chunk_sizes`` is not writing it.
+- After the import, every function and class the stub defines, and every method the stub's
+  classes define, must be code compiled from the student's file: ``chunk_sizes =
+  dpkit.torch_chunk_sizes``, a subclass of dpkit's finished class, or code compiled from a
+  string under another file's name is not writing it.
+- While the checks run, each of the stub's functions finishes its work inside its own call
+  (:func:`answer_inside`): an iterator it returns is run there, as the student's.
 """
 
 from __future__ import annotations
 
 import ast
+import ctypes
+import functools
+import gc
 import importlib
+import itertools
 import sys
 import threading
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -107,6 +115,11 @@ def _decide(
         if code.co_filename in rules:
             name, task = rules[code.co_filename]
             return code.co_filename, frame.f_lineno, name, task
+        if code is _STUDENT_CALL:  # a student's function, called by a grader: still theirs
+            student_file = frame.f_locals.get("student_file")
+            if student_file in rules:
+                name, task = rules[student_file]
+                return student_file, frame.f_locals["line"], name, task
         frame = frame.f_back
     thread = threading.current_thread()
     return None if thread is threading.main_thread() else thread.name
@@ -185,6 +198,53 @@ def lent(helper: Any) -> Any:
     return getattr(helper, "__dpkit_lent__", helper)
 
 
+# A student's function hands its answer to the grader. What the answer does later, the
+# grader's code runs: ``map(torch.chunk, ...)`` adds no Python frame, so torch.chunk, run
+# as the grader iterates the map, has no student frame on its stack. The answer is made
+# inside the call instead.
+ITEMS_LIMIT = 100_000  # items an iterator a student's function returns may yield
+
+
+def answer_inside(module: ModuleType, path: Path, names: Iterable[str]) -> None:
+    """Wrap each function ``names`` of ``module`` (imported from ``path``) so that the work
+    of its answer is done inside its call, where a forbidden call is the student's.
+
+    An iterator it returns (a ``map``, a ``filter``, a generator) is run to the end in the
+    wrapper and handed back as an iterator over the same items; whatever else happens until
+    the call returns (a finaliser run as the function's frame ends) happens under the
+    wrapper too, which the guards count as the student's file, at the function's line.
+    """
+    for name in names:
+        function = vars(module).get(name)
+        if isinstance(function, types.FunctionType):
+            setattr(module, name, _answering(function, str(path)))
+
+
+def _answering(function: types.FunctionType, student_file: str) -> Any:
+    @functools.wraps(function)
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        return _student_call(function, student_file, args, kwargs)
+
+    return answer
+
+
+def _student_call(function: Any, student_file: str, args: tuple, kwargs: dict) -> Any:
+    line = function.__code__.co_firstlineno  # read by _decide, with student_file
+    result = function(*args, **kwargs)
+    if isinstance(result, Iterator):
+        items = list(itertools.islice(result, ITEMS_LIMIT + 1))
+        if len(items) > ITEMS_LIMIT:
+            raise ValueError(
+                f"{function.__name__} (line {line}) returned an iterator of more than "
+                f"{ITEMS_LIMIT} items: return a list"
+            )
+        result = iter(items)
+    return result
+
+
+_STUDENT_CALL = _student_call.__code__
+
+
 def _guard_name(name: str, rules: dict[str, tuple[str, int]], grader_codes: frozenset) -> None:
     found = _resolve(name)
     if found is None:
@@ -192,25 +252,48 @@ def _guard_name(name: str, rules: dict[str, tuple[str, int]], grader_codes: froz
     container, attribute, current = found
     if _is_guard(current):
         return
-    raw = _static_attribute(container, attribute)
-    function = raw.__func__ if isinstance(raw, classmethod) else current
+    # torch._C._VariableFunctions.chunk lives on the instance's class, not the instance.
+    owner = container
+    if not isinstance(container, (type, ModuleType)) and attribute not in _vars_of(container):
+        owner = type(container)
+    raw = _static_attribute(owner, attribute)
+    kind = type(raw) if isinstance(raw, (classmethod, staticmethod)) else None
+    function = raw.__func__ if kind is classmethod else current
     guard = _guarded(function, name, rules, grader_codes, helper=False)
-    if isinstance(raw, classmethod):
-        setattr(container, attribute, classmethod(guard))
-        return
     for module_name, module in list(sys.modules.items()):
         if module is not None and module_name.split(".")[0] in ("dpkit", "torch"):
-            for key, value in list(vars(module).items()):
+            for key, value in list(_vars_of(module).items()):
                 if value is current:
                     setattr(module, key, guard)
-    if isinstance(container, type):
-        for base in container.__mro__[1:]:  # Tensor.chunk is TensorBase.chunk too
+    if kind is not None:
+        _set(owner, attribute, kind(guard))
+    else:
+        bases = owner.__mro__[1:] if isinstance(owner, type) else ()
+        for base in bases:  # Tensor.chunk is TensorBase.chunk too
             if vars(base).get(attribute) is current:
-                try:
-                    setattr(base, attribute, guard)
-                except TypeError:  # an immutable built-in type
-                    pass
-    setattr(container, attribute, guard)
+                _set(base, attribute, guard)
+        _set(owner, attribute, guard)
+    if not _is_guard(getattr(container, attribute, None)):  # never a guard that is not one
+        raise RuntimeError(f"cannot guard {name}: grading would not refuse it")
+
+
+def _vars_of(value: Any) -> dict:
+    """``vars(value)``, or an empty dict for an object without one."""
+    return getattr(value, "__dict__", None) or {}
+
+
+def _set(owner: Any, attribute: str, value: Any) -> None:
+    """``setattr``, on a built-in type too: ``torch._C.TensorBase`` refuses ``setattr``, so the
+    entry goes into the dict behind its read-only ``__dict__`` and the type's method cache is
+    cleared (what ``setattr`` does on any other class). Left out, ``TensorBase.chunk(t, 4)``
+    would reach the real chunk with the guard on ``torch.Tensor`` only."""
+    try:
+        setattr(owner, attribute, value)
+    except TypeError:
+        if not isinstance(owner, type):
+            raise
+        gc.get_referents(owner.__dict__)[0][attribute] = value
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(owner))
 
 
 def forbid(names: Iterable[str], student_file: Path, task: int, graders: Path) -> None:
@@ -258,7 +341,8 @@ def scan_source(path: Path, forbidden: Iterable[str]) -> str | None:
     except (SyntaxError, ValueError, UnicodeDecodeError):
         return None
     forbidden = set(forbidden)
-    short = {name.rsplit(".", 1)[-1]: name for name in forbidden}
+    # dpkit's names, any case: ``from dpkit._functions import Broadcast`` is dpkit's broadcast
+    short = {name.rsplit(".", 1)[-1].lower(): name for name in forbidden}
     for node in ast.walk(tree):
         modules: list[str] = []
         imported: list[str] = []
@@ -273,7 +357,7 @@ def scan_source(path: Path, forbidden: Iterable[str]) -> str | None:
                 f"({', '.join(modules)}): the grade is for code you wrote"
             )
         for name in imported:
-            if name in forbidden or (name.startswith("dpkit") and name.split(".")[-1] in short):
+            if name in forbidden or (name.startswith("dpkit") and _last(name) in short):
                 rule = forbidden_name(name, forbidden, short)
                 return f"{path.name} line {node.lineno} imports {rule}, {WRITE_IT}"
         for name in imported:
@@ -286,7 +370,7 @@ def scan_source(path: Path, forbidden: Iterable[str]) -> str | None:
             text = ast.unparse(node)
             if text in SIGNALLING:
                 return f"{path.name} line {node.lineno} uses {text}, {NO_SIGNALS}"
-            if text in forbidden or (text.startswith("dpkit.") and node.attr in short):
+            if text in forbidden or (text.startswith("dpkit.") and _last(text) in short):
                 rule = forbidden_name(text, forbidden, short)
                 return f"{path.name} line {node.lineno} uses {rule}, {WRITE_IT}"
     return None
@@ -316,8 +400,17 @@ def _signals_outside(node: ast.Call) -> bool:
 NO_SIGNALS = "which grading refuses: no task needs to signal a process, remove it"
 
 
+def _last(dotted: str) -> str:
+    return dotted.rsplit(".", 1)[-1].lower()
+
+
 def forbidden_name(name: str, forbidden: set[str], short: dict[str, str]) -> str:
-    return name if name in forbidden else short[name.split(".")[-1]]
+    """The rule ``name`` breaks: itself, or the forbidden name it is another route to (when
+    only the case differs, ``name`` itself: dpkit's class, not the function named)."""
+    if name in forbidden:
+        return name
+    rule = short[_last(name)]
+    return rule if rule.rsplit(".", 1)[-1] == name.rsplit(".", 1)[-1] else name
 
 
 # --------------------------------------------------------------------------------------
@@ -330,23 +423,84 @@ def stub_names(stub: Path) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
 
 
-def not_written_here(module: ModuleType, path: Path, names: Iterable[str]) -> str | None:
-    """Why ``module`` (imported from ``path``) does not define ``names`` itself, or None."""
+def stub_methods(stub: Path) -> dict[str, list[str]]:
+    """The methods each of a stub's top-level classes defines (``Gather``: forward, backward)."""
+    tree = ast.parse(stub.read_text(encoding="utf-8"))
+    return {
+        node.name: [n.name for n in node.body if isinstance(n, ast.FunctionDef)]
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def not_written_here(
+    module: ModuleType,
+    path: Path,
+    names: Iterable[str],
+    methods: Mapping[str, Iterable[str]] | None = None,
+) -> str | None:
+    """Why ``module`` (imported from ``path``) does not define ``names`` itself, or None.
+
+    A function, and each of a class's ``methods`` (as the class resolves it, so inherited
+    ones count), must run code compiled from the text of ``path``, under that name: the
+    guards know the student's frames by their file name, and code compiled from a string
+    under another file's name, or dpkit's own method under a subclass, is not written here.
+    """
+    written = _compiled(path)
     for name in names:
         value = getattr(module, name, None)
         if value is None:
             continue  # missing: the checks that use it say so
-        function = getattr(value, "__func__", value)
-        code = getattr(function, "__code__", None)
         if isinstance(value, type):
-            mine = value.__module__ == module.__name__
-        else:
-            mine = code is not None and code.co_filename == str(path)
-        if not mine:
-            where = getattr(value, "__module__", None) or "elsewhere"
-            return (
-                f"{path.name}: {name} is {where}.{getattr(value, '__qualname__', name)}, not "
-                f"a {'class' if isinstance(value, type) else 'function'} written in your file; "
-                "the task is to write it"
-            )
+            if value.__module__ != module.__name__:
+                return _borrowed(path, name, value, "class")
+            for method in (methods or {}).get(name, ()):
+                owner = next((k for k in value.__mro__ if method in vars(k)), value)
+                found = vars(owner).get(method)
+                if found is not None and not _is_written(found, path, written):
+                    inherited = owner if owner is not value else None
+                    return _borrowed(path, f"{name}.{method}", found, "method", inherited)
+        elif not _is_written(value, path, written):
+            return _borrowed(path, name, value, "function")
     return None
+
+
+def _compiled(path: Path) -> set:
+    """Every code object compiling ``path``'s text gives (as its import did)."""
+    try:
+        source = path.read_bytes()
+        return set(_nested(compile(source, str(path), "exec", dont_inherit=True)))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _nested(constant)
+
+
+def _is_written(value: Any, path: Path, written: set) -> bool:
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    # code equality leaves out the file name: a copy compiled under another name would
+    # pass for the student's and hide its calls from the guards, hence both tests
+    return (
+        isinstance(code, types.CodeType)
+        and code in written
+        and all(c.co_filename == str(path) for c in _nested(code))
+    )
+
+
+def _borrowed(path: Path, name: str, value: Any, kind: str, inherited: type | None = None) -> str:
+    function = lent(getattr(value, "__func__", value))  # a guarded method: dpkit's own
+    module = getattr(function, "__module__", None) or "elsewhere"
+    what = f"{module}.{getattr(function, '__qualname__', name)}"
+    code = getattr(function, "__code__", None)
+    if inherited is not None:
+        what = f"inherited from {inherited.__module__}.{inherited.__qualname__}"
+    elif isinstance(code, types.CodeType) and code.co_filename != str(path):
+        what += f" (compiled from {code.co_filename})"
+    return (
+        f"{path.name}: {name} is {what}, not a {kind} written in your file; the task is to write it"
+    )

@@ -11,10 +11,13 @@ Which file is graded (first match wins):
 - otherwise the student file next to this folder, e.g. ``exercises/task1_scatter.py``.
 
 Before the import, the file's source is scanned and each grader's ``FORBIDDEN`` functions
-are guarded (see :mod:`dpkit.grading.rules`); after it, the stub's functions must be the
-file's own. ``DPKIT_CHECK_TIMEOUT`` (seconds, default 10) bounds each check. A failing
-check's hint goes to :mod:`dpkit.grading.harness`, which sends the signed results when
-``dpkit grade`` runs these graders; a plain ``python -m pytest exercises/graders`` works too.
+are guarded (see :mod:`dpkit.grading.rules`); after it, the stub's functions and methods
+must be the file's own, and each function's answer is worked out inside its call.
+``DPKIT_CHECK_TIMEOUT`` (seconds, default 10) bounds each check. A failing check's hint
+goes to :mod:`dpkit.grading.harness`, which sends the signed results when ``dpkit grade``
+runs these graders. A plain ``python -m pytest exercises/graders`` works too, for a student
+checking their own work: it runs the submission in the same process as the checks and
+trusts it, so only ``dpkit grade`` is a grade.
 """
 
 from __future__ import annotations
@@ -149,8 +152,12 @@ def _checked_import(path: Path, grader: ModuleType) -> ModuleType | str:
     except BaseException as error:  # noqa: B036 - a student's file may raise anything
         return _import_failure(path, error)
     stub = EXERCISES / grader.EXERCISE
-    borrowed = rules.not_written_here(module, path, rules.stub_names(stub))
-    return module if borrowed is None else borrowed
+    names = rules.stub_names(stub)
+    borrowed = rules.not_written_here(module, path, names, rules.stub_methods(stub))
+    if borrowed is not None:
+        return borrowed
+    rules.answer_inside(module, path, names)  # a lazy answer runs as the student's
+    return module
 
 
 def _import_failure(path: Path, error: BaseException) -> str:

@@ -29,8 +29,19 @@ FORBIDDEN = (
     "dpkit.scatter.scatter_kwargs",
     "dpkit.comm.scatter",
     "dpkit._functions.Scatter.apply",
+    # torch.chunk by every spelling this torch has (a missing one is skipped; a guard that
+    # cannot be put in place stops the run: dpkit.grading.rules._guard_name)
     "torch.chunk",
     "torch.Tensor.chunk",
+    "torch._C.TensorBase.chunk",
+    "torch._C._VariableFunctions.chunk",
+    "torch.ops.aten.chunk",
+    "torch._refs.chunk",
+    "torch.unsafe_chunk",
+    "torch.Tensor.unsafe_chunk",
+    "torch._C.TensorBase.unsafe_chunk",
+    "torch._C._VariableFunctions.unsafe_chunk",
+    "torch.ops.aten.unsafe_chunk",
 )
 
 Pair = namedtuple("Pair", ["image", "label"])

@@ -20,7 +20,11 @@ FORBIDDEN = (
     "dpkit.comm.broadcast",
     "dpkit.comm.reduce_add",
     "dpkit._functions.Broadcast.apply",
+    "dpkit._functions.Broadcast.forward",
+    "dpkit._functions.Broadcast.backward",
     "dpkit._functions.ReduceAddCoalesced.apply",
+    "dpkit._functions.ReduceAddCoalesced.forward",
+    "dpkit._functions.ReduceAddCoalesced.backward",
 )
 
 
