@@ -2,6 +2,7 @@
 
 dpkit devices            what hardware is here and which kind of device dpkit uses
 dpkit devices -n 2 -n 8  the same, for chosen device counts
+dpkit check              is this environment ready for the course? (exit 1 if not)
 dpkit demo               a few traced training steps: summaries, timeline.png, memory.png,
                          trace.json (--model mlp | cnn | transformer)
 dpkit ddp                the same under torch's DistributedDataParallel, a process per rank
@@ -19,12 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import sys
 from collections.abc import Sequence
 
 import torch
 
-from dpkit.cli_types import at_least_one
+from dpkit.cli_types import at_least_one, plural, writable_folder
 from dpkit.cost.cli import add_predict_command
 from dpkit.ddp.command import add_ddp_command
 from dpkit.ddp.plan import add_plan_command
@@ -75,10 +77,14 @@ def _check_command(args: argparse.Namespace) -> int:
 def _course_command(args: argparse.Namespace) -> int:
     from dpkit.course import write_course
 
-    written = write_course(args.folder, overwrite=args.overwrite)
-    notebooks = sum(path.suffix == ".ipynb" for path in written)
-    print(f"wrote {len(written)} files into {args.folder}: {notebooks} notebooks and the exercises")
-    print(f"next: cd {args.folder} && jupyter lab notebooks/00_start_here.ipynb")
+    folder = writable_folder(args.folder, "FOLDER", "dpkit course my-course")
+    try:
+        written = write_course(folder, overwrite=args.overwrite)
+    except ValueError as error:  # what is in the folder: its messages start with the folder
+        raise ValueError(f"FOLDER {error}") from None
+    notebooks = plural(sum(path.suffix == ".ipynb" for path in written), "notebook")
+    print(f"wrote {plural(len(written), 'file')} into {args.folder}: {notebooks} and the exercises")
+    print(f"next: cd {shlex.quote(args.folder)} && jupyter lab notebooks/00_start_here.ipynb")
     print("      (dpkit grade 1 in that folder grades exercise 1)")
     return 0
 
@@ -148,9 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except (ValueError, TypeError, RuntimeError) as error:
-        # torch reports device problems as RuntimeError; a learner needs the message, not
-        # a traceback (DPKIT_DEBUG=1 shows it).
+    except (ValueError, TypeError, RuntimeError, OSError) as error:
+        # torch reports device problems as RuntimeError, and a path the user named that
+        # cannot be read or written is an OSError; a learner needs the message, not a
+        # traceback (DPKIT_DEBUG=1 shows it).
         if os.environ.get("DPKIT_DEBUG"):
             raise
         print(f"dpkit: error: {type(error).__name__}: {error}", file=sys.stderr)

@@ -49,12 +49,27 @@ def course_files(root: Path) -> list[Path]:
 def write_course(target: str | Path, overwrite: bool = False) -> list[Path]:
     """Copy the notebooks and exercises into ``target`` (made if missing) and return what was
     written. Files already there are left alone and reported unless ``overwrite``: a
-    learner's edited notebook or exercise must not be lost to a second run."""
+    learner's edited notebook or exercise must not be lost to a second run. What is in the
+    way is refused (a ValueError) before anything is written."""
+    if not str(target).strip():  # Path("") is the current folder: nobody means that by ""
+        raise ValueError("target is empty; give a folder for the course, e.g. 'my-course'")
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise ValueError(f"target={str(target)!r} is a file; give a folder for the course")
     source = course_source()
     files = course_files(source)
+    # Checked before anything is written: a file where the course needs a folder (or a
+    # folder where it needs a file) would stop the copy halfway, and --overwrite only
+    # replaces files.
+    folders = {parent for path in files for parent in path.parents if parent != Path(".")}
+    blocked = [f for f in sorted(folders) if (target / f).exists() and not (target / f).is_dir()]
+    blocked += [path for path in files if (target / path).is_dir()]
+    if blocked:
+        there, needed = ("a folder", "file") if blocked[0] in files else ("a file", "folder")
+        raise ValueError(
+            f"{target}: {blocked[0]} is {there}, and the course needs a {needed} there; "
+            "move it away or choose another folder for the course"
+        )
     clashes = [path for path in files if (target / path).exists()]
     if clashes and not overwrite:
         shown = ", ".join(str(path) for path in clashes[:3])

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import dpkit
+from dpkit.cli_types import plural
 from dpkit.environment import describe_choice
 from dpkit.models import CLASSES, IMAGE_SHAPE, build_model
 
@@ -113,7 +114,8 @@ def report(result: DemoResult, devices: int, batch: int, model: str, steps: int)
         describe_choice(devices),
         f"devices used: {_names(used)} ({', '.join(kinds)})"
         + (f"; {len(used)} of {len(result.devices)} got a chunk of the batch" if idle else ""),
-        f"model {model}, batch {batch} (random 1x28x28 images), {steps} SGD steps, traced",
+        f"model {model}, batch {batch} (random 1x28x28 images), {plural(steps, 'SGD step')}, "
+        "traced",
         "",
         f"per phase, mean per step — {result.trace.hardware}:",
         str(result.trace.summary()),

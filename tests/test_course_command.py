@@ -89,3 +89,97 @@ def test_a_file_as_the_target_is_a_clear_error(tmp_path):
     target.write_text("")
     with pytest.raises(ValueError, match="is a file; give a folder"):
         write_course(target)
+
+
+def test_what_is_in_the_way_is_refused_before_anything_is_written(tmp_path):
+    (tmp_path / "exercises").write_text("my notes")  # a file where the course needs a folder
+    with pytest.raises(ValueError, match=r": exercises is a file, and the course needs a folder"):
+        write_course(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["exercises"]  # nothing written
+    (tmp_path / "exercises").unlink()
+    (tmp_path / "notebooks" / "00_start_here.ipynb").mkdir(parents=True)  # and the reverse
+    with pytest.raises(ValueError, match=r"00_start_here.ipynb is a folder, and the course needs"):
+        write_course(tmp_path, overwrite=True)  # --overwrite replaces files, not folders
+    assert [p.name for p in tmp_path.rglob("*")] == ["notebooks", "00_start_here.ipynb"]
+
+
+def test_an_empty_target_is_not_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="target is empty; give a folder"):
+        write_course("")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- `dpkit course` in this process: its errors name FOLDER, in one line
+
+
+@pytest.fixture
+def course_here(capsys, monkeypatch):
+    """``dpkit course ARGS`` through ``dpkit.cli.main``: (exit status, stdout, stderr)."""
+    from dpkit import cli
+
+    monkeypatch.delenv("DPKIT_DEBUG", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = cli.main(["course", *args])
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    return run
+
+
+def test_an_empty_folder_argument_is_refused_and_nothing_written(
+    course_here, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    status, out, err = course_here("")
+    assert (status, out) == (2, "")
+    assert (
+        err
+        == "dpkit: error: ValueError: FOLDER is empty; give a folder, e.g. dpkit course my-course\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        ("a_file", "FOLDER {}: is a file, not a folder; give a folder, e.g. dpkit course"),
+        ("a_file/course", "FOLDER {}: cannot write there (Not a directory); give a folder you"),
+    ],
+)
+def test_a_folder_that_cannot_be_written_is_a_one_line_error_naming_folder(
+    course_here, tmp_path, where, words
+):
+    (tmp_path / "a_file").write_text("")
+    status, out, err = course_here(str(tmp_path / where))
+    assert (status, out) == (2, "")
+    assert err.startswith("dpkit: error: ValueError: " + words.format(tmp_path / where))
+    assert err.count("\n") == 1  # no traceback
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_the_system_will_not_make_is_a_one_line_error(course_here):
+    status, _, err = course_here("/proc/dpkit-course")  # even root cannot make a folder here
+    assert status == 2
+    assert err.startswith("dpkit: error: ValueError: FOLDER /proc/dpkit-course: cannot write there")
+
+
+def test_a_file_in_the_folder_where_the_course_needs_a_folder_names_folder(course_here, tmp_path):
+    (tmp_path / "notebooks").write_text("")
+    status, out, err = course_here(str(tmp_path))
+    assert (status, out) == (2, "")
+    assert err == (
+        f"dpkit: error: ValueError: FOLDER {tmp_path}: notebooks is a file, and the course "
+        "needs a folder there; move it away or choose another folder for the course\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["notebooks"]
+
+
+def test_the_next_step_quotes_a_folder_with_a_space(course_here, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = course_here("my course")
+    assert status == 0
+    assert "next: cd 'my course' && jupyter lab notebooks/00_start_here.ipynb\n" in out
+    assert (tmp_path / "my course" / "notebooks" / "00_start_here.ipynb").is_file()

@@ -107,8 +107,9 @@ def test_dpkit_ddp_trains_and_writes_the_trace_and_figures(tmp_path):
         (["--nproc", "0"], ["--nproc", "at least 1"]),
         (["--bucket-mb", "0"], ["--bucket-mb", "more than 0"]),
         (["--model", "resnet"], ["--model", "invalid choice"]),
-        (["--nproc", "100000"], ["dpkit: error: ValueError: nproc=100000"]),
-        (["--nproc", "3", "--batch", "64"], ["batch=64 does not split evenly", "batch=66"]),
+        (["--nproc", "100000"], ["dpkit: error: ValueError: --nproc 100000 is more than"]),
+        (["--nproc", "3", "--batch", "64"], ["--batch 64 does not split evenly", "--batch 66"]),
+        (["--batch", str(10**12)], [f"--batch {10**12}: 2 ranks", "use a smaller --batch"]),
         (["--bucket-mb", "inf"], ["argument --bucket-mb", "bucket_cap_mb=inf"]),
         (["--bucket-mb", "1e13"], ["argument --bucket-mb", "bucket_cap_mb=1e+13", "64-bit"]),
         (["--timeout", "inf"], ["argument --timeout", "timeout=inf", "at most"]),
@@ -190,7 +191,7 @@ def test_dpkit_ddp_nnodes_refuses_a_batch_its_ranks_cannot_share_before_starting
     argv = ["ddp", "--nnodes", "2", "--nproc", "2", "--batch", "6", "--out", str(tmp_path)]
     assert cli.main(argv) == 2
     assert time.monotonic() - started < 2  # no torchrun started: that takes seconds
-    assert "batch=6 does not split evenly over 2 nodes x 2 ranks = 4 ranks" in (
+    assert "--batch 6 does not split evenly over --nnodes 2 x --nproc 2 = 4 ranks" in (
         capsys.readouterr().err
     )
 

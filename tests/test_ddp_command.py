@@ -14,6 +14,7 @@ Every expected value follows from those hand-made inputs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import dpkit
-from dpkit.ddp import command, nodes, process, run, script
+from dpkit.ddp import checks, command, nodes, process, run, script
 from dpkit.ddp.record import RankRun
 from dpkit.ddp.run import DDPResult
 
@@ -54,6 +55,12 @@ def made_up_runs():
 def made_up_result(backend="gloo", cap=0.5, batch=8, nproc=2):
     return DDPResult(run.merged_trace(made_up_runs()), nproc, backend, batch, cap, 1234567,
                      [1.0, 0.0125], [101, 202], None)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch):
+    """Two cores, whatever this machine has: the command allows 4 ranks per core, so 8."""
+    monkeypatch.setattr(checks, "cores", lambda: 2)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -153,46 +160,6 @@ def test_bucket_caps_and_timeouts_are_checked_by_their_own_rules():
         command._timeout("1.5e9")
 
 
-# -- writable_folder
-
-
-def test_a_missing_out_folder_is_made_resolved_and_left_empty(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    real, tried = command.tempfile.NamedTemporaryFile, []
-
-    def spy(**options):
-        tried.append(options["dir"])
-        return real(**options)
-
-    monkeypatch.setattr(command.tempfile, "NamedTemporaryFile", spy)
-    folder = command.writable_folder("runs/ddp/1")
-    assert folder == tmp_path.resolve() / "runs" / "ddp" / "1"
-    assert tried == [folder]  # the write was tried in that folder
-    assert folder.is_dir() and list(folder.iterdir()) == []  # the write test left nothing
-    assert command.writable_folder(str(folder)) == folder  # an existing one is fine too
-
-
-def test_an_out_folder_that_cannot_be_made_is_refused_with_the_fix(tmp_path):
-    (tmp_path / "a_file").write_text("")  # no folder can be made inside a file
-    out = str(tmp_path / "a_file" / "runs")
-    with pytest.raises(ValueError) as refused:
-        command.writable_folder(out)
-    message = str(refused.value)
-    assert message.startswith(f"--out {out}: cannot write there (Not a directory)")
-    assert "--out runs/ddp" in message
-
-
-def test_an_out_folder_where_no_file_can_be_written_is_refused(tmp_path, monkeypatch):
-    # As root, no permission bit stops a write: the test file's creation fails instead,
-    # with an OSError that has no strerror, whose text is shown
-    def refuse(**options):
-        raise OSError("read-only file system, says the stand-in")
-
-    monkeypatch.setattr(command.tempfile, "NamedTemporaryFile", refuse)
-    with pytest.raises(ValueError, match=r"\(read-only file system, says the stand-in\)"):
-        command.writable_folder(str(tmp_path / "out"))
-
-
 # -- report and write_figures
 
 
@@ -216,6 +183,12 @@ def test_the_report_gives_the_setup_and_rank_0_s_all_reduced_bytes_of_the_last_s
     assert "Chrome trace:         /o/trace.json\n" in text
     assert text.endswith("all-reduces over backward.")
     assert "skipped" not in text
+
+
+def test_the_report_counts_one_step_and_one_row_in_the_singular():
+    result = dataclasses.replace(made_up_result(batch=2), step_times=[1.0])
+    text = command.report(result, "mlp", (Path("/o/trace.json"), None, None))
+    assert "global batch 2 (1 row per rank, random 1x28x28 images), 1 SGD step, " in text
 
 
 def test_the_report_of_nccl_ranks_says_a_gpu_each_and_notes_figures_skipped():
@@ -358,7 +331,18 @@ def test_nnodes_runs_train_on_nodes_and_prints_who_ran_where(tmp_path, monkeypat
     assert "allreduce" in printed  # the summary of the nodes' trace
     assert "figures: skipped, matplotlib is not installed" in printed
     assert f"Chrome trace:         {tmp_path / 'trace.json'}\n" in printed
+    assert "memory per rank: not recorded across nodes" in printed  # said, not left out
     assert not (tmp_path / "timeline.png").exists()
+
+
+def test_nnodes_counts_one_rank_per_node_in_the_singular(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(nodes, "train_on_nodes", NodesStandIn([0, 0]))
+    without_viz(monkeypatch)
+    args = parse("--nnodes", "2", "--nproc", "1", "--batch", "2", "--out", str(tmp_path))
+    assert args.run(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("2 nodes x 1 rank on 127.0.0.1")
+    assert "in 2 torchruns and 2 ranks)" in printed
 
 
 def test_nnodes_draws_the_timeline_of_the_nodes_trace(tmp_path, monkeypatch, capsys):
@@ -383,11 +367,14 @@ def test_nnodes_shows_the_end_of_the_first_failed_node_s_log(tmp_path, monkeypat
     assert "node 2 log" not in printed and "per phase" not in printed
 
 
-def test_nnodes_refuses_nccl_before_any_node_starts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_nnodes_refuses_a_backend_it_would_not_pass_on(tmp_path, monkeypatch, backend):
+    # the nodes' training script picks its own (nccl where each rank has a GPU): a --backend
+    # gloo left unsaid would be ignored on a GPU machine
     stand_in = NodesStandIn([0, 0])
     monkeypatch.setattr(nodes, "train_on_nodes", stand_in)
-    args = nodes_args(tmp_path, "--backend", "nccl")
-    with pytest.raises(ValueError, match="--nnodes.*drop --backend"):
+    args = nodes_args(tmp_path, "--backend", backend)
+    with pytest.raises(ValueError, match="--backend is not passed to --nnodes.*drop --backend"):
         args.run(args)
     assert stand_in.calls == []
 
@@ -400,6 +387,122 @@ def test_one_node_runs_in_ddp_and_more_in_nodes(tmp_path, monkeypatch, ranks_sta
     assert ranks_stand_in["run_ddp"] == []
     assert command._ddp_command(parse("--out", str(tmp_path / "one"))) == 0
     assert len(ranks_stand_in["run_ddp"]) == 1 and seen == [tmp_path / "n"]
+
+
+# -- the command's own checks, in its flags' words, before any rank starts
+
+
+def test_too_many_ranks_over_nodes_names_both_flags_and_the_fix(tmp_path, monkeypatch):
+    stand_in = NodesStandIn([0, 0, 0])
+    monkeypatch.setattr(nodes, "train_on_nodes", stand_in)
+    args = parse("--nnodes", "3", "--nproc", "4", "--out", str(tmp_path / "o"))
+    with pytest.raises(ValueError) as refused:
+        args.run(args)
+    message = str(refused.value)
+    # 12 ranks on 2 cores (8 at most): the user's flags, not dpkit.ddp's nproc=12
+    assert message.startswith("--nnodes 3 x --nproc 4 = 12 ranks is more than 4 ranks per")
+    assert message.endswith("use --nnodes x --nproc of 8 or fewer, e.g. --nnodes 3 --nproc 2")
+    assert "nproc=" not in message
+    assert stand_in.calls == [] and not (tmp_path / "o").exists()
+
+
+def test_too_many_ranks_on_one_node_names_nproc(tmp_path, ranks_stand_in):
+    args = parse("--nproc", "64", "--out", str(tmp_path))
+    with pytest.raises(ValueError, match=r"^--nproc 64 is more than .*use --nproc 8 or fewer$"):
+        args.run(args)
+    assert ranks_stand_in["run_ddp"] == []
+
+
+@pytest.mark.parametrize(
+    "argv, start, end",
+    [
+        (["--nproc", "3"], "--batch 64 does not split evenly over --nproc 3: ",
+         "; use a multiple of 3, e.g. --batch 66"),
+        (["--nnodes", "2", "--batch", "6"],
+         "--batch 6 does not split evenly over --nnodes 2 x --nproc 2 = 4 ranks: ",
+         "; use a multiple of 4, e.g. --batch 8"),
+    ],
+)  # fmt: skip
+def test_a_batch_the_ranks_cannot_share_names_batch_and_a_batch_they_can(
+    tmp_path, monkeypatch, ranks_stand_in, argv, start, end
+):
+    stand_in = NodesStandIn([0, 0])
+    monkeypatch.setattr(nodes, "train_on_nodes", stand_in)
+    args = parse(*argv, "--out", str(tmp_path))
+    with pytest.raises(ValueError) as refused:
+        args.run(args)
+    assert str(refused.value).startswith(start) and str(refused.value).endswith(end)
+    assert ranks_stand_in["run_ddp"] == [] and stand_in.calls == []
+
+
+def test_a_batch_beyond_memory_is_refused_by_name_before_any_rank_starts(
+    tmp_path, monkeypatch, ranks_stand_in
+):
+    # a row: a 1x28x28 float32 image and an int64 label, 3,144 bytes; each rank holds them all
+    monkeypatch.setattr(command, "memory_bytes", lambda: 2 * 1000 * 3144)
+    fits = parse("--nproc", "2", "--batch", "1000", "--out", str(tmp_path))
+    assert fits.run(fits) == 0  # 2 ranks x 1,000 rows: exactly this memory
+    args = parse("--nproc", "2", "--batch", "1002", "--out", str(tmp_path))
+    with pytest.raises(ValueError) as refused:
+        args.run(args)
+    message = str(refused.value)
+    assert message.startswith("--batch 1002: 2 ranks, each building all 1,002 random 1x28x28")
+    assert "use a smaller --batch" in message
+    assert len(ranks_stand_in["run_ddp"]) == 1  # the batch that fits ran; this one did not
+
+
+def test_nodes_build_batch_x_steps_rows_each(tmp_path, monkeypatch):
+    stand_in = NodesStandIn([0, 0])
+    monkeypatch.setattr(nodes, "train_on_nodes", stand_in)
+    monkeypatch.setattr(command, "memory_bytes", lambda: 4 * 8 * 3 * 3144)
+    fits = parse("--nnodes", "2", "--batch", "8", "--steps", "3", "--out", str(tmp_path))
+    assert fits.run(fits) == 0  # 4 ranks, each 8 x 3 rows: exactly this memory
+    args = parse("--nnodes", "2", "--batch", "8", "--steps", "4", "--out", str(tmp_path))
+    with pytest.raises(ValueError, match=r"^--batch 8 x --steps 4: 4 ranks, each building all 32 "):
+        args.run(args)
+    assert len(stand_in.calls) == 1
+
+
+def test_no_memory_figure_is_an_unknown_memory_not_a_refusal(monkeypatch):
+    monkeypatch.setattr(command, "memory_bytes", lambda: None)  # Windows: no sysconf
+    command.check_batch_fits(1, 2, 10**12, 3)  # nothing to compare with: torch will say
+
+
+def test_dpkit_ddp_s_errors_name_its_flags_not_run_ddp_s_arguments(tmp_path, monkeypatch):
+    def refuse(model, **options):
+        raise ValueError(
+            "nproc=4 with backend='nccl' needs a GPU per rank and there are 2; use nproc<=2, "
+            "or backend='gloo' for CPU ranks"
+        )
+
+    monkeypatch.setattr(run, "run_ddp", refuse)
+    args = parse("--nproc", "4", "--backend", "nccl", "--out", str(tmp_path))
+    with pytest.raises(ValueError) as refused:
+        args.run(args)
+    assert str(refused.value) == (
+        "--nproc 4 with --backend nccl needs a GPU per rank and there are 2; use --nproc 2 or "
+        "fewer, or --backend gloo for CPU ranks"
+    )
+
+
+def test_flag_names_replace_every_argument_and_leave_other_words():
+    assert command.in_flags("bucket_cap_mb=1e+13 and timeout=2e+09, steps=3, batch=8") == (
+        "--bucket-mb 1e+13 and --timeout 2e+09, --steps 3, --batch 8"
+    )
+    assert command.in_flags("micro_batch=4: the batch must be positive") == (
+        "micro_batch=4: the batch must be positive"
+    )
+
+
+def test_the_help_says_what_the_default_backend_is_and_what_nodes_write(capsys):
+    with pytest.raises(SystemExit):
+        parse("--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text
+    assert "default: nccl when torch has NCCL and there is a CUDA GPU per rank" in text
+    assert "(default: 2)" in text and "(default: 120.0)" in text  # the other defaults stay
+    assert "With --nnodes above 1, the nodes' ranks record no memory: no memory table and no " \
+        "memory.png" in text  # fmt: skip
 
 
 # -- script.py: script_rank

@@ -64,6 +64,7 @@ def test_demo_writes_a_timeline_and_a_chrome_trace(tmp_path):
     out = result.stdout
     assert "virtual" in out  # this machine's lanes say what they are
     assert "devices(4) ->" in out
+    assert "1 SGD step, traced" in out  # --steps 1: a count, not "1 SGD steps"
     assert "time/step" in out and "apply" in out  # the summary table
     assert str(timeline) in out and str(trace_json) in out and str(memory) in out
     # the memory table: lane 0 holds its chunk of 64 images (1x28x28 float32) and the

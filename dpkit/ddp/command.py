@@ -6,17 +6,30 @@
 
 It prints the ranks' per-phase summary and memory, and writes the merged ``trace.json``
 (every rank a track), ``timeline.png`` and ``memory.png`` (the last step) into ``--out``.
+With ``--nnodes`` above 1 there is no memory table or ``memory.png``: the nodes' ranks
+(``python -m dpkit.ddp.train``) write only ``trace.json``, which holds no memory records.
+
+Its errors name its flags (``--nproc 64``), not the Python arguments of
+:func:`dpkit.ddp.run_ddp` that its checks name (``nproc=64``).
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import os
+import re
 from pathlib import Path
 from typing import Any
 
-from dpkit.cli_types import at_least_one, more_than_zero
+from dpkit.cli_types import (
+    DefaultsHelpFormatter,
+    at_least_one,
+    more_than_zero,
+    plural,
+    writable_folder,
+)
 from dpkit.ddp import checks
+from dpkit.ddp.workload import random_images
 from dpkit.models import DDP_MODELS
 
 
@@ -50,9 +63,9 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
     lines = [
         f"DistributedDataParallel: {result.nproc} processes (ranks), backend "
         f"{result.backend}, on {where}; pids {', '.join(map(str, result.pids))}",
-        f"model {model}, global batch {result.batch} ({result.batch // result.nproc} rows per "
-        f"rank, random 1x28x28 images), {len(result.step_times)} SGD steps, bucket_cap_mb "
-        + cap_text,
+        f"model {model}, global batch {result.batch} "
+        f"({plural(result.batch // result.nproc, 'row')} per rank, random 1x28x28 images), "
+        f"{plural(len(result.step_times), 'SGD step')}, bucket_cap_mb {cap_text}",
         f"parameters: {result.parameter_bytes:,d} bytes; all-reduced per step by each rank: "
         f"{payload:,d} bytes in {len(buckets)} bucket(s), of which a ring sends "
         f"{ring:,d} per rank (2(n-1)/n)",
@@ -77,38 +90,102 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
     return "\n".join(lines)
 
 
-def writable_folder(out: str) -> Path:
-    """``out`` resolved, made if missing, and proven writable by writing a file there: a
-    folder ``dpkit ddp`` cannot write is refused before the ranks start, not after they
-    trained."""
-    folder = Path(out).resolve()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpkit-write-test-"):
-            pass
-    except OSError as error:
+# What the checks of dpkit.ddp name, and the flags a user of `dpkit ddp` typed instead.
+FLAGS = {"nproc": "--nproc", "batch": "--batch", "backend": "--backend",
+         "bucket_cap_mb": "--bucket-mb", "timeout": "--timeout", "steps": "--steps"}  # fmt: skip
+_PYTHON_ARGUMENT = re.compile(r"\b(" + "|".join(FLAGS) + r")(<=|=)'?([\w.+-]+)'?")
+
+
+def in_flags(message: str) -> str:
+    """``message`` of a dpkit.ddp check with its Python arguments as ``dpkit ddp``'s flags:
+    "nproc=4 with backend='nccl' ...; use nproc<=2" becomes "--nproc 4 with --backend
+    nccl ...; use --nproc 2 or fewer"."""
+
+    def flag(match: re.Match) -> str:
+        name, sign, value = match.groups()
+        return f"{FLAGS[name]} {value}" + (" or fewer" if sign == "<=" else "")
+
+    return _PYTHON_ARGUMENT.sub(flag, message)
+
+
+def check_ranks(nnodes: int, nproc: int, batch: int) -> int:
+    """The number of ranks, ``nnodes`` x ``nproc``, checked before any starts, in the words
+    of the flags: dpkit.ddp's checks see only the product, and would call it ``nproc``."""
+    world = nnodes * nproc
+    limit = checks.MAX_RANKS_PER_CORE * checks.cores()
+    if nnodes == 1:
+        asked, fix = f"--nproc {nproc}", f"--nproc {limit} or fewer"
+    else:
+        nodes = min(nnodes, limit)
+        asked = f"--nnodes {nnodes} x --nproc {nproc} = {plural(world, 'rank')}"
+        example = f"--nnodes {nodes} --nproc {limit // nodes}"
+        fix = f"--nnodes x --nproc of {limit} or fewer, e.g. {example}"
+    if world > limit:
         raise ValueError(
-            f"--out {out}: cannot write there ({error.strerror or error}); pick a folder you "
-            "can write, e.g. --out runs/ddp"
-        ) from None
-    return folder
+            f"{asked} is more than {checks.MAX_RANKS_PER_CORE} ranks per CPU core here "
+            f"({plural(checks.cores(), 'core')}): each rank is a Python process with its own "
+            f"torch and model copy, and they would only fight over the cores; use {fix}"
+        )
+    if batch % world:
+        raise ValueError(
+            f"--batch {batch} does not split evenly over {asked}: DDP averages the ranks' "
+            "gradients, which equals the full batch's gradient only when every rank has as "
+            f"many rows; use a multiple of {world}, e.g. --batch {(batch // world + 1) * world}"
+        )
+    return world
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say: Windows)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_batch_fits(nnodes: int, nproc: int, batch: int, steps: int) -> None:
+    """Refuse a ``--batch`` whose images alone overflow this machine's memory, before any
+    rank starts. Every rank builds the whole batch and keeps its rows (with ``--nnodes``,
+    the training script builds all ``--batch`` x ``--steps`` rows), so such a batch fails
+    in every rank at once, each with torch's allocator traceback. A loose bound: the
+    activations come on top, so a batch that passes may still run out of memory in
+    training, where the launcher reports the rank that failed."""
+    memory = memory_bytes()
+    rows = batch * (steps if nnodes > 1 else 1)
+    row_bytes = sum(tensor.nbytes for tensor in random_images(1))  # an image and its label
+    needed = nnodes * nproc * rows * row_bytes
+    if memory is None or needed <= memory:
+        return
+    asked, smaller = f"--batch {batch}", "--batch"
+    if nnodes > 1:
+        asked, smaller = f"--batch {batch} x --steps {steps}", "--batch or --steps"
+    raise ValueError(
+        f"{asked}: {plural(nnodes * nproc, 'rank')}, each building all {rows:,d} random "
+        f"1x28x28 images, need {needed / 1e9:,.1f} GB for them, more than this machine's "
+        f"{memory / 1e9:,.1f} GB of memory; use a smaller {smaller} (the default --batch is 64)"
+    )
 
 
 def _ddp_command(args: argparse.Namespace) -> int:
     from dpkit.ddp.run import run_ddp
 
-    out = writable_folder(args.out)
+    check_ranks(args.nnodes, args.nproc, args.batch)
+    check_batch_fits(args.nnodes, args.nproc, args.batch, args.steps)
+    out = writable_folder(args.out, "--out", "--out runs/ddp")
     if args.nnodes > 1:
         return _nodes_command(args, out)
-    result = run_ddp(
-        args.model,
-        nproc=args.nproc,
-        batch=args.batch,
-        steps=args.steps,
-        bucket_cap_mb=args.bucket_mb,
-        backend=args.backend,
-        timeout=args.timeout,
-    )
+    try:
+        result = run_ddp(
+            args.model,
+            nproc=args.nproc,
+            batch=args.batch,
+            steps=args.steps,
+            bucket_cap_mb=args.bucket_mb,
+            backend=args.backend,
+            timeout=args.timeout,
+        )
+    except ValueError as error:  # its checks of the arguments, before any rank starts
+        raise ValueError(in_flags(str(error))) from None
     trace_path = result.trace.to_chrome_trace(out / "trace.json")
     print(report(result, args.model, (trace_path, *write_figures(result.trace, out))))
     return 0
@@ -121,11 +198,16 @@ def _nodes_command(args: argparse.Namespace, out: Path) -> int:
 
     from dpkit.ddp import nodes
 
-    if args.backend == "nccl":
-        raise ValueError("--nnodes runs its nodes on this machine's CPU (gloo): drop --backend")
+    if args.backend is not None:
+        raise ValueError(
+            "--backend is not passed to --nnodes's ranks: each node's training script "
+            "(python -m dpkit.ddp.train) picks nccl when each of its ranks has a CUDA GPU, "
+            "else gloo; drop --backend"
+        )
     world = args.nnodes * args.nproc
-    print(f"{args.nnodes} nodes x {args.nproc} ranks on 127.0.0.1, a torchrun per node (the "
-          "same commands a cluster's nodes would run, each with its --node_rank):")  # fmt: skip
+    print(f"{plural(args.nnodes, 'node')} x {plural(args.nproc, 'rank')} on 127.0.0.1, a "
+          "torchrun per node (the same commands a cluster's nodes would run, each with its "
+          "--node_rank):")  # fmt: skip
     run = nodes.train_on_nodes(
         out, args.nnodes, args.nproc, args.model, args.batch, args.steps, args.bucket_mb,
         args.timeout,
@@ -139,12 +221,15 @@ def _nodes_command(args: argparse.Namespace, out: Path) -> int:
         return 1
     trace = nodes.read_trace(out / "trace.json")
     ranks = json.loads((out / "ranks.json").read_text())
+    started = f"{plural(args.nnodes, 'torchrun')} and {plural(world, 'rank')}"
     print(f"exit statuses {run.statuses}, {run.seconds:.1f} s (most of it starting Python "
-          f"and torch in {args.nnodes} torchruns and {world} ranks)")  # fmt: skip
+          f"and torch in {started})")  # fmt: skip
     for who in ranks:
         print(f"  rank {who['rank']}: node {who['node']}, LOCAL_RANK {who['local_rank']}, "
-              f"pid {who['pid']}, {who['steps']} steps")  # fmt: skip
+              f"pid {who['pid']}, {plural(who['steps'], 'step')}")  # fmt: skip
     print(f"\nper phase, mean per step — {trace.hardware}:\n{trace.summary()}\n")
+    print("memory per rank: not recorded across nodes (the nodes' trace.json holds none); "
+          "run without --nnodes for the memory table and memory.png\n")  # fmt: skip
     try:
         from dpkit import viz
     except ImportError:
@@ -189,8 +274,10 @@ def add_ddp_command(commands: Any) -> None:
         "NCCL with a GPU per rank), every rank traced: print the time and bytes of every "
         "phase, one all-reduce per gradient bucket, and the bytes each rank held; write "
         "timeline.png and memory.png (the last step) and trace.json (one track per rank; "
-        "open it in https://ui.perfetto.dev).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "open it in https://ui.perfetto.dev). With --nnodes above 1, the nodes' ranks record "
+        "no memory: no memory table and no memory.png, only the summary, timeline.png and "
+        "trace.json.",
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument(
         "--nproc", type=at_least_one, default=2, help="rank processes (per node with --nnodes)"
@@ -209,8 +296,9 @@ def add_ddp_command(commands: Any) -> None:
     parser.add_argument("--steps", type=at_least_one, default=3, help="training steps")
     parser.add_argument("--out", default=".", help="folder for the figures and trace.json")
     parser.add_argument(
-        "--backend", choices=("gloo", "nccl"), default=None, help="default: NCCL with a GPU "
-        "per rank, else gloo"
+        "--backend", choices=("gloo", "nccl"), default=None, help="default: nccl when torch "
+        "has NCCL and there is a CUDA GPU per rank (--nproc GPUs or more), else gloo; not "
+        "with --nnodes, whose nodes pick their own"
     )  # fmt: skip
     parser.add_argument(
         "--timeout", type=_timeout, default=120.0,
