@@ -90,8 +90,8 @@ def test_a_rank_joins_trains_each_cap_and_reports_its_runs(meeting, tmp_path, mo
                 (1, process.BACKWARD), (1, process.OPTIMIZER), (1, process.AFTER_OPTIMIZER),
                 (1, process.AFTER_OPTIMIZER)]  # fmt: skip
     # what the parent reads while it waits: a hung rank is named with its step and stage
-    assert where.shared.stages == [(0, process.CONNECTING), *one_step, *one_step,
-                                   (1, process.FINISHED)]  # fmt: skip
+    assert where.shared.stages == [(0, process.CONNECTING), (0, process.PREPARING), *one_step,
+                                   *one_step, (1, process.FINISHED)]  # fmt: skip
     assert messages.empty()
     # gloo's connections on the loopback interface only
     assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"]

@@ -47,6 +47,8 @@ def test_progress_writes_its_rank_s_step_and_stage_and_keeps_the_step_when_none(
 
 def test_stages_are_numbered_in_the_order_a_rank_passes_them():
     assert process.STAGES[process.CONNECTING] == "connecting"
+    # a rank that fails building its batch (too large) is not said to be connecting
+    assert process.STAGES[process.PREPARING] == "preparing its rows of the batch"
     assert process.STAGES[process.BACKWARD] == "backward"
     assert (process.STARTING, process.FINISHED) == (0, len(process.STAGES) - 1)
 

@@ -27,6 +27,7 @@ from typing import Any
 STAGES = (
     "starting",  # importing torch and the workload: a fresh interpreter
     "connecting",  # init_process_group: waiting for every rank at the rendezvous
+    "preparing its rows of the batch",  # the workload's batch made, the rank's rows taken
     "wrapping the model in DDP",  # the constructor broadcasts rank 0's parameters
     "waiting for the parent",  # between timed blocks (dpkit.ddp.compare)
     "the step's code before forward",
@@ -39,6 +40,7 @@ STAGES = (
 (
     STARTING,
     CONNECTING,
+    PREPARING,
     WRAPPING,
     WAITING,
     BEFORE_FORWARD,

@@ -193,6 +193,7 @@ def run_rank(rank: int, where: process.Progress, messages: Any, go: Any, plan: P
     if cuda:
         torch.cuda.set_device(device)  # before the group: NCCL binds this rank to its GPU
     join_group(plan, rank, device if cuda else None)
+    where.at(process.PREPARING)
     torch.manual_seed(plan.workload.seed)
     batch = _move(shard(plan.workload.data(plan.batch), rank, plan.nproc), device)
     runs = []
