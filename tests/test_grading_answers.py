@@ -174,6 +174,16 @@ SHORTER = (
 )
 
 
+# What the grader records of those sleeps (thread, seconds, start, end), when right: two
+# threads other than the caller's (0), each sleeping 50 ms, at the same time.
+AT_ONCE = [[1, 0.05, 0.001, 0.0512], [2, 0.05, 0.0011, 0.0513]]
+
+
+def with_sleeps(seconds: float, outside: float, sleeps: list = AT_ONCE) -> dict:
+    recorded = torch.tensor(sleeps, dtype=torch.float64).reshape(-1, 4)
+    return {**times(seconds, outside), "sleeps": recorded}
+
+
 def in_a_row(measured: str) -> str:
     return (
         f"measured {measured} s; the 2 devices take 0.050 s together, 0.100 s one after "
@@ -200,7 +210,42 @@ def in_a_row(measured: str) -> str:
 def test_a_measured_step_lies_between_the_slowest_sleep_and_the_sleeps_in_a_row(
     measured, outside, hint
 ):
-    assert weighted.judge_measured(MEASURED, times(measured, outside)) == hint
+    assert weighted.judge_measured(MEASURED, with_sleeps(measured, outside)) == hint
+
+
+IN_THREADS = "each in a thread of its own, but the threads' time.sleep calls added up to"
+ONE_AFTER_ANOTHER = "the devices' sleeps ran one after another"
+
+
+@pytest.mark.parametrize(
+    ("sleeps", "hint"),
+    [
+        (AT_ONCE, None),
+        ([[2, 0.05, 0.0, 0.05], [1, 0.05, 0.001, 0.0512]], None),  # in any order
+        ([[0, 0.05, 0.0, 0.05], [1, 0.05, 0.0, 0.0505]], None),  # the caller as one device
+        ([[1, 0.025, 0.0, 0.025], [2, 0.05, 0.0, 0.05], [1, 0.025, 0.025, 0.051]], None),  # by row
+        # The fake: one sleep of the slowest device's time in the caller, that time returned.
+        ([[0, 0.05, 0.0, 0.0502]], f"the 2 devices sleep 0.0500, 0.0500 s, {IN_THREADS} 0.0500 s"),
+        ([], f"{IN_THREADS} nothing s"),
+        ([[1, 0.05, 0.0, 0.05], [1, 0.05, 0.05, 0.1]], f"{IN_THREADS} 0.1000 s"),  # one thread
+        ([[1, 0.05, 0.0, 0.05], [2, 0.04, 0.0, 0.04]], f"{IN_THREADS} 0.0400, 0.0500 s"),
+        ([[1, float("nan"), 0.0, 0.05], [2, 0.05, 0.0, 0.05]], IN_THREADS),
+        # Two threads, one after another (their time made up): sleeps span at least the sum.
+        ([[1, 0.05, 0.0, 0.0501], [2, 0.05, 0.0502, 0.1003]], ONE_AFTER_ANOTHER),
+        ([[1, 0.05, 0.0, 0.05], [2, 0.05, 0.049, 0.099]], ONE_AFTER_ANOTHER),  # 1 ms: the edge
+        ([[1, 0.05, 0.0, 0.05], [2, 0.05, 0.0489, 0.0989]], None),
+        ([[1, 0.05, 0.0, 0.05], [2, 0.05, 0.0, float("nan")]], ONE_AFTER_ANOTHER),
+    ],
+)
+def test_the_sleeps_recorded_are_one_thread_per_device_at_the_same_time(sleeps, hint):
+    """A returned time alone can be faked; the grader's record of the sleeps is the work."""
+    got = weighted.judge_measured(MEASURED, with_sleeps(0.06, 0.07, sleeps))
+    assert got == hint if hint is None else hint in got, got
+
+
+def test_an_idle_device_need_not_sleep():
+    idle = [[10, 0, 10], [1.0, 1.0, 1.0], 0.005]
+    assert weighted.judge_measured(idle, with_sleeps(0.06, 0.07)) is None
 
 
 def test_a_measured_step_must_be_two_float64_times():
@@ -210,6 +255,11 @@ def test_a_measured_step_must_be_two_float64_times():
     not_answers = "the outputs sent for measure_step_time do not answer the inputs chosen"
     for wrong_shape in (times(0.06), times(0.06, 0.07, 0.08)):
         assert weighted.judge_measured(MEASURED, wrong_shape) == not_answers
+    no_sleeps = "the outputs sent for measure_step_time do not hold the sleeps recorded"
+    right = with_sleeps(0.06, 0.07)["sleeps"]
+    for sleeps in (None, torch.zeros(2, 3).double(), right.float(), right.flatten()):
+        values = times(0.06, 0.07) | ({} if sleeps is None else {"sleeps": sleeps})
+        assert weighted.judge_measured(MEASURED, values) == no_sleeps
 
 
 def draws(choose, count: int = 400) -> list:

@@ -17,7 +17,7 @@ import pytest
 
 from dpkit import grading
 from dpkit.grading.cleanup import remove_tree
-from dpkit.grading.layout import NotTaken, check_task, submission_file
+from dpkit.grading.layout import NotTaken, check_task, chosen_tasks, submission_file
 from dpkit.grading.similarity import normalised, similar_pairs
 
 EXERCISES = Path(__file__).resolve().parent.parent / "exercises"
@@ -106,7 +106,27 @@ def test_names_as_an_lms_downloads_them_are_matched(tmp_path):
         "max": [NAMES[2]],
     }
     assert found.students["fay"][NAMES[1]].name == "fay_task1_scatter (1).py"
-    assert found.warnings == ["max: graded max/Task2_Replicate (1).py as task2_replicate.py"]
+    # Each file graded under another name is named, in either layout.
+    assert found.warnings == [
+        "max: graded max/Task2_Replicate (1).py as task2_replicate.py",
+        "Gus: graded Gus_Task1_Scatter.py as task1_scatter.py",
+        "fay: graded fay_task1_scatter (1).py as task1_scatter.py",
+        "hal: graded hal_task1_scatter.PY as task1_scatter.py",
+        "kim: graded kim.task1.py as task1_scatter.py",
+        "lu: graded lu_task1_scatter-2.py as task1_scatter.py",
+    ]
+
+
+def test_a_flat_file_under_another_name_is_named_as_in_a_folder(tmp_path):
+    write(tmp_path / "eve_task1_mine.py")
+    write(tmp_path / "cy" / "task1_mine.py")
+    write(tmp_path / f"ada_{NAMES[1]}")  # the exact name: nothing to say
+    write(tmp_path / "bo" / NAMES[1])
+    found = grading.find_students(tmp_path, NAMES)
+    assert found.warnings == [
+        "cy: graded cy/task1_mine.py as task1_scatter.py",
+        "eve: graded eve_task1_mine.py as task1_scatter.py",
+    ]
 
 
 def test_a_flat_file_that_is_no_task_s_is_named_in_a_warning(tmp_path):
@@ -369,6 +389,31 @@ def test_the_exercises_folder_is_found_from_its_parent_itself_or_the_checkout(
     assert grading.find_exercises() == EXERCISES.resolve()
     monkeypatch.chdir(tmp_path / "course")
     assert grading.find_exercises() == found
+
+
+def test_a_task_given_twice_or_not_there_is_refused_before_any_grading(tmp_path):
+    """Graded twice, a task's checks would count twice (0/32 for a task of 16 checks)."""
+    write(tmp_path / "ada" / NAMES[1])
+    assert chosen_tasks(EXERCISES, None) == list(NAMES)
+    assert chosen_tasks(EXERCISES, [3, 1]) == [3, 1]  # in the order given
+    with pytest.raises(ValueError, match="^tasks 1, 3 are given twice: give each task once$"):
+        chosen_tasks(EXERCISES, [3, 1, 1, 3, 3])
+    with pytest.raises(ValueError, match="there is no task 99"):
+        chosen_tasks(EXERCISES, [1, 99])
+    # The library's entry points refuse them too, before a grading process is started.
+    with pytest.raises(ValueError, match="task 1 is given twice"):
+        grading.grade_folder(tmp_path / "ada", [1, 1])
+    with pytest.raises(ValueError, match="task 1 is given twice"):
+        grading.grade_submissions(tmp_path, [1, 2, 1])
+
+
+def test_a_file_or_folder_that_is_not_there_is_an_error_not_failed_checks(tmp_path):
+    with pytest.raises(ValueError, match="the file '.*nothere.py' does not exist"):
+        grading.grade(1, tmp_path / "nothere.py")
+    with pytest.raises(ValueError, match="the folder '.*nodir' does not exist"):
+        grading.grade_folder(tmp_path / "nodir")
+    with pytest.raises(ValueError, match="is a folder, not a file"):
+        grading.grade(1, tmp_path)
 
 
 def test_a_task_needs_its_stub_and_its_grader(tmp_path):

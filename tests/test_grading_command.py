@@ -24,17 +24,21 @@ import pytest
 
 from dpkit import grading
 from dpkit.grading import checks, command
+from dpkit.grading.layout import ExercisesNotFound
 
 OK = grading.CheckResult
 
 
 @pytest.fixture
 def here(tmp_path, monkeypatch) -> Path:
-    """``tmp_path`` as the working directory, with an ``exercises/`` folder of tasks 1, 2."""
+    """``tmp_path`` as the working directory, with an ``exercises/`` folder of tasks 1, 2
+    (each a stub and a grader, which is what ``--tasks`` is checked against)."""
     exercises = tmp_path / "exercises"
     (exercises / "graders").mkdir(parents=True)
     (exercises / "task1_scatter.py").write_text("")
     (exercises / "task2_gather.py").write_text("")
+    for task in (1, 2):
+        (exercises / "graders" / f"test_task{task}.py").write_text("")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -156,15 +160,48 @@ FILE_IN_A_CLASS = ["grade", "--submissions", "class", "--csv", "g.csv", "--file"
         (["grade", "--submissions", "class"], "--submissions needs --csv OUT.csv"),
         (["grade", "--all", "--file", "mine.py"], "--file grades one task: give its number"),
         (FILE_IN_A_CLASS, "--file grades one task: give its number"),
+        # An option the way of grading does not use is refused, not ignored.
+        (
+            ["grade", "1", "--dir", "X", "--csv", "f.csv", "--tasks", "2"],
+            "grading one task does not use --dir (with --all), --csv (with --submissions), "
+            "--tasks (with --all or --submissions): leave them out",
+        ),
+        (["grade", "--all", "--jobs", "2"], "--all does not use --jobs (with --submissions)"),
+        (["grade", "--all", "--feedback", "fb"], "--all does not use --feedback"),
+        (["grade", "--submissions", "class", "--csv", "g.csv", "--dir", "d"], "does not use --dir"),
+        # A path that is not there is a typo, refused, not graded as failed checks.
+        (["grade", "1", "--file", "nothere.py"], "--file 'nothere.py' does not exist"),
+        (["grade", "1", "--file", "exercises"], "--file 'exercises' is a folder, not a file"),
+        (["grade", "--all", "--dir", "nodir"], "--dir 'nodir' does not exist"),
+        (["grade", "--all", "--dir", "exercises/task1_scatter.py"], "is not a folder"),
+        (["grade", "--submissions", "nodir", "--csv", "g.csv"], "--submissions 'nodir' does not"),
+        # A task given twice would count its checks twice; one that is not there is named.
+        (["grade", "--all", "--tasks", "1", "1"], "--tasks 1 1: task 1 is given twice"),
+        (
+            ["grade", "--submissions", "class", "--csv", "g.csv", "--tasks", "2", "1", "2"],
+            "--tasks 2 1 2: task 2 is given twice: give each task once",
+        ),  # fmt: skip
+        (["grade", "--all", "--tasks", "3"], "--tasks 3: there is no task 3; the tasks are 1, 2"),
+        # Two outputs at one path: the second written would replace the first.
+        (
+            ["grade", "--submissions", "class", "--csv", "s.csv", "--summary", "./s.csv"],
+            "--csv and --summary are the same path, 's.csv': give each its own",
+        ),  # fmt: skip
+        (
+            ["grade", "--submissions", "class", "--csv", "g.csv", "--feedback", "g-summary.csv"],
+            "--summary and --feedback are the same path",
+        ),  # fmt: skip
     ],
 )
 def test_an_unclear_request_is_refused_saying_what_to_give(argv, said, here, monkeypatch, capsys):
     refuse_grading(monkeypatch)
+    (here / "class" / "ada").mkdir(parents=True)
     with pytest.raises(SystemExit) as exit_:
         run(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"dpkit grade: error: {said}" in err  # from the grade command's parser
+    assert "dpkit grade: error: " in err and said in err  # from the grade command's parser
+    assert {p.name for p in here.iterdir()} == {"exercises", "class"}  # nothing written
 
 
 def test_a_bad_weights_file_or_summary_path_is_refused_before_grading(here, monkeypatch):
@@ -204,6 +241,7 @@ def test_one_task_names_the_file_it_grades_then_prints_the_report(here, monkeypa
 
 def test_one_task_from_another_file_names_that_file_resolved(here, monkeypatch, capsys):
     calls = record_grade(monkeypatch, [OK(2, "gathers", True)])
+    (here / "mine.py").write_text("")
     assert run(["grade", "2", "--file", "mine.py"]) == 0
     assert calls == [(2, "mine.py", 60.0)]  # the file as given; the default limit
     assert capsys.readouterr().out.startswith(f"grading task 2: {here / 'mine.py'}\n")
@@ -234,6 +272,7 @@ def test_all_grades_the_exercises_folder_or_the_one_given(here, monkeypatch, cap
         return results
 
     monkeypatch.setattr(grading, "grade_folder", grade_folder)
+    (here / "mine").mkdir()
     assert run(["grade", "--all"]) == 0
     assert run(["grade", "--all", "--dir", "mine", "--tasks", "2", "--timeout", "3"]) == 0
     assert calls == [(here / "exercises", None, 60.0), ("mine", [2], 3.0)]
@@ -248,7 +287,7 @@ def test_all_grades_the_exercises_folder_or_the_one_given(here, monkeypatch, cap
 
 def test_no_exercises_folder_is_one_line_and_exit_code_2(here, monkeypatch, capsys):
     def missing(start=None):
-        raise FileNotFoundError("cannot find the exercises/ folder here")
+        raise ExercisesNotFound("cannot find the exercises/ folder here")
 
     monkeypatch.setattr(grading, "find_exercises", missing)
     assert run(["grade", "1"]) == 2
@@ -393,11 +432,58 @@ def test_a_class_that_fails_midway_still_writes_the_csv_and_says_why(here, monke
     assert len(read_csv(here / "g.csv")) == 3
 
 
-def test_a_submissions_path_that_is_not_a_folder_counts_no_students(here, monkeypatch, capsys):
-    # The real grade_submissions refuses it; what the command counts before must not fail.
-    monkeypatch.setattr(grading, "grade_submissions", FakeClass({"ada": ADA}))
-    assert run(["grade", "--submissions", "nothing", "--csv", "g.csv"]) == 0
-    assert capsys.readouterr().out.startswith("[1/0] ada:")
+def test_a_class_that_fails_before_anyone_is_graded_writes_no_csv(here, monkeypatch):
+    """No empty CSVs in place of last week's, as if a class of nobody had been graded."""
+    a_class(here)
+    (here / "g.csv").write_text("last week's\n")
+    fake = FakeClass({}, then=ValueError("'class' holds no submissions"))
+    monkeypatch.setattr(grading, "grade_submissions", fake)
+    with pytest.raises(ValueError, match="holds no submissions"):
+        run(["grade", "--submissions", "class", "--csv", "g.csv", "--feedback", "fb"])
+    assert (here / "g.csv").read_text() == "last week's\n"
+    assert not (here / "g-summary.csv").exists() and not (here / "fb").exists()
+
+
+def test_ctrl_c_before_anyone_is_graded_writes_no_csv_and_says_so(here, monkeypatch, capsys):
+    a_class(here)
+    monkeypatch.setattr(grading, "grade_submissions", FakeClass({}, then=KeyboardInterrupt()))
+    assert run(["grade", "--submissions", "class", "--csv", "g.csv"]) == 130
+    assert not (here / "g.csv").exists() and not (here / "g-summary.csv").exists()
+    summary = here / "g-summary.csv"
+    assert capsys.readouterr().out == f"no student was graded: g.csv and {summary} not written\n"
+
+
+def test_an_unwritable_feedback_folder_is_refused_before_grading_naming_it(here, monkeypatch):
+    refuse_grading(monkeypatch)
+    a_class(here)
+    (here / "a_file").write_text("")
+    base = ["grade", "--submissions", "class", "--csv", "g.csv"]
+    with pytest.raises(ValueError, match="cannot write in the folder --feedback 'a_file/fb'"):
+        run([*base, "--feedback", "a_file/fb"])
+    with pytest.raises(ValueError, match="--feedback 'a_file' is a file: give a folder"):
+        run([*base, "--feedback", "a_file"])
+    assert not (here / "g.csv").exists()
+
+
+def test_a_summary_path_that_is_a_folder_is_named_as_the_summary(here, monkeypatch):
+    refuse_grading(monkeypatch)
+    a_class(here)
+    (here / "out").mkdir()
+    with pytest.raises(ValueError, match="^--summary 'out' is a folder"):
+        run(["grade", "--submissions", "class", "--csv", "g.csv", "--summary", "out"])
+
+
+def test_a_missing_path_met_while_grading_is_not_called_a_missing_exercises_folder(
+    here, monkeypatch, capsys
+):
+    """Only the exercises/ folder's absence is reported as such; any other file not found
+    goes on to dpkit's own one-line error (what it is, and the path)."""
+    a_class(here)
+    missing = FileNotFoundError(2, "No such file or directory", "/gone/fb")
+    monkeypatch.setattr(grading, "grade_submissions", FakeClass({"ada": ADA}, then=missing))
+    with pytest.raises(FileNotFoundError):
+        run(["grade", "--submissions", "class", "--csv", "g.csv"])
+    assert capsys.readouterr().err == ""
 
 
 # --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import io
 import math
 import random
 import sys
+import time
 from collections import OrderedDict, namedtuple
 from pathlib import Path
 
@@ -1350,6 +1351,49 @@ def test_threads_joined_one_by_one_fail_measure_step_time(monkeypatch):
     sent = sent_by(MEASURED, sequential, inputs, monkeypatch)
     result = verdict_of(MEASURED, sent, {MEASURED.key: inputs})
     assert not result.passed and "start every thread before joining any" in result.hint
+
+
+TIMED = (
+    "    start = time.perf_counter()\n    for thread in threads:\n        thread.start()\n"
+    "    for thread in threads:\n        thread.join()\n    return time.perf_counter() - start\n"
+)
+SLOWEST = "max(rows * per_row_seconds / speed for rows, speed in zip(chunk_sizes, speeds))"
+
+
+@pytest.mark.parametrize(
+    ("body", "hint"),
+    [
+        # One sleep of the slowest device's time, in the caller, returned: a time that fits.
+        (f"    slowest = {SLOWEST}\n    time.sleep(slowest)\n    return slowest\n",
+         "each in a thread of its own, but the threads' time.sleep calls added up to"),
+        # A thread per device, one after another, and the time of threads at once returned.
+        ("    for thread in threads:\n        thread.start()\n        thread.join()\n"
+         f"    return {SLOWEST} + 0.002\n", "the devices' sleeps ran one after another"),
+    ],
+)  # fmt: skip
+def test_a_measured_time_that_fits_but_was_not_measured_fails(body, hint, monkeypatch):
+    """The times alone would pass both: the grader's record of the sleeps does not."""
+    faked = solution_variant(6, TIMED, body)
+    inputs = MEASURED.choose(random.Random(9))
+    result = verdict_of(
+        MEASURED, sent_by(MEASURED, faked, inputs, monkeypatch), {MEASURED.key: inputs}
+    )
+    assert not result.passed and hint in result.hint, result.hint
+
+
+def test_sleep_imported_from_time_is_recorded_too(monkeypatch):
+    """``from time import sleep`` binds the function before the check: the grader swaps the
+    name in the student's module as well as its ``time``, and puts both back after."""
+    source = (SOLUTIONS / "task6_weighted.py").read_text()
+    source = source.replace("import time\n", "import time\nfrom time import sleep\n", 1)
+    source = source.replace("threading.Thread(target=time.sleep,", "threading.Thread(target=sleep,")
+    module = _module("dpkit_task6_sleep_imported", SOLUTIONS / "task6_weighted.py", source)
+    inputs = MEASURED.choose(random.Random(10))
+    result = verdict_of(
+        MEASURED, sent_by(MEASURED, module, inputs, monkeypatch), {MEASURED.key: inputs}
+    )
+    assert result.passed, result.hint
+    assert module.sleep is time.sleep and module.time is time
 
 
 def test_measure_inputs_always_leave_the_old_slack_so_a_right_answer_is_never_failed():

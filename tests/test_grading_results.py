@@ -68,3 +68,33 @@ def test_the_csv_path_is_checked_before_grading_and_left_as_it_was(tmp_path):
             grading.check_writable(locked / "grades.csv")
     with pytest.raises(ValueError, match="cannot write the CSV"):
         grading.check_writable(tmp_path / "no such folder" / "grades.csv")
+
+
+def test_a_path_refused_is_named_with_the_option_it_came_from(tmp_path):
+    with pytest.raises(ValueError, match="^--summary '.*' is a folder"):
+        grading.check_writable(tmp_path, "--summary")
+    with pytest.raises(ValueError, match="^cannot write the CSV --summary "):
+        grading.check_writable(tmp_path / "no such folder" / "s.csv", "--summary")
+
+
+def test_the_feedback_folder_is_checked_before_grading_and_left_as_it_was(tmp_path):
+    new = tmp_path / "feedback" / "week 3"
+    grading.check_folder_writable(new)
+    assert not (tmp_path / "feedback").exists()  # nothing left behind where nothing was
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "ada.txt").write_text("last week's\n")
+    grading.check_folder_writable(kept)
+    assert [p.name for p in kept.iterdir()] == ["ada.txt"]
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match="^--feedback '.*a_file' is a file: give a folder"):
+        grading.check_folder_writable(tmp_path / "a_file")
+    with pytest.raises(ValueError, match="^cannot write in the folder --feedback .* choose a"):
+        grading.check_folder_writable(tmp_path / "a_file" / "fb")
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="Permission denied"):
+            grading.check_folder_writable(locked)
+        with pytest.raises(ValueError, match="Permission denied"):
+            grading.check_folder_writable(locked / "fb")

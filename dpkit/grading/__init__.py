@@ -54,12 +54,14 @@ from dpkit.grading import apart, forkserver
 from dpkit.grading.cleanup import remove_tree
 from dpkit.grading.command import add_grade_command as add_grade_command
 from dpkit.grading.layout import (
+    chosen_tasks,
     find_exercises,
     find_students,
+    not_there,
     submission_file,
     task_files,
-    task_numbers,
 )
+from dpkit.grading.layout import task_numbers as task_numbers
 from dpkit.grading.results import (
     FAIL,
     PASS,
@@ -72,6 +74,7 @@ from dpkit.grading.results import (
     write_feedback,
     write_summary,
 )
+from dpkit.grading.results import check_folder_writable as check_folder_writable
 from dpkit.grading.results import check_writable as check_writable
 from dpkit.grading.results import clean_cell as clean_cell
 from dpkit.grading.results import summary_rows as summary_rows
@@ -106,8 +109,9 @@ def grade(
     """Run task ``task``'s grader on ``file`` (default: the student file in exercises/).
 
     Never raises for anything the graded code does and never runs longer than ``timeout``
-    seconds (plus a second or two to start): a hang, a crash or a missing file gives failed
-    checks whose hints say so. A bad ``task`` or ``timeout`` is a ValueError.
+    seconds (plus a second or two to start): a hang or a crash gives failed checks whose
+    hints say so. A bad ``task`` or ``timeout``, or a ``file`` that is not there (a typo,
+    not a submission to fail), is a ValueError.
     """
     folder = find_exercises(exercises)
     validate_timeout(timeout)
@@ -115,6 +119,8 @@ def grade(
     if task not in names:
         known = ", ".join(map(str, names))
         raise ValueError(f"there is no task {task}; the tasks are {known}")
+    if file is not None and (why := not_there(file)):
+        raise ValueError(f"the file {str(file)!r} {why}: give the path of task {task}'s file")
     source = folder / names[task] if file is None else Path(file)
     return run_graders([task], folder, {names[task]: source.resolve()}, timeout)
 
@@ -129,15 +135,16 @@ def grade_folder(
     """Grade the ``taskN_*.py`` files in ``folder`` (one process for all tasks).
 
     ``timeout`` is per task. A task whose file is missing fails every check with
-    "file missing"; a lone ``task1_*.py`` or ``task1.py`` counts as task 1's file.
+    "file missing"; a lone ``task1_*.py`` or ``task1.py`` counts as task 1's file. A
+    ``folder`` that is not there, or a task given twice, is a ValueError.
     """
+    if why := not_there(folder, folder=True):
+        raise ValueError(f"the folder {str(folder)!r} {why}: give the folder of taskN_*.py files")
     root = find_exercises(exercises)
-    tasks = task_numbers(root) if tasks is None else list(tasks)
+    tasks = chosen_tasks(root, tasks)
     names = task_files(root)
     submissions = {
-        names[task]: submission_file(Path(folder).resolve(), names[task])
-        for task in tasks
-        if task in names
+        names[task]: submission_file(Path(folder).resolve(), names[task]) for task in tasks
     }
     return run_graders(tasks, root, submissions, timeout, trusted)
 
@@ -175,7 +182,7 @@ def grade_submissions(
         raise ValueError(f"submissions folder {str(root)!r} does not exist")
     exercise_root = find_exercises(exercises)
     names = task_files(exercise_root)
-    chosen = task_numbers(exercise_root) if tasks is None else list(tasks)
+    chosen = chosen_tasks(exercise_root, tasks)  # checked here, not once per student
     found = find_students(root, names)
     if not found.students:
         raise ValueError(
@@ -269,7 +276,7 @@ def default_jobs() -> int:
 
 
 # What an instructor calls (the guide, docs/instructors.md); the command's helpers
-# (find_exercises, task_files, check_writable, ...) stay importable for dpkit's CLI.
+# (find_exercises, task_files, chosen_tasks, check_writable, ...) stay importable for dpkit's CLI.
 __all__ = [
     "FAIL",
     "PASS",

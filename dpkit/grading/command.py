@@ -23,9 +23,11 @@ def positive_seconds(text: str) -> float:
 
 
 def _grade_command(args: argparse.Namespace) -> int:
+    from dpkit.grading.layout import ExercisesNotFound
+
     try:
         return _grade(args)
-    except FileNotFoundError as error:  # no exercises/ folder here
+    except ExercisesNotFound as error:  # no exercises/ folder here (other paths: dpkit's main)
         print(f"dpkit grade: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the run and every process it started are already killed
@@ -34,6 +36,37 @@ def _grade_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+
+
+# The options each way of grading uses (--timeout: all three). Any other option given is
+# refused: ignored, it would look as if it had been applied.
+USES = {
+    "one task": ("file",),
+    "--all": ("dir", "tasks"),
+    "--submissions": ("csv", "tasks", "jobs", "summary", "weights", "feedback"),
+}
+OPTIONS = ("file", "dir", "csv", "tasks", "jobs", "summary", "weights", "feedback")
+
+
+def _refuse_unused(args: argparse.Namespace, mode: str) -> None:
+    unused = [n for n in OPTIONS if getattr(args, n) is not None and n not in USES[mode]]
+    if unused:
+        where = [
+            f"--{name} (with {' or '.join(m for m in USES if name in USES[m])})" for name in unused
+        ]
+        grading_what = "grading one task" if mode == "one task" else mode
+        args.grade_parser.error(
+            f"{grading_what} does not use {', '.join(where)}: "
+            f"leave {'it' if len(unused) == 1 else 'them'} out"
+        )
+
+
+def _refuse_not_there(args: argparse.Namespace, flag: str, folder: bool, what: str) -> None:
+    from dpkit.grading.layout import not_there
+
+    path = getattr(args, flag.lstrip("-"))
+    if path is not None and (why := not_there(path, folder)):
+        args.grade_parser.error(f"{flag} {path!r} {why}: give {what}")
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -46,6 +79,17 @@ def _grade(args: argparse.Namespace) -> int:
         args.grade_parser.error("--submissions needs --csv OUT.csv")
     if args.file is not None and args.task is None:
         args.grade_parser.error("--file grades one task: give its number, e.g. dpkit grade 1")
+    mode = "one task" if args.task is not None else "--all" if args.all else "--submissions"
+    _refuse_unused(args, mode)
+    # A path that is not there is a typo to fix, not a submission to fail check by check.
+    _refuse_not_there(args, "--file", False, f"the path of your task {args.task} file")
+    _refuse_not_there(args, "--dir", True, "the folder of your taskN_*.py files")
+    _refuse_not_there(args, "--submissions", True, "the folder of the class's submissions")
+    if args.tasks is not None:
+        try:
+            grading.chosen_tasks(grading.find_exercises(), args.tasks)
+        except ValueError as error:
+            args.grade_parser.error(f"--tasks {' '.join(map(str, args.tasks))}: {error}")
     if args.submissions is not None:
         return _grade_class(args)
     if args.all:
@@ -62,21 +106,40 @@ def _grade(args: argparse.Namespace) -> int:
     return 0 if results and all(r.passed for r in results) else 1
 
 
+def _check_outputs(args: argparse.Namespace, summary: str) -> None:
+    """Refuse, before the class is graded, outputs that cannot be written or that clash."""
+    from dpkit import grading
+
+    outputs = {"--csv": args.csv, "--summary": summary, "--feedback": args.feedback}
+    seen: dict[str, str] = {}  # each output's real path: the flag that gave it
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        first = seen.setdefault(os.path.realpath(path), flag)
+        if first != flag:  # the one written second would replace the first
+            args.grade_parser.error(
+                f"{first} and {flag} are the same path, {outputs[first]!r}: give each its own"
+            )
+    grading.check_writable(args.csv, "--csv")
+    grading.check_writable(summary, "--summary")
+    if args.feedback is not None:
+        grading.check_folder_writable(args.feedback, "--feedback")
+
+
 def _grade_class(args: argparse.Namespace) -> int:
-    """``--submissions``: a line per student as each finishes, the CSVs always written."""
+    """``--submissions``: a line per student as each finishes; the CSVs written when at
+    least one student was graded (after an error or Ctrl-C too, with those students)."""
     import time
 
     from dpkit import grading
 
     summary = args.summary or str(Path(args.csv).with_name(Path(args.csv).stem + "-summary.csv"))
-    for path in (args.csv, summary):
-        grading.check_writable(path)  # before the class is graded, not after
+    _check_outputs(args, summary)
     weights = grading.read_weights(args.weights)
     done: list[tuple[str, list[grading.CheckResult]]] = []
     start = time.monotonic()
     names = grading.task_files(grading.find_exercises())
-    folder = Path(args.submissions)
-    total = len(grading.find_students(folder, names).students) if folder.is_dir() else 0
+    total = len(grading.find_students(Path(args.submissions), names).students)
 
     def finished(student: str, results: list[grading.CheckResult]) -> None:
         done.append((student, results))
@@ -104,14 +167,18 @@ def _grade_class(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         interrupted = True
-    finally:  # whatever happened, the students graded so far are written
+    finally:  # the students graded so far are written; with none, last run's files stay
         os.chdir(here)
         rows = [(student, r) for student, results in sorted(done) for r in results]
-        grading.write_csv(rows, csv_path)
-        grading.write_summary(rows, summary, weights)
-        if feedback:
-            grading.write_feedback(rows, feedback)
-    print(f"wrote {len(rows)} rows to {args.csv} and {len(done)} students to {summary}")
+        if done:
+            grading.write_csv(rows, csv_path)
+            grading.write_summary(rows, summary, weights)
+            if feedback:
+                grading.write_feedback(rows, feedback)
+    if done:
+        print(f"wrote {len(rows)} rows to {args.csv} and {len(done)} students to {summary}")
+    else:  # interrupted before the first student finished
+        print(f"no student was graded: {args.csv} and {summary} not written")
     if interrupted:
         raise KeyboardInterrupt
     return 0

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TASK_FILE = re.compile(r"task(\d+)_\w+\.py")  # a student file: task1_scatter.py
+
+
+class ExercisesNotFound(FileNotFoundError):
+    """No ``exercises/`` folder: its own type, so that ``dpkit grade`` reports this one
+    missing folder as such and no other missing path (an output folder) as it."""
 
 
 def find_exercises(start: str | os.PathLike[str] | None = None) -> Path:
@@ -18,7 +24,7 @@ def find_exercises(start: str | os.PathLike[str] | None = None) -> Path:
         for folder in (base, base / "exercises"):
             if (folder / "graders").is_dir():
                 return folder.resolve()
-    raise FileNotFoundError(
+    raise ExercisesNotFound(
         "cannot find the exercises/ folder (with graders/ inside) in "
         + " or ".join(str(c) for c in candidates)
         + "; run dpkit grade from the root of the dpkit checkout"
@@ -48,6 +54,37 @@ def check_task(exercises: Path, task: int) -> None:
     grader = exercises / "graders" / f"test_task{task}.py"
     if not grader.is_file():
         raise ValueError(f"task {task} has no grader: {grader} is missing")
+
+
+def chosen_tasks(exercises: Path, tasks: Sequence[int] | None) -> list[int]:
+    """The tasks to grade, in the order given (every task when ``tasks`` is None).
+
+    A task given twice is a ValueError, not graded twice: its checks would count twice in
+    the total and the summary. So is a task without a stub or a grader (:func:`check_task`).
+    """
+    if tasks is None:
+        return task_numbers(exercises)
+    chosen = list(tasks)
+    twice = sorted({task for task in chosen if chosen.count(task) > 1})
+    if twice:
+        named = (
+            f"task {twice[0]} is" if len(twice) == 1 else f"tasks {', '.join(map(str, twice))} are"
+        )
+        raise ValueError(f"{named} given twice: give each task once")
+    for task in chosen:
+        check_task(exercises, task)
+    return chosen
+
+
+def not_there(path: str | os.PathLike[str], folder: bool = False) -> str | None:
+    """Why ``path``, named by the user, is not the file (or ``folder``) wanted, or None."""
+    if not os.path.exists(path):
+        return "does not exist"
+    if folder and not os.path.isdir(path):
+        return "is not a folder"
+    if not folder and os.path.isdir(path):
+        return "is a folder, not a file"
+    return None
 
 
 def submission_file(folder: Path, file_name: str) -> Path:
@@ -138,12 +175,13 @@ def find_students(root: Path, names: dict[int, str]) -> Students:
 
     - a folder per student, ``root/ada/task1_scatter.py``, the files possibly a few folders
       down (``root/ada/submission/task1_scatter.py``, as a zip unpacks) or renamed
-      (``task1_mine.py``, ``task1.py``): a warning names each file found that way;
+      (``task1_mine.py``, ``task1.py``);
     - one flat folder, ``root/ada_task1_scatter.py`` (the student's name or id, then ``_``,
       ``-`` or a space, then the task file's name, or ``taskN.py``).
 
     Either way a name may differ in case, end in a copy's `` (1)`` or ``-1``, and use ``.``
-    before the task in a flat name (``kim.task1.py``). Two files that could both be one
+    before the task in a flat name (``kim.task1.py``); a warning names each file graded as a
+    task's that is not the task's file name where it belongs. Two files that could both be one
     task's, the exact name among them, are an error for that task (no file is guessed); a
     student folder that is a symbolic link is not followed; a flat file that looks like work
     (``.py``, ``.ipynb``, ``taskN``) but is no task's is named in a warning.
@@ -191,6 +229,10 @@ def find_students(root: Path, names: dict[int, str]) -> Students:
                 chosen[name] = NotTaken(f"two or more files could be {name} ({listed})")
             else:
                 chosen[name] = paths[0]
+                # Named as in a student's folder: a file under another name is graded as
+                # the task's, and the instructor is told which file that was.
+                if FLAT_FILE.fullmatch(paths[0].name)["file"] != name:
+                    found.warnings.append(f"{student}: graded {paths[0].name} as {name}")
         found.students[student] = chosen
     found.students = dict(sorted(found.students.items()))
     return found

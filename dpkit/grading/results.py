@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
+import tempfile
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,20 +153,46 @@ def report(results: Sequence[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def check_writable(path: str | os.PathLike[str]) -> None:
-    """Raise a clear ValueError now if ``path`` cannot be written (before a class is graded)."""
+def check_writable(path: str | os.PathLike[str], flag: str = "--csv") -> None:
+    """Raise a clear ValueError, naming ``flag``, now if ``path`` cannot be written (before
+    a class is graded); the file is left as it was."""
     existed = os.path.exists(path)
     if os.path.isdir(path):
-        raise ValueError(f"--csv {str(path)!r} is a folder: give a file name, e.g. grades.csv")
+        raise ValueError(f"{flag} {str(path)!r} is a folder: give a file name, e.g. grades.csv")
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as error:
         raise ValueError(
-            f"cannot write the CSV {str(path)!r} ({error.strerror}): choose a writable path"
+            f"cannot write the CSV {flag} {str(path)!r} ({error.strerror}): choose a writable path"
         ) from None
     if not existed:
         os.remove(path)
+
+
+def check_folder_writable(path: str | os.PathLike[str], flag: str = "--feedback") -> None:
+    """Raise a clear ValueError, naming ``flag``, now unless files can be written in the
+    folder ``path``; the folders this makes to find out are removed again."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {str(path)!r} is a file: give a folder, e.g. feedback/")
+    made = []  # the folders that are not there yet, deepest first
+    missing = os.path.abspath(path)
+    while not os.path.lexists(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"cannot write in the folder {flag} {str(path)!r} ({error.strerror}): "
+            "choose a writable folder"
+        ) from None
+    finally:
+        for folder in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 def write_csv(rows: Sequence[tuple[str, CheckResult]], path: str | os.PathLike[str]) -> None:

@@ -200,4 +200,38 @@ def judge_measured(inputs: list, values: Mapping[str, torch.Tensor]) -> str | No
             f"measured {measured:.3f} s; the {len(sizes)} devices take {longest:.3f} s together, "
             f"{together:.3f} s one after another: start every thread before joining any"
         )
+    return _judge_sleeps(sleeps, values.get("sleeps"))
+
+
+def _judge_sleeps(sleeps: list[float], recorded: torch.Tensor | None) -> str | None:
+    """The time.sleep calls the grader recorded, rows of (thread, seconds, start, end): one
+    thread per device slept that device's time, and the sleeps overlapped. A returned time
+    alone is easy to fake (one sleep of the slowest device's time, returned); these are the
+    work itself. No clock is read here but the grader's: one after another, the sleeps span
+    at least their sum, so a span shorter than the sum proves they ran at the same time."""
+    if (
+        not isinstance(recorded, torch.Tensor)
+        or recorded.dtype != torch.float64
+        or recorded.ndim != 2
+        or recorded.shape[1] != 4
+    ):
+        return "the outputs sent for measure_step_time do not hold the sleeps recorded"
+    by_thread: dict[float, float] = {}
+    for thread, seconds, _, _ in recorded.tolist():
+        by_thread[thread] = by_thread.get(thread, 0.0) + seconds
+    slept = sorted(seconds for seconds in by_thread.values() if seconds != 0)
+    want = sorted(seconds for seconds in sleeps if seconds != 0)  # an idle device may not sleep
+    if len(slept) != len(want) or not all(abs(a - b) <= 1e-6 for a, b in zip(slept, want)):
+        listed = ", ".join(f"{seconds:.4f}" for seconds in slept) or "nothing"
+        return (
+            f"the {len(want)} devices sleep {', '.join(f'{s:.4f}' for s in want)} s, each in a "
+            f"thread of its own, but the threads' time.sleep calls added up to {listed} s: "
+            "start a thread per device, each sleeping for its device's rows"
+        )
+    span = float(recorded[:, 3].max() - recorded[:, 2].min())
+    if not span < sum(want) - 1e-3:  # NaN fails too
+        return (
+            f"the devices' sleeps ran one after another ({span:.3f} s from the first start to "
+            f"the last end, {sum(want):.3f} s of sleep): start every thread before joining any"
+        )
     return None

@@ -5,7 +5,10 @@ sizes, times and report computed here on inputs it chose
 (:mod:`dpkit.grading.decided`, :mod:`dpkit.grading.weighted`).
 """
 
+import contextlib
+import threading
 import time
+import types
 
 import pytest
 import torch
@@ -65,18 +68,66 @@ def test_simulated_step_time(exercise, request):
     decided.answer(nodeid, cases, {"seconds": torch.tensor(seconds, dtype=torch.float64)})
 
 
+class _TimeWithSleep(types.ModuleType):
+    """The time module as the student's file sees it during the check: its own ``sleep``."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+SLEEPS_KEPT = 1000  # sleeps recorded at most (one per device is asked for)
+
+
+@contextlib.contextmanager
+def recorded_sleeps(exercise):
+    """Record each ``time.sleep`` the student's file calls: (thread, seconds, start, end).
+
+    Only the file's own names are swapped (its ``time``, a ``sleep`` imported from it), not
+    the time module itself: a call that hangs past the check's limit leaves nothing changed
+    for the checks after it. The thread is an index: 0 the caller's, then each new thread.
+    """
+    real = time.sleep
+    # By Thread object, kept here: a finished thread's ident may be given to the next one.
+    threads = {threading.current_thread(): 0}
+    records: list[list[float]] = []
+    lock = threading.Lock()
+
+    def sleep(seconds):
+        start = time.perf_counter()
+        real(seconds)
+        end = time.perf_counter()
+        with lock:
+            if len(records) < SLEEPS_KEPT:
+                thread = threads.setdefault(threading.current_thread(), len(threads))
+                records.append([thread, float(seconds), start, end])
+
+    namespace = vars(exercise)
+    swapped = {name: value for name, value in namespace.items() if value is time or value is real}
+    proxy = _TimeWithSleep("time")
+    proxy.sleep = sleep
+    namespace.update({name: proxy if value is time else sleep for name, value in swapped.items()})
+    try:
+        yield records
+    finally:
+        namespace.update(swapped)
+
+
 def test_measure_step_time(exercise, request):
     """measure_step_time runs the devices at the same time and measures real time"""
     # The parent chose the sizes and speeds (4 or 5 devices sleeping 50-60 ms each) and
-    # judges the time returned against the call's own time and the sleeps
-    # (dpkit.grading.weighted).
+    # judges the time returned against the call's own time, and the sleeps recorded: a
+    # thread per device, at the same time (dpkit.grading.weighted). A time alone could be
+    # faked: one time.sleep of the slowest device's time, returned, looks right.
     nodeid = request.node.nodeid
     sizes, speeds, per_row = inputs = decided.inputs_here(nodeid)
-    start = time.perf_counter()
-    measured = exercise.measure_step_time(sizes, speeds, per_row)
-    outside = time.perf_counter() - start
+    with recorded_sleeps(exercise) as records:
+        start = time.perf_counter()
+        measured = exercise.measure_step_time(sizes, speeds, per_row)
+        outside = time.perf_counter() - start
+        sleeps = torch.tensor(records, dtype=torch.float64).reshape(-1, 4)
     seconds = torch.tensor([float(measured), outside], dtype=torch.float64)
-    decided.answer(nodeid, inputs, {"seconds": seconds})
+    sleeps[:, 2:] -= start  # from the call's start
+    decided.answer(nodeid, inputs, {"seconds": seconds, "sleeps": sleeps})
 
 
 def test_straggler_report(exercise, request):
