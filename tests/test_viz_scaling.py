@@ -7,6 +7,7 @@ speed-ups from ``dpkit.cost.predict`` called directly, verdicts from hand-made n
 
 from __future__ import annotations
 
+import math
 import re
 from types import SimpleNamespace
 
@@ -218,6 +219,18 @@ def test_a_models_first_prediction_says_it_is_profiling_while_it_works(monkeypat
     assert seen[1][1].startswith("profiling cnn")
     assert seen[2][1].startswith("batch=1024 devices=8") and "model=cnn" in seen[2][1]
     assert explorer.marker.value.startswith("batch=272 ")
+
+
+def test_a_ddp_grid_has_no_step_where_a_rank_would_get_no_rows():
+    # 16 rows: 2 ranks get 8 each, 32 ranks would leave 16 without rows (DDP cannot run)
+    grid = scaling.speedup_grid("mlp", "8xA100-SXM-NVLink", batches=(16, 64), devices=(2, 32),
+                                strategy="ddp")  # fmt: skip
+    assert math.isnan(grid.step_ms[0][1]) and math.isnan(grid.speedup[0][1])
+    assert not any(math.isnan(v) for v in (grid.step_ms[0][0], *grid.step_ms[1]))
+    assert grid.break_even(32) in (64, None)  # never the batch it cannot run
+    figure = scaling.speedup_heatmap(grid)
+    assert [t.get_text() for t in figure.axes[0].texts].count("-") == 1
+    assert "-: a rank would get no rows" in figure.get_suptitle()
 
 
 def test_ddp_is_left_out_where_the_batch_leaves_a_rank_without_rows_and_the_figure_says_so():

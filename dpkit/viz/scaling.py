@@ -26,6 +26,7 @@ Every figure of a prediction says "predicted" in its title.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -390,7 +391,7 @@ class SpeedupGrid:
     strategy: str
     batches: tuple[int, ...]
     devices: tuple[int, ...]
-    step_ms: tuple[tuple[float, ...], ...]  # [batch][devices]
+    step_ms: tuple[tuple[float, ...], ...]  # [batch][devices]; NaN: DDP cannot run it
     single_ms: tuple[float, ...]  # [batch], on one device
 
     @property
@@ -419,14 +420,18 @@ def speedup_grid(
     strategy: str = "dp",
 ) -> SpeedupGrid:
     """Predict every (batch, devices) pair of the grid, and one device at each batch; for
-    DataParallel, only the device counts one node has."""
+    DataParallel, only the device counts one node has; for DDP, NaN where the batch leaves a
+    rank without rows."""
     if strategy == "dp":
         devices = [n for n in devices if dp_fits_on(hardware, n)]
-    single = tuple(predict(model_name, b, 1, hardware, strategy).step_time * 1e3 for b in batches)
-    table = tuple(
-        tuple(predict(model_name, b, n, hardware, strategy).step_time * 1e3 for n in devices)
-        for b in batches
-    )
+
+    def step_ms(batch: int, n: int) -> float:
+        if strategy == "ddp" and len(torch_chunk_sizes(batch, n)) < n:
+            return math.nan  # a rank would have no rows: no DDP step to predict
+        return predict(model_name, batch, n, hardware, strategy).step_time * 1e3
+
+    single = tuple(step_ms(b, 1) for b in batches)
+    table = tuple(tuple(step_ms(b, n) for n in devices) for b in batches)
     return SpeedupGrid(
         model_name, hardware, strategy, tuple(batches), tuple(devices), table, single
     )
@@ -437,8 +442,9 @@ def speedup_heatmap(grid: SpeedupGrid) -> Figure:
     cell is written in; cells where more devices are slower than one are marked."""
     figure = Figure(figsize=(FIGURE_WIDTH, 3.1), dpi=FIGURE_DPI, layout="constrained")
     panels = figure.subplots(1, 2, sharey=True)
+    most = max(v for row in grid.speedup for v in row if not math.isnan(v))
     for axes, values, title, scale in (
-        (panels[0], grid.speedup, "speed-up over 1 device", max(map(max, grid.speedup))),
+        (panels[0], grid.speedup, "speed-up over 1 device", most),
         (panels[1], grid.efficiency, "efficiency (speed-up / devices)", 1.0),
     ):
         image = axes.imshow(
@@ -448,6 +454,8 @@ def speedup_heatmap(grid: SpeedupGrid) -> Figure:
             for j, value in enumerate(row):
                 slower = grid.speedup[i][j] < 1
                 text = f"{value:.2g}" if value >= 0.01 else "<.01"
+                if math.isnan(value):
+                    text = "-"  # a rank would have no rows
                 axes.text(
                     j,
                     i,
@@ -463,9 +471,12 @@ def speedup_heatmap(grid: SpeedupGrid) -> Figure:
         figure.colorbar(image, ax=axes, shrink=0.8)
     panels[0].set_yticks(range(len(grid.batches)), [str(b) for b in grid.batches], fontsize=8)
     panels[0].set_ylabel("batch (whole step)")
+    empty = any(math.isnan(v) for row in grid.speedup for v in row)
     figure.suptitle(
         f"{STRATEGY_NAMES[grid.strategy]}, {grid.model}: speed-up, predicted on "
-        f"{grid.hardware} (* slower than 1 device)",
+        f"{grid.hardware} (* slower than 1 device"
+        + ("; -: a rank would get no rows" if empty else "")
+        + ")",
         fontsize=9,
     )
     return figure
