@@ -525,11 +525,15 @@ def test_the_contrast_table_is_the_one_notebook_07_shows():
 def test_mlp_blocks_cut_in_two_as_notebook_07_shows():
     # Linear, ReLU, Linear, ReLU, Linear, ReLU, Linear: cutting after the second Linear or
     # after the ReLU behind it balances the parameters alike; the first such cut is taken,
-    # so the ReLU starts stage 1 (3 and 4 layers, as notebook 07 prints).
+    # so the ReLU starts stage 1 (3 and 4 modules, 2 Linear layers each, as notebook 07
+    # prints).
     stages = pp.split_model(pp.mlp_blocks(width=512, blocks=4), 2)
     assert [len(stage) for stage in stages] == [3, 4]
     printed = notebook_07_output("strategies = pp.contrast_table(")
-    assert printed == "['stage 0: 3 layers', 'stage 1: 4 layers']\n"
+    assert printed == (
+        "['stage 0: 2 Linear layers (3 modules with the activations)', "
+        "'stage 1: 2 Linear layers (4 modules with the activations)']\n"
+    )
 
 
 def sent_during(call) -> list[tuple[str, str, str, int]]:
