@@ -235,6 +235,9 @@ ONE_AFTER_ANOTHER = "the devices' sleeps ran one after another"
         ([[1, 0.05, 0.0, 0.05], [2, 0.05, 0.049, 0.099]], ONE_AFTER_ANOTHER),  # 1 ms: the edge
         ([[1, 0.05, 0.0, 0.05], [2, 0.05, 0.0489, 0.0989]], None),
         ([[1, 0.05, 0.0, 0.05], [2, 0.05, 0.0, float("nan")]], ONE_AFTER_ANOTHER),
+        # times as a clock reads them, far from 0: the span is the last end less the first start
+        ([[1, 0.05, 5000.001, 5000.0512], [2, 0.05, 5000.0011, 5000.0513]], None),
+        ([[1, 0.05, 5000.0, 5000.0501], [2, 0.05, 5000.0502, 5000.1003]], ONE_AFTER_ANOTHER),
     ],
 )
 def test_the_sleeps_recorded_are_one_thread_per_device_at_the_same_time(sleeps, hint):
@@ -246,6 +249,9 @@ def test_the_sleeps_recorded_are_one_thread_per_device_at_the_same_time(sleeps, 
 def test_an_idle_device_need_not_sleep():
     idle = [[10, 0, 10], [1.0, 1.0, 1.0], 0.005]
     assert weighted.judge_measured(idle, with_sleeps(0.06, 0.07)) is None
+    # or its thread sleeps no time at all: a thread of no sleep is no device's
+    zero = [*AT_ONCE, [3, 0.0, 0.001, 0.001]]
+    assert weighted.judge_measured(idle, with_sleeps(0.06, 0.07, zero)) is None
 
 
 def test_a_measured_step_must_be_two_float64_times():
