@@ -1227,6 +1227,22 @@ def test_a_step_whose_events_come_in_two_batches_is_counted_once():
     assert totals.step_s == pytest.approx(1.2)
 
 
+def test_a_late_event_widens_its_step_by_what_it_adds():
+    # step 1 from 0.1 to 0.2, then a late event to 1.0: 0.9 s, not 0.2 + 0.9
+    totals = export.PhaseTotals()
+    totals.add_rows([(1, "scatter", 0.1, 0.2, 8)])
+    totals.add_rows([(1, "gather", 0.5, 1.0, 4)])
+    assert (totals.steps, totals.step_s) == (1, pytest.approx(0.9))
+
+
+def test_an_older_step_s_late_events_do_not_stop_a_newer_step_being_counted():
+    totals = export.PhaseTotals()
+    totals.add_rows([(1, "scatter", 0.0, 0.2, 8), (2, "scatter", 1.0, 1.2, 8)])
+    totals.add_rows([(1, "gather", 0.5, 0.6, 4), (3, "scatter", 2.0, 2.5, 8)])
+    assert (totals.steps, totals.last_step) == (3, 3)
+    assert totals.step_s == pytest.approx(0.2 + 0.2 + 0.5)
+
+
 # --------------------------------------------------------------------------------------
 # The mutation run's list of survivors kept on purpose (benchmarks/mutation_equivalents.md)
 

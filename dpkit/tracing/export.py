@@ -74,7 +74,7 @@ class Summary(list):
     """Per-phase rows (time per step, bytes per step, share of the step) that print as a table,
     and ``step_s``: the mean wall time of a step, first event to last, which shares are of."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]] = (), step_s: float = 0.0) -> None:
+    def __init__(self, rows: Iterable[dict[str, Any]], step_s: float) -> None:
         super().__init__(rows)
         self.step_s = step_s
 
