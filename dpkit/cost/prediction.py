@@ -448,7 +448,8 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
             f"on {hardware.name!r}). Across machines, train with strategy='ddp' "
             "(DistributedDataParallel: a process per device, started by torchrun on each node)"
         )
-    chunks = len(torch_chunk_sizes(batch_size, count))
+    sizes, per_node = torch_chunk_sizes(batch_size, count), hardware.devices_per_node
+    chunks = len(sizes)
     if strategy == "ddp" and chunks < count:  # DataParallel leaves devices idle; DDP cannot
         raise ValueError(
             f"batch_size={batch_size} over devices={count} leaves {count - chunks} of {count} "
@@ -459,7 +460,6 @@ def predict(model: nn.Module, sample_input: Any, batch_size: int,
     cost = profile(model, sample_input, sample_kwargs=sample_kwargs, amp=amp)
     trace = PredictedTrace(hardware, strategy, batch_size, count)
     trace.gradient_as_bucket_view = gradient_as_bucket_view
-    sizes, per_node = torch_chunk_sizes(batch_size, count), hardware.devices_per_node
     # "predicted:3 (A100)", with the node past one
     node = (lambda i: f", node {i // per_node})") if nodes_apart else (lambda i: ")")
     names = [f"predicted:{i} ({hardware.device_name}{node(i)}" for i in range(count)]
