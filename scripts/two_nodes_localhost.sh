@@ -9,9 +9,11 @@
 # (here 127.0.0.1) and a free port. torchrun on node 0 hosts the rendezvous; the four ranks
 # (RANK 0-3; LOCAL_RANK 0-1 on each node) then train dpkit.ddp.train over gloo. On two real
 # machines: run each line on its machine, with --master_addr set to node 0's address.
-# torchrun is started through python -m dpkit.ddp.nodes, torchrun itself but for one thing:
-# with a loopback --master_addr, node 0's store listens on 127.0.0.1 alone (plain torchrun's
-# listens on every interface of the machine, unauthenticated; docs/ddp_clusters.md).
+# torchrun is started through python -m dpkit.ddp.nodes, torchrun itself but for two things
+# with a loopback --master_addr: node 0's store listens on 127.0.0.1 alone (plain torchrun's
+# listens on every interface of the machine, unauthenticated; docs/ddp_clusters.md), and
+# each node gets GPUs of its own (0,1 and 2,3 where there are four; none, and so the CPU and
+# gloo, where there are fewer: by LOCAL_RANK both nodes would take GPU 0).
 #
 # Writes OUT/node0.log, OUT/node1.log, and rank 0's model.pt, trace.json and ranks.json.
 # Environment: PYTHON (default .venv/bin/python, else python3), PORT (default: a free one),

@@ -16,7 +16,8 @@ hosts the store's server on that socket (:func:`loopback_store`: TCPStore's
 ``master_listen_fd``); torchrun's static rendezvous then asks for a ``multi_tenant`` store
 on the same port and gets that server (torch shares one server per port in a process).
 The ranks' own gloo connections are kept on the loopback interface
-(``GLOO_SOCKET_IFNAME``). Every launch runs in a session of its own and is stopped, with
+(``GLOO_SOCKET_IFNAME``). Each node gets GPUs of its own, as each machine of a cluster has
+(:func:`gpus_of_node`; none where there are too few for every rank). Every launch runs in a session of its own and is stopped, with
 everything it started, after ``limit_s`` seconds or when the caller is interrupted; on
 Linux each ``torchrun`` also gets SIGTERM when the process that started it dies (even by
 SIGKILL), and stops its ranks.
@@ -240,15 +241,44 @@ def _options(argv: Sequence[str]) -> argparse.Namespace:
     return parse_args(list(argv))
 
 
+def gpus_of_node(node_rank: int, nnodes: int, nproc_per_node: int, gpus: Sequence[str]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for node ``node_rank`` of nodes that all run on this machine,
+    whose GPUs are ``gpus``: ``nproc_per_node`` of its own, as each machine of a cluster has,
+    or none where there are too few for every rank, and then every rank trains on the CPU.
+    Numbered by ``LOCAL_RANK``, two nodes' ranks would take the same GPU, which NCCL refuses;
+    nodes choosing apart would mix NCCL and gloo ranks, whose first collective hangs."""
+    if len(gpus) < nnodes * nproc_per_node:
+        return ""
+    first = node_rank * nproc_per_node
+    return ",".join(gpus[first : first + nproc_per_node])
+
+
+def _this_machines_gpus() -> list[str]:
+    """This machine's CUDA GPUs as ``CUDA_VISIBLE_DEVICES`` names them (else 0, 1, ...)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[:count] if visible else [str(i) for i in range(count)]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m dpkit.ddp.nodes TORCHRUN-OPTIONS SCRIPT ...`` (or :data:`LAUNCHER`): torchrun
-    (``torch.distributed.run.main``), whose store on node 0 listens on 127.0.0.1 only when
-    ``--master_addr`` is a loopback address and the rendezvous is torchrun's static one
-    (the default with ``--master_port``); otherwise torchrun exactly as it is."""
+    (``torch.distributed.run.main``) but for two things when ``--master_addr`` is a loopback
+    address, so that every node runs on this machine: node 0's store listens on 127.0.0.1
+    only (with torchrun's static rendezvous, the default with ``--master_port``), and each of
+    several nodes gets GPUs of its own (:func:`gpus_of_node`). Otherwise torchrun exactly as
+    it is."""
     from torch.distributed import run
 
     argv = sys.argv[1:] if argv is None else list(argv)
     options = _options(argv)
+    nnodes, per_node = str(options.nnodes), str(options.nproc_per_node)
+    several = nnodes.isdigit() and int(nnodes) > 1 and per_node.isdigit()
+    if options.master_addr in LOOPBACK_ADDRESSES and several:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus_of_node(
+            options.node_rank, int(nnodes), int(per_node), _this_machines_gpus()
+        )
     held = None
     if (
         options.node_rank == 0 and options.master_addr in LOOPBACK_ADDRESSES
