@@ -21,6 +21,8 @@ class Table(list):
 
 
 def _cell(value: Any) -> str:
+    if isinstance(value, bool):  # an int to Python: it would print 1 or 0
+        return str(value)
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, int):

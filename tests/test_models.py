@@ -71,3 +71,4 @@ def test_a_table_prints_aligned_rows():
         "wide        1  12.250",
     ]
     assert str(Table()) == "(no rows)"
+    assert str(Table([{"fits": True}, {"fits": False}])).splitlines()[2:] == [" True", "False"]
