@@ -1,15 +1,21 @@
 """The one place where bytes move between devices, and the one place a move is reported.
 
 Four collectives, named and behaving as in ``torch.nn.parallel.comm``: :func:`scatter`,
-:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Each moves its tensors in groups,
-one group per device, through one seam, :func:`_copy_group`, which is all that tells anyone
-else about a copy: the transfer listeners (:func:`add_transfer_listener`) hear of every copy
-(:func:`copy_to`); the trace gets one span per group (phase from the collective and the
-pass, ``scatter`` in forward, ``grad_scatter`` in backward; see
-:func:`dpkit.tracing.copy_span`) with the bytes actually copied, then what the copies leave
-on the device; and in a backward on GPU lanes, what a lane reads or made is recorded on the
-right stream (below). A tensor already on its target is used as it is, never copied, exactly
-as torch does for the chunk or parameter that already sits on the target GPU.
+:func:`broadcast`, :func:`reduce_add` and :func:`gather`. Their arguments differ: they take
+dpkit devices, and where a lane's tensor cannot say it, the devices tensors come from;
+``broadcast`` and ``reduce_add`` take groups of tensors, as torch's ``broadcast_coalesced``
+and ``reduce_add_coalesced`` do (without packing them into buffers); ``reduce_add`` may land
+on a device that sent nothing, where torch requires one of its inputs.
+
+Each moves its tensors in groups, one group per device, through one seam,
+:func:`_copy_group`, which is all that tells anyone else about a copy: the transfer
+listeners (:func:`add_transfer_listener`) hear of every copy (:func:`copy_to`); the trace
+gets one span per group (phase from the collective and the pass, ``scatter`` in forward,
+``grad_scatter`` in backward; see :func:`dpkit.tracing.copy_span`) with the bytes actually
+copied, then what the copies leave on the device; and in a backward on GPU lanes, what a
+lane reads or made is recorded on the right stream (below). A tensor already on its
+target is used as it is, never copied, exactly as torch does for the chunk or parameter
+that already sits on the target GPU.
 
 On CPU lanes, a copy of 1 MiB or more goes into a block the lane reuses
 (:mod:`dpkit.lane_memory`, like CUDA's caching allocator): fresh memory faults in each page
@@ -213,6 +219,11 @@ def reduce_add(
     ``destination`` (those already there are not), then summed in device order starting
     from the one on ``destination``, as torch does.
     """
+    for j, tensors in enumerate(per_device):  # torch's size check, before any copy
+        for tensor, first in zip(tensors, per_device[0]):
+            if tensor.size() != first.size():
+                got, expected = ("x".join(map(str, t.size())) for t in (tensor, first))
+                raise ValueError(f"input {j} has invalid size: got {got}, but expected {expected}")
     reduce = Collective.REDUCE
     on_destination = []
     for tensors, device in zip(per_device, devices, strict=True):
@@ -251,7 +262,10 @@ def gather(
             )
     # the first output's shape, with every piece's size along dim added up
     shape = [*first.shape[:dim], sum(t.shape[dim] for t in tensors), *first.shape[dim + 1 :]]
-    result = lane_memory.empty(shape, first.dtype, destination)  # torch.empty, reused blocks
+    # torch's memory format: the pieces' where all have one (channels_last), as torch.cat's
+    meta = [t.to("meta") for t in tensors] if first.dim() in (4, 5) else ()
+    stride = torch.cat(meta, dim).stride() if meta else ()
+    result = lane_memory.empty(shape, first.dtype, destination, stride)  # reused blocks
     pieces = result.split([t.shape[dim] for t in tensors], dim)
     for tensor, source, piece in zip(tensors, sources, pieces, strict=True):
         _copy_group(

@@ -173,7 +173,10 @@ def empty(
     nbytes = math.prod(shape) * dtype.itemsize
     tensor = _take(device, nbytes, dtype, shape, stride) if _poolable(nbytes, device) else None
     if tensor is None:
-        return torch.empty(shape, dtype=dtype, device=device.torch_device)
+        where = dict(dtype=dtype, device=device.torch_device)
+        return (
+            torch.empty_strided(shape, stride, **where) if stride else torch.empty(shape, **where)
+        )
     return tensor
 
 

@@ -11,10 +11,10 @@ The surprises first, as in ``torch.nn.parallel.parallel_apply``:
 - Grad mode and autocast are thread-local in torch, so the caller's settings are carried
   into every worker explicitly. torch's own parallel_apply carries grad mode and one flag,
   ``torch.is_autocast_enabled()`` with no argument (CUDA's: False inside
-  ``autocast("cpu")``), re-entered at the default dtype. dpkit carries, per device type,
-  whether autocast is on and at which dtype, and inference mode (with torch's, a float16
-  autocast becomes the default dtype in the workers; a BatchNorm under inference_mode
-  fails on lanes 1 and up).
+  ``autocast("cpu")``), re-entered at the default dtype. dpkit carries, for the device type
+  of each replica (the one autocast it enters), whether autocast is on and at which dtype,
+  and inference mode (with torch's, a bfloat16 autocast becomes CUDA's default float16 in
+  the workers; a BatchNorm under inference_mode fails on lanes 1 and up).
 - An exception in one replica is re-raised in the caller with its original type, the words
   "in replica i on device d" and the worker's original traceback in the message.
 - Torch's intra-op thread count is carried too (``torch.get_num_threads()`` in the caller). A
@@ -91,7 +91,8 @@ def parallel_apply(
     """Apply ``modules[i]`` to ``inputs[i]`` (and ``kwargs_tup[i]``) on ``devices[i]``.
 
     Each input is either the single argument or a tuple/list of positional arguments. With
-    ``devices=None`` each replica runs where its first input tensor lives. With ``timeout``
+    ``devices=None`` each replica runs where its first input tensor lives (torch's: under the
+    current device, whatever its input's). With ``timeout``
     (seconds), replicas still running after it raise ``TimeoutError`` (see the module
     docstring for what happens to their threads).
     """
@@ -101,15 +102,16 @@ def parallel_apply(
         kwargs_tup = ({},) * len(modules)
     if devices is None:
         devices = [None] * len(modules)
-    # dpkit: a missing device is found from its input here, before any replica runs (torch:
-    # in the worker), and every device becomes a dpkit Device (a lane, an accelerator, the host)
+    # dpkit: a missing device is found from its input, before any replica runs (torch: the
+    # current device; its worker's search of the input never runs), and every device becomes
+    # a dpkit Device (a lane, an accelerator, the host)
     devices = _resolve_devices(devices, inputs)
     # dpkit: torch's current stream per device, or a GPU lane's own, which waits for the caller's
     streams, caller_stream = lanes.lane_streams(devices)
     lock = threading.Lock()
     results: dict[int, Any] = {}
     # dpkit: torch's grad mode and autocast flag, and more of what torch keeps per thread
-    modes = _CallersModes()
+    modes = _CallersModes(devices)
 
     def _worker(
         i: int, module: nn.Module, input: Any, kwargs: dict[str, Any], device: Device, stream: Any
@@ -210,8 +212,9 @@ def check_timeout(timeout: float | None) -> float | None:
 
 
 def _resolve_devices(devices: Sequence[DeviceLike | None], inputs: Sequence[Any]) -> list[Device]:
-    """torch's ``_get_device_index`` for each device, in the caller: a missing one is where
-    the replica's first input tensor lives (a clear error if it has none)."""
+    """torch's ``_get_device_index`` for each device, in the caller, but for a missing one:
+    where the replica's first input tensor lives (a clear error if it has none), where torch's
+    ``_get_device_index(None, True)`` gives the current device."""
     found = []
     for i, (input, device) in enumerate(zip(inputs, devices)):
         if device is None:
@@ -228,15 +231,15 @@ def _resolve_devices(devices: Sequence[DeviceLike | None], inputs: Sequence[Any]
 
 class _CallersModes:
     """What torch keeps per thread, read in the caller and entered in each worker: torch's
-    grad mode and autocast (per device type, with its dtype, where torch carries one flag),
-    and beyond torch's, inference mode and the intra-op thread count (the module docstring
-    says why each matters)."""
+    grad mode and autocast (for the replicas' device types, with its dtype, where torch
+    carries one flag), and beyond torch's, inference mode and the intra-op thread count (the
+    module docstring says why each matters)."""
 
-    def __init__(self) -> None:
+    def __init__(self, devices: Sequence[Device]) -> None:
         self.grad_enabled = torch.is_grad_enabled()
-        # torch keeps one autocast state per device type
+        # torch keeps one autocast state per device type: the replicas' own types' are read
         self.autocast: dict[str, tuple[bool, torch.dtype]] = {}
-        for kind in ("cpu", "cuda"):
+        for kind in {device.device_type for device in devices}:
             self.autocast[kind] = (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
         self.inference_mode = torch.is_inference_mode_enabled()
         self.num_threads = torch.get_num_threads()
@@ -248,9 +251,7 @@ class _CallersModes:
         torch.set_grad_enabled(self.grad_enabled)
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
-        # CPU's autocast state for a device type without its own
-        autocast_type = device.device_type if device.device_type in self.autocast else "cpu"
-        enabled, dtype = self.autocast[autocast_type]
+        enabled, dtype = self.autocast[device.device_type]
         # torch's device_index(device) and stream, on an accelerator (stream is None on CPU)
         accelerator = torch.get_device_module(device.device_type) if stream is not None else None
         _set_current_device(device)
@@ -258,7 +259,7 @@ class _CallersModes:
             with (
                 accelerator.device(device.torch_device) if accelerator else nullcontext(),
                 accelerator.stream(stream) if accelerator else nullcontext(),
-                torch.autocast(autocast_type, dtype=dtype, enabled=enabled),
+                torch.autocast(device.device_type, dtype=dtype, enabled=enabled),
                 torch.inference_mode() if self.inference_mode else nullcontext(),
             ):
                 yield

@@ -89,10 +89,11 @@ def scatter_kwargs(
 ) -> tuple[tuple[Any, ...], tuple[dict[str, Any], ...]]:
     """Scatter positional and keyword inputs; pad the shorter side as torch does.
 
-    The padding copies torch's rule literally, including its comparison of the keyword chunks
-    with ``len(inputs)`` (the number of positional arguments, not of their chunks): with a
-    batch of 2 rows on 4 devices and a keyword flag, devices 2 and 3 get the flag and no
-    input, as in torch.
+    The padding copies torch's rule literally: with a batch of 2 rows on 4 devices and a
+    keyword flag (no tensor), devices 2 and 3 get the flag and no input, as in torch. Its
+    second branch compares the keyword chunks with ``len(inputs)``, the number of positional
+    arguments, not of their chunks; with one batch size for every tensor (dpkit's rule) it
+    pads nothing, and torch's padding there only met kwargs of another batch size.
     """
     # dpkit: one _Split for both calls, so that positional and keyword tensors have one batch
     chunk_sizes = _Split(target_gpus, dim, chunk_sizes, inputs=inputs, kwargs=kwargs)

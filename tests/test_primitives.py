@@ -655,6 +655,34 @@ def test_gather_concatenates_along_dim(dim):
     assert torch.equal(gathered, torch.cat(pieces, dim=dim))
 
 
+@pytest.mark.parametrize("rows", [2, 512])  # 512: a gathered 6.4 MB, in a lane's reused block
+def test_gather_keeps_channels_last_where_every_piece_has_it_as_torch_does(rows):
+    # torch's comm.gather allocates in the first piece's suggested memory format when every
+    # piece has it, else contiguous (comm.cpp); a channels_last CNN's output stays so
+    def images(n, channels_last):
+        image = torch.randn(n, 8, 14, 14)
+        return image.to(memory_format=torch.channels_last) if channels_last else image
+
+    last = torch.channels_last
+    pieces = [images(rows, True) for _ in range(3)]
+    gathered = dpkit.gather(_lane_outputs(pieces), lanes(3)[0])
+    assert gathered.is_contiguous(memory_format=last) and not gathered.is_contiguous()
+    assert torch.equal(gathered, torch.cat(pieces))
+    mixed = [images(rows, True), images(rows, False), images(rows, True)]
+    gathered = dpkit.gather(_lane_outputs(mixed), lanes(3)[0])
+    assert gathered.is_contiguous() and torch.equal(gathered, torch.cat(mixed))
+
+
+@pytest.mark.parametrize(
+    "second, got", [(torch.full((1,), 10.0), "1"), (torch.ones(1, 3), "1x3")]
+)  # fmt: skip
+def test_reduce_add_refuses_tensors_of_another_size_with_torchs_words(second, got):
+    # shapes that broadcast would sum silently: ones(3) + full((1,), 10) is [11, 11, 11]
+    devices = lanes(2)
+    with pytest.raises(ValueError, match=f"^input 1 has invalid size: got {got}, but expected 3$"):
+        dpkit.comm.reduce_add([[torch.ones(3)], [second]], devices[0], devices)
+
+
 @pytest.mark.parametrize("target", ["cpu", 0])
 def test_gather_to_host_or_lane_zero_is_plain_cpu(target):
     pieces = [torch.randn(2, 2), torch.randn(2, 2)]

@@ -17,10 +17,10 @@ hosts the store's server on that socket (:func:`loopback_store`: TCPStore's
 on the same port and gets that server (torch shares one server per port in a process).
 The ranks' own gloo connections are kept on the loopback interface
 (``GLOO_SOCKET_IFNAME``). Each node gets GPUs of its own, as each machine of a cluster has
-(:func:`gpus_of_node`; none where there are too few for every rank). Every launch runs in a session of its own and is stopped, with
-everything it started, after ``limit_s`` seconds or when the caller is interrupted; on
-Linux each ``torchrun`` also gets SIGTERM when the process that started it dies (even by
-SIGKILL), and stops its ranks.
+(:func:`gpus_of_node`; none where there are too few for every rank). Every launch runs in
+a session of its own and is stopped, with everything it started, after ``limit_s`` seconds
+or when the caller is interrupted; on Linux each ``torchrun`` also gets SIGTERM when the
+process that started it dies (even by SIGKILL), and stops its ranks.
 """
 
 from __future__ import annotations
