@@ -13,6 +13,7 @@ into the sizes :func:`dpkit.scatter` cuts, with a clear error for a plan that do
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ def plan_chunks(size: int, num_devices: int, chunk_sizes: ChunkSizes = None) -> 
         )
     if len(sizes) > num_devices:
         raise ValueError(f"chunk_sizes={sizes} has more chunks than the {num_devices} devices")
-    return sizes
+    return [int(rows) for rows in sizes]
 
 
 def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
@@ -61,7 +62,7 @@ def torch_chunk_sizes(size: int, num_devices: int) -> list[int]:
     """
     _check_plan(size, num_devices)
     # At least 1: no rows give no chunks (range's step cannot be 0), not torch.chunk's empty ones
-    chunk = max(1, math.ceil(size / num_devices))
+    chunk = max(1, (size + num_devices - 1) // num_devices)  # ceil, exact for any int
     return [min(chunk, size - start) for start in range(0, size, chunk)]
 
 
@@ -112,4 +113,5 @@ def _check_plan(size: Any, num_devices: Any) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int, or what torch takes as one (numpy's integers), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

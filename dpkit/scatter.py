@@ -149,7 +149,7 @@ def check_dim(dim: Any, shape: Sequence[int] | None = None, of: str = "an input"
             f"dim={dim} is out of range for {of} of shape {tuple(shape)}; use a dim between "
             f"{-len(shape)} and {len(shape) - 1}"
         )
-    return dim
+    return int(dim)
 
 
 def _check_splittable(tensor: torch.Tensor, dim: int) -> None:

@@ -269,6 +269,22 @@ def test_scatter_kwargs_kwargs_shorter_than_several_inputs_are_padded():
 # chunk_sizes= (dpkit's opt-in addition)
 
 
+def test_numpy_integers_are_taken_as_dims_and_chunk_sizes_as_torch_takes_them():
+    # x.chunk(4, dim=np.int64(1)) and x.split([np.int64(5), ...]) work in torch
+    np = pytest.importorskip("numpy")
+    x = torch.randn(10, 6)
+    chunks = dpkit.scatter(x, lanes(4), dim=np.int64(1))
+    assert [tuple(c.shape) for c in chunks] == [(10, 2)] * 3
+    sized = dpkit.scatter(x, lanes(4), chunk_sizes=list(np.array([4, 3, 2, 1])))
+    assert [len(c) for c in sized] == [4, 3, 2, 1]
+    assert torch.equal(dpkit.gather(list(chunks), lanes(4)[0], dim=np.int64(1)), x)
+
+
+def test_torch_chunk_sizes_are_exact_past_floats_range():
+    rows = 10**20 + 1  # a float's ceil of rows / 3 is off by thousands here
+    assert dpkit.torch_chunk_sizes(rows, 3) == [33333333333333333334] * 2 + [33333333333333333333]
+
+
 def test_balanced_chunk_sizes_ten_over_four():
     x = torch.randn(10, 2)
     chunks = dpkit.scatter(x, lanes(4), chunk_sizes="balanced")

@@ -55,10 +55,6 @@ class Comparison:
         return statistics.median(self.measured_ms)
 
     @property
-    def fastest_ms(self) -> float:
-        return min(self.measured_ms)
-
-    @property
     def predicted_ms(self) -> float:
         return self.predicted.step_time * 1e3
 
