@@ -14,11 +14,19 @@ function           forward                     backward
 They take what the maths needs, as torch's do, with one addition: where a piece comes from
 is an argument when a tensor cannot say it (a virtual lane is not a tensor's
 ``torch.device``, and gradients carry no lane tag). They read line for line against torch's,
-in torch's order, and say nothing of tracing: the one dpkit addition every Function shares is
-its class decorator, :func:`_backward_in_step_of_forward`, by which a backward runs under the
-step of the forward that made it (:func:`dpkit.context.backward_of`), so its copies are filed
-as that step's gradients, and in its scope: the traces that recorded the forward record them
-too.
+in torch's order; a ``# dpkit:`` comment marks what differs. The one addition every Function
+shares is for tracing: its class decorator, :func:`_backward_in_step_of_forward`, notes in
+the forward the step and the trace scope it runs in, and runs the backward under them
+(:func:`dpkit.context.backward_of`), so the trace files the backward's copies as that step's
+gradients, in the traces that recorded the forward.
+
+What torch's have and dpkit's drop on purpose:
+
+- the ``AssertionError`` on CPU tensors (``Broadcast``, ``Gather``): lanes may run on the CPU;
+- complex tensors viewed as real for the copies and as complex after them: dpkit's copies
+  (``clone``, ``to``, ``copy_``, ``+``) keep them as they are;
+- ``Scatter``'s background copy streams (``_get_stream``, ``wait_stream``,
+  ``record_stream``): dpkit's copies run on the caller's stream (see :mod:`dpkit.comm`).
 """
 
 from __future__ import annotations
@@ -56,11 +64,13 @@ def _backward_in_step_of_forward(function: type[Function]) -> type[Function]:
 class Broadcast(Function):
     @staticmethod
     def forward(ctx, target_devices, *inputs):
+        # dpkit: Devices the caller resolved (torch: _get_device_index here); no CPU assertion,
+        # complex mask or ctx.input_device (see backward)
         ctx.target_devices = target_devices
         if len(inputs) == 0:
             return ()
         ctx.num_inputs = len(inputs)
-        outputs = comm.broadcast(inputs, target_devices)
+        outputs = comm.broadcast(inputs, target_devices)  # dpkit: torch's broadcast_coalesced
         non_differentiables = []
         for idx, input_requires_grad in enumerate(ctx.needs_input_grad[1:]):
             if not input_requires_grad:
@@ -70,6 +80,8 @@ class Broadcast(Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        # dpkit: the sum lands on target_devices[0] (torch: ctx.input_device, inputs[0]'s
+        # device): the same device, only because comm.broadcast refuses inputs off devices[0]
         grads = ReduceAddCoalesced.apply(ctx.target_devices, ctx.num_inputs, *grad_outputs)
         return (None,) + grads
 
@@ -78,9 +90,10 @@ class Broadcast(Function):
 class ReduceAddCoalesced(Function):
     @staticmethod
     def forward(ctx, source_devices, num_inputs, *grads):
-        # Grads arrive in groups of num_inputs, one group per device of source_devices (torch
-        # reads each group's device off its grads, which carry no lane); the sum lands on
-        # source_devices[0].
+        # dpkit: source_devices, not torch's destination: grads arrive in groups of num_inputs,
+        # one group per device of source_devices (torch reads each group's device off its
+        # grads, which carry no lane); the sum lands on source_devices[0] (torch: destination,
+        # by reduce_add_coalesced). No complex mask: complex grads are summed as they are.
         ctx.source_devices = source_devices
         grads_ = [grads[i : i + num_inputs] for i in range(0, len(grads), num_inputs)]
         return tuple(comm.reduce_add(grads_, source_devices[0], source_devices))
@@ -94,8 +107,10 @@ class ReduceAddCoalesced(Function):
 class Gather(Function):
     @staticmethod
     def forward(ctx, target_device, dim, input_devices, *inputs):
-        # input_devices[i] holds inputs[i]: the backward scatters each gradient slice back to
-        # its own lane, which a gradient's tensor cannot name (torch: each input's device).
+        # dpkit: target_device is a Device the caller resolved (torch: "cpu" kept, else
+        # _get_device_index); input_devices[i] holds inputs[i]: the backward scatters each
+        # gradient slice back to its own lane, which a gradient's tensor cannot name (torch:
+        # ctx.input_gpus, each input's device). No CPU assertion, no complex view.
         ctx.target_device = target_device
         ctx.dim = dim
         ctx.input_devices = input_devices
@@ -104,7 +119,7 @@ class Gather(Function):
             warnings.warn(
                 "Was asked to gather along dimension 0, but all input tensors were scalars; "
                 "will instead unsqueeze and return a vector.",
-                # 3: the frame torch's stacklevel=2 names (autograd's apply), past the decorator's
+                # dpkit: 3, the frame torch's 2 names (autograd's apply), past the decorator's
                 stacklevel=3,
             )
             ctx.unsqueezed_scalar = True
@@ -115,19 +130,23 @@ class Gather(Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        # dpkit: the source too, target_device: a gradient cannot say where it is
         scattered_grads = Scatter.apply(
             ctx.input_devices, ctx.input_sizes, ctx.dim, ctx.target_device, grad_output
         )
         if ctx.unsqueezed_scalar:
             scattered_grads = tuple(g[0] for g in scattered_grads)
-        return (None, None, None) + scattered_grads
+        return (None, None, None) + scattered_grads  # dpkit: a None for input_devices too
 
 
 @_backward_in_step_of_forward
 class Scatter(Function):
     @staticmethod
     def forward(ctx, target_devices, chunk_sizes, dim, source, input):
-        # source: where input is, None to read it off the input (a gradient cannot say).
+        # dpkit: source: where input is, None to read it off the input (a gradient cannot
+        # say); ctx.input_device a Device (torch: -1 for the CPU); target_devices kept for
+        # backward's Gather (torch's reads the grads' devices). No background copy streams:
+        # comm copies on the caller's stream (module docstring). No complex view.
         ctx.target_devices = target_devices
         ctx.dim = dim
         ctx.input_device = device_of(input) if source is None else source
@@ -136,4 +155,4 @@ class Scatter(Function):
     @staticmethod
     def backward(ctx, *grad_output):
         gathered = Gather.apply(ctx.input_device, ctx.dim, ctx.target_devices, *grad_output)
-        return None, None, None, None, gathered
+        return None, None, None, None, gathered  # dpkit: a None for source too

@@ -19,8 +19,9 @@ that already sits on the target GPU.
 
 On CPU lanes, a copy of 1 MiB or more goes into a block the lane reuses
 (:mod:`dpkit.lane_memory`, like CUDA's caching allocator): fresh memory faults in each page
-on its first write, which made copies run at a quarter of ``copy_``'s speed. A block is
-reused only once no tensor uses it, so nothing anyone holds is ever overwritten.
+on its first write, which made large copies run at 0.17-0.19x of ``copy_``'s speed (medians,
+``benchmarks/results/copy_bandwidth.json``). A block is reused only once no tensor uses it,
+so nothing anyone holds is ever overwritten.
 
 Copies run on the caller's current stream. Lanes on one GPU do their *compute* on their
 own streams (see ``parallel_apply``), which wait for these copies before they start. A
@@ -217,7 +218,8 @@ def reduce_add(
 
     ``per_device[j]`` comes from ``devices[j]``. Each device's tensors are first copied to
     ``destination`` (those already there are not), then summed in device order starting
-    from the one on ``destination``, as torch does.
+    from the one on ``destination``, as torch does where NCCL is not available (where it is,
+    torch sums with ``nccl.reduce``); with none there, from ``devices[0]``'s (torch raises).
     """
     for j, tensors in enumerate(per_device):  # torch's size check, before any copy
         for tensor, first in zip(tensors, per_device[0]):

@@ -53,19 +53,23 @@ class DataParallel(nn.Module, Generic[T]):
         timeout: float | None = None,
     ) -> None:
         super().__init__()
+        # dpkit: no torch._C._log_api_usage_once (dpkit is not torch's API)
         check_module(module)  # dpkit: a clear error for what is not a Module, or is compiled
         self.dim = check_dim(dim)  # dpkit: a clear error now, not at the first forward
         self.module = module
         self.chunk_sizes = chunk_sizes  # dpkit: other splits than torch.chunk's
         self.timeout = check_timeout(timeout)  # dpkit: replicas that hang raise TimeoutError
-        # dpkit: dpkit Devices, virtual lanes where there is no accelerator (torch: indices)
+        # dpkit: dpkit Devices, virtual lanes where there is no accelerator (torch: indices, and
+        # without an accelerator no devices: forward then calls the module as it is)
         self.device_ids, self.output_device = _resolve(device_ids, output_device)
-        self.src_device_obj = self.device_ids[0]  # a GPU or a virtual lane
+        self.src_device_obj = self.device_ids[0]  # dpkit: a Device, a GPU or a virtual lane
+        # dpkit: no _check_balance (torch's warning about GPUs of unequal memory or cores)
         if len(self.device_ids) == 1:
-            self.module.to(self.src_device_obj.torch_device)
+            self.module.to(self.src_device_obj.torch_device)  # dpkit: the Device's torch device
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with torch.autograd.profiler.record_function("DataParallel.forward"):
+            # dpkit: no pass-through for empty device_ids (torch's, without an accelerator)
             _check_on_source(self.module, self.src_device_obj)  # dpkit: the fix in its error
             # dpkit: while tracing, a step begins here and its forward ends at the return
             with tracing.forward_step((*self.device_ids, self.output_device)):
@@ -96,6 +100,7 @@ class DataParallel(nn.Module, Generic[T]):
         kwargs: dict[str, Any] | None,
         device_ids: Sequence[DeviceLike],
     ) -> Any:
+        # dpkit: chunk_sizes=, other splits than torch.chunk's
         return scatter_kwargs(
             inputs, kwargs, device_ids, dim=self.dim, chunk_sizes=self.chunk_sizes
         )
@@ -103,6 +108,7 @@ class DataParallel(nn.Module, Generic[T]):
     def parallel_apply(
         self, replicas: Sequence[T], inputs: Sequence[Any], kwargs: Any
     ) -> list[Any]:
+        # dpkit: timeout=
         return parallel_apply(
             replicas, inputs, kwargs, self.device_ids[: len(replicas)], timeout=self.timeout
         )
@@ -110,7 +116,7 @@ class DataParallel(nn.Module, Generic[T]):
     def gather(self, outputs: Any, output_device: DeviceLike) -> Any:
         return gather(outputs, output_device, dim=self.dim)
 
-    def extra_repr(self) -> str:
+    def extra_repr(self) -> str:  # dpkit: torch's DataParallel has none
         names = ", ".join(d.name for d in self.device_ids)
         return f"device_ids=[{names}], output_device={self.output_device}, dim={self.dim}"
 
@@ -122,7 +128,7 @@ def data_parallel(
     output_device: DeviceLike | None = None,
     dim: int = 0,
     module_kwargs: Any | None = None,
-    *,
+    *,  # dpkit: the opt-in additions, as in DataParallel
     chunk_sizes: ChunkSizes = None,
     timeout: float | None = None,
 ) -> Any:
@@ -131,21 +137,28 @@ def data_parallel(
     As torch's ``data_parallel``, it never detaches the replicas (``DataParallel`` does
     when grad is off).
     """
-    check_module(module)  # dim is checked by scatter_kwargs, before any copy
-    check_timeout(timeout)  # before any work, not in parallel_apply after the scatter
+    # dpkit: clear errors for module and timeout= before any work, not after the scatter (dim:
+    # scatter_kwargs checks it, before any copy)
+    check_module(module)
+    check_timeout(timeout)
     if not isinstance(inputs, tuple):
         inputs = (inputs,) if inputs is not None else ()
-    device_ids, output_device = _resolve(device_ids, output_device)  # dpkit: Devices, lanes
-    _check_on_source(module, device_ids[0])
-    with tracing.forward_step((*device_ids, output_device)):  # dpkit, as in DataParallel
+    # dpkit: Devices, virtual lanes where there is no accelerator (torch: indices, and a
+    # RuntimeError without an accelerator)
+    device_ids, output_device = _resolve(device_ids, output_device)
+    _check_on_source(module, device_ids[0])  # dpkit: the fix in its error
+    with tracing.forward_step((*device_ids, output_device)):  # dpkit: as in DataParallel
+        # dpkit: chunk_sizes=
         inputs, module_kwargs = scatter_kwargs(inputs, module_kwargs, device_ids, dim, chunk_sizes)
         # For module without any inputs, empty list and dict will be created
         # so the module can be executed on one device which is the first one in device_ids
         if not inputs and not module_kwargs:
             inputs = ((),)
             module_kwargs = ({},)
+        # dpkit: no assertion that module_kwargs is not None: scatter_kwargs returns a tuple
 
         if len(device_ids) == 1:
+            # dpkit: traced as replica 0's forward; timeout= needs a worker thread, even for one
             if timeout is None:
                 return tracing.traced_call(module, inputs[0], module_kwargs[0], device_ids[0])
             return parallel_apply(
@@ -153,6 +166,7 @@ def data_parallel(
             )[0]
         used_device_ids = device_ids[: len(inputs)]
         replicas = replicate(module, used_device_ids)
+        # dpkit: timeout=
         outputs = parallel_apply(replicas, inputs, module_kwargs, used_device_ids, timeout=timeout)
         return gather(outputs, output_device, dim)
 

@@ -52,7 +52,12 @@ def gather(outputs: Sequence[Any], target_device: DeviceLike, dim: int = 0) -> A
         if out is None:
             return None
         if isinstance(out, dict):
+            # dpkit: torch's "All dicts must have the same number of keys" is raised by
+            # _check_outputs (with torch's words first); each value gets its key in path
             return type(out)((k, gather_map([d[k] for d in outputs], (*path, k))) for k in out)
+        # dpkit: one list for both branches, each item with its index in path, and zip without
+        # strict=True: _check_outputs has checked the lengths (torch: map over zip(*outputs,
+        # strict=True) in each branch)
         gathered = [gather_map(items, (*path, i)) for i, items in enumerate(zip(*outputs))]
         if _is_namedtuple(out):
             return type(out)._make(gathered)

@@ -2,13 +2,13 @@
 
 The surprise first: on the CPU, a fresh allocation of megabytes is memory the system has
 not touched yet, and the first write to each 4 KiB page of it stops to fault the page in.
-A copy into fresh memory ran at a quarter of ``copy_`` into memory written before (scatter
-onto 4 lanes: 4.0 GiB/s against 15-19), so lanes' copies spent most of their time on page
-faults, not on bytes. torch's CUDA caching allocator solves the same problem on a GPU
+A copy into fresh memory ran at 0.17-0.19x of ``copy_`` into memory written before (medians:
+gather at 64 MiB, every collective at 256 MiB), so lanes' copies spent most of their time
+on page faults, not on bytes. torch's CUDA caching allocator solves the same problem on a GPU
 (``cudaMalloc`` is slow) by keeping freed blocks for the next allocation of the same size;
 this module does that for each lane's copies in CPU memory. With it, scatter, broadcast
-and gather onto 4 lanes run at 0.84-1.02x of ``copy_`` for the bytes they copy, from 16 to
-256 MiB; without it 0.39-0.42x once pieces pass 32 MiB (``benchmarks/copy_bandwidth.py``).
+and gather onto 4 lanes run at 0.78-0.96x of ``copy_`` (medians) for the bytes they copy,
+from 16 to 256 MiB (``benchmarks/results/copy_bandwidth.json``).
 
 The rule that keeps it invisible: **a block is handed out again only when no tensor uses it
 any more.** The pool holds each block's storage; torch counts the references to a storage,

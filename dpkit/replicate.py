@@ -49,6 +49,7 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
     param_copies = _broadcast_coalesced_reshape(params, devices, detach)
 
     buffers = list(network.buffers())
+    # dpkit: two list comprehensions for torch's loop over the buffers, the same split
     buffers_rg = [buf for buf in buffers if buf.requires_grad and not detach]
     buffers_not_rg = [buf for buf in buffers if not (buf.requires_grad and not detach)]
 
@@ -70,7 +71,8 @@ def replicate(network: T, devices: Sequence[DeviceLike], detach: bool = False) -
             replica._former_parameters = OrderedDict()
             module_copies[j].append(replica)
 
-    # torch's loops, each with its test for an absent entry inside the loop over replicas
+    # dpkit: torch's loops, with each test for an absent entry moved inside the loop over
+    # replicas (torch: outside it, with module_idx, param_idx, buffer_idx looked up once)
     for i, module in enumerate(modules):
         for key, child in module._modules.items():
             for j in range(num_replicas):
@@ -160,8 +162,10 @@ def _broadcast_coalesced_reshape(
     copies each tensor as it is, not coalesced, and gives empty lists for no tensors (torch:
     [])."""
     if len(tensors) == 0:
-        return [[] for _ in devices]
+        return [[] for _ in devices]  # dpkit: one empty list per device (torch: [])
     if detach:
+        # dpkit: no complex mask: comm's copies keep complex tensors complex (torch views the
+        # outputs of comm.broadcast_coalesced back as complex)
         return comm.broadcast(tensors, devices)
     tensor_copies = Broadcast.apply(devices, *tensors)
     n = len(tensors)
