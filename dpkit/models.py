@@ -28,7 +28,7 @@ CLASSES = 10
 
 COURSE_MODELS = ("mlp", "cnn", "transformer")  # dpkit demo's; calibrated and benchmarked
 DDP_MODELS = (*COURSE_MODELS, "wide")  # what dpkit ddp trains
-PREDICTION_MODELS = (*COURSE_MODELS, "wide-mlp")  # what dpkit predict and plan take
+PREDICTION_MODELS = (*DDP_MODELS, "wide-mlp")  # what dpkit predict and plan take
 
 
 def mlp() -> nn.Sequential:

@@ -198,6 +198,29 @@ def test_a_batch_of_fewer_rows_than_devices_says_how_many_got_a_chunk(predict_he
     assert "8 device(s), strategy dp" in out
 
 
+def test_more_devices_than_the_machine_has_says_the_nodes_and_network_it_adds(predict_here):
+    arguments = ("--hardware", "8xA100-SXM-NVLink", "--strategy", "ddp", "--batch", "256")
+    status, out, err = predict_here(*arguments, "--devices", "64")
+    assert status == 0, err
+    network = cost.preset("8xA100-SXM-NVLink").node_to_node
+    assert (f"64 devices are 8 nodes of 8 (more than the machine's 1), joined by its network: "
+            f"{network.bandwidth / 1e9:g} GB/s a port") in out  # fmt: skip
+    status, out, err = predict_here(*arguments, "--devices", "8")  # the machine as named
+    assert "devices are" not in out
+    status, out, err = predict_here("--hardware", "2x8xA100-100GbE", "--strategy", "ddp",
+                                    "--devices", "16", "--batch", "256")  # fmt: skip
+    assert status == 0 and "devices are" not in out
+
+
+def test_ddp_on_this_machines_lanes_says_its_all_reduce_is_gloo_not_lane_copies(predict_here):
+    status, out, err = predict_here("--hardware", "this-machine", "--strategy", "ddp",
+                                    "--devices", "2", "--batch", "64")  # fmt: skip
+    assert status == 0, err
+    assert "all-reduce over gloo (TCP on loopback)" in out
+    status, out, err = predict_here("--hardware", "this-machine", "--devices", "2")
+    assert "gloo" not in out  # DataParallel's lanes do copy in one memory
+
+
 def test_amp_on_a_device_without_its_units_is_a_clear_error(predict_here):
     status, _, err = predict_here("--hardware", "8xV100-NVLink", "--amp", "bf16")
     assert status == 2

@@ -101,3 +101,15 @@ def test_nodes_on_loopback_get_gpus_of_their_own_before_torchrun_starts(
     monkeypatch.setattr(nodes, "loopback_store", lambda *args: None)
     nodes.main([*options, "--master_port=29999", "train.py"])
     assert seen == [set_to]
+
+
+def test_python_dash_m_dpkit_ddp_nodes_starts_without_runpys_warning():
+    # runpy warns when the package's import already imported the module it is asked to run
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "dpkit.ddp.nodes", "--help"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "RuntimeWarning" not in run.stderr and "torchrun" in run.stdout + run.stderr

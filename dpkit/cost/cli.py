@@ -209,6 +209,7 @@ def report(
         f"model {model}, batch {trace.batch_size} (1x28x28 images), {trace.device_count} "
         f"device(s){idle}, strategy {trace.strategy}",
         f"  {'; '.join(settings)}",
+        *_caveats(trace),
         "",
         f"per phase, per step — {trace.hardware}:",
         str(trace.summary()),
@@ -224,6 +225,26 @@ def report(
         lines.append(f"{what + ':':<22}{path if path is not None else 'skipped (no matplotlib)'}")
     lines.append("  open trace.json at https://ui.perfetto.dev: a track per predicted device.")
     return "\n".join(lines)
+
+
+def _caveats(trace: PredictedTrace) -> list[str]:
+    """What the machine's description does not say of this prediction: the nodes it adds for
+    more devices than a node holds, and, on lanes, what DDP's all-reduce really is here."""
+    machine, lines = trace.machine, []
+    per_node = machine.devices_per_node
+    if trace.device_count > machine.max_devices and not machine.virtual_lanes:
+        nodes = -(-trace.device_count // per_node)
+        link = machine.node_to_node
+        lines.append(f"  {trace.device_count} devices are {nodes} nodes of {per_node} (more than "
+                     f"the machine's {machine.nodes}), joined by its network: "
+                     f"{link.bandwidth / 1e9:g} GB/s a port, {link.latency * 1e6:g} us a message"
+                     )  # fmt: skip
+    if trace.strategy == "ddp" and machine.virtual_lanes:
+        lines.append("  DDP's ranks on this machine all-reduce over gloo (TCP on loopback), which "
+                     "this prediction prices as copies between lanes of one memory: expect a "
+                     "slower all-reduce from dpkit ddp (notebook 09 measures gloo's link)"
+                     )  # fmt: skip
+    return lines
 
 
 def _outside_phases(trace: PredictedTrace) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpkit.ddp import checks, nodes, process
+from dpkit.ddp import checks, process
 from dpkit.ddp.record import RankRecorder, RankRun
 from dpkit.ddp.workload import Workload, shard
 
@@ -152,6 +152,9 @@ def join_group(plan: Plan, rank: int, device: torch.device | None = None) -> Non
             device_id=device,
         )  # fmt: skip
         return
+    # imported here: a package import of dpkit.ddp.nodes made `python -m dpkit.ddp.nodes` warn
+    from dpkit.ddp import nodes
+
     if plan.address not in nodes.LOOPBACK_ADDRESSES:  # a network address, asked for
         dist.init_process_group(
             plan.backend,
