@@ -625,6 +625,7 @@ def test_train_on_nodes_defaults_to_two_nodes_of_one_rank(launches):
     assert script[script.index("--samples") + 1] == "192"  # 3 steps of 64
     assert script[-2:] == ["--out", "runs/two"]
     assert script[script.index("--model") + 1] == "mlp"  # the course's MLP
+    assert "--bucket-mb" not in script  # torch's buckets: the first 1 MiB, then 25
 
 
 def test_train_on_nodes_refuses_a_model_it_does_not_know_before_any_start(launches):

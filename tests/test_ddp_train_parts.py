@@ -61,7 +61,7 @@ def one_rank(monkeypatch):
 def test_parse_defaults():
     args = train.parse([])
     assert (args.model, args.samples, args.batch_per_rank, args.epochs) == ("mlp", 256, 32, 1)
-    assert (args.bucket_mb, args.timeout, args.out) == (25.0, 120.0, ".")
+    assert (args.bucket_mb, args.timeout, args.out) == (None, 120.0, ".")  # torch's buckets
 
 
 def test_parse_reads_each_option_as_its_type():
@@ -97,7 +97,7 @@ def test_parse_help_shows_the_defaults(capsys):
         train.parse(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "images in the dataset (default: 256)" in text
-    assert "DDP's bucket_cap_mb (default: 25.0)" in text
+    assert "DDP's bucket_cap_mb; None: torch's (25, the first bucket 1) (default: None)" in text
 
 
 def test_parse_reads_the_script_that_train_on_nodes_builds(monkeypatch):

@@ -291,7 +291,11 @@ def add_ddp_command(commands: Any) -> None:
     )
     parser.add_argument("--model", choices=DDP_MODELS, default="mlp", help="model on 1x28x28")
     parser.add_argument(
-        "--bucket-mb", type=_bucket_cap, default=25.0, help="DDP's bucket_cap_mb (MiB)"
+        "--bucket-mb",
+        type=_bucket_cap,
+        default=None,
+        help="DDP's bucket_cap_mb (MiB); "
+        "default: torch's (25, and 1 for the first bucket, which any cap given replaces)",
     )
     parser.add_argument("--steps", type=at_least_one, default=3, help="training steps")
     parser.add_argument("--out", default=".", help="folder for the figures and trace.json")

@@ -142,7 +142,7 @@ def train_on_nodes(
     model: str = "mlp",
     batch: int = 64,
     steps: int = 3,
-    bucket_mb: float = 25.0,
+    bucket_mb: float | None = None,
     timeout: float = 120.0,
 ) -> NodesRun:
     """``dpkit ddp --nnodes``: :mod:`dpkit.ddp.train` on ``nnodes`` nodes of
@@ -162,8 +162,9 @@ def train_on_nodes(
         )
     script = [
         "-m", "dpkit.ddp.train", "--model", model, "--samples", str(batch * steps),
-        "--batch-per-rank", str(batch // world), "--epochs", "1", "--bucket-mb",
-        repr(bucket_mb), "--timeout", repr(timeout), "--out", str(out),
+        "--batch-per-rank", str(batch // world), "--epochs", "1",
+        *(["--bucket-mb", repr(bucket_mb)] if bucket_mb is not None else []),  # else torch's
+        "--timeout", repr(timeout), "--out", str(out),
     ]  # fmt: skip
     # torchrun's own start and every rank's import of torch come on top of the training
     return launch_nodes(script, nnodes, nproc_per_node, limit_s=timeout + 120)

@@ -63,7 +63,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=256, help="images in the dataset")
     parser.add_argument("--batch-per-rank", type=int, default=32, help="rows per rank and step")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    parser.add_argument(
+        "--bucket-mb", type=float, default=None,
+        help="DDP's bucket_cap_mb; None: torch's (25, the first bucket 1)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=120.0, help="collective timeout (s)")
     parser.add_argument("--out", default=".", help="where rank 0 writes its files")
     return parser.parse_args(argv)
