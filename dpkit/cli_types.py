@@ -4,7 +4,9 @@ error), the check that a folder can be written, counted nouns and a help formatt
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -56,6 +58,20 @@ def writable_folder(text: str, name: str, example: str) -> Path:
             f"you can write, e.g. {example}"
         ) from None
     return folder
+
+
+def in_flags(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` of a Python API's check with the arguments it names written as the
+    command's ``flags``: "nproc=4 ...; use nproc<=2" becomes "--nproc 4 ...; use --nproc 2 or
+    fewer", "strategy='dp'" becomes "--strategy dp"."""
+    names = "|".join(map(re.escape, flags))
+    pattern = re.compile(r"\b(" + names + r")(<=|=)'?([\w.+-]+)'?")
+
+    def flag(match: re.Match) -> str:
+        name, sign, value = match.groups()
+        return f"{flags[name]} {value}" + (" or fewer" if sign == "<=" else "")
+
+    return pattern.sub(flag, message)
 
 
 def plural(count: int, noun: str) -> str:

@@ -198,6 +198,24 @@ def test_a_batch_of_fewer_rows_than_devices_says_how_many_got_a_chunk(predict_he
     assert "8 device(s), strategy dp" in out
 
 
+def test_devices_default_to_eight_or_all_of_a_smaller_machine(predict_here, spy):
+    status, out, err = predict_here("--hardware", "T4-PCIe3")  # a Colab-sized preset: 4 T4s
+    assert status == 0, err
+    assert spy[-1]["args"][3] == cost.preset("T4-PCIe3").max_devices == 4
+    assert "4 device(s), strategy dp" in out
+    status, out, err = predict_here()
+    assert spy[-1]["args"][3] == 8 and "8 device(s)" in out
+
+
+def test_predict_s_refusals_name_the_flags_typed_not_python_arguments(predict_here):
+    status, out, err = predict_here("--strategy", "ddp", "--devices", "100")
+    assert status == 2
+    one_line_error(err, "--batch 256 over --devices 100 leaves 14 of 100 ranks without rows",
+                   "use a multiple of 100, e.g. --batch 300")  # fmt: skip
+    status, out, err = predict_here("--hardware", "T4-PCIe3", "--devices", "8")
+    one_line_error(err, "--strategy dp on 8 devices", "train with --strategy ddp")
+
+
 def test_more_devices_than_the_machine_has_says_the_nodes_and_network_it_adds(predict_here):
     arguments = ("--hardware", "8xA100-SXM-NVLink", "--strategy", "ddp", "--batch", "256")
     status, out, err = predict_here(*arguments, "--devices", "64")
@@ -436,7 +454,7 @@ def test_dp_across_nodes_exits_2_with_the_teaching_message(tmp_path):
     result = dpkit("predict", "--hardware", "2x8xA100-100GbE", "--devices", "16",
                    "--strategy", "dp", "--model", "mlp", "--out", str(tmp_path))  # fmt: skip
     assert result.returncode == 2 and result.stdout == ""
-    one_line_error(result.stderr, "nn.DataParallel is one process", "strategy='ddp'")
+    one_line_error(result.stderr, "nn.DataParallel is one process", "--strategy ddp")
 
 
 def test_out_in_proc_exits_2_with_one_line(predict_here):

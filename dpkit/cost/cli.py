@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dpkit.chunk_plans import torch_chunk_sizes
-from dpkit.cli_types import at_least_one, more_than_zero
+from dpkit.cli_types import at_least_one, in_flags, more_than_zero
 from dpkit.cost.catalog import preset, presets
 from dpkit.cost.hardware import TABLES, Hardware, Link, check
 from dpkit.cost.memory import OPTIMIZER_COPIES
@@ -21,6 +21,11 @@ from dpkit.cost.prediction import STRATEGIES, PredictedTrace, predict
 from dpkit.models import PREDICTION_MODELS, build_model, sample_input
 
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
+DEFAULT_DEVICES = 8  # or all of the machine's, where it has fewer
+# What predict's checks name, and the flags a user of `dpkit predict` typed instead.
+PREDICT_FLAGS = {"batch_size": "--batch", "devices": "--devices", "strategy": "--strategy",
+                 "bucket_cap_mb": "--bucket-cap-mb", "optimizer": "--optimizer",
+                 "amp": "--amp"}  # fmt: skip
 EXAMPLE_FILE = "docs/examples/my_machine.toml"
 UNITS = (("GiB", 1 << 30, 2), ("MiB", 1 << 20, 1), ("KiB", 1 << 10, 1))  # (name, size, digits)
 _FIX_OUT = "choose a folder you can write to, e.g. --out /tmp/dpkit-predict"
@@ -331,11 +336,16 @@ def run(args: argparse.Namespace) -> int:
         )
     hardware = choose_hardware(args)
     out = _out_folder(args.out)
-    trace = predict(
-        build_model(args.model, seed=0), sample_input(), args.batch, args.devices, hardware,
-        strategy=args.strategy, amp=args.amp, optimizer=args.optimizer,
-        gradient_as_bucket_view=args.gradient_as_bucket_view, bucket_cap_mb=args.bucket_cap_mb,
-    )  # fmt: skip
+    devices = args.devices or min(DEFAULT_DEVICES, hardware.max_devices)
+    try:
+        trace = predict(
+            build_model(args.model, seed=0), sample_input(), args.batch, devices, hardware,
+            strategy=args.strategy, amp=args.amp, optimizer=args.optimizer,
+            gradient_as_bucket_view=args.gradient_as_bucket_view,
+            bucket_cap_mb=args.bucket_cap_mb,
+        )  # fmt: skip
+    except ValueError as error:  # in the words of the flags typed, not predict's arguments
+        raise ValueError(in_flags(str(error), PREDICT_FLAGS)) from None
     precision = "float32 (as torch runs it: convolutions in TF32 where the GPU has it)"
     settings = [f"autocast {args.amp}" if args.amp else precision, f"optimizer {args.optimizer}"]
     if args.strategy == "ddp":
@@ -377,7 +387,8 @@ def add_predict_command(commands: Any) -> None:
     )
     option("--calibrate", action="store_true",
            help="measure this machine first (then it is --hardware this-machine)")  # fmt: skip
-    option("--devices", type=at_least_one, default=8, help="number of devices")
+    option("--devices", type=at_least_one, default=None, help="number of devices "
+           f"(default: {DEFAULT_DEVICES}, or all of the machine's if fewer)")  # fmt: skip
     option("--batch", type=at_least_one, default=256, help="batch size per step")
     option("--model", choices=PREDICTION_MODELS, default="mlp", help="course model")
     option("--strategy", choices=STRATEGIES, default="dp", help="dp or ddp")

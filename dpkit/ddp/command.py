@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+from dpkit import cli_types
 from dpkit.cli_types import (
     DefaultsHelpFormatter,
     at_least_one,
@@ -93,19 +93,13 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
 # What the checks of dpkit.ddp name, and the flags a user of `dpkit ddp` typed instead.
 FLAGS = {"nproc": "--nproc", "batch": "--batch", "backend": "--backend",
          "bucket_cap_mb": "--bucket-mb", "timeout": "--timeout", "steps": "--steps"}  # fmt: skip
-_PYTHON_ARGUMENT = re.compile(r"\b(" + "|".join(FLAGS) + r")(<=|=)'?([\w.+-]+)'?")
 
 
 def in_flags(message: str) -> str:
     """``message`` of a dpkit.ddp check with its Python arguments as ``dpkit ddp``'s flags:
     "nproc=4 with backend='nccl' ...; use nproc<=2" becomes "--nproc 4 with --backend
     nccl ...; use --nproc 2 or fewer"."""
-
-    def flag(match: re.Match) -> str:
-        name, sign, value = match.groups()
-        return f"{FLAGS[name]} {value}" + (" or fewer" if sign == "<=" else "")
-
-    return _PYTHON_ARGUMENT.sub(flag, message)
+    return cli_types.in_flags(message, FLAGS)
 
 
 def check_ranks(nnodes: int, nproc: int, batch: int) -> int:
