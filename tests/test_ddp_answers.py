@@ -112,7 +112,7 @@ def test_the_plan_derives_zero_fsdp_and_the_pipeline_from_ddp_by_hand(monkeypatc
 
 
 def test_a_prediction_without_optimizer_state_shards_none(monkeypatch):
-    # plain SGD holds no optimizer state: ZeRO-1 on one device holds what DDP does
+    # plain SGD holds no optimizer state: ZeRO-1 on two devices holds what DDP does
     held = {"parameters": 400, "gradients": 400}
 
     def predict(model, sample, batch, n, machine, strategy, optimizer):
@@ -120,8 +120,33 @@ def test_a_prediction_without_optimizer_state_shards_none(monkeypatch):
 
     monkeypatch.setattr(cost, "predict", predict)
     monkeypatch.setattr(cost, "allreduce", lambda nbytes, n, machine: 0.0)
-    rows = {r["strategy"]: r for r in plan(two_linears(), None, 8, 1, MACHINE, "sgd")}
+    rows = {r["strategy"]: r for r in plan(two_linears(), None, 8, 2, MACHINE, "sgd")}
     assert rows["ZeRO-1"]["predicted bytes/device"] == 800
+
+
+def test_on_one_device_the_plan_is_no_wrapper(monkeypatch):
+    # torch's DataParallel on one device calls the module; DDP, ZeRO, FSDP and a pipeline of
+    # one stage share out nothing and only add buckets or copies
+    made_up_predictions(monkeypatch)
+    rows = plan(two_linears(), None, 64, 1, MACHINE)
+    by = {r["strategy"]: r for r in rows}
+    assert by["DataParallel"]["fits"] and by["DataParallel"]["how"].startswith("one device")
+    assert [name for name, row in by.items() if row["fits"]] == ["DataParallel"]
+    assert choose(rows, MACHINE.memory_capacity).startswith("no wrapper: one device")
+
+
+def test_lanes_of_one_machine_fit_in_their_share_of_its_memory(monkeypatch):
+    made_up_predictions(monkeypatch)
+    # DDP holds 2,128 bytes a device (made_up_predictions): 4 lanes need 8,512 of the host's
+    gpus = dataclasses.replace(MACHINE, memory_capacity=4000)
+    fits = {r["strategy"]: r["fits"] for r in plan(two_linears(), None, 64, 4, gpus)}
+    assert fits["DDP"]  # 4,000 bytes on each of 4 GPUs
+    lanes = dataclasses.replace(gpus, virtual_lanes=True)
+    fits = {r["strategy"]: r["fits"] for r in plan(two_linears(), None, 64, 4, lanes)}
+    assert not fits["DDP"]  # 4,000 bytes shared by 4 lanes
+    roomy = dataclasses.replace(lanes, memory_capacity=4 * 2128)
+    fits = {r["strategy"]: r["fits"] for r in plan(two_linears(), None, 64, 4, roomy)}
+    assert fits["DDP"]
 
 
 @pytest.mark.parametrize(

@@ -65,3 +65,12 @@ def test_dpkit_plan_prints_every_engine_and_the_choice(capsys):
     with pytest.raises(SystemExit) as refused:
         main(["plan", "--batch", "0"])
     assert refused.value.code == 2 and "--batch: must be at least 1" in capsys.readouterr().err
+
+
+def test_dpkit_plan_s_refusals_name_the_flags_typed(capsys):
+    from dpkit.cli import main
+
+    assert main(["plan", "--model", "mlp", "--batch", "3"]) == 2  # 8 A100s by default
+    error = capsys.readouterr().err
+    assert "--batch 3 over --devices 8 leaves 5 of 8 ranks without rows" in error
+    assert "batch_size" not in error and "e.g. --batch 8" in error

@@ -58,6 +58,12 @@ def _layers(model: nn.Module) -> int:
     return sum(next(m.parameters(recurse=False), None) is not None for m in model.modules())
 
 
+def device_memory(machine: cost.Hardware, devices: int) -> float:
+    """The bytes one of ``devices`` devices may hold: its own memory, or, for lanes of one
+    machine, their share of the host's (``dpkit predict``'s check)."""
+    return machine.memory_capacity / devices if machine.virtual_lanes else machine.memory_capacity
+
+
 def plan(
     model: nn.Module,
     sample: Any,
@@ -104,13 +110,18 @@ def plan(
         if _layers(model) >= n  # a stage holds a layer at least
         else ("pipeline", 0, math.inf, f"{_layers(model)} layers for {n} stages"),
     ]  # fmt: skip
+    if n == 1:  # torch's DataParallel calls the module itself; the others share out nothing
+        rows = [rows[0][:3] + ("one device: the module as it is, no wrapper",)] + [
+            (row[0], 0, math.inf, "one device: nothing to share out") for row in rows[1:]
+        ]
+    capacity = device_memory(machine, n)
     table = Table()
     for strategy, nbytes, seconds, how in rows:
         table.append(
             {
                 "strategy": strategy,
                 "predicted bytes/device": int(nbytes),
-                "fits": nbytes <= machine.memory_capacity and math.isfinite(seconds),
+                "fits": nbytes <= capacity and math.isfinite(seconds),
                 "predicted step ms": seconds * 1e3,
                 "how": how,
             }
@@ -120,10 +131,11 @@ def plan(
 
 def choose(rows: Table, memory_capacity: float) -> str:
     """The choice among ``rows`` (from :func:`plan`) for devices of ``memory_capacity``
-    bytes, with its reasons: the simplest engine that fits (DDP, then ZeRO-1, FSDP, a
-    pipeline: each adds communication or a bubble), unless another that fits is predicted
-    at least :data:`SWITCH` times faster, enough to outweigh what the predictions leave out
-    (the pipeline's sends, FSDP's overlap)."""
+    bytes (:func:`device_memory`: on lanes, their share of the host's), with its reasons: the
+    simplest engine that fits (DDP, then ZeRO-1, FSDP, a pipeline: each adds communication
+    or a bubble), unless another that fits is predicted at least :data:`SWITCH` times
+    faster, enough to outweigh what the predictions leave out (the pipeline's sends, FSDP's
+    overlap); on one device, no wrapper."""
     fitting = [
         r
         for r in rows
@@ -142,6 +154,9 @@ def choose(rows: Table, memory_capacity: float) -> str:
     gain = simplest["predicted step ms"] / fastest["predicted step ms"]
     # three significant digits: a small model's 5 MB is 0.00493 GiB, not "0.00"
     size = f"{simplest['predicted bytes/device'] / 2**30:.3g} of {memory_capacity / 2**30:.1f} GiB"
+    if simplest.get("how", "").startswith("one device"):
+        return (f"no wrapper: one device trains the model as it is ({size}); DataParallel "
+                "would call it directly, and the others have nothing to share out")  # fmt: skip
     if fastest is not simplest and gain >= SWITCH:
         reasons = (
             f"{fastest['strategy']}: it fits and is predicted {gain:.1f}x faster than "
@@ -187,15 +202,20 @@ def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from dpkit import models
+    from dpkit.cli_types import in_flags
 
     model, sample = models.build_model(args.model, seed=0), models.sample_input()
     machine = cost.preset(args.hardware)
     devices = args.devices or machine.devices_per_node * machine.nodes
-    rows = plan(model, sample, args.batch, devices, machine)
+    try:
+        rows = plan(model, sample, args.batch, devices, machine)
+    except ValueError as error:  # in the words of the flags typed
+        flags = {"batch_size": "--batch", "devices": "--devices"}
+        raise ValueError(in_flags(str(error), flags)) from None
     print(f"{args.model} on {devices} x {machine.device_name}, global batch {args.batch} "
           "(every number predicted by dpkit.cost, with Adam):")  # fmt: skip
     print(rows)
-    print("choice: " + choose(rows, machine.memory_capacity))
+    print("choice: " + choose(rows, device_memory(machine, devices)))
     return 0
 
 
