@@ -163,6 +163,24 @@ def test_bucket_caps_and_timeouts_are_checked_by_their_own_rules():
 # -- report and write_figures
 
 
+def test_the_summary_leaves_step_1_out_and_says_what_it_held():
+    # step 1: DDP's constructor (replicate, 0.0-0.5 s) and an all-reduce (1.0-1.2 s); step 2:
+    # backward 1.9-2.4 s, all-reduces 2.0-2.3 s of 3,000 + 1,000 + 7,000 bytes
+    text = command.steady_summary(made_up_result().trace)
+    head, table = text.split("):\n", 1)
+    assert head == (f"per phase, mean per step over step 2 — {RANK_LABEL}\n(step 1, 1200.0 ms, "
+                    "left out: DDP's constructor broadcasts rank 0's parameters once, and the "
+                    "first step warms up")  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in table.splitlines()}
+    assert "replicate" not in rows
+    assert rows["allreduce"][1:4] == ["300.000", "ms", "11,000"]
+    assert rows["backward"][1:3] == ["500.000", "ms"] and rows["step"][1] == "500.000"
+    one = [e for e in made_up_result().trace.events if e.step == 2]
+    trace = run.merged_trace(made_up_runs())
+    trace._events = one  # a run of one step: that step
+    assert command.steady_summary(trace).startswith(f"per phase, mean per step — {RANK_LABEL}:")
+
+
 def test_the_report_gives_the_setup_and_rank_0_s_all_reduced_bytes_of_the_last_step():
     result = made_up_result()
     paths = (Path("/o/trace.json"), Path("/o/timeline.png"), Path("/o/memory.png"))
@@ -176,7 +194,7 @@ def test_the_report_gives_the_setup_and_rank_0_s_all_reduced_bytes_of_the_last_s
     assert "by each rank: 4,000 bytes in 2 bucket(s)" in text
     assert "a ring sends 6,000 per rank" in text
     assert "step times (ms, slowest rank): 1000.0, 12.5\n" in text
-    assert f"per phase, mean per step — {RANK_LABEL}:\n{result.trace.summary()}\n" in text
+    assert f"\n{command.steady_summary(result.trace)}\n" in text
     assert f"(counted: the sum of the categories):\n{result.trace.memory_summary()}\n" in text
     assert "timeline (last step): /o/timeline.png\n" in text
     assert "memory (last step):   /o/memory.png\n" in text
@@ -327,7 +345,7 @@ def test_nnodes_runs_train_on_nodes_and_prints_who_ran_where(tmp_path, monkeypat
     assert "in 2 torchruns and 6 ranks)" in printed  # 2 nodes x 3 ranks
     assert "  rank 0: node 0, LOCAL_RANK 0, pid 4242, 2 steps\n" in printed
     assert "  rank 1: node 1, LOCAL_RANK 0, pid 4343, 2 steps\n" in printed
-    assert f"per phase, mean per step — {RANK_LABEL}:\n" in printed
+    assert f"per phase, mean per step over step 2 — {RANK_LABEL}\n(step 1, " in printed
     assert "allreduce" in printed  # the summary of the nodes' trace
     assert "figures: skipped, matplotlib is not installed" in printed
     assert f"Chrome trace:         {tmp_path / 'trace.json'}\n" in printed

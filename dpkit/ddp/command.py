@@ -46,6 +46,26 @@ def write_figures(trace: Any, out: Path) -> tuple[Path | None, Path | None]:
     return timeline_path, memory_path
 
 
+def steady_summary(trace: Any) -> str:
+    """The per-phase table of the steps after the first, under a title that says so: step 1
+    holds DDP's constructor (rank 0's parameters broadcast, once) and the warm-up, which
+    averaged in would read as every step's work. With one step, that step."""
+    from dpkit.tracing.export import summary
+
+    steps = sorted({e.step for e in trace.events})
+    if len(steps) < 2:
+        return f"per phase, mean per step — {trace.hardware}:\n{trace.summary()}"
+    later = [e for e in trace.events if e.step != steps[0]]
+    first = [e for e in trace.events if e.step == steps[0]]
+    first_ms = 1e3 * (max(e.end for e in first) - min(e.start for e in first))
+    over = f"steps {steps[1]}-{steps[-1]}" if len(steps) > 2 else f"step {steps[1]}"
+    return (
+        f"per phase, mean per step over {over} — {trace.hardware}\n"
+        f"(step {steps[0]}, {first_ms:.1f} ms, left out: DDP's constructor broadcasts rank 0's "
+        f"parameters once, and the first step warms up):\n{summary(later)}"
+    )
+
+
 def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]) -> str:
     """What ``dpkit ddp`` prints: the setup, the bytes, the summaries, where the files are."""
     trace_path, timeline_path, memory_path = paths
@@ -71,8 +91,7 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
         f"{ring:,d} per rank (2(n-1)/n)",
         "step times (ms, slowest rank): " + ", ".join(f"{t * 1e3:.1f}" for t in result.step_times),
         "",
-        f"per phase, mean per step — {result.trace.hardware}:",
-        str(result.trace.summary()),
+        steady_summary(result.trace),
         "",
         "memory per rank in the last step (counted: the sum of the categories):",
         str(result.trace.memory_summary()),
@@ -221,7 +240,7 @@ def _nodes_command(args: argparse.Namespace, out: Path) -> int:
     for who in ranks:
         print(f"  rank {who['rank']}: node {who['node']}, LOCAL_RANK {who['local_rank']}, "
               f"pid {who['pid']}, {plural(who['steps'], 'step')}")  # fmt: skip
-    print(f"\nper phase, mean per step — {trace.hardware}:\n{trace.summary()}\n")
+    print(f"\n{steady_summary(trace)}\n")
     print("memory per rank: not recorded across nodes (the nodes' trace.json holds none); "
           "run without --nnodes for the memory table and memory.png\n")  # fmt: skip
     try:
