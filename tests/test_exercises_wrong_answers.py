@@ -61,6 +61,9 @@ RING_ON_COPIES = (
     RING_OLD.replace("tensor.view(-1) for", "tensor.reshape(-1).clone() for", 1)
     + "\n    for tensor, flat in zip(tensors, flats):\n        tensor.data = flat.view_as(tensor)"
 )
+SOLUTION5 = (EXERCISES / "solutions" / NAMES[5]).read_text()
+APPLY5 = "dpkit.parallel_apply(replicas, chunks, devices=used)"
+APPLY5_LINE = SOLUTION5[: SOLUTION5.index(APPLY5)].count("\n") + 1  # its line in the file
 WRONG = [
     Wrong(
         "five",
@@ -434,6 +437,90 @@ WRONG = [
         ),
         "expected one output gathered from the replicas",
     ),
+    # Found by a student's wrong solutions (A1, A2, A4-A6, B1, B2): each passed, or got a
+    # hint that did not say what was wrong.
+    Wrong(
+        "seven",
+        5,
+        "the output gathered on the last used device, not on devices[0]",
+        "    return dpkit.gather(outputs, used[0])\n",
+        "    return dpkit.gather(outputs, used[-1])\n",
+        ("the data-parallel forward computes module(x)",),
+        "not on devices[0] (lane 0): gather onto devices[0]",
+    ),
+    Wrong(
+        "six",
+        5,
+        "dpkit.parallel_apply given the devices as its third positional argument (kwargs_tup)",
+        APPLY5,
+        "dpkit.parallel_apply(replicas, chunks, used)",
+        (
+            "the data-parallel forward computes module(x)",
+            "one replica runs per lane that got a chunk, on that lane",
+            "data-parallel gradients equal single-device gradients",
+            "three data-parallel SGD steps train exactly like one device",
+            "max_gradient_difference is tiny for a correct data-parallel forward",
+        ),
+        f"your code raised TypeError at {NAMES[5]} line {APPLY5_LINE}: Caught TypeError in "
+        "replica 0",
+    ),
+    Wrong(
+        "seven",
+        3,
+        "outputs in the order the threads finished (the results dict's insertion order)",
+        "    outputs = [results[index] for index in range(len(modules))]\n"
+        "    for output in outputs:\n"
+        "        if isinstance(output, ReplicaFailure):\n"
+        "            reraise(output)\n",
+        "    for index in range(len(modules)):\n"
+        "        if isinstance(results[index], ReplicaFailure):\n"
+        "            reraise(results[index])\n"
+        "    outputs = list(results.values())\n",
+        ("parallel_apply returns each replica's output, in replica order",),
+        "not in the order the threads finished",
+    ),
+    Wrong(
+        "seven",
+        1,
+        "zip_longest instead of zip: as many entries as the element with the most chunks",
+        "return [tuple(shares) for shares in zip(*(scatter(x, devices, dim) for x in inputs))]",
+        'return [\n            tuple(shares)\n            for shares in __import__("itertools")'
+        ".zip_longest(*(scatter(x, devices, dim) for x in inputs))\n        ]",
+        ("scatter keeps namedtuples and shares other objects by reference",),
+        "keep as many entries as the element with the fewest (zip, not zip_longest)",
+    ),
+    Wrong(
+        "seven",
+        4,
+        "Gather.backward splits the gradient along dim 0, not the forward's dim",
+        "grad_output.split(ctx.sizes, ctx.dim)",
+        "grad_output.split(ctx.sizes, 0)",
+        ("gradients flow back to every piece, the matching slice each",),
+        "gathered along dim 1, ",
+    ),
+    Wrong(
+        "eight",
+        4,
+        "gather turns an OrderedDict into a plain dict",
+        "        return type(first)(\n",
+        "        return dict(\n",
+        ("gather handles dicts, lists, tuples, namedtuples and None",),
+        "gathering OrderedDicts gave a plain dict",
+    ),
+    Wrong(
+        "seven",
+        2,
+        "Broadcast.forward returns a list, not a tuple (autograd never runs its backward)",
+        'return tuple(copy_to(t, device, "broadcast") for device in devices for t in tensors)',
+        'return [copy_to(t, device, "broadcast") for device in devices for t in tensors]',
+        (
+            "Broadcast.backward sums the gradients of all copies",
+            "Broadcast.forward returns every tensor on every lane, device by device",
+            "Broadcast.backward moves each lane's gradient to lane 0 once",
+            "gradients of every replica add up in the original module",
+        ),
+        "so backward never ran: forward must return a tuple of tensors",
+    ),
     Wrong(
         "five",
         5,
@@ -478,3 +565,15 @@ def test_a_wrong_answer_fails_its_checks_with_its_hint(graded, wrong):
 
 def test_every_task_has_a_wrong_answer_that_is_caught():
     assert {w.task for w in WRONG} == set(NAMES)
+
+
+def test_an_error_in_a_replica_shows_the_replicas_own_error_and_the_line(graded):
+    """dpkit's parallel_apply wraps a replica's error: its first line names the replica, its
+    last line (after the worker's traceback) is the error itself; the hint shows both, and
+    the line of the student's file."""
+    results = graded[("six", 5)]
+    hint = next(
+        r.hint for r in results if r.check == "the data-parallel forward computes module(x)"
+    )
+    assert f"{NAMES[5]} line {APPLY5_LINE}:" in hint, hint
+    assert hint.endswith("argument after ** must be a mapping, not Device"), hint

@@ -65,15 +65,24 @@ def output_weight(rows: Sequence[int], columns: int, seed: int) -> torch.Tensor:
 
 
 def judge_gather_grad(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    """The pieces gathered along dim 0 (``grad0``, ...), then the same pieces transposed,
+    gathered along dim 1 with the weight transposed (``across0``, ...)."""
     rows, columns, seed = inputs
     grads = _listed(values, "grad", len(rows))
-    if grads is None:
+    across = _listed(values, "across", len(rows))
+    if grads is None or across is None:
         return NOT_TENSORS
     for index, (got, want) in enumerate(zip(grads, output_weight(*inputs).split(rows))):
         if got.shape != want.shape or not torch.equal(got, want):
             return (
                 f"piece {index}'s gradient is not its slice of the output gradient: split by "
                 "the sizes saved in forward"
+            )
+    for index, (got, want) in enumerate(zip(across, output_weight(*inputs).split(rows))):
+        if got.shape != want.t().shape or not torch.equal(got, want.t()):
+            return (
+                f"gathered along dim 1, piece {index}'s gradient is not its slice of the output "
+                "gradient: split it along the dim the forward concatenated (save it in ctx)"
             )
     return None
 

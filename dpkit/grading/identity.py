@@ -39,11 +39,17 @@ def _matrix(values: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | Non
 # Task 1: scatter keeps namedtuples and shares the objects that are not tensors.
 
 
+# Rows that torch.chunk cuts into 2 or 3 chunks over the 4 lanes: the shared objects give
+# 4 copies, the batch fewer, so the entries are as many as the batch's chunks (zip's rule).
+FEWER_CHUNK_ROWS = [rows for rows in range(1, 17) if 1 < len(torch.empty(rows).chunk(4)) < 4]
+
+
 def shared_inputs(rng: random.Random) -> list:
-    """A batch's rows (1-16) and columns (1-4), the values' seed, a fresh label and 1 to 3
-    objects shared next to the batch."""
+    """A batch's rows (2-9, making 2 or 3 chunks over 4 lanes) and columns (1-4), the
+    values' seed, a fresh label and 1 to 3 objects shared next to the batch."""
     label = f"{rng.choice(('cat', 'dog', 'owl'))} {rng.randrange(10**6)}"
-    return [rng.randint(1, 16), rng.randint(1, 4), rng.randrange(2**62), label, rng.randint(1, 3)]
+    rows = rng.choice(FEWER_CHUNK_ROWS)
+    return [rows, rng.randint(1, 4), rng.randrange(2**62), label, rng.randint(1, 3)]
 
 
 def shared_image(rows: int, columns: int, seed: int) -> torch.Tensor:
@@ -57,9 +63,14 @@ def judge_shared(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None
     if places is None or places.shape[1] != 3 + count:
         return NOT_SENT
     if len(places) != len(chunks):
+        fewest = (
+            ": keep as many entries as the element with the fewest (zip, not zip_longest)"
+            if len(places) > len(chunks)
+            else ""
+        )
         return (
             f"{rows} rows over {ALL_LANES} lanes make {len(chunks)} chunks, so {len(chunks)} "
-            f"entries; got {len(places)}"
+            f"entries; got {len(places)}{fewest}"
         )
     for entry, (row, chunk) in enumerate(zip(places.tolist(), chunks)):
         if row[0] != 0:

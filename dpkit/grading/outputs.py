@@ -174,9 +174,10 @@ def seeded_batch(seed: int, rows: int) -> tuple[torch.Tensor, torch.Tensor, torc
 def judge_forward(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
     seed, rows = inputs
     x, _, extra = seeded_batch(seed, rows)
-    out, product = values.get("out"), values.get("product")
-    if not isinstance(out, torch.Tensor) or not isinstance(product, torch.Tensor):
+    out, product, lanes = (values.get(name) for name in ("out", "product", "lanes"))
+    if not all(isinstance(t, torch.Tensor) for t in (out, product, lanes)):
         return NOT_TENSORS
+    assert out is not None and product is not None and lanes is not None
     with torch.no_grad():
         want = seeded_model(seed)(x)
     if out.shape != want.shape:
@@ -185,6 +186,15 @@ def judge_forward(inputs: list, values: Mapping[str, torch.Tensor]) -> str | Non
         return "the output differs from module(x)"
     if product.shape != extra.shape or not torch.allclose(product, extra * extra.flip(0)):
         return "every positional input must be scattered, and the chunks passed as arguments"
+    if lanes.dtype != torch.int64 or tuple(lanes.shape) != (2,):
+        return NOT_TENSORS
+    if lanes.tolist() != [0, 0]:
+        where = next(lane for lane in lanes.tolist() if lane != 0)
+        on = "on no lane" if where < 0 else f"on lane {where}"
+        return (
+            f"the output is {on}, not on devices[0] (lane 0): gather onto devices[0], where "
+            "the labels and the loss are"
+        )
     return None
 
 

@@ -147,16 +147,17 @@ def gather_inputs(rng: random.Random) -> list:
 
 
 def replica_outputs(rows: list[int], seed: int, result: Any) -> list[dict]:
-    """Each replica's output: ``{"out": [(rows, 1), None], "extra": result(logits, loss)}``,
-    ``result`` the grader's namedtuple (the parent uses a stand-in of the same name)."""
+    """Each replica's output: ``OrderedDict(out=[(rows, 1), None], extra=result(logits,
+    loss))`` (a dict of its own type, which gather keeps), ``result`` the grader's
+    namedtuple (the parent uses a stand-in of the same name)."""
     generator = torch.Generator().manual_seed(seed)
     return [
-        {
-            "out": [torch.randn(count, 1, generator=generator), None],
-            "extra": result(
+        OrderedDict(
+            out=[torch.randn(count, 1, generator=generator), None],
+            extra=result(
                 torch.randn(1, 3, generator=generator), torch.randn((), generator=generator)
             ),
-        }
+        )
         for count in rows
     ]
 
@@ -169,7 +170,14 @@ def judge_gather(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None
     lines, tensors = sent
     outputs = replica_outputs(rows, seed, lambda logits, loss: (logits, loss))
     out, extra = "out:builtins.list(T,None)", "extra:test_task4.Result(T,T)"
-    orders = {f"builtins.dict{{{out},{extra}}}": 0, f"builtins.dict{{{extra},{out}}}": 1}
+    kind = "collections.OrderedDict"
+    orders = {f"{kind}{{{out},{extra}}}": 0, f"{kind}{{{extra},{out}}}": 1}
+    plain = len(lines) == 1 and lines[0].startswith("builtins.dict{")
+    if plain and lines[0].replace("builtins.dict", kind, 1) in orders:
+        return (
+            "gathering OrderedDicts gave a plain dict: a dict gathers into a dict of the same "
+            "type (type(first)(...)), with the same keys"
+        )
     if len(lines) != 1 or lines[0] not in orders:  # keys in either order, as a set compares
         return (
             f"gathering dicts of a list (with a None) and a Result namedtuple gave {lines[0]!r}; "

@@ -59,10 +59,12 @@ def _split_hint(batch: int, speeds: Sequence[float], got: list[int]) -> str | No
 
 
 def split_inputs(rng: random.Random) -> list[list]:
-    """Two (batch, three speeds) cases."""
-    return [
+    """Two (batch, three speeds) cases, then 1-3 rows over 5-8 equal devices (where rounding
+    each device's share gives sizes that do not add up to the batch)."""
+    cases = [
         [rng.randint(1, 60), [round(rng.uniform(0.5, 4.0), 2) for _ in range(3)]] for _ in range(2)
     ]
+    return [*cases, [rng.randint(1, 3), [1.0] * rng.randint(5, 8)]]
 
 
 def judge_split(cases: list, values: Mapping[str, torch.Tensor]) -> str | None:

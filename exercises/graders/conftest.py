@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import threading
 import traceback
@@ -220,17 +221,51 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
 
 
-def hint_for(error: BaseException) -> str:
-    """One line a student can act on, from what a check raised."""
+def hint_for(error: BaseException, student: Path | None = None) -> str:
+    """One line a student can act on, from what a check raised.
+
+    An exception of the student's code shows its message's first line and, when the message
+    has more (dpkit's parallel_apply puts the replica's own error on the last line of a
+    traceback it carries), its last line too; and the line of ``student``, the graded file,
+    where it was raised: the deepest in the traceback carried in the message, else in the
+    exception's own traceback.
+    """
     message = str(error).strip()
-    first_line = message.splitlines()[0] if message else ""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    first_line = lines[0] if lines else ""
     if isinstance(error, (pytest.fail.Exception, rules.ForbiddenCall)):
         return first_line
     if isinstance(error, NotImplementedError):
         return f"not implemented yet ({first_line})" if first_line else "not implemented yet"
     if isinstance(error, AssertionError):
         return first_line or "an assertion failed"
-    return f"your code raised {type(error).__name__}: {first_line}".rstrip(": ")
+    what = f"{first_line} ... {last_error(message)}" if len(lines) > 1 else first_line
+    line = student_line(error, message, student) if student is not None else None
+    where = f" at {student.name} line {line}" if student is not None and line else ""
+    return f"your code raised {type(error).__name__}{where}: {what}".rstrip(": ")
+
+
+def last_error(message: str, limit: int = 240) -> str:
+    """The last exception a traceback in ``message`` ends with (``TypeError: ...``, one
+    line even when its message runs over several, at most ``limit`` characters), else the
+    message's last line."""
+    raw = message.splitlines()
+    starts = [i for i, line in enumerate(raw) if re.match(r"[A-Za-z_][\w.]*: ", line)]
+    text = " ".join(" ".join(raw[starts[-1] if starts else -1 :]).split())
+    if len(text) > limit:
+        text = f"{text[: limit // 3]} ... {text[-(limit - limit // 3 - 5) :]}"
+    return text
+
+
+def student_line(error: BaseException, message: str, student: Path) -> int | None:
+    """The line of ``student`` the error came from: the deepest one named in a traceback
+    the message carries (a replica's, from parallel_apply), else in the error's own."""
+    named = re.findall(rf'File "{re.escape(str(student))}", line (\d+)', message)
+    if named:
+        return int(named[-1])
+    frames = traceback.extract_tb(error.__traceback__)
+    mine = [frame.lineno for frame in frames if Path(frame.filename) == student]
+    return mine[-1] if mine else None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -239,6 +274,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = outcome.get_result()
     if report.failed:
         error = call.excinfo.value if call.excinfo is not None else None
-        record_hint(item.nodeid, hint_for(error) if error is not None else "failed")
+        student = exercise_path(item.module.EXERCISE) if hasattr(item, "module") else None
+        record_hint(item.nodeid, hint_for(error, student) if error is not None else "failed")
     elif report.skipped:
         record_hint(item.nodeid, "skipped")

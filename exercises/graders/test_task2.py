@@ -28,13 +28,25 @@ FORBIDDEN = (
 )
 
 
+def broadcast(exercise, devices, *tensors):  # noqa: ANN001, ANN201
+    """``Broadcast.apply(devices, *tensors)``, which must give a tuple: a forward that
+    returns a list gives autograd one output that is not a tensor, and no backward runs."""
+    copies = exercise.Broadcast.apply(devices, *tensors)
+    assert isinstance(copies, tuple), (
+        f"Broadcast.apply returned a {type(copies).__name__}, so backward never ran: forward "
+        "must return a tuple of tensors (tuple(copies)); autograd takes a list for one output "
+        "that is not a tensor"
+    )
+    return copies
+
+
 def test_broadcast_forward_layout(exercise, lanes, request):
     """Broadcast.forward returns every tensor on every lane, device by device"""
     # The values are judged by the grader's parent on tensors it chose; the lanes, here.
     nodeid = request.node.nodeid
     inputs = decided.inputs_here(nodeid)
     a, b = outputs.layout_tensors(*inputs)
-    copies = exercise.Broadcast.apply(lanes, a, b)
+    copies = broadcast(exercise, lanes, a, b)
     decided.answer(nodeid, inputs, outputs.listed("copy", copies))
     for position, copy in enumerate(copies):
         lane = position // 2
@@ -59,7 +71,7 @@ def test_broadcast_backward_reduce_adds(exercise, lanes, request):
     shapes, count, seed = inputs = decided.inputs_here(nodeid)
     tensors, weights = decided.broadcast_values(shapes, count, seed)
     leaves = [tensor.clone().requires_grad_() for tensor in tensors]
-    copies = exercise.Broadcast.apply(lanes[:count], *leaves)
+    copies = broadcast(exercise, lanes[:count], *leaves)
     sum((weight * copy).sum() for weight, copy in zip(weights, copies)).backward()
     decided.answer(nodeid, inputs, {f"grad{i}": leaf.grad for i, leaf in enumerate(leaves)})
 
@@ -69,7 +81,7 @@ def test_broadcast_backward_moves_to_lane0(exercise, lanes, transfers, request):
     nodeid = request.node.nodeid
     shape, count = inputs = decided.inputs_here(nodeid)
     weight = torch.randn(shape, requires_grad=True)
-    copies = exercise.Broadcast.apply(lanes[:count], weight)
+    copies = broadcast(exercise, lanes[:count], weight)
     transfers.clear()
     sum(copy.sum() for copy in copies).backward()
     decided.answer(nodeid, inputs, decided.pack_transfers(transfers))

@@ -49,6 +49,34 @@ class Recorder(nn.Module):
         return self.weight * x if y is None else self.weight * x + y
 
 
+class LastToFirst(Recorder):
+    """A Recorder that finishes after the replica behind it: replica 0 last.
+
+    It waits for the next replica to start, then for that replica's thread to end (a
+    thread per replica ends after apply_replica stores its output), each up to ``WAIT``
+    seconds; so outputs in the order the threads finished come out reversed every time.
+    """
+
+    WAIT = 1.0
+
+    def __init__(self, factor: float, after: "LastToFirst | None") -> None:
+        super().__init__(factor)
+        self.after = after
+        self.started = threading.Event()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        self.ran_in = threading.current_thread()
+        self.started.set()
+        after = self.after
+        if after is not None and after.started.wait(self.WAIT):
+            if after.ran_in is not self.ran_in:  # its own thread: wait until it ends
+                try:
+                    after.ran_in.join(self.WAIT)
+                except RuntimeError:  # a thread that cannot be joined (not started here)
+                    pass
+        return super().forward(x, y)
+
+
 def mode_seen(exercise, lanes, index, outer, given) -> bool | None:  # noqa: ANN001
     """The grad mode a module saw, run by apply_replica told ``given`` under ``outer``."""
     module = Recorder()
@@ -179,7 +207,9 @@ def test_outputs_in_order(exercise, lanes, request):
     nodeid = request.node.nodeid
     factors, length, _, seed = inputs = decided.inputs_here(nodeid)
     x = outputs.replica_tensors(len(factors), length, seed)
-    modules = [Recorder(factor) for factor in factors]
+    modules = []
+    for factor in reversed(factors):  # each made with the one after it: they finish 3, 2, 1, 0
+        modules.insert(0, LastToFirst(factor, modules[0] if modules else None))
     got = exercise.parallel_apply(modules, x[: len(factors)], lanes[: len(factors)])
     assert isinstance(got, list), f"return a list, got {type(got).__name__}"
     decided.answer(nodeid, inputs, outputs.listed("out", got))

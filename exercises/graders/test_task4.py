@@ -91,7 +91,23 @@ def test_gather_backward(exercise, lanes, request):
     pieces = on_lanes([torch.randn(n, columns) for n in rows], lanes, requires_grad=True)
     weight = gradients.output_weight(rows, columns, seed)
     (exercise.Gather.apply(lanes[HOME], 0, *pieces) * weight).sum().backward()
-    decided.answer(nodeid, inputs, outputs.listed("grad", [p.grad for p in pieces]))
+    grads = outputs.listed("grad", [p.grad for p in pieces])
+    # The same pieces transposed, gathered along dim 1: the gradient splits along dim 1.
+    pieces = on_lanes([torch.randn(columns, n) for n in rows], lanes, requires_grad=True)
+    gathered = exercise.Gather.apply(lanes[HOME], 1, *pieces)
+    try:
+        (gathered * weight.t()).sum().backward()
+    except RuntimeError as error:
+        if isinstance(error, NotImplementedError):
+            raise
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        pytest.fail(
+            f"gathered along dim 1, the backward raised {type(error).__name__} ({message}): "
+            "split the gradient along the dim the forward concatenated (save it in ctx)",
+            pytrace=False,
+        )
+    across = outputs.listed("across", [p.grad for p in pieces])
+    decided.answer(nodeid, inputs, {**grads, **across})
 
 
 def test_gather_backward_to_lanes(exercise, lanes, transfers, request):

@@ -12,10 +12,16 @@ from torch import nn
 import dpkit
 from dpkit.grading import counted, decided, outputs
 from dpkit.grading.rules import lent
+from dpkit.lanes import resides_on
 
 pytestmark = pytest.mark.task5
 EXERCISE = "task5_data_parallel.py"
 FORBIDDEN = ("dpkit.data_parallel.DataParallel.__init__", "dpkit.data_parallel.data_parallel")
+
+
+def lane_of(tensor, lanes) -> int:  # noqa: ANN001
+    """The index of the lane ``tensor`` is on, -1 if none (the parent wants lane 0)."""
+    return next((i for i, lane in enumerate(lanes) if resides_on(tensor, lane)), -1)
 
 
 class Pairwise(nn.Module):
@@ -31,7 +37,9 @@ def test_forward_matches_module(exercise, lanes, request):
     out = exercise.data_parallel_forward(outputs.seeded_model(seed), (x,), lanes)
     assert isinstance(out, torch.Tensor), "expected one output gathered from the replicas"
     product = exercise.data_parallel_forward(Pairwise(), (extra, extra.flip(0)), lanes)
-    decided.answer(nodeid, inputs, {"out": out, "product": product})
+    on = [lane_of(t, lanes) if isinstance(t, torch.Tensor) else -1 for t in (out, product)]
+    where = torch.tensor(on, dtype=torch.int64)  # gathered on devices[0]: both on lane 0
+    decided.answer(nodeid, inputs, {"out": out, "product": product, "lanes": where})
 
 
 def test_forward_uses_lanes(exercise, lanes, request):
