@@ -162,3 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"dpkit: error: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was started has been stopped on the way out
+        if os.environ.get("DPKIT_DEBUG"):
+            raise
+        print("dpkit: interrupted", file=sys.stderr)
+        return 130  # a shell's status for SIGINT

@@ -103,6 +103,19 @@ def test_an_os_error_is_a_one_line_message_not_a_traceback(monkeypatch, capsys):
     )
 
 
+def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_devices_command", interrupted)
+    monkeypatch.delenv("DPKIT_DEBUG", raising=False)
+    assert cli.main(["devices"]) == 130
+    assert capsys.readouterr().err == "dpkit: interrupted\n"
+    monkeypatch.setenv("DPKIT_DEBUG", "1")  # the traceback, for whoever asks for it
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["devices"])
+
+
 def test_the_readme_lists_every_command():
     parser = cli.build_parser()
     (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
