@@ -161,6 +161,8 @@ def test_the_defaults_are_torchs(predict_here, spy):
     assert (kwargs["gradient_as_bucket_view"], kwargs["bucket_cap_mb"]) == (False, None)
     assert spy[0]["args"][4] == cost.preset("8xA100-SXM-NVLink")
     assert "float32 (as torch runs it" in out
+    status, out, err = predict_here("--hardware", "this-machine", "--devices", "2")
+    assert "  float32; optimizer sgd" in out  # CPU lanes have no TF32 to speak of
 
 
 @pytest.mark.parametrize(

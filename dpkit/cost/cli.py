@@ -346,7 +346,11 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as error:  # in the words of the flags typed, not predict's arguments
         raise ValueError(in_flags(str(error), PREDICT_FLAGS)) from None
-    precision = "float32 (as torch runs it: convolutions in TF32 where the GPU has it)"
+    precision = "float32" + (
+        ""
+        if hardware.virtual_lanes
+        else " (as torch runs it: convolutions in TF32 where the GPU has it)"
+    )
     settings = [f"autocast {args.amp}" if args.amp else precision, f"optimizer {args.optimizer}"]
     if args.strategy == "ddp":
         cap = args.bucket_cap_mb
