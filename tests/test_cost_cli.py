@@ -237,6 +237,8 @@ def test_ddp_on_this_machines_lanes_says_its_all_reduce_is_gloo_not_lane_copies(
                                     "--devices", "2", "--batch", "64")  # fmt: skip
     assert status == 0, err
     assert "all-reduce over gloo (TCP on loopback)" in out
+    # the bytes column counts the ring's sends, where dpkit ddp's counts the buckets
+    assert "(allreduce bytes: what the ring sends, 2(n-1)/n of each bucket" in out
     status, out, err = predict_here("--hardware", "this-machine", "--devices", "2")
     assert "gloo" not in out  # DataParallel's lanes do copy in one memory
 

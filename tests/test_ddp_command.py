@@ -193,6 +193,8 @@ def test_the_report_gives_the_setup_and_rank_0_s_all_reduced_bytes_of_the_last_s
     # rank 0's last step: 3,000 + 1,000 bytes in 2 buckets, of which the ring sends 6,000
     assert "by each rank: 4,000 bytes in 2 bucket(s)" in text
     assert "a ring sends 6,000 per rank" in text
+    # the bytes column counts the buckets, where dpkit predict's counts the ring's sends
+    assert "the table's allreduce bytes are the buckets' bytes, summed over the ranks" in text
     assert "step times (ms, slowest rank): 1000.0, 12.5\n" in text
     assert f"\n{command.steady_summary(result.trace)}\n" in text
     assert f"(counted: the sum of the categories):\n{result.trace.memory_summary()}\n" in text

@@ -221,6 +221,14 @@ def report(
         "",
         f"predicted step time: {trace.step_time * 1e3:.3f} ms",
         _outside_phases(trace),
+        *(
+            [
+                "  (allreduce bytes: what the ring sends, 2(n-1)/n of each bucket, summed over the "
+                "devices; dpkit ddp's table sums the buckets themselves)"
+            ]
+            if trace.strategy == "ddp"
+            else []
+        ),
         "",
         memory_table(trace),
         f"predicted memory: {fit_verdict(trace)}",

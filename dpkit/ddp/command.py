@@ -88,7 +88,8 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
         f"{plural(len(result.step_times), 'SGD step')}, bucket_cap_mb {cap_text}",
         f"parameters: {result.parameter_bytes:,d} bytes; all-reduced per step by each rank: "
         f"{payload:,d} bytes in {len(buckets)} bucket(s), of which a ring sends "
-        f"{ring:,d} per rank (2(n-1)/n)",
+        f"{ring:,d} per rank (2(n-1)/n); the table's allreduce bytes are the buckets' bytes, "
+        "summed over the ranks",
         "step times (ms, slowest rank): " + ", ".join(f"{t * 1e3:.1f}" for t in result.step_times),
         "",
         steady_summary(result.trace),
