@@ -5,6 +5,7 @@ fastest predicted strategy that fits, or says that none does."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,17 @@ def test_dpkit_plan_s_refusals_name_the_flags_typed(capsys):
     error = capsys.readouterr().err
     assert "--batch 3 over --devices 8 leaves 5 of 8 ranks without rows" in error
     assert "batch_size" not in error and "e.g. --batch 8" in error
+
+
+def test_dpkit_plan_takes_a_hardware_file_an_optimizer_and_presets_in_any_case(capsys):
+    from dpkit.cli import main
+
+    assert main(["plan", "--model", "mlp", "--hardware", "t4-pcie3"]) == 0
+    assert "mlp on 4 x T4," in capsys.readouterr().out  # T4-PCIe3: 4 of them
+    toml = Path(__file__).resolve().parents[1] / "docs" / "examples" / "my_machine.toml"
+    example = ["--hardware-file", str(toml), "--optimizer", "sgd"]
+    assert main(["plan", "--model", "mlp", *example]) == 0
+    printed = capsys.readouterr().out
+    assert "with SGD):" in printed and "choice: " in printed
+    assert main(["plan", "--hardware", "T4-PCIe3", *example]) == 2
+    assert "--hardware and --hardware-file name two machines" in capsys.readouterr().err

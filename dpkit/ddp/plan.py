@@ -179,7 +179,7 @@ def choose(rows: Table, memory_capacity: float) -> str:
 DESCRIPTION = (
     "Predict memory per device and step time of DataParallel, DDP, ZeRO-1, FSDP and a "
     "pipeline split for a model, batch and machine, and pick one (every number predicted, "
-    "with Adam)."
+    "with Adam unless --optimizer sgd)."
 )
 
 
@@ -189,9 +189,14 @@ def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--model", default="wide-mlp", choices=PREDICTION_MODELS,
                         help="a model of dpkit.models, default: wide-mlp")  # fmt: skip
-    parser.add_argument("--hardware", default="8xA100-SXM-NVLink", choices=cost.presets(),
-                        metavar="PRESET", help="a preset (dpkit predict --list), default: "
+    parser.add_argument("--hardware", default=None, metavar="PRESET",
+                        help="a preset, any case (dpkit predict --list), default: "
                         "8xA100-SXM-NVLink")  # fmt: skip
+    parser.add_argument("--hardware-file", default=None, metavar="FILE.toml",
+                        help="your machine, as dpkit predict reads it (docs/hardware_file.md)"
+                        )  # fmt: skip
+    parser.add_argument("--optimizer", default="adam", choices=("sgd", "adam"),
+                        help="its state is what ZeRO-1 shards, default: adam")  # fmt: skip
     parser.add_argument("--batch", type=at_least_one, default=256,
                         help="global batch, default: 256")  # fmt: skip
     parser.add_argument("--devices", type=at_least_one, default=None,
@@ -204,16 +209,24 @@ def _run(args: argparse.Namespace) -> int:
     from dpkit import models
     from dpkit.cli_types import in_flags
 
+    if args.hardware is not None and args.hardware_file is not None:
+        raise ValueError("--hardware and --hardware-file name two machines: give one")
+    if args.hardware_file is not None:
+        from dpkit.cost.cli import load_hardware_file
+
+        machine = load_hardware_file(args.hardware_file)
+    else:
+        machine = cost.preset(args.hardware or "8xA100-SXM-NVLink")
     model, sample = models.build_model(args.model, seed=0), models.sample_input()
-    machine = cost.preset(args.hardware)
     devices = args.devices or machine.devices_per_node * machine.nodes
     try:
-        rows = plan(model, sample, args.batch, devices, machine)
+        rows = plan(model, sample, args.batch, devices, machine, args.optimizer)
     except ValueError as error:  # in the words of the flags typed
         flags = {"batch_size": "--batch", "devices": "--devices"}
         raise ValueError(in_flags(str(error), flags)) from None
+    optimizer = {"adam": "Adam", "sgd": "SGD"}[args.optimizer]
     print(f"{args.model} on {devices} x {machine.device_name}, global batch {args.batch} "
-          "(every number predicted by dpkit.cost, with Adam):")  # fmt: skip
+          f"(every number predicted by dpkit.cost, with {optimizer}):")  # fmt: skip
     print(rows)
     print("choice: " + choose(rows, device_memory(machine, devices)))
     return 0
