@@ -12,6 +12,11 @@ devices; gradients carry no lane tag, so pass ``source=``) and ``dpkit.device_of
 ``dpkit.replicate``, ``dpkit.comm.broadcast`` or ``dpkit.comm.reduce_add``: writing them is
 the task. This task handles parameters only; buffers may stay as ``deepcopy`` left them.
 Grade your work with ``dpkit grade 2``.
+
+On these virtual lanes, the lane a tensor is on is a tag that ``copy_to`` puts on the tensor
+it returns: any new tensor made from it (a view, ``clone()``, arithmetic) carries no tag and
+counts as lane 0's (on a GPU it would stay where it is). So ``copy_to`` must be the last
+thing done to a tensor you hand to a lane.
 """
 
 # ruff: noqa: F401 - these imports are what a solution uses; the stub does not yet.

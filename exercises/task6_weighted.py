@@ -27,9 +27,11 @@ def weighted_chunk_sizes(batch: int, speeds: Sequence[float]) -> list[int]:
     """Whole-row chunk sizes, one per device, that minimise ``max(rows_i / speed_i)``.
 
     The sizes are ints >= 0 that add up to ``batch``; a device may get 0 rows. Raise
-    ``ValueError`` if a speed is not positive. Hint: hand out the rows one at a time (or
-    start from the rounded-down proportional shares), each to the device that would finish
-    it soonest, i.e. with the smallest ``(rows_i + 1) / speed_i``.
+    ``ValueError`` if a speed is not positive: a speed of 0 (or below) must raise it, before
+    anything divides by it (the grader calls ``weighted_chunk_sizes(10, [1.0, 0.0])``).
+    Hint: hand out the rows one at a time (or start from the rounded-down proportional
+    shares), each to the device that would finish it soonest, i.e. with the smallest
+    ``(rows_i + 1) / speed_i``.
     """
     # TODO 6.1: choose chunk sizes that minimise the slowest device's time
     raise NotImplementedError(

@@ -61,6 +61,11 @@ RING_ON_COPIES = (
     RING_OLD.replace("tensor.view(-1) for", "tensor.reshape(-1).clone() for", 1)
     + "\n    for tensor, flat in zip(tensors, flats):\n        tensor.data = flat.view_as(tensor)"
 )
+RING_GATHER = SOLUTION7[
+    SOLUTION7.index("    for step in range(n - 1):  # all-gather") : SOLUTION7.index(
+        "\n\n\ndef allreduce_gradients_("
+    )
+]
 SOLUTION5 = (EXERCISES / "solutions" / NAMES[5]).read_text()
 APPLY5 = "dpkit.parallel_apply(replicas, chunks, devices=used)"
 APPLY5_LINE = SOLUTION5[: SOLUTION5.index(APPLY5)].count("\n") + 1  # its line in the file
@@ -534,6 +539,132 @@ WRONG = [
         ),
         "got no gradient through the data-parallel forward",
     ),
+    # Found by a student's wrong solutions (B4, B7-B9): each got a hint that did not name
+    # its mistake (a cascade, a raw error, an internal message).
+    Wrong(
+        "seven",
+        7,
+        "gradients averaged over the replicas, as real DDP does, instead of summed",
+        "        ring_allreduce_([param.grad for param in params], devices)\n",
+        "        ring_allreduce_([param.grad for param in params], devices)\n"
+        "        for param in params:\n            param.grad /= len(replicas)\n",
+        ("all-reduced replica gradients equal DataParallel's gradients",),
+        "is DataParallel's divided by 4, the number of replicas (off by a factor n = 4): "
+        "allreduce_gradients_ leaves the sum over the replicas, not the average",
+    ),
+    Wrong(
+        "eight",
+        7,
+        "the all-gather passes chunk i - step, one behind the chunk lane i holds finished",
+        RING_GATHER,
+        RING_GATHER.replace("(i + 1 - step) % n", "(i - step) % n"),
+        (
+            "ring_allreduce_ works for any size and any number of lanes (10 over 4 lanes)",
+            "ring_allreduce_ leaves the sum on every lane, in place",
+            "ring_allreduce_ works for any size and any number of lanes (3 over 4 lanes)",
+            "ring_allreduce_ works for any size and any number of lanes (2x3x5 over 3 lanes)",
+            "all-reduced replica gradients equal DataParallel's gradients",
+        ),
+        "lane 0 does not hold the sum in 10 of its 10 element(s): after n - 1 reduce-scatter "
+        "steps lane i holds chunk (i + 1) % n summed",
+    ),
+    Wrong(
+        "nine",
+        7,
+        "chunks of numel // n elements, which leave the last numel % n elements out",
+        "    sizes = [base + 1 if c < extra else base for c in range(n)]\n"
+        "    chunks = [flat.split(sizes) for flat in flats]",
+        "    sizes = [base] * n\n    chunks = [flat[: base * n].split(sizes) for flat in flats]",
+        (
+            "ring_allreduce_ works for any size and any number of lanes (10 over 4 lanes)",
+            "ring_allreduce_ leaves the sum on every lane, in place",
+            "ring_allreduce_ works for any size and any number of lanes (3 over 4 lanes)",
+            "all-reduced replica gradients equal DataParallel's gradients",
+        ),
+        "lane 0 still holds its own values in its last 2 element(s), which no chunk covered: "
+        "the n chunks together must cover the whole flat tensor",
+    ),
+    Wrong(
+        "eight",
+        1,
+        "a namedtuple built from one generator, type(x)(gen), not from its fields",
+        "type(inputs)(*shares) for shares in",
+        "type(inputs)(share for share in shares) for shares in",
+        ("scatter keeps namedtuples and shares other objects by reference",),
+        "Pair.__new__() missing 1 required positional argument: 'label' (a namedtuple is built "
+        "from its fields, one argument each: type(x)(*fields), not type(x)(iterable))",
+    ),
+    Wrong(
+        "five",
+        4,
+        "a namedtuple gathered into type(x)(gen), not from its fields",
+        "return type(first)(*(gather(items, destination, dim) for items in zip(*outputs)))",
+        "return type(first)(gather(items, destination, dim) for items in zip(*outputs))",
+        ("gather handles dicts, lists, tuples, namedtuples and None",),
+        "(a namedtuple is built from its fields, one argument each: type(x)(*fields)",
+    ),
+    Wrong(
+        "nine",
+        1,
+        "objects that are not tensors copied with copy.copy, not shared by reference",
+        "    return [inputs for _ in devices]\n",
+        '    return [__import__("copy").copy(inputs) for _ in devices]\n',
+        ("scatter keeps namedtuples and shares other objects by reference",),
+        "other objects are shared by reference, the same object in every entry, not copied",
+    ),
+    Wrong(
+        "six",
+        6,
+        "no check of the speeds, rows handed out one at a time: a speed of 0 divides by zero",
+        "    if any(speed <= 0 for speed in speeds):\n"
+        '        raise ValueError(f"speeds must all be positive, got {list(speeds)}")\n'
+        "    total = sum(speeds)\n"
+        "    sizes = [int(batch * speed / total) for speed in speeds]\n"
+        "    for _ in range(batch - sum(sizes)):\n",
+        "    sizes = [0] * len(speeds)\n    for _ in range(batch):\n",
+        ("weighted_chunk_sizes returns one whole-row size per device, adding up to the batch",),
+        "weighted_chunk_sizes(10, [1.0, 0.0]) raised ZeroDivisionError (float division by "
+        "zero), not ValueError",
+    ),
+    Wrong(
+        "eight",
+        3,
+        "apply_replica that never unpacks a tuple input (module(input) always)",
+        "    arguments = input if isinstance(input, (list, tuple)) else (input,)\n",
+        "    arguments = (input,)\n",
+        ("apply_replica stores the output under the replica's index",),
+        "apply_replica stored a ReplicaFailure for a tuple input (x, y), which the module takes "
+        "(TypeError: ",
+    ),
+    Wrong(
+        "eight",
+        2,
+        "the copies swapped into the module itself for replica 0, then deep-copied",
+        "        replica = copy.deepcopy(module)\n",
+        "        replica = copy.deepcopy(module) if position else module\n",
+        (
+            "replicate makes one working replica per lane, parameters on that lane",
+            "gradients of every replica add up in the original module",
+            "replicate leaves the module's own parameters in place",
+        ),
+        "replicate swapped the copies into the module itself, and copy.deepcopy then failed on it",
+    ),
+    Wrong(
+        "nine",
+        2,
+        "every replica deep-copied first, then replica 0 replaced by the module itself",
+        "    replicas = []\n    for position, _ in enumerate(devices):\n"
+        "        replica = copy.deepcopy(module)\n",
+        "    replicas = []\n    fresh = [copy.deepcopy(module) for _ in devices]\n"
+        "    fresh[0] = module\n    for position, _ in enumerate(devices):\n"
+        "        replica = fresh[position]\n",
+        (
+            "gradients of every replica add up in the original module",
+            "replicate makes one working replica per lane, parameters on that lane",
+            "replicate leaves the module's own parameters in place",
+        ),
+        "replica 0 is the model itself, whose parameters replicate swapped for copies",
+    ),
 ]
 
 
@@ -577,3 +708,26 @@ def test_an_error_in_a_replica_shows_the_replicas_own_error_and_the_line(graded)
     )
     assert f"{NAMES[5]} line {APPLY5_LINE}:" in hint, hint
     assert hint.endswith("argument after ** must be a mapping, not Device"), hint
+
+
+def test_a_ring_whose_steps_are_wrong_is_not_told_to_fix_its_chunk_sizes(graded):
+    """The all-gather off by one leaves wrong sums on every size: each hint names the
+    ring's steps, none the chunks' sizes (which are right)."""
+    failed = [r for r in graded[("eight", 7)] if not r.passed and "ring_allreduce_" in r.check]
+    assert len(failed) == 4, grading.report(graded[("eight", 7)])
+    for result in failed:
+        assert "reduce-scatter steps" in result.hint, result.hint
+        assert "chunks together must cover" not in result.hint, result.hint
+        assert "nearly equal" not in result.hint, result.hint
+
+
+def test_the_readmes_sample_report_is_what_the_grader_prints(graded):
+    """exercises/README.md shows the report of an even split (student one's task 1): its
+    first hint is the grader's, word for word."""
+    readme = (EXERCISES / "README.md").read_text()
+    sample = readme[readme.index("You get a line per check") :]
+    shown = next(line for line in sample.splitlines() if line.startswith("      hint: "))
+    results = graded[("one", 1)]
+    assert shown in grading.report(results).splitlines(), grading.report(results)
+    assert "6/8 checks passed: keep going" in sample
+    assert sum(r.passed for r in results) == 6

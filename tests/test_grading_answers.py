@@ -596,10 +596,23 @@ def test_each_replicas_gradients_after_the_all_reduce_are_the_mean_squared_error
     every = [grad for _ in range(4) for grad in grads.values()]
     assert gradients.judge_ddp_grads(inputs, listed("grad", every)) is None
     off = list(every)
-    off[14] = off[14] * 0.75  # replica 3's 2.weight
+    off[14] = off[14] * 0.75  # replica 3's 2.weight: the replicas disagree (a broken ring)
     assert gradients.judge_ddp_grads(inputs, listed("grad", off)) == (
-        "replica 3's 2.weight.grad differs from DataParallel's: all-reduce every parameter's "
+        "replica 3's 2.weight.grad differs from DataParallel's, and the replicas do not all "
+        "hold the same 2.weight.grad: after the all-reduce every replica holds the sum "
+        "(ring_allreduce_'s own checks test the ring)"
+    )
+    scaled = [grad * 0.75 if position % 4 == 2 else grad for position, grad in enumerate(every)]
+    assert gradients.judge_ddp_grads(inputs, listed("grad", scaled)) == (
+        "replica 0's 2.weight.grad differs from DataParallel's: all-reduce every parameter's "
         ".grad across the replicas"
+    )
+    # real DDP's average (the sum divided by the replicas) is named as such: off by n
+    averaged = [grad / 4 for grad in every]
+    assert gradients.judge_ddp_grads(inputs, listed("grad", averaged)) == (
+        "replica 0's 0.weight.grad is DataParallel's divided by 4, the number of replicas (off "
+        "by a factor n = 4): allreduce_gradients_ leaves the sum over the replicas, not the "
+        "average real DDP takes"
     )
     off = list(every)
     off[5] = off[5] * 0.75  # replica 1's 0.bias
@@ -707,16 +720,37 @@ def test_the_ring_sum_is_every_lanes_values_added_on_every_lane():
     a, b, c = outputs.lane_values(shape, count, seed)
     total = a + b + c
     assert outputs.judge_ring_size(inputs, listed("lane", [total] * 3)) is None
-    wrong = (
-        "wrong sum for shape (2, 3, 5) over 3 lane(s): cut the flat tensor into n chunks of "
-        "nearly equal size (some empty when numel < n)"
+    where = "after ring_allreduce_ of shape (2, 3, 5) over 3 lane(s), lane"
+    steps = (
+        "after n - 1 reduce-scatter steps lane i holds chunk (i + 1) % n summed; n - 1 "
+        "all-gather steps pass those on"
     )
-    for sums in (
-        [total, total, a + b],
-        [total, total.flatten(), total],
-        [total, total + 1e-4, total],
-    ):
-        assert outputs.judge_ring_size(inputs, listed("lane", sums)) == wrong
+    assert outputs.judge_ring_size(inputs, listed("lane", [total, total, a + b])) == (
+        f"{where} 2 does not hold the sum in 30 of its 30 element(s): {steps}"
+    )
+    assert outputs.judge_ring_size(inputs, listed("lane", [total, total + 1e-4, total])) == (
+        f"{where} 1 does not hold the sum in 30 of its 30 element(s): {steps}"
+    )
+    assert outputs.judge_ring_size(inputs, listed("lane", [total, total.flatten(), total])) == (
+        f"{where} 1 holds a tensor of shape (30,), not (2, 3, 5): sum into each lane's own tensor"
+    )
+    # the chunks' sizes are blamed only for what they left out: the end, never summed
+    short = total.clone().view(-1)
+    short[-2:] = b.view(-1)[-2:]
+    assert outputs.judge_ring_size(inputs, listed("lane", [total, short.view_as(b), total])) == (
+        f"{where} 1 still holds its own values in its last 2 element(s), which no chunk "
+        "covered: the n chunks together must cover the whole flat tensor (nearly equal sizes, "
+        "some empty when numel < n)"
+    )
+    half = total.clone().view(-1)
+    half[:5] = a.view(-1)[:5]  # lane 0's own values, but at the start: the ring's steps
+    assert outputs.judge_ring_size(inputs, listed("lane", [half.view_as(a), total, total])) == (
+        f"{where} 0 does not hold the sum in 5 of its 30 element(s): {steps}"
+    )
+    assert outputs.judge_ring_size(inputs, listed("lane", [total, total, c])) == (
+        f"{where} 2 still holds its own values: nothing was added to it (the n chunks must "
+        "cover all 30 element(s), some empty when numel < n)"
+    )
     assert outputs.judge_ring_size(inputs, listed("lane", [total, total, total + 5e-6])) is None
     assert outputs.judge_ring_size(inputs, listed("lane", [total] * 2)) == NOT_TENSORS
     assert outputs.judge_ring_size(inputs, {**listed("lane", [total] * 3), "x": total}) == (

@@ -96,6 +96,25 @@ def test_a_passed_record_with_wrong_values_fails(chosen):
     assert not result.passed and "torch.chunk gives" in result.hint
 
 
+def test_a_wrong_chunk_count_gets_the_note_that_fits_it():
+    """The note that there may be fewer chunks than devices comes only where the student made
+    one per device and torch.chunk makes fewer; too many chunks is named as such; a wrong
+    split with the right count gets neither."""
+    pairs = [[6, 4]]
+    hint = decided.judge_chunk_sizes(pairs, decided.pack_sizes([[2, 2, 1, 1]]))
+    assert hint == (
+        "chunk_sizes(6, 4) returned [2, 2, 1, 1], torch.chunk gives [2, 2, 2]; note there may "
+        "be fewer chunks than devices (6 rows over 4 devices: 2, 2, 2)"
+    )
+    hint = decided.judge_chunk_sizes([[10, 4]], decided.pack_sizes([[2, 2, 2, 2, 2]]))
+    assert hint == (
+        "chunk_sizes(10, 4) returned [2, 2, 2, 2, 2], torch.chunk gives [3, 3, 3, 1]; that is "
+        "5 chunks for 4 devices: never more chunks than devices"
+    )
+    hint = decided.judge_chunk_sizes([[10, 4]], decided.pack_sizes([[3, 3, 2, 2]]))
+    assert hint == "chunk_sizes(10, 4) returned [3, 3, 2, 2], torch.chunk gives [3, 3, 3, 1]"
+
+
 def test_answers_to_other_inputs_fail(chosen):
     # Inputs of the grading process's choosing (it can rewrite its own environment): the
     # parent judges against the inputs it kept.
@@ -366,7 +385,7 @@ def test_sums_equal_to_anything_fail_the_ring_check():
         assert torch.allclose(tensors[0], sum(values) + 1)  # fooled here
         sums += [t.reshape(-1) for t in tensors]
     result = verdict_of(check, decided.encode({"sums": torch.cat(sums)}), chosen)
-    assert not result.passed and "does not hold the sum" in result.hint, result.hint
+    assert not result.passed and "still holds its own values" in result.hint, result.hint
 
 
 def test_a_gather_equal_to_anything_fails_the_concatenation_check():
@@ -622,7 +641,7 @@ def test_sums_equal_to_anything_fail_every_ring_size():
         assert torch.allclose(tensors[0], sum(values) + 1)  # fooled here
         sent = decided.encode(outputs.listed("lane", tensors))
         result = verdict_of(check, sent, chosen)
-        assert not result.passed and "wrong sum" in result.hint, result.hint
+        assert not result.passed and "still holds its own values" in result.hint, result.hint
 
 
 # --------------------------------------------------------------------------------------

@@ -31,6 +31,28 @@ def test_the_report_gives_each_task_its_count_and_each_failure_its_hint():
         "  \u2713 copies", "  \u2713 moves", "2/2 checks passed: all checks pass"]  # fmt: skip
 
 
+def test_a_hint_every_check_of_a_task_failed_with_is_said_once():
+    broken = "task1_scatter.py could not be imported (line 4): SyntaxError: expected ':'"
+    results = [Result(1, "sizes", False, broken), Result(1, "scatter", False, broken),
+               Result(2, "copies", False, "h"), Result(2, "moves", False, "h2")]  # fmt: skip
+    assert grading.report(results).split("\n") == [
+        "Task 1: 0/2 checks passed",
+        "  \u2717 sizes",
+        "  \u2717 scatter",
+        f"      hint, every check: {broken}",
+        "Task 2: 0/2 checks passed",
+        "  \u2717 copies",
+        "      hint: h",
+        "  \u2717 moves",
+        "      hint: h2",
+        "0/4 checks passed: keep going",
+    ]
+    # the same hint on some checks only, or on one check alone, stays under each check
+    some = [Result(3, "a", False, "h"), Result(3, "b", True), Result(3, "c", False, "h")]
+    assert grading.report(some).count("hint: h") == 2
+    assert grading.report([Result(3, "a", False, "h")]).split("\n")[1] == "      hint: h"
+
+
 def test_a_run_that_collected_nothing_fails_each_task_saying_why():
     assert results_module.results_from_records([], "crashed at import", [1, 3]) == [
         Result(1, "the grader runs", False, "crashed at import"),

@@ -115,10 +115,19 @@ def judge_chunk_sizes(pairs: list, values: Mapping[str, torch.Tensor]) -> str | 
         if got.tolist() != want:
             return (
                 f"chunk_sizes({batch}, {devices}) returned {got.tolist()}, torch.chunk gives "
-                f"{want}; note there may be fewer chunks than devices (6 rows over 4 devices: "
-                "2, 2, 2)"
+                f"{want}{chunk_count_note(len(got), len(want), devices)}"
             )
     return None
+
+
+def chunk_count_note(got: int, want: int, devices: int) -> str:
+    """A note on the number of chunks, where it is what is wrong: more chunks than devices,
+    or one per device where torch.chunk makes fewer."""
+    if got > devices:
+        return f"; that is {got} chunks for {devices} devices: never more chunks than devices"
+    if want < got:
+        return "; note there may be fewer chunks than devices (6 rows over 4 devices: 2, 2, 2)"
+    return ""
 
 
 # --------------------------------------------------------------------------------------
@@ -250,14 +259,11 @@ def judge_allreduce(cases: list, values: Mapping[str, torch.Tensor]) -> str | No
     if len(sums) != sum(numels):
         return "the outputs sent for ring_allreduce_ do not answer the inputs the grader chose"
     for (shape, count, seed), lanes in zip(cases, sums.split(numels)):
-        want = sum(lane_values(shape, count, seed))
+        values = lane_values(shape, count, seed)
+        want = sum(values)
         for index, got in enumerate(lanes.view(count, *shape)):
             if not torch.allclose(got, want, atol=1e-5):
-                return (
-                    f"after ring_allreduce_ of shape {tuple(shape)} over {count} lanes, lane "
-                    f"{index} does not hold the sum: after n - 1 reduce-scatter steps lane i "
-                    "holds chunk (i + 1) % n summed; n - 1 all-gather steps pass those on"
-                )
+                return outputs.ring_sum_hint(shape, count, index, got, values)
     return None
 
 

@@ -151,6 +151,26 @@ def judge_ddp_grads(inputs: list, values: Mapping[str, torch.Tensor]) -> str | N
         replica, (name, parameter) = divmod(position, len(named))[0], named[position % len(named)]
         assert parameter.grad is not None
         if got.shape != parameter.shape or not torch.allclose(got, parameter.grad, atol=1e-5):
+            if got.shape == parameter.shape and torch.allclose(
+                got * ALL_LANES, parameter.grad, atol=1e-5
+            ):  # real DDP's average, which the task does not ask for
+                return (
+                    f"replica {replica}'s {name}.grad is DataParallel's divided by {ALL_LANES}, "
+                    f"the number of replicas (off by a factor n = {ALL_LANES}): "
+                    "allreduce_gradients_ leaves the sum over the replicas, not the average "
+                    "real DDP takes"
+                )
+            first = position % len(named)  # replica 0's gradient of this parameter
+            if any(
+                grads[first + r * len(named)].shape != got.shape
+                or not torch.allclose(grads[first + r * len(named)], got, atol=1e-5)
+                for r in range(ALL_LANES)
+            ):
+                return (
+                    f"replica {replica}'s {name}.grad differs from DataParallel's, and the "
+                    f"replicas do not all hold the same {name}.grad: after the all-reduce every "
+                    "replica holds the sum (ring_allreduce_'s own checks test the ring)"
+                )
             return (
                 f"replica {replica}'s {name}.grad differs from DataParallel's: all-reduce every "
                 "parameter's .grad across the replicas"

@@ -65,14 +65,47 @@ def judge_ring_size(inputs: list, values: Mapping[str, torch.Tensor]) -> str | N
     sums = _listed(values, "lane")
     if sums is None or len(sums) != count:
         return NOT_TENSORS
-    want = sum(lane_values(shape, count, seed))
-    for got in sums:
+    values = lane_values(shape, count, seed)
+    want = sum(values)
+    for index, got in enumerate(sums):
         if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5):
-            return (
-                f"wrong sum for shape {tuple(shape)} over {count} lane(s): cut the flat tensor "
-                "into n chunks of nearly equal size (some empty when numel < n)"
-            )
+            return ring_sum_hint(shape, count, index, got, values)
     return None
+
+
+def ring_sum_hint(
+    shape: Sequence[int], count: int, index: int, got: torch.Tensor, values: Sequence[torch.Tensor]
+) -> str:
+    """Why lane ``index`` does not hold the sum of ``values`` after a ring all-reduce: the
+    chunks' sizes only when the elements they left out are the ones wrong (the end of the
+    flat tensor, still the lane's own values); else the ring's steps, and how much is wrong."""
+    want = sum(values)
+    where = f"after ring_allreduce_ of shape {tuple(shape)} over {count} lane(s), lane {index}"
+    if got.shape != want.shape:
+        return (
+            f"{where} holds a tensor of shape {tuple(got.shape)}, not {tuple(want.shape)}: sum "
+            "into each lane's own tensor"
+        )
+    flat, own = got.reshape(-1), values[index].reshape(-1)
+    wrong = ~torch.isclose(flat, want.reshape(-1), atol=1e-5)
+    missed, numel = int(wrong.sum()), flat.numel()
+    untouched = bool(torch.equal(flat[wrong], own[wrong]))
+    if untouched and missed == numel:
+        return (
+            f"{where} still holds its own values: nothing was added to it (the n chunks must "
+            f"cover all {numel} element(s), some empty when numel < n)"
+        )
+    if untouched and bool(wrong[numel - missed :].all()):
+        return (
+            f"{where} still holds its own values in its last {missed} element(s), which no "
+            "chunk covered: the n chunks together must cover the whole flat tensor (nearly "
+            "equal sizes, some empty when numel < n)"
+        )
+    return (
+        f"{where} does not hold the sum in {missed} of its {numel} element(s): after n - 1 "
+        "reduce-scatter steps lane i holds chunk (i + 1) % n summed; n - 1 all-gather steps "
+        "pass those on"
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -143,10 +143,14 @@ def report(results: Sequence[CheckResult]) -> str:
         mine = [r for r in results if r.task == task]
         if len(tasks) > 1:
             lines.append(f"Task {task}: {sum(r.passed for r in mine)}/{len(mine)} checks passed")
+        hints = {r.hint for r in mine if not r.passed}
+        once = len(mine) > 1 and not any(r.passed for r in mine) and len(hints) == 1
         for result in mine:
             lines.append(f"  {PASS if result.passed else FAIL} {clean_text(result.check)}")
-            if not result.passed and result.hint:
+            if not result.passed and result.hint and not once:
                 lines.append(f"      hint: {clean_text(result.hint)}")
+        if once and mine[0].hint:  # a file that cannot be imported: one hint, said once
+            lines.append(f"      hint, every check: {clean_text(mine[0].hint)}")
     passed = sum(r.passed for r in results)
     verdict = "all checks pass" if passed == len(results) else "keep going"
     lines.append(f"{passed}/{len(results)} checks passed: {verdict}")

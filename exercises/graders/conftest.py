@@ -242,7 +242,21 @@ def hint_for(error: BaseException, student: Path | None = None) -> str:
     what = f"{first_line} ... {last_error(message)}" if len(lines) > 1 else first_line
     line = student_line(error, message, student) if student is not None else None
     where = f" at {student.name} line {line}" if student is not None and line else ""
-    return f"your code raised {type(error).__name__}{where}: {what}".rstrip(": ")
+    return f"your code raised {type(error).__name__}{where}: {what}".rstrip(": ") + known(error)
+
+
+NAMEDTUPLE_FROM_ONE = re.compile(r"__new__\(\) missing \d+ required positional argument")
+
+
+def known(error: BaseException) -> str:
+    """A note on the well-known mistake behind ``error``, or nothing."""
+    if isinstance(error, TypeError) and NAMEDTUPLE_FROM_ONE.search(str(error)):
+        # Pair(gen) hands the namedtuple one iterable where it wants one argument per field
+        return (
+            " (a namedtuple is built from its fields, one argument each: type(x)(*fields), "
+            "not type(x)(iterable))"
+        )
+    return ""
 
 
 def last_error(message: str, limit: int = 240) -> str:

@@ -40,6 +40,30 @@ def broadcast(exercise, devices, *tensors):  # noqa: ANN001, ANN201
     return copies
 
 
+def replicate(exercise, model, devices):  # noqa: ANN001, ANN201
+    """``exercise.replicate(model, devices)``. A module whose parameters replicate swapped
+    for copies is named as such: when copy.deepcopy then fails on it (its parameters are no
+    longer leaves), and when it is itself among the replicas."""
+    before = [id(p) for p in model.parameters()]
+    try:
+        replicas = exercise.replicate(model, devices)
+    except RuntimeError as error:
+        if "deepcopy protocol" in str(error) and [id(p) for p in model.parameters()] != before:
+            raise AssertionError(
+                "replicate swapped the copies into the module itself, and copy.deepcopy then "
+                "failed on it (its parameters are no longer leaves): replicas must be new "
+                "modules; swap in the replicas only, and leave the module as it was"
+            ) from error
+        raise
+    if [id(p) for p in model.parameters()] != before:  # the copies swapped into the module
+        index = next((i for i, replica in enumerate(replicas) if replica is model), None)
+        assert index is None, (
+            f"replica {index} is the model itself, whose parameters replicate swapped for "
+            "copies: replicas must be new modules; swap in the replicas only"
+        )
+    return replicas
+
+
 def test_broadcast_forward_layout(exercise, lanes, request):
     """Broadcast.forward returns every tensor on every lane, device by device"""
     # The values are judged by the grader's parent on tensors it chose; the lanes, here.
@@ -95,7 +119,7 @@ def test_replicate_places_replicas(exercise, lanes, request):
     seed, rows, _ = inputs = decided.inputs_here(nodeid)
     model = outputs.seeded_model(seed)
     x, _, _ = outputs.seeded_batch(seed, rows)
-    replicas = exercise.replicate(model, lanes)
+    replicas = replicate(exercise, model, lanes)
     assert len(replicas) == 4, f"expected 4 replicas, got {len(replicas)}"
     with torch.no_grad():
         decided.answer(nodeid, inputs, outputs.listed("out", [r(x) for r in replicas]))
@@ -116,7 +140,7 @@ def test_replicate_gradients(exercise, lanes, request):
     seed, rows, count = inputs = decided.inputs_here(nodeid)
     model = outputs.seeded_model(seed)
     x, _, _ = outputs.seeded_batch(seed, rows)
-    replicas = exercise.replicate(model, lanes[:count])
+    replicas = replicate(exercise, model, lanes[:count])
     sum(replica(x).pow(2).sum() for replica in replicas).backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, (
@@ -133,7 +157,7 @@ def test_replicate_leaves_module_alone(exercise, lanes, request):
     (seed,) = inputs = decided.inputs_here(nodeid)
     model = outputs.seeded_model(seed)
     before = list(model.parameters())
-    exercise.replicate(model, lanes)
+    replicate(exercise, model, lanes)
     after = [param for _, param in model.named_parameters()]
     values = {
         "same": torch.tensor([identity.index_of(p, before) for p in after], dtype=torch.int64),

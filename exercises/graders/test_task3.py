@@ -107,6 +107,14 @@ def test_apply_replica_stores_output(exercise, lanes, request):
     stored = results.get(first, NOTHING)
     module = Recorder(factors[1])
     exercise.apply_replica(second, module, (x[1], x[-1]), lanes[second], True, results)
+    for index, given in ((first, "a tensor input x"), (second, "a tuple input (x, y)")):
+        failure = results.get(index)  # the module takes both: a failure is apply_replica's
+        error = getattr(failure, "exception", None)
+        assert not isinstance(failure, exercise.ReplicaFailure), (
+            f"apply_replica stored a ReplicaFailure for {given}, which the module takes "
+            f"({type(error).__name__}: {error})"
+            + ("; a tuple input holds the positional arguments" if index == second else "")
+        )
     values = {"keys": keys, "first": stored, "second": results.get(second, NOTHING)}
     decided.answer(nodeid, inputs, values)
 

@@ -37,12 +37,18 @@ def test_sizes_are_a_split(exercise, request):
     cases = decided.inputs_here(nodeid)
     decided.answer(nodeid, cases, decided.pack_sizes(sizes_of(exercise, cases)))
     batch, speeds = 10, [1.0, 0.0]  # the hint names the call it makes
-    with must_raise(
-        ValueError,
+    call, why = (
         f"weighted_chunk_sizes({batch}, {speeds})",
         "a device of speed 0 never finishes: reject speeds that are not above 0",
-    ):
-        exercise.weighted_chunk_sizes(batch, speeds)
+    )
+    with must_raise(ValueError, call, why):
+        try:
+            exercise.weighted_chunk_sizes(batch, speeds)
+        except ZeroDivisionError as error:
+            raise AssertionError(
+                f"{call} raised ZeroDivisionError ({error}), not ValueError: {why}, before "
+                "dividing by them"
+            ) from error
 
 
 def test_equal_speeds_balance(exercise, request):

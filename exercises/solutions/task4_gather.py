@@ -11,6 +11,12 @@ You may use torch, ``dpkit.comm.copy_to`` (a real, counted copy between devices;
 carry no lane tag, so pass ``source=``), ``dpkit.device_of`` and ``dpkit.lanes.place`` (tags
 a tensor you made with the lane it lives on), but not ``dpkit.gather`` or
 ``dpkit.comm.gather``: writing them is the task. Grade your work with ``dpkit grade 4``.
+
+On these virtual lanes, the lane a tensor is on is a tag that ``copy_to`` (or ``place``)
+puts on the tensor it returns: any new tensor made from it (a view, ``clone()``,
+arithmetic, ``torch.cat``) carries no tag and counts as lane 0's (on a GPU it would stay
+where it is). So ``copy_to`` or ``place`` must be the last thing done to a tensor you hand
+to a lane.
 """
 
 # Reference solution: every TODO of the stub, done. Graded by the same grader.

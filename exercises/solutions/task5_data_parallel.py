@@ -10,6 +10,9 @@ gather's backward (scatter of gradients) and replicate's (reduce-add onto device
 Use dpkit's primitives here, the reference versions of tasks 1-4: ``dpkit.scatter``,
 ``dpkit.replicate``, ``dpkit.parallel_apply`` and ``dpkit.gather`` (or your own, once they
 pass). Not ``dpkit.DataParallel`` or ``dpkit.data_parallel``: composing them is the task.
+Pass the devices to ``dpkit.parallel_apply`` by keyword, ``devices=...``: as in torch, its
+third positional argument is ``kwargs_tup`` (one dict of keyword arguments per replica),
+while task 3's ``parallel_apply(modules, inputs, devices)`` takes them third.
 Grade your work with ``dpkit grade 5``.
 """
 

