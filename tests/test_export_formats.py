@@ -18,6 +18,7 @@ from dpkit import tracing
 from dpkit.device import VIRTUAL_CPU
 from dpkit.tracing import KIND_LABELS, PREDICTED, export
 from dpkit.tracing.events import ALLOCATED, Event, MemoryRecord
+from dpkit.tracing.export import covered, gaps_note
 
 recorder = importlib.import_module("dpkit.tracing.recorder")
 
@@ -184,3 +185,26 @@ def test_memory_recorded_for_a_given_step_lands_in_that_step():
     with dpkit.trace() as tr:
         recorder.record_memory(lane, "parameters", 64, step=7)
     assert [(r.step, r.nbytes) for r in tr.memory] == [(7, 64)]
+
+
+def test_covered_counts_overlaps_once_and_gaps_not_at_all():
+    # 0-1 and 0.5-2 overlap (2 s together), 3-4 comes after a gap of 1 s: 3 s covered
+    assert covered([(3.0, 4.0), (0.0, 1.0), (0.5, 2.0)]) == 3.0
+    assert covered([(0.0, 2.0), (0.5, 1.0)]) == 2.0  # one inside another
+    assert covered([]) == 0.0
+
+
+def test_the_gaps_note_says_how_much_of_a_phases_span_its_events_take():
+    def bucket(start, end):
+        return Event("allreduce", "rank:0 (cpu)", start, end, 8, 2, "rank")
+
+    # buckets 0-1 ms and 3-4 ms: the row spans 4 ms, the buckets take 2 of them
+    note = gaps_note([bucket(0.0, 0.001), bucket(0.003, 0.004)], "allreduce", "rank 0's",
+                     "all-reduces")  # fmt: skip
+    assert note == (
+        "  (allreduce's time runs from its first event to its last, gaps included: "
+        "in the last step rank 0's 2 all-reduces took 2.000 ms of those 4.000 ms)"
+    )
+    back_to_back = [bucket(0.0, 0.001), bucket(0.001, 0.003)]
+    assert gaps_note(back_to_back, "allreduce", "rank 0's", "all-reduces") is None
+    assert gaps_note(back_to_back, "backward", "rank 0's", "passes") is None  # none of it

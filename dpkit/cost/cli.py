@@ -19,6 +19,7 @@ from dpkit.cost.hardware import TABLES, Hardware, Link, check
 from dpkit.cost.memory import OPTIMIZER_COPIES
 from dpkit.cost.prediction import STRATEGIES, PredictedTrace, predict
 from dpkit.models import PREDICTION_MODELS, build_model, sample_input
+from dpkit.tracing.export import gaps_note
 
 DEFAULT_HARDWARE = "8xA100-SXM-NVLink"
 DEFAULT_DEVICES = 8  # or all of the machine's, where it has fewer
@@ -221,14 +222,7 @@ def report(
         "",
         f"predicted step time: {trace.step_time * 1e3:.3f} ms",
         _outside_phases(trace),
-        *(
-            [
-                "  (allreduce bytes: what the ring sends, 2(n-1)/n of each bucket, summed over the "
-                "devices; dpkit ddp's table sums the buckets themselves)"
-            ]
-            if trace.strategy == "ddp"
-            else []
-        ),
+        *(_allreduce_notes(trace) if trace.strategy == "ddp" else []),
         "",
         memory_table(trace),
         f"predicted memory: {fit_verdict(trace)}",
@@ -258,6 +252,17 @@ def _caveats(trace: PredictedTrace) -> list[str]:
                      "slower all-reduce from dpkit ddp (notebook 09 measures gloo's link)"
                      )  # fmt: skip
     return lines
+
+
+def _allreduce_notes(trace: PredictedTrace) -> list[str]:
+    """What DDP's allreduce row counts: its time, gaps between buckets included, and its
+    bytes, the ring's sends (where dpkit ddp's table sums the buckets)."""
+    last, first = max(trace.step_bounds), trace.events[0].device
+    mine = [e for e in trace.events if e.step == last and e.device == first]
+    notes = [gaps_note(mine, "allreduce", "device 0's", "all-reduces")]
+    notes.append("  (allreduce bytes: what the ring sends, 2(n-1)/n of each bucket, summed over "
+                 "the devices; dpkit ddp's table sums the buckets themselves)")  # fmt: skip
+    return [note for note in notes if note]
 
 
 def _outside_phases(trace: PredictedTrace) -> str:

@@ -31,6 +31,7 @@ from dpkit.cli_types import (
 from dpkit.ddp import checks
 from dpkit.ddp.workload import random_images
 from dpkit.models import DDP_MODELS
+from dpkit.tracing.export import gaps_note
 
 
 def write_figures(trace: Any, out: Path) -> tuple[Path | None, Path | None]:
@@ -93,6 +94,7 @@ def report(result: Any, model: str, paths: tuple[Path, Path | None, Path | None]
         "step times (ms, slowest rank): " + ", ".join(f"{t * 1e3:.1f}" for t in result.step_times),
         "",
         steady_summary(result.trace),
+        *filter(None, [gaps_note(buckets, "allreduce", "rank 0's", "all-reduces")]),
         "",
         "memory per rank in the last step (counted: the sum of the categories):",
         str(result.trace.memory_summary()),

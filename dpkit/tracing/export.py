@@ -8,6 +8,7 @@ device; its process name says whether the devices were real, virtual or predicte
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -95,6 +96,33 @@ class Summary(list):
             "time in no phase is in no row; phases that run at the same time each count it",
         ]
         return "\n".join(lines)
+
+
+def covered(intervals: Iterable[tuple[float, float]]) -> float:
+    """How long at least one of ``intervals`` (start, end) runs: their union's length, which
+    leaves out the gaps a phase's time (first event to last) counts."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def gaps_note(events: Sequence[Event], phase: str, whose: str, noun: str) -> str | None:
+    """A line saying how much of ``phase``'s time in the table its ``events`` (``whose``, in
+    one step: "device 0's") actually take, where gaps between them make the two differ (an
+    all-reduce's buckets, which wait for gradients); None where they do not."""
+    intervals = [(e.start, e.end) for e in events if e.phase == phase]
+    if not intervals:
+        return None
+    window = max(end for _, end in intervals) - min(start for start, _ in intervals)
+    busy = covered(intervals)
+    if window - busy <= 1e-3 * window:
+        return None
+    return (f"  ({phase}'s time runs from its first event to its last, gaps included: in the "
+            f"last step {whose} {len(intervals)} {noun} took {busy * 1e3:.3f} ms of those "
+            f"{window * 1e3:.3f} ms)")  # fmt: skip
 
 
 class PhaseTotals:
