@@ -70,6 +70,7 @@ import torch
 from torch import nn
 from torch._utils import ExceptionWrapper
 
+from dpkit import device as dpkit_device
 from dpkit import lanes, tracing
 from dpkit.device import Device, DeviceLike, _set_current_device, as_devices
 from dpkit.nested import tensors_in
@@ -255,12 +256,14 @@ class _CallersModes:
         # torch's device_index(device) and stream, on an accelerator (stream is None on CPU)
         accelerator = torch.get_device_module(device.device_type) if stream is not None else None
         _set_current_device(device)
+        follow = dpkit_device._placement_check  # dpkit: the placement check follows replicas too
         try:
             with (
                 accelerator.device(device.torch_device) if accelerator else nullcontext(),
                 accelerator.stream(stream) if accelerator else nullcontext(),
                 torch.autocast(device.device_type, dtype=dtype, enabled=enabled),
                 torch.inference_mode() if self.inference_mode else nullcontext(),
+                follow() if follow else nullcontext(),
             ):
                 yield
         finally:

@@ -179,8 +179,16 @@ def choose(rows: Table, memory_capacity: float) -> str:
 DESCRIPTION = (
     "Predict memory per device and step time of DataParallel, DDP, ZeRO-1, FSDP and a "
     "pipeline split for a model, batch and machine, and pick one (every number predicted, "
-    "with Adam unless --optimizer sgd)."
+    "Adam by default)."
 )
+
+
+def _preset(name: str) -> cost.Hardware:
+    """An argparse type: the preset ``name`` names, in any case (argparse names the option)."""
+    try:
+        return cost.preset(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("hardware=")) from None
 
 
 def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -189,7 +197,7 @@ def _arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     parser.add_argument("--model", default="wide-mlp", choices=PREDICTION_MODELS,
                         help="a model of dpkit.models, default: wide-mlp")  # fmt: skip
-    parser.add_argument("--hardware", default=None, metavar="PRESET",
+    parser.add_argument("--hardware", type=_preset, default=None, metavar="PRESET",
                         help="a preset, any case (dpkit predict --list), default: "
                         "8xA100-SXM-NVLink")  # fmt: skip
     parser.add_argument("--hardware-file", default=None, metavar="FILE.toml",
@@ -216,7 +224,7 @@ def _run(args: argparse.Namespace) -> int:
 
         machine = load_hardware_file(args.hardware_file)
     else:
-        machine = cost.preset(args.hardware or "8xA100-SXM-NVLink")
+        machine = args.hardware or cost.preset("8xA100-SXM-NVLink")
     model, sample = models.build_model(args.model, seed=0), models.sample_input()
     devices = args.devices or machine.devices_per_node * machine.nodes
     try:
