@@ -687,6 +687,18 @@ def test_gather_keeps_channels_last_where_every_piece_has_it_as_torch_does(rows)
     mixed = [images(rows, True), images(rows, False), images(rows, True)]
     gathered = dpkit.gather(_lane_outputs(mixed), lanes(3)[0])
     assert gathered.is_contiguous() and torch.equal(gathered, torch.cat(mixed))
+    # along the channels, whose sizes differ: the result's strides are its own shape's
+    wide = [images(rows, True), images(rows, True)[:, :3].contiguous(memory_format=last)]
+    gathered = dpkit.gather(_lane_outputs(wide), lanes(2)[0], dim=1)
+    assert gathered.is_contiguous(memory_format=last) and torch.equal(gathered, torch.cat(wide, 1))
+
+
+def test_gather_keeps_channels_last_3d_for_volumes():
+    last = torch.channels_last_3d
+    pieces = [torch.randn(2, 4, 3, 5, 6).to(memory_format=last) for _ in range(3)]
+    gathered = dpkit.gather(_lane_outputs(pieces), lanes(3)[0])
+    assert gathered.is_contiguous(memory_format=last) and not gathered.is_contiguous()
+    assert torch.equal(gathered, torch.cat(pieces))
 
 
 @pytest.mark.parametrize(
