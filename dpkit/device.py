@@ -45,8 +45,9 @@ HOST = "host"
 CHECKED_LANE_MEMORY = torch.device("cpu", 0)
 # Set by dpkit.testing.placement_check while it is on: called whenever checked lanes are made, so
 # that the thread asking for them (a widget's callback may run in a thread of its own)
-# follows lane tags too.
-_placement_check: Callable[[], None] | None = None
+# follows lane tags too. It returns a context, which parallel_apply's workers enter so that a
+# replica's thread is followed only while its forward runs.
+_placement_check: Callable[[], Any] | None = None
 
 # torch hands out CUDA streams from a pool of 32 per device and priority, round-robin: more
 # lanes than that on one GPU would share streams and run one after another.

@@ -650,6 +650,15 @@ WRONG = [
         "replicate swapped the copies into the module itself, and copy.deepcopy then failed on it",
     ),
     Wrong(
+        "eight",
+        5,
+        "the largest signed difference, without abs()",
+        "(a.grad - b.grad).abs().max().item()",
+        "(a.grad - b.grad).max().item()",
+        ("max_gradient_difference detects a wrong forward",),
+        "take the largest absolute difference: .abs() before .max()",
+    ),
+    Wrong(
         "nine",
         2,
         "every replica deep-copied first, then replica 0 replaced by the module itself",

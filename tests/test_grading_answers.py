@@ -1063,46 +1063,84 @@ def test_three_sgd_steps_give_the_losses_and_parameters_worked_out_by_hand():
         assert counted.judge_train(inputs, wrong) == NOT_TENSORS
 
 
-def difference(value: float, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    return {"difference": torch.tensor([value], dtype=dtype)}
+def difference(*values: float, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    return {"difference": torch.tensor(values, dtype=dtype)}
 
 
 def test_equal_gradients_differ_by_less_than_1e_5_and_by_no_negative_amount():
+    cases = [[0, 6], [1, 7]]
     for value in (0.0, 1e-7, 9.9e-6):
-        assert counted.judge_difference_small([0, 6], difference(value)) is None
+        assert counted.judge_difference_small(cases, difference(value, 0.0)) is None
+        assert counted.judge_difference_small(cases, difference(0.0, value)) is None
     for value in (1e-5, 0.5, -1e-9, float("nan")):
-        assert counted.judge_difference_small([0, 6], difference(value)) == (
+        assert counted.judge_difference_small(cases, difference(0.0, value)) == (
             f"got {value}; equal gradients differ by ~1e-7 at most"
         )
-    for wrong in (difference(0.0, torch.float32), {"difference": torch.zeros(2).double()}, {}):
-        assert counted.judge_difference_small([0, 6], wrong) == NOT_TENSORS
+    for wrong in (
+        difference(0.0, 0.0, dtype=torch.float32),
+        difference(0.0),  # one case answered of two
+        {"difference": torch.zeros(3).double()},
+        {},
+    ):
+        assert counted.judge_difference_small(cases, wrong) == NOT_TENSORS
+
+
+def dropped_rows_gradients(seed: int, rows: int) -> list[torch.Tensor]:
+    """By hand: one device's gradients minus the wrong forward's are the gradients of the
+    rows after the first 3 alone (the wrong forward detaches them)."""
+    _, dropped = by_hand(
+        seed, rows, lambda out, y: torch.cat([torch.zeros(3, 2), 2 * (out - y)[3:] / out.numel()])
+    )
+    return list(dropped.values())
 
 
 def test_a_forward_that_drops_rows_from_backward_differs_by_those_rows_gradients():
-    seed, rows = inputs = [31, 8]
+    seed, rows = 31, 8
     x, _, _ = outputs.seeded_batch(seed, rows)
     model = outputs.seeded_model(seed)
     wrong = counted.first_rows_only(model, (x,), None)
     assert torch.allclose(wrong, model(x))
     after = torch.autograd.grad(wrong[3:].sum(), list(model.parameters()))
     assert all(not grad.any() for grad in after)  # rows 3 on reach no parameter
-    # the rows after the first 3 are all the difference: their share of the gradient
-    _, dropped = by_hand(
-        seed, rows, lambda out, y: torch.cat([torch.zeros(3, 2), 2 * (out - y)[3:] / out.numel()])
-    )
-    want = max(grad.abs().max().item() for grad in dropped.values())
-    assert counted.judge_difference_large(inputs, difference(want)) is None
-    assert counted.judge_difference_large(inputs, difference(want * (1 + 5e-4))) is None
-    hint = counted.judge_difference_large(inputs, difference(want * (1 - 2e-3)))
+    inputs = [[seed, rows], [seed + 1, rows + 1]]
+    want = [max(g.abs().max().item() for g in dropped_rows_gradients(*case)) for case in inputs]
+    assert counted.judge_difference_large(inputs, difference(*want)) is None
+    assert counted.judge_difference_large(inputs, difference(want[0] * (1 + 5e-4), want[1])) is None
+    hint = counted.judge_difference_large(inputs, difference(want[0], want[1] * (1 - 2e-3)))
     said, _, rest = hint.removeprefix(
-        f"a forward that drops 5 of 8 rows from backward gave a difference of "
-        f"{want * (1 - 2e-3)}, not the largest one, "
+        f"a forward that drops 6 of 9 rows from backward gave a difference of "
+        f"{want[1] * (1 - 2e-3)}, not the largest one, "
     ).partition(";")
-    assert float(said) == pytest.approx(want, rel=1e-5)  # autograd's, to 6 digits
+    assert float(said) == pytest.approx(want[1], rel=1e-5)  # autograd's, to 6 digits
     assert rest == " compare the .grad of every parameter, using the forward you are given"
-    smallest = min(grad.abs().max().item() for grad in dropped.values())
-    assert counted.judge_difference_large(inputs, difference(smallest)) is not None
-    assert counted.judge_difference_large(inputs, difference(want, torch.float32)) == NOT_TENSORS
+    smallest = min(g.abs().max().item() for g in dropped_rows_gradients(seed, rows))
+    assert counted.judge_difference_large(inputs, difference(smallest, want[1])) is not None
+    assert counted.judge_difference_large(inputs, difference(*want, dtype=torch.float32)) == (
+        NOT_TENSORS
+    )
+
+
+def test_a_signed_maximum_fails_one_of_the_two_cases_whichever_way_it_subtracts():
+    # the parent's cases: the largest gradient difference positive in the first, negative in
+    # the second, checked here by hand
+    inputs = counted.difference_inputs(random.Random(5))
+    signs = []
+    for case in inputs:
+        dropped = dropped_rows_gradients(*case)
+        largest = max(g.max().item() for g in dropped)
+        smallest = min(g.min().item() for g in dropped)
+        signs.append(largest > -smallest)
+    assert signs == [True, False]
+    for subtracted in (1, -1):  # one device's minus data-parallel's, or the other way round
+        signed = [
+            max((subtracted * g).max().item() for g in dropped_rows_gradients(*case))
+            for case in inputs
+        ]
+        hint = counted.judge_difference_large(inputs, difference(*signed))
+        assert hint is not None and hint.endswith(
+            "take the largest absolute difference: .abs() before .max(), since a gradient "
+            "may be smaller than one device's as well as larger"
+        )
 
 
 def test_counted_draws_cover_the_sizes_the_graders_name():
@@ -1111,8 +1149,8 @@ def test_counted_draws_cover_the_sizes_the_graders_name():
     assert {lanes for lanes, _ in compare} == {3, 4}
     chunks = [chunk for _, chunk in compare]
     assert min(chunks) == 10 and max(chunks) == 300
-    for choose, low in ((counted.train_inputs, 8), (counted.difference_inputs, 6)):
-        drawn = draws(choose)
+    difference_cases = [case for drawn in draws(counted.difference_inputs) for case in drawn]
+    for drawn, low in ((draws(counted.train_inputs), 8), (difference_cases, 6)):
         assert {rows for _, rows in drawn} == set(range(low, 17))
         seeds = [seed for seed, _ in drawn]
         assert len(set(seeds)) == len(seeds) and max(seeds) > 2**61 and min(seeds) >= 0

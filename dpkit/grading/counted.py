@@ -124,25 +124,33 @@ def judge_train(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
     return None
 
 
-def difference_inputs(rng: random.Random) -> list[int]:
-    """The model's and the batch's seed, and the batch's rows (6-16: the wrong forward
-    drops all but the first 3 from backward)."""
-    return [rng.randrange(2**62), rng.randint(6, 16)]
+def difference_inputs(rng: random.Random) -> list[list[int]]:
+    """Two (seed, rows) cases, the rows 6-16 (the wrong forward drops all but the first 3
+    from backward). In the first, the largest difference between one device's gradients and
+    the wrong forward's is positive; in the second, negative: a signed maximum (no
+    ``.abs()``) misses one of them on every run, whichever way round it subtracts."""
+    cases: dict[bool, list[int]] = {}
+    while len(cases) < 2:
+        seed, rows = rng.randrange(2**62), rng.randint(6, 16)
+        largest, smallest = _signed_extremes(_dropped_rows_differences(seed, rows))
+        cases.setdefault(largest >= -smallest, [seed, rows])
+    return [cases[True], cases[False]]
 
 
-def _difference(values: Mapping[str, torch.Tensor]) -> float | None:
+def _differences(values: Mapping[str, torch.Tensor], count: int) -> list[float] | None:
     sent = values.get("difference")
-    if not isinstance(sent, torch.Tensor) or sent.dtype != torch.float64 or sent.numel() != 1:
+    if not isinstance(sent, torch.Tensor) or sent.dtype != torch.float64 or sent.numel() != count:
         return None
-    return float(sent.item())
+    return sent.tolist()
 
 
 def judge_difference_small(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
-    difference = _difference(values)
-    if difference is None:
+    differences = _differences(values, len(inputs))
+    if differences is None:
         return NOT_TENSORS
-    if not 0.0 <= difference < 1e-5:
-        return f"got {difference}; equal gradients differ by ~1e-7 at most"
+    for difference in differences:
+        if not 0.0 <= difference < 1e-5:
+            return f"got {difference}; equal gradients differ by ~1e-7 at most"
     return None
 
 
@@ -151,23 +159,38 @@ def first_rows_only(module: nn.Module, inputs: tuple, devices: Any) -> torch.Ten
     return torch.cat([module(inputs[0][:3]), module(inputs[0][3:]).detach()])
 
 
-def judge_difference_large(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
-    seed, rows = inputs
-    difference = _difference(values)
-    if difference is None:
-        return NOT_TENSORS
+def _dropped_rows_differences(seed: int, rows: int) -> list[torch.Tensor]:
+    """One device's gradients minus those through :func:`first_rows_only`, per parameter."""
     x, y, _ = seeded_batch(seed, rows)
     single, wrong = seeded_model(seed), seeded_model(seed)
     nn.functional.mse_loss(single(x), y).backward()
     nn.functional.mse_loss(first_rows_only(wrong, (x,), None), y).backward()
-    want = max(
-        (a.grad - b.grad).abs().max().item()  # type: ignore[operator]
-        for a, b in zip(single.parameters(), wrong.parameters())
-    )
-    if not abs(difference - want) <= 1e-3 * want:
+    pairs = zip(single.parameters(), wrong.parameters())
+    return [a.grad - b.grad for a, b in pairs]  # type: ignore[operator]
+
+
+def _signed_extremes(differences: list[torch.Tensor]) -> tuple[float, float]:
+    return max(d.max().item() for d in differences), min(d.min().item() for d in differences)
+
+
+def judge_difference_large(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
+    differences = _differences(values, len(inputs))
+    if differences is None:
+        return NOT_TENSORS
+    for (seed, rows), difference in zip(inputs, differences):
+        largest, smallest = _signed_extremes(_dropped_rows_differences(seed, rows))
+        want = max(largest, -smallest)
+        if abs(difference - want) <= 1e-3 * want:
+            continue
+        signed = min(largest, -smallest)  # the signed maximum that is not the largest
+        fix = (
+            "take the largest absolute difference: .abs() before .max(), since a gradient "
+            "may be smaller than one device's as well as larger"
+            if abs(difference - signed) <= 1e-3 * abs(signed)
+            else "compare the .grad of every parameter, using the forward you are given"
+        )
         return (
             f"a forward that drops {rows - 3} of {rows} rows from backward gave a difference "
-            f"of {difference}, not the largest one, {want:.6g}; compare the .grad of every "
-            "parameter, using the forward you are given"
+            f"of {difference}, not the largest one, {want:.6g}; {fix}"
         )
     return None

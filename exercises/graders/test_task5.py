@@ -94,16 +94,19 @@ def test_train_step(exercise, lanes, request):
 
 
 def max_difference(exercise, lanes, request, forward=None) -> None:
-    """Run max_gradient_difference on the parent's model and batch, send what it returns."""
+    """Run max_gradient_difference on each of the parent's models and batches, send what
+    it returns."""
     nodeid = request.node.nodeid
-    seed, rows = inputs = decided.inputs_here(nodeid)
-    x, y, _ = outputs.seeded_batch(seed, rows)
-    make = lent(lambda: outputs.seeded_model(seed))
+    inputs = decided.inputs_here(nodeid)
     extra = () if forward is None else (forward,)
-    difference = exercise.max_gradient_difference(make, x, y, lanes, *extra)
-    assert isinstance(difference, float), f"return a float, got {type(difference).__name__}"
-    sent = torch.tensor([float(difference)], dtype=torch.float64)
-    decided.answer(nodeid, inputs, {"difference": sent})
+    sent = []
+    for seed, rows in inputs:
+        x, y, _ = outputs.seeded_batch(seed, rows)
+        make = lent(lambda seed=seed: outputs.seeded_model(seed))
+        difference = exercise.max_gradient_difference(make, x, y, lanes, *extra)
+        assert isinstance(difference, float), f"return a float, got {type(difference).__name__}"
+        sent.append(float(difference))
+    decided.answer(nodeid, inputs, {"difference": torch.tensor(sent, dtype=torch.float64)})
 
 
 def test_gradient_difference_small(exercise, lanes, request):
