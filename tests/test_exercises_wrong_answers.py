@@ -659,6 +659,15 @@ WRONG = [
         "take the largest absolute difference: .abs() before .max()",
     ),
     Wrong(
+        "ten",
+        1,
+        "every chunk cloned before it is moved, lane 0's too",
+        'copy_to(piece, device, "scatter")',
+        'copy_to(piece.clone(), device, "scatter")',
+        ("scatter_tensor puts chunk i on lane i with the right rows",),
+        "chunk 0 is a copy of the input's rows",
+    ),
+    Wrong(
         "nine",
         2,
         "every replica deep-copied first, then replica 0 replaced by the module itself",

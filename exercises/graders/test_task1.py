@@ -108,6 +108,12 @@ def test_scatter_tensor_places_chunks(with_torch_sizes, lanes, request):
             f"chunk {index} is not on lane {index}: move it with copy_to(chunk, devices[i], "
             "'scatter')"
         )
+    # torch's scatter hands the chunk already on its device back as a view of the input
+    assert chunks[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), (
+        "chunk 0 is a copy of the input's rows: lane 0 holds the input already, so its chunk "
+        "is a view of it (the split's piece, which copy_to hands back as it is); copy only "
+        "what goes to the other lanes"
+    )
 
 
 def test_scatter_tensor_counts_bytes(with_torch_sizes, lanes, transfers, request):
