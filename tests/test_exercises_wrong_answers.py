@@ -116,10 +116,7 @@ WRONG = [
         "a backward that keeps lane 0's gradient instead of adding",
         "total = grad if total is None else total + grad",
         "total = grad if total is None else total",
-        (
-            "Broadcast.backward sums the gradients of all copies",
-            "gradients of every replica add up in the original module",
-        ),
+        ("Broadcast.backward sums the gradients of all copies",),
         "backward must add the gradients of a's copies on every lane",
     ),
     Wrong(
@@ -298,10 +295,7 @@ WRONG = [
         "lane 0 given a copy too (replica 0 no longer shares the module's storage)",
         'tuple(copy_to(t, device, "broadcast") for device in devices for t in tensors)',
         'tuple(copy_to(t.clone(), device, "broadcast") for device in devices for t in tensors)',
-        (
-            "Broadcast.forward returns every tensor on every lane, device by device",
-            "replicate makes one working replica per lane, parameters on that lane",
-        ),
+        ("Broadcast.forward returns every tensor on every lane, device by device",),
         "lane 0's copy must share storage: no copy",
     ),
     Wrong(
@@ -385,7 +379,6 @@ WRONG = [
         (
             "Broadcast.forward returns every tensor on every lane, device by device",
             "Broadcast.forward copies each tensor once to each lane but lane 0",
-            "replicate makes one working replica per lane, parameters on that lane",
         ),
         "output 2 is not on lane 1",
     ),
@@ -522,7 +515,6 @@ WRONG = [
             "Broadcast.backward sums the gradients of all copies",
             "Broadcast.forward returns every tensor on every lane, device by device",
             "Broadcast.backward moves each lane's gradient to lane 0 once",
-            "gradients of every replica add up in the original module",
         ),
         "so backward never ran: forward must return a tuple of tensors",
     ),
@@ -666,6 +658,15 @@ WRONG = [
         'copy_to(piece.clone(), device, "scatter")',
         ("scatter_tensor puts chunk i on lane i with the right rows",),
         "chunk 0 is a copy of the input's rows",
+    ),
+    Wrong(
+        "ten",
+        2,
+        "the copies' gradients averaged, not summed",
+        "            sums.append(total)",
+        "            sums.append(total / len(ctx.devices))",
+        ("Broadcast.backward sums the gradients of all copies",),
+        "a.grad is not the sum of its copies' gradients",
     ),
     Wrong(
         "nine",

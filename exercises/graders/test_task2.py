@@ -1,5 +1,8 @@
 """Grader for task 2: replicate, with a broadcast whose backward reduce-adds gradients.
 
+The Broadcast checks run the student's Broadcast; the replicate checks run replicate on a
+reference Broadcast in its place, so that a wrong Broadcast fails only Broadcast's checks
+and every hint names the part that is wrong (as task 1's checks do with its functions).
 Under ``dpkit grade`` the checks :data:`dpkit.grading.decided.CHECKS` lists are decided by
 the grader's parent process, from the values sent back on inputs it chose: the gradients,
 the copies, and which parameters the module holds after replicate, as the index of the one
@@ -10,7 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from dpkit.comm import copy_to
 from dpkit.grading import decided, identity, outputs
+from dpkit.grading.rules import lent
 from dpkit.lanes import resides_on
 
 pytestmark = pytest.mark.task2
@@ -26,6 +31,45 @@ FORBIDDEN = (
     "dpkit._functions.ReduceAddCoalesced.forward",
     "dpkit._functions.ReduceAddCoalesced.backward",
 )
+
+
+def reference_forward(ctx, devices, *tensors):  # noqa: ANN001, ANN201
+    """Broadcast.forward as the task asks for it: every tensor on every lane, flat."""
+    ctx.devices, ctx.count = list(devices), len(tensors)
+    return tuple(copy_to(t, device, "broadcast") for device in devices for t in tensors)
+
+
+def reference_backward(ctx, *grads):  # noqa: ANN001, ANN201
+    """Broadcast.backward as the task asks for it: each tensor's copies' gradients summed
+    on lane 0."""
+    home, count = ctx.devices[0], ctx.count
+    sums = []
+    for index in range(count):
+        parts = [
+            copy_to(grads[position * count + index], home, "reduce", source=device)
+            for position, device in enumerate(ctx.devices)
+        ]
+        sums.append(sum(parts[1:], parts[0]))
+    return (None, *sums)
+
+
+@pytest.fixture
+def with_reference_broadcast(exercise, monkeypatch):
+    """The student's module, its Broadcast replaced by the reference (made here, so that a
+    submission cannot import it)."""
+    forward, backward = lent(reference_forward), lent(reference_backward)
+
+    class Broadcast(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, devices, *tensors):  # noqa: ANN001, ANN205
+            return forward(ctx, devices, *tensors)
+
+        @staticmethod
+        def backward(ctx, *grads):  # noqa: ANN001, ANN205
+            return backward(ctx, *grads)
+
+    monkeypatch.setattr(exercise, "Broadcast", Broadcast, raising=False)
+    return exercise
 
 
 def broadcast(exercise, devices, *tensors):  # noqa: ANN001, ANN201
@@ -111,7 +155,7 @@ def test_broadcast_backward_moves_to_lane0(exercise, lanes, transfers, request):
     decided.answer(nodeid, inputs, decided.pack_transfers(transfers))
 
 
-def test_replicate_places_replicas(exercise, lanes, request):
+def test_replicate_places_replicas(with_reference_broadcast, lanes, request):
     """replicate makes one working replica per lane, parameters on that lane"""
     # The replicas' outputs are judged by the grader's parent on a model and batch it
     # chose; where their parameters are, here.
@@ -119,7 +163,7 @@ def test_replicate_places_replicas(exercise, lanes, request):
     seed, rows, _ = inputs = decided.inputs_here(nodeid)
     model = outputs.seeded_model(seed)
     x, _, _ = outputs.seeded_batch(seed, rows)
-    replicas = replicate(exercise, model, lanes)
+    replicas = replicate(with_reference_broadcast, model, lanes)
     assert len(replicas) == 4, f"expected 4 replicas, got {len(replicas)}"
     with torch.no_grad():
         decided.answer(nodeid, inputs, outputs.listed("out", [r(x) for r in replicas]))
@@ -134,13 +178,13 @@ def test_replicate_places_replicas(exercise, lanes, request):
     )
 
 
-def test_replicate_gradients(exercise, lanes, request):
+def test_replicate_gradients(with_reference_broadcast, lanes, request):
     """gradients of every replica add up in the original module"""
     nodeid = request.node.nodeid
     seed, rows, count = inputs = decided.inputs_here(nodeid)
     model = outputs.seeded_model(seed)
     x, _, _ = outputs.seeded_batch(seed, rows)
-    replicas = replicate(exercise, model, lanes[:count])
+    replicas = replicate(with_reference_broadcast, model, lanes[:count])
     sum(replica(x).pow(2).sum() for replica in replicas).backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, (
@@ -149,7 +193,7 @@ def test_replicate_gradients(exercise, lanes, request):
     decided.answer(nodeid, inputs, outputs.listed("grad", [p.grad for p in model.parameters()]))
 
 
-def test_replicate_leaves_module_alone(exercise, lanes, request):
+def test_replicate_leaves_module_alone(with_reference_broadcast, lanes, request):
     """replicate leaves the module's own parameters in place"""
     # The parent chose the model's seed; it judges which of the parameters before replicate
     # each one after is (identity as an index) and their values (dpkit.grading.identity).
@@ -157,7 +201,7 @@ def test_replicate_leaves_module_alone(exercise, lanes, request):
     (seed,) = inputs = decided.inputs_here(nodeid)
     model = outputs.seeded_model(seed)
     before = list(model.parameters())
-    replicate(exercise, model, lanes)
+    replicate(with_reference_broadcast, model, lanes)
     after = [param for _, param in model.named_parameters()]
     values = {
         "same": torch.tensor([identity.index_of(p, before) for p in after], dtype=torch.int64),
