@@ -1,0 +1,50 @@
+"""What ``dpkit predict`` (dpkit.cost.cli) prints around its numbers: the settings in words,
+the files it wrote as a block of their own, and where to open the trace."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from dpkit.cli import main
+from dpkit.cost import prediction
+from dpkit.cost.cli import report
+
+
+def _printed(capsys, tmp_path, *flags: str) -> list[str]:
+    command = ["predict", "--hardware", "8xA100-SXM-NVLink", "--model", "mlp", *flags]
+    assert main([*command, "--out", str(tmp_path)]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_ddp_run_states_its_settings_and_torchs_bucket_sizes_in_words(
+    capsys, tmp_path, predict_models_built_once
+):
+    lines = _printed(capsys, tmp_path, "--strategy", "ddp", "--amp", "bf16", "--optimizer", "adam")
+    # torch's DDP defaults, which the prediction assumed: 25 MiB buckets, the first one
+    # dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB)
+    assert prediction.DDP_FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
+    mib = prediction.DDP_BUCKET_BYTES / 2**20, prediction.DDP_FIRST_BUCKET_BYTES / 2**20
+    buckets = f"torch's buckets: {mib[0]:g} MiB, the first {mib[1]:g} MiB"
+    assert f"  autocast bf16; optimizer adam; {buckets}" in lines
+
+
+def test_the_files_written_are_a_block_of_their_own_then_where_to_open_the_trace(
+    capsys, tmp_path, predict_models_built_once
+):
+    lines = _printed(capsys, tmp_path)
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("predicted memory:"))
+    assert lines[verdict + 1] == ""  # a blank line, then one line per file written
+    files = lines[verdict + 2 : -1]
+    assert files and all(str(tmp_path) in line or "skipped" in line for line in files)
+    assert any(line.endswith(str(tmp_path / "trace.json")) for line in files)
+    # the last line tells where the trace opens: the URL at the start, to click or copy
+    assert lines[-1].startswith("  open trace.json at https://ui.perfetto.dev"), lines[-1]
+
+
+def test_the_settings_line_lists_each_setting_as_given(predict_models_built_once):
+    from dpkit.cost import predict
+    from dpkit.models import build_model, sample_input
+
+    trace = predict(build_model("mlp", seed=0), sample_input(), 64, 2, "8xA100-SXM-NVLink")
+    text = report(trace, "mlp", {}, ["float32", "optimizer sgd"])
+    assert "\n  float32; optimizer sgd\n" in text
