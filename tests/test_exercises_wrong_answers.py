@@ -669,6 +669,28 @@ WRONG = [
         "a.grad is not the sum of its copies' gradients",
     ),
     Wrong(
+        "eleven",
+        2,
+        "each replica deep-copied from the one made before, not from the module",
+        "        replica = copy.deepcopy(module)\n",
+        "        replica = copy.deepcopy(replicas[-1] if replicas else module)\n",
+        (
+            "replicate makes one working replica per lane, parameters on that lane",
+            "gradients of every replica add up in the original module",
+            "replicate leaves the module's own parameters in place",
+        ),
+        "copy.deepcopy failed on a module whose parameters are Broadcast's outputs",
+    ),
+    Wrong(
+        "twelve",
+        2,
+        "the parameters cloned before the broadcast (replica 0 has copies of its own)",
+        "    copies = Broadcast.apply(devices, *params)",
+        "    copies = Broadcast.apply(devices, *[param.clone() for param in params])",
+        ("replicate makes one working replica per lane, parameters on that lane",),
+        "replica 0 must share storage with the module",
+    ),
+    Wrong(
         "nine",
         2,
         "every replica deep-copied first, then replica 0 replaced by the module itself",

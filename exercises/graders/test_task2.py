@@ -92,13 +92,19 @@ def replicate(exercise, model, devices):  # noqa: ANN001, ANN201
     try:
         replicas = exercise.replicate(model, devices)
     except RuntimeError as error:
-        if "deepcopy protocol" in str(error) and [id(p) for p in model.parameters()] != before:
+        if "deepcopy protocol" not in str(error):
+            raise
+        if [id(p) for p in model.parameters()] != before:
             raise AssertionError(
                 "replicate swapped the copies into the module itself, and copy.deepcopy then "
                 "failed on it (its parameters are no longer leaves): replicas must be new "
                 "modules; swap in the replicas only, and leave the module as it was"
             ) from error
-        raise
+        raise AssertionError(
+            "copy.deepcopy failed on a module whose parameters are Broadcast's outputs, which "
+            "are not leaves (a replica already made?): deep-copy the original module for every "
+            "replica, then swap in that lane's copies"
+        ) from error
     if [id(p) for p in model.parameters()] != before:  # the copies swapped into the module
         index = next((i for i, replica in enumerate(replicas) if replica is model), None)
         assert index is None, (
