@@ -257,8 +257,9 @@ def _caveats(trace: PredictedTrace) -> list[str]:
 def _allreduce_notes(trace: PredictedTrace) -> list[str]:
     """What DDP's allreduce row counts: its time, gaps between buckets included, and its
     bytes, the ring's sends (where dpkit ddp's table sums the buckets)."""
-    last, first = max(trace.step_bounds), trace.events[0].device
-    mine = [e for e in trace.events if e.step == last and e.device == first]
+    last = max(trace.step_bounds)
+    # device 0 by its name ("predicted:0 (A100)"), not by whichever event comes first
+    mine = [e for e in trace.events if e.step == last and e.device.startswith("predicted:0 (")]
     notes = [gaps_note(mine, "allreduce", "device 0's", "all-reduces")]
     notes.append("  (allreduce bytes: what the ring sends, 2(n-1)/n of each bucket, summed over "
                  "the devices; dpkit ddp's table sums the buckets themselves)")  # fmt: skip
