@@ -11,7 +11,8 @@ from dpkit.cost.cli import report
 
 
 def _printed(capsys, tmp_path, *flags: str) -> list[str]:
-    command = ["predict", "--hardware", "8xA100-SXM-NVLink", "--model", "mlp", *flags]
+    model = [] if "--model" in flags else ["--model", "mlp"]
+    command = ["predict", "--hardware", "8xA100-SXM-NVLink", *model, *flags]
     assert main([*command, "--out", str(tmp_path)]) == 0
     return capsys.readouterr().out.splitlines()
 
@@ -48,3 +49,17 @@ def test_the_settings_line_lists_each_setting_as_given(predict_models_built_once
     trace = predict(build_model("mlp", seed=0), sample_input(), 64, 2, "8xA100-SXM-NVLink")
     text = report(trace, "mlp", {}, ["float32", "optimizer sgd"])
     assert "\n  float32; optimizer sgd\n" in text
+
+
+def test_the_allreduce_note_counts_device_0s_buckets_in_the_last_step(
+    capsys, tmp_path, predict_models_built_once
+):
+    # the wide model's gradients go in torch's 2 buckets (a 1 MiB first one, then the rest:
+    # notebook 07), and the second waits for backward: a gap between the two all-reduces
+    lines = _printed(capsys, tmp_path, "--strategy", "ddp", "--model", "wide")
+    note = next(line for line in lines if "all-reduces took" in line)
+    assert "in the last step device 0's 2 all-reduces took" in note
+    took, of = (float(part.split(" ms")[0]) for part in note.split("took ")[1].split("of those "))
+    row = next(line for line in lines if line.startswith("allreduce "))
+    assert of == float(row.split()[1])  # the table's allreduce time, gaps included
+    assert 0 < took < of
