@@ -8,8 +8,6 @@ import json
 import os
 import sys
 
-import pytest
-
 from dpkit.ddp import nodes
 
 WHO = """
@@ -56,51 +54,6 @@ def _gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
-
-
-@pytest.mark.parametrize(
-    "node, nnodes, per_node, gpus, visible",
-    [
-        (0, 2, 1, ["0"], ""),  # 2 one-rank nodes, 1 GPU: not both on GPU 0, both on the CPU
-        (1, 2, 1, ["0"], ""),
-        (0, 2, 1, ["0", "1"], "0"),  # ... 2 GPUs: one each
-        (1, 2, 1, ["0", "1"], "1"),
-        (1, 2, 2, ["0", "1", "2", "3", "4"], "2,3"),
-        (1, 2, 2, ["3", "5", "6", "7"], "6,7"),  # the GPUs CUDA_VISIBLE_DEVICES left
-        (1, 2, 2, ["0", "1", "2"], ""),
-        (0, 3, 1, [], ""),
-    ],
-)  # fmt: skip
-def test_gpus_of_node_gives_each_node_its_own_or_none(node, nnodes, per_node, gpus, visible):
-    assert nodes.gpus_of_node(node, nnodes, per_node, gpus) == visible
-
-
-@pytest.mark.parametrize(
-    "options, set_to",
-    [
-        (["--nnodes=2", "--nproc_per_node=1", "--node_rank=1", "--master_addr=127.0.0.1"], "1"),
-        (["--nnodes=2", "--nproc_per_node=2", "--node_rank=0", "--master_addr=localhost"], "0,1"),
-        (["--nnodes=3", "--nproc_per_node=2", "--node_rank=0", "--master_addr=127.0.0.1"], ""),
-        (["--nnodes=2", "--nproc_per_node=1", "--node_rank=1", "--master_addr=10.0.0.1"], None),
-        (["--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1"], None),
-        (["--nproc_per_node=2"], None),  # one node: torchrun as it is
-    ],
-)  # fmt: skip
-def test_nodes_on_loopback_get_gpus_of_their_own_before_torchrun_starts(
-    monkeypatch, options, set_to
-):
-    import torch
-    from torch.distributed import run
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    seen = []
-    monkeypatch.setattr(
-        run, "main", lambda argv: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    )
-    monkeypatch.setattr(nodes, "loopback_store", lambda *args: None)
-    nodes.main([*options, "--master_port=29999", "train.py"])
-    assert seen == [set_to]
 
 
 def test_python_dash_m_dpkit_ddp_nodes_starts_without_runpys_warning():

@@ -648,3 +648,78 @@ def test_train_on_nodes_refuses_more_ranks_than_the_cores_hold(launches, monkeyp
     with pytest.raises(ValueError, match=r"nproc=6 .*nproc<=4"):
         nodes.train_on_nodes("out", nnodes=3, nproc_per_node=2, batch=12)
     assert launches == []
+
+
+# --------------------------------------------------------------------------------------
+# Several nodes on loopback: GPUs of their own (torchrun replaced)
+
+
+@pytest.mark.parametrize(
+    "node, nnodes, per_node, gpus, visible",
+    [
+        (0, 2, 1, ["0"], ""),  # 2 one-rank nodes, 1 GPU: not both on GPU 0, both on the CPU
+        (1, 2, 1, ["0"], ""),
+        (0, 2, 1, ["0", "1"], "0"),  # ... 2 GPUs: one each
+        (1, 2, 1, ["0", "1"], "1"),
+        (1, 2, 2, ["0", "1", "2", "3", "4"], "2,3"),
+        (1, 2, 2, ["3", "5", "6", "7"], "6,7"),  # the GPUs CUDA_VISIBLE_DEVICES left
+        (1, 2, 2, ["0", "1", "2"], ""),
+        (0, 3, 1, [], ""),
+    ],
+)  # fmt: skip
+def test_gpus_of_node_gives_each_node_its_own_or_none(node, nnodes, per_node, gpus, visible):
+    assert nodes.gpus_of_node(node, nnodes, per_node, gpus) == visible
+
+
+@pytest.mark.parametrize(
+    "options, set_to",
+    [
+        (["--nnodes=2", "--nproc_per_node=1", "--node_rank=1", "--master_addr=127.0.0.1"], "1"),
+        (["--nnodes=2", "--nproc_per_node=2", "--node_rank=0", "--master_addr=localhost"], "0,1"),
+        (["--nnodes=3", "--nproc_per_node=2", "--node_rank=0", "--master_addr=127.0.0.1"], ""),
+        (["--nnodes=2", "--nproc_per_node=1", "--node_rank=1", "--master_addr=10.0.0.1"], None),
+        (["--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1"], None),
+        (["--nproc_per_node=2"], None),  # one node: torchrun as it is
+    ],
+)  # fmt: skip
+def test_nodes_on_loopback_get_gpus_of_their_own_before_torchrun_starts(
+    monkeypatch, options, set_to
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpus_seen_by_torchrun(monkeypatch, options) == [set_to]
+
+
+@pytest.mark.parametrize(
+    "visible, count, node, set_to",
+    [
+        ("3,5,6,7", 4, 1, "6,7"),  # node 1 of 2 x 2 ranks: the last two GPUs left visible
+        ("3,5,6,7", 4, 0, "3,5"),
+        ("7,2", 2, 1, ""),  # two GPUs for 4 ranks: every rank on the CPU
+        ("0,1,2,3,4,5", 4, 1, "2,3"),  # torch counts 4 of the 6 names: the first 4
+    ],
+)
+def test_nodes_on_loopback_share_out_the_gpus_cuda_visible_devices_leaves(
+    monkeypatch, visible, count, node, set_to
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    options = ["--nnodes=2", "--nproc_per_node=2", f"--node_rank={node}"]
+    assert gpus_seen_by_torchrun(monkeypatch, [*options, "--master_addr=127.0.0.1"]) == [set_to]
+
+
+def gpus_seen_by_torchrun(monkeypatch, options: list[str]) -> list:
+    """What CUDA_VISIBLE_DEVICES torchrun starts with under nodes.main (torchrun replaced)."""
+    from torch.distributed import run
+
+    seen = []
+    monkeypatch.setattr(
+        run, "main", lambda argv: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    )
+    monkeypatch.setattr(nodes, "loopback_store", lambda *args: None)
+    nodes.main([*options, "--master_port=29999", "train.py"])
+    return seen

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpkit.ddp import checks, command, nodes, run, script, settings, sharding, train
+from dpkit.ddp.nodes import launch_nodes
 from dpkit.ddp.run import DDPResult
 from dpkit.tracing import Event
 
@@ -63,6 +64,7 @@ def test_settings_sweep_trains_the_mlp_on_32_rows_for_6_steps_by_default(monkeyp
         settings.settings_sweep({"float32": {}, "bf16": {"compression": "bf16"}})
     plan = launched.value.plan
     assert (plan.workload.name, plan.nproc, plan.batch, plan.steps) == ("mlp", 2, 32, 6)
+    assert plan.threads == 1  # one torch thread per rank, as the docstring says
     assert plan.variants == ((), (("compression", "bf16"),))
 
 
@@ -92,7 +94,7 @@ def test_launch_nodes_runs_two_nodes_of_two_ranks_by_default(monkeypatch):
     monkeypatch.setattr(nodes, "_stop", lambda launch: None)  # nothing was started
     monkeypatch.setattr(checks, "free_port", lambda *_: 29517)
     monkeypatch.setattr(checks, "cores", lambda: 2)
-    ran = nodes.launch_nodes(["examples/ddp_recipe.py"])
+    ran = launch_nodes(["examples/ddp_recipe.py"])
     assert [node.command[3:6] for node in Node.started] == [
         ["--nnodes=2", "--nproc_per_node=2", f"--node_rank={n}"] for n in (0, 1)
     ]

@@ -49,7 +49,8 @@ def settings_sweep(
     ``DistributedDataParallel``, and ``"compression"``), on the same ranks, each from the
     same first weights; the results by label (``keep_gradients``: step 1's gradients). By
     default the mlp on 32 rows (the reference of this module's example) for 6 steps, of
-    which :func:`forward_times` reads steps 3 to 6: four forwards per rank."""
+    which :func:`forward_times` reads steps 3 to 6: four forwards per rank, each rank on one
+    torch thread (ranks that share a machine's cores would otherwise time each other)."""
     if not settings:
         raise ValueError("settings is empty: give at least one label -> DDP options")
     variants = [dict(options) for options in settings.values()]
