@@ -218,3 +218,16 @@ def test_measure_link_reads_the_ring_s_bandwidth_and_latency(monkeypatch):
     # 1.5 * 4 MiB on the wire in 6.291456 ms, less those 6 * 1.024 us: 0.1 % more than 1 GB/s
     assert bandwidth == pytest.approx(6291456 / (6291456e-9 - 6.144e-6), rel=1e-9)
     assert bandwidth == pytest.approx(1e9, rel=1e-3)
+
+
+def test_dpkit_ddp_s_report_says_how_long_rank_0_s_buckets_took_of_the_allreduce_row():
+    # two buckets, 1.0-1.5 s and 2.0-2.25 s: the row spans 1.25 s, the all-reduces take 0.75
+    events = [
+        Event("allreduce", "rank:0 cpu", 1.0, 1.5, 400, 1, "cpu", {"ring_sent_bytes": 400}),
+        Event("allreduce", "rank:0 cpu", 2.0, 2.25, 100, 1, "cpu", {"ring_sent_bytes": 100}),
+    ]
+    trace = Trace()
+    trace.events = events
+    result = DDPResult(trace, 2, "gloo", 8, 25.0, 400, [0.5], [101, 102], None)
+    text = command.report(result, "mlp", (Path("/o/trace.json"), None, None))
+    assert "in the last step rank 0's 2 all-reduces took 750.000 ms of those 1250.000 ms)" in text
