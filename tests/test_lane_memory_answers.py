@@ -196,3 +196,17 @@ def test_a_forked_childs_first_copy_starts_its_own_releaser(monkeypatch, small_p
     # Only a releaser of the child's own gives the free block back.
     assert wait_until(lambda: lane_memory.cached_bytes(LANE) == 0, seconds=2.0)
     assert wait_until(lambda: not releaser_alive(), seconds=2.0)
+
+
+@pytest.mark.parametrize("nbytes", [480, 4 * lane_memory.MIN_BYTES])  # fresh memory; a block
+def test_empty_gives_the_dtype_and_the_strides_asked_for(nbytes):
+    # gather's result for channels_last pieces: a (batch, 3, 4, 5) float64 tensor whose
+    # channels vary fastest, strides (60, 1, 15, 3), fresh from torch or off the pool
+    lane = virtual_devices(2, on="cpu")[1]
+    batch = nbytes // (3 * 4 * 5 * 8)
+    strides = (60, 1, 15, 3)
+    tensor = lane_memory.empty((batch, 3, 4, 5), torch.float64, lane, strides)
+    assert tensor.dtype == torch.float64
+    assert tensor.shape == (batch, 3, 4, 5) and tensor.stride() == strides
+    assert tensor.is_contiguous(memory_format=torch.channels_last)
+    assert tensor.untyped_storage().nbytes() == batch * 480  # 60 float64s a row
