@@ -3,6 +3,7 @@ the files it wrote as a block of their own, and where to open the trace."""
 
 from __future__ import annotations
 
+import pytest
 import torch.distributed as dist
 
 from dpkit.cli import main
@@ -63,3 +64,27 @@ def test_the_allreduce_note_counts_device_0s_buckets_in_the_last_step(
     row = next(line for line in lines if line.startswith("allreduce "))
     assert of == float(row.split()[1])  # the table's allreduce time, gaps included
     assert 0 < took < of
+
+
+def test_both_autocast_dtypes_and_bucket_views_are_named_in_the_settings_line(
+    capsys, tmp_path, predict_models_built_once
+):
+    flags = ("--strategy", "ddp", "--amp", "fp16", "--gradient-as-bucket-view")
+    settings = next(line for line in _printed(capsys, tmp_path, *flags) if "autocast" in line)
+    assert settings.startswith("  autocast fp16; optimizer sgd; ")
+    assert settings.endswith("; gradient_as_bucket_view")
+
+
+def test_an_unknown_model_is_refused_by_name_with_the_course_models(capsys, tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        main(["predict", "--model", "resnet", "--out", str(tmp_path)])
+    assert refused.value.code == 2  # argparse's usage error, before any work
+    error = capsys.readouterr().err
+    assert "--model: invalid choice: 'resnet'" in error and "'mlp'" in error
+
+
+def test_the_bucket_cap_s_help_says_it_caps_the_first_bucket_too(capsys):
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--bucket-cap-mb MiB ddp's cap, the first bucket's too (default: torch's" in text
