@@ -1,7 +1,8 @@
 """Bad inputs get a clear error that names the argument and says how to fix it; nothing hangs.
 
 Each test matches the argument's name and part of the fix text, so a bare or misleading
-message fails the test.
+message fails the test. The exact texts users see are pinned once, from the table in
+docs/bad_input.md, by test_bad_input_table.py.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def lane_outputs(pieces, devices=None):
 
 def says(error: pytest.ExceptionInfo, *words: str) -> None:
     """The words of a message that matter (what is wrong, where, the fix), in this order.
-    A message's exact text is pinned once, by docs/bad_input.md's table (test_bad_input)."""
+    A message's exact text is pinned once, by docs/bad_input.md's table (test_bad_input_table)."""
     text, position = str(error.value), 0
     for word in words:
         found = text.find(word, position)

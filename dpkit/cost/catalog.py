@@ -92,15 +92,24 @@ def _gpu(name: str, description: str, source: str, **numbers: object) -> Hardwar
 
 
 def this_machine_default() -> Hardware:
-    """The documented default of virtual CPU lanes, one torch thread each: what ``calibrate()``
-    measured where dpkit is developed (``source`` below), rounded; calibrate for your own."""
-    memory = Link(8 * GB, 2 * US, "calibrate(): a clone between lanes, one memory")
+    """The documented default of virtual CPU lanes, one torch thread each, which ``dpkit
+    predict --hardware this-machine`` uses without ``--calibrate``: a roofline, no op curves.
+
+    Its numbers are an earlier ``calibrate()``'s where dpkit is developed, rounded: effective
+    rates (60 GFLOP/s where a matmul now measures about 100 there; 8 GB/s, a lane copy of the
+    steps' chunks) and host terms that today's ``calibrate()``, which fits them together with
+    op curves, no longer gives (``gil_handoff`` 17-26 us there, not 4). Checked against
+    measured steps by ``benchmarks/this_machine_preset.py``: median step error 17 % on the
+    course models, 39 % on held-out ones, where a fresh calibration gives 9 % and 10 %
+    (``benchmarks/results/this_machine_preset.json``). Calibrate for your own machine."""
+    memory = Link(8 * GB, 2 * US, "an earlier calibrate(): a clone between lanes, one memory")
     return Hardware(
         name="this-machine", device_name="CPU lane",
         description="virtual CPU lanes on 2 cores, one torch thread each (documented default; "
         "`dpkit predict --hardware this-machine --calibrate` measures yours)",
-        source="calibrate() on a 2-core AVX-512 Xeon VM with torch 2.13, rounded",
-        # calibrated: the peaks are the rates measured, reached in full
+        source="an earlier calibrate() on a 2-core AVX-512 Xeon VM with torch 2.13, rounded; "
+        "checked in benchmarks/results/this_machine_preset.json",
+        # effective rates, reached in full: a roofline without op curves
         peak_flops={"float32": 60e9}, matmul_efficiency=1.0,
         memory_bandwidth=8 * GB, memory_efficiency=1.0, compute_units=1.8,
         memory_capacity=16 * GIB,  # host memory, which the lanes share
