@@ -156,6 +156,21 @@ def test_quick_calibration_gives_a_valid_hardware_for_virtual_lanes(measured):
     assert 1e-7 < measured.module_overhead < 1e-3  # building one module object
 
 
+def test_the_uncalibrated_default_predicts_steps_of_this_machines_size(measured):
+    """``dpkit predict --hardware this-machine`` without --calibrate: a rough default (17 %
+    and 39 % median step errors, benchmarks/this_machine_preset.py), but of the right size:
+    its host terms are microseconds, like a calibration's, and its predicted steps within
+    4x of what a calibration of this machine predicts (a term in the wrong unit is 10**6x)."""
+    default = cost.preset("this-machine")
+    for name in HOST_TERMS:
+        assert 0 < getattr(default, name) < 5e-3, name
+    module, sample = build_model("mlp", seed=0), sample_input()
+    for batch in (16, 256):
+        rough = cost.predict(module, sample, batch, 2, default).step_time
+        calibrated = cost.predict(module, sample, batch, 2, measured).step_time
+        assert 0.25 < rough / calibrated < 4, (batch, rough, calibrated)
+
+
 def test_measured_op_samples_are_by_name_and_monotone(measured):
     assert all(name.startswith("aten.") and "@" not in name for name in measured.op_seconds)
     for name in ("aten.addmm", "aten.mm", "aten.relu", "aten.convolution"):
