@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from by_lane import Returns, StuckOn
 from lanes import lanes
 from torch import nn
 
@@ -160,19 +161,6 @@ def must_not_start(fx, module, name: str) -> None:
     fx.monkeypatch.setattr(module, name, started)
 
 
-class StuckOn(nn.Module):
-    """Doubles its input, except on the lanes listed, where it waits for ``release``."""
-
-    def __init__(self, release: threading.Event, stuck: set[int]) -> None:
-        super().__init__()
-        self.release, self.stuck = release, stuck
-
-    def forward(self, x):
-        if dpkit.current_device().index in self.stuck:
-            self.release.wait()
-        return x * 2
-
-
 class Raises(nn.Module):
     def __init__(self, exception: BaseException) -> None:
         super().__init__()
@@ -182,17 +170,6 @@ class Raises(nn.Module):
         if dpkit.current_device().index == 2:
             raise self.exception
         return x
-
-
-class Returns(nn.Module):
-    """Each replica returns what ``make(index, x)`` gives for its lane."""
-
-    def __init__(self, make):
-        super().__init__()
-        self.make = make
-
-    def forward(self, x):
-        return self.make(dpkit.current_device().index, x)
 
 
 def replicas_returning(make) -> Answer:

@@ -14,23 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from by_lane import StuckOn
 from lanes import lanes
 from torch import nn
 
 import dpkit
-
-
-class StuckOn(nn.Module):
-    """Doubles its input, except on the lanes listed, where it waits for ``release``."""
-
-    def __init__(self, release: threading.Event, stuck: set[int]) -> None:
-        super().__init__()
-        self.release, self.stuck = release, stuck
-
-    def forward(self, x):
-        if dpkit.current_device().index in self.stuck:
-            self.release.wait()
-        return x * 2
 
 
 @pytest.fixture

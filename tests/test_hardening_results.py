@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from by_lane import Returns
 from lanes import lanes
 from torch import nn
 
@@ -49,17 +50,6 @@ def test_a_tensor_every_replica_needs_whole_works_as_a_buffer_as_the_error_sugge
         dpkit.DataParallel(Scale(), device_ids=lanes(4))(x, scale=scale)
     output = dpkit.DataParallel(Scaled(scale), device_ids=lanes(4))(x)
     assert torch.equal(output, x * scale)
-
-
-class Returns(nn.Module):
-    """Each replica returns what ``make(index, x)`` gives for its lane."""
-
-    def __init__(self, make):
-        super().__init__()
-        self.make = make
-
-    def forward(self, x):
-        return self.make(dpkit.current_device().index, x)
 
 
 @pytest.mark.parametrize(
