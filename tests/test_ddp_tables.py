@@ -18,6 +18,7 @@ from dpkit.ddp import compare, run, settings
 from dpkit.ddp.record import RankRun
 from dpkit.ddp.run import DDPResult
 from dpkit.tracing import Event, Trace
+from dpkit.verdict import Outcome
 
 LANE = [f"virtual:{i} (cpu)" for i in range(3)]
 RANK_LABEL = "processes (DistributedDataParallel, a rank each)"
@@ -389,6 +390,19 @@ def test_forward_difference_is_the_median_of_same_rank_same_step_pairs():
     assert settings.forward_difference(FASTER, SLOWER) == pytest.approx(-0.2)
     with pytest.raises(ValueError, match="from 5 on in both runs: train more steps"):
         settings.forward_difference(SLOWER, FASTER, from_step=5)
+
+
+def test_forward_comparison_judges_the_same_step_pairs_as_rounds():
+    # from step 3, slower over faster: 0.5/0.4, 1.0/0.4 (rank 0), 0.6/0.4, 0.4/0.2 (rank 1):
+    # 1.25, 2.5, 1.5, 2.0; quartiles (inclusive) 1.4375, 1.75, 2.125: faster in every pair
+    found = settings.forward_comparison(SLOWER, FASTER)
+    assert found.outcome is Outcome.FASTER and found.rounds == 4
+    assert (found.low, found.ratio, found.high) == pytest.approx((1.4375, 1.75, 2.125))
+    assert str(found).endswith(settings.WALK_WORDING[Outcome.FASTER])
+    backwards = settings.forward_comparison(FASTER, SLOWER)
+    # the inverses 0.8, 0.4, 0.667, 0.5: their median is (0.5 + 0.667) / 2, not 1 / 1.75
+    assert backwards.outcome is Outcome.SLOWER
+    assert backwards.ratio == pytest.approx((0.5 + 2 / 3) / 2)
 
 
 REFERENCE = {"unused": np.zeros(2), "w": np.array([3.0, 0.0]), "b": np.array([0.0, 4.0])}

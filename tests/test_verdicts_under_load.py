@@ -4,7 +4,7 @@ A lesson measured on a laptop must not state an outcome its numbers do not suppo
 laptop is rarely quiet. Two runs are checked:
 
 - **under load**, in CI: ``make test`` runs nbval with ``DPKIT_NOTEBOOKS_UNDER_LOAD=1``, so each
-  measuring notebook (03, 05, 06, 07, 08) runs while two processes keep two cores busy, and
+  measuring notebook (03, 05, 06, 07, 08, 09) runs while two processes keep two cores busy, and
   notebooks/conftest.py reads every cell's fresh output with tests/verdict_checker.py. The first
   test here shows that gate failing on a contradicting verdict and an unchecked claim.
 - **quiet**: the stored outputs, from ``make notebooks`` on a quiet machine, pass the same

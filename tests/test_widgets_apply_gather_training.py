@@ -15,6 +15,7 @@ import torch
 
 import dpkit
 from dpkit import viz
+from dpkit.verdict import Outcome
 from dpkit.viz import apply, common, memory
 
 # As on a GPU: code that leaves a model or a tensor off the devices fails (tests/conftest.py).
@@ -292,6 +293,57 @@ def test_the_overlap_verdict_concludes_only_beyond_the_rounds_spread():
     assert measured(1.2, 1.5).verdict().endswith("the replicas overlapped")
     assert measured(0.1, 0.3).verdict().endswith("slower than one after another")
     assert "1.11x (middle half of the rounds: 0.95-1.08x)" in measured(0.95, 1.08).verdict()
+
+
+def test_speed_ups_beyond_the_cores_give_no_verdict():
+    """4 replicas on 2 cores overlap 2x at most: an upper quartile above that means the
+    one-after-another run was disturbed, and the row says so instead of "faster"."""
+
+    def measured(low: float, high: float, cores: int) -> apply.ApplyOverlap:
+        serial, parallel = (40.0,) * 4, (10.0,) * 4  # a median round of 4x
+        return apply.ApplyOverlap(
+            "M", 4, "virtual devices on the CPU", 40.0, 10.0, 30.0, (low, high),
+            serial_rounds_ms=serial, parallel_rounds_ms=parallel, cores=cores,
+        )  # fmt: skip
+
+    disturbed = measured(1.5, 2.5, cores=2)
+    assert disturbed.ceiling == 2 and disturbed.disturbed and not disturbed.overlapped
+    assert disturbed.verdict() == (
+        "4.00x (middle half of the rounds: 1.50-2.50x): no verdict: a quarter of the rounds or "
+        "more sped up beyond the 2x that 4 replicas on 2 cores can give, so the "
+        "one-after-another run was slowed by something the parallel one escaped"
+    )
+    assert "→" not in disturbed.verdict()  # no outcome for the verdict checker to read
+    # on 4 cores the same rounds are overlap: 1.5-2.5x is within the 4x ceiling
+    assert measured(1.5, 2.5, cores=4).overlapped
+    notes = apply.beyond_the_cores([disturbed, measured(1.5, 1.9, cores=2)], cores=2)
+    assert len(notes) == 1 and "up to 2.50x (the upper quartile)" in notes[0]
+
+
+def test_start_gaps_are_compared_round_by_round_with_empty_replicas():
+    def gaps(*ms: float) -> apply.ApplyOverlap:
+        return apply.ApplyOverlap("M", 4, "cpu", 4.0, 2.0, 4.0, gap_rounds_ms=ms)
+
+    # ratios 2, 3, 2.5, 4: quartiles (inclusive) 2.375 and 3.25, all above 1
+    apart = apply.start_gaps_compared(gaps(2.0, 3.0, 2.5, 4.0), gaps(1.0, 1.0, 1.0, 1.0))
+    assert str(apart).startswith("2.75x (middle half of the rounds: 2.38-3.25x) → further apart")
+    assert str(apart).endswith(apply.GAP_WORDING[Outcome.FASTER])
+    alike = apply.start_gaps_compared(gaps(1.0, 1.05, 0.98, 1.02), gaps(1.0, 1.0, 1.0, 1.0))
+    assert alike.outcome is Outcome.WITHIN_NOISE
+
+
+def test_the_timeline_trap_is_told_only_where_the_bars_overlap_beyond_the_speed_up():
+    def run(busy: float, low: float, high: float) -> apply.ApplyOverlap:
+        return apply.ApplyOverlap("Loop", 4, "cpu", 5.0, 10.0, busy, (low, high))
+
+    # bars 30 ms over a 10 ms span: 3-fold, against a speed-up of 0.5x
+    trap = apply.timeline_trap(run(30.0, 0.4, 0.6))
+    assert trap.startswith("Loop's bars overlap 3.0-fold, yet its speed-up was 0.50x")
+    assert "waiting for the GIL" in trap
+    # 12 ms over 10: 1.2-fold, not more than 1.5 times the speed-up (at least 1)
+    calm = apply.timeline_trap(run(12.0, 0.4, 0.6))
+    assert calm.startswith("Loop's bars overlap only 1.2-fold this time")
+    assert "did not show" in calm
 
 
 def test_measured_overlap_reports_the_spread_of_its_rounds():

@@ -33,6 +33,7 @@ from typing import Any
 from dpkit.ddp.run import DDPResult, launch_plan, make_plan, result_of
 from dpkit.ddp.workload import Workload
 from dpkit.table import Table
+from dpkit.verdict import Outcome, Rounds, Verdict, conclude
 
 
 def settings_sweep(
@@ -72,11 +73,12 @@ def forward_times(result: DDPResult, from_step: int = 3) -> list[float]:
     return [e.duration for e in result.trace.events if e.phase == "apply" and e.step >= from_step]
 
 
-def forward_difference(slower: DDPResult, faster: DDPResult, from_step: int = 3) -> float:
-    """How much longer ``slower``'s forward took than ``faster``'s, in seconds: the median,
-    over every rank and step from ``from_step`` on, of the difference between the two in
-    the same step on the same rank (from one sweep, whose settings take their steps in
-    turn: each pair met the machine in the same state)."""
+def same_step_pairs(
+    slower: DDPResult, faster: DDPResult, from_step: int = 3
+) -> list[tuple[float, float]]:
+    """``slower``'s and ``faster``'s forward (seconds) on the same rank in the same step, for
+    every rank and step from ``from_step`` on that both have (from one sweep, whose settings
+    take their steps in turn: each pair met the machine in the same state)."""
 
     def by_step(result: DDPResult) -> dict[tuple[str, int], float]:
         return {
@@ -86,10 +88,41 @@ def forward_difference(slower: DDPResult, faster: DDPResult, from_step: int = 3)
         }
 
     mine, theirs = by_step(slower), by_step(faster)
-    pairs = [mine[key] - theirs[key] for key in mine.keys() & theirs.keys()]
+    pairs = [(mine[key], theirs[key]) for key in sorted(mine.keys() & theirs.keys())]
     if not pairs:
         raise ValueError(f"no step from {from_step} on in both runs: train more steps")
-    return statistics.median(pairs)
+    return pairs
+
+
+def forward_difference(slower: DDPResult, faster: DDPResult, from_step: int = 3) -> float:
+    """How much longer ``slower``'s forward took than ``faster``'s, in seconds: the median
+    of the differences of :func:`same_step_pairs`."""
+    return statistics.median(a - b for a, b in same_step_pairs(slower, faster, from_step))
+
+
+# find_unused_parameters=True (A) against static_graph=True (B), pair by pair.
+WALK_WORDING = {
+    Outcome.FASTER: "static_graph=True's forwards were faster: the graph walk is what "
+    "find_unused_parameters=True adds to every forward",
+    Outcome.SLOWER: "static_graph=True's forwards were slower this time: the walk hid in the "
+    "noise of other work",
+    Outcome.WITHIN_NOISE: "the walk is smaller than the run-to-run noise on this model",
+    Outcome.TOO_NOISY: "the pairs disagree; another program took cores during some",
+}
+
+
+def forward_comparison(
+    slower: DDPResult,
+    faster: DDPResult,
+    wording: Mapping[Outcome, str] = WALK_WORDING,
+    from_step: int = 3,
+) -> Verdict:
+    """``faster``'s forwards against ``slower``'s, pair by pair (:func:`same_step_pairs`):
+    each pair is a round of :mod:`dpkit.verdict`, so the conclusion is the one the middle
+    half of the pairs' ratios allows (faster: three pairs in four)."""
+    pairs = same_step_pairs(slower, faster, from_step)
+    rounds = Rounds.of([a for a, _ in pairs], [b for _, b in pairs])
+    return conclude(rounds, wording)
 
 
 def gradient_errors(result: DDPResult, reference: Mapping[str, Any]) -> tuple[float, float]:

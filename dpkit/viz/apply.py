@@ -26,6 +26,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -161,6 +162,10 @@ class ApplyOverlap:
     # Rounds in which the first replica's apply ended before the last one's began.
     first_done_before_last_began: int = 0
     load: verdict.Load | None = None  # what other programs used while the rounds ran
+    # Every round's start gap and sum of apply bars (ms), as start_gap_ms and busy_ms's rounds.
+    gap_rounds_ms: tuple[float, ...] = ()
+    busy_rounds_ms: tuple[float, ...] = ()
+    cores: int = 0  # the CPU cores the rounds could use (0: not known)
 
     @property
     def forward_ms(self) -> float:
@@ -182,10 +187,24 @@ class ApplyOverlap:
         return verdict.conclude_from_quartiles(self.speedup, low, high, OVERLAP_WORDING)
 
     @property
+    def ceiling(self) -> int:
+        """The largest speed-up overlap can give: one replica per core at most."""
+        return min(self.devices, self.cores) if self.cores else self.devices
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether a quarter of the rounds or more sped up beyond :attr:`ceiling`: then the
+        one-after-another run was slowed by something the parallel one escaped (another
+        program, or torch's own threads waiting for a busy core), and the speed-up says
+        nothing about overlap."""
+        return self.speedup_quartiles[1] > self.ceiling
+
+    @property
     def overlapped(self) -> bool:
         """Whether the replicas clearly overlapped: a speed-up above 1 in three rounds of four
-        (the lower quartile above 1), not a median that noise pushed past 1."""
-        return self.conclusion().outcome is verdict.Outcome.FASTER
+        (the lower quartile above 1), not a median that noise pushed past 1, nor rounds
+        beyond what the cores can give."""
+        return self.conclusion().outcome is verdict.Outcome.FASTER and not self.disturbed
 
     @property
     def slowed_down(self) -> bool:
@@ -193,8 +212,22 @@ class ApplyOverlap:
         return self.conclusion().outcome is verdict.Outcome.SLOWER
 
     def verdict(self) -> str:
-        """:meth:`conclusion` as the sentence: numbers, outcome, and what it means."""
+        """:meth:`conclusion` as the sentence: numbers, outcome, and what it means; no
+        outcome where the rounds are :attr:`disturbed`."""
+        if self.disturbed:
+            return f"{self.speedup_spread()}: {self.no_verdict()}"
         return str(self.conclusion())
+
+    def speedup_spread(self) -> str:
+        low, high = self.speedup_quartiles
+        return f"{self.speedup:.2f}x (middle half of the rounds: {low:.2f}-{high:.2f}x)"
+
+    def no_verdict(self) -> str:
+        return (
+            f"no verdict: a quarter of the rounds or more sped up beyond the {self.ceiling}x "
+            f"that {self.devices} replicas on {self.cores} cores can give, so the "
+            "one-after-another run was slowed by something the parallel one escaped"
+        )
 
     @property
     def busy_over_span(self) -> float:
@@ -248,6 +281,9 @@ def measure_apply_rounds(
                 tuple(parallel),
                 int(sum(rounds["apart"][1:])),
                 load,
+                tuple(rounds["gap"][1:]),
+                tuple(rounds["busy"][1:]),
+                cores(),
             )
         )
     return results
@@ -347,7 +383,9 @@ class StartSuspects:
         for run in self.runs:
             threads = "1 per lane" if run.threads == 1 else f"{torch.get_num_threads()} (default)"
             forward, gap = f"{run.forward_ms:.2f} ms", f"{run.start_gap_ms:.2f} ms"
-            outcome = dataclasses.replace(run.conclusion(), phrase="")
+            outcome: Any = dataclasses.replace(run.conclusion(), phrase="")
+            if run.disturbed:
+                outcome = f"{run.speedup_spread()}: no verdict (see below)"
             lines.append(f"{run.batch:>6} {threads:>17} {forward:>12} {gap:>13}   {outcome}")
         lines.extend(beyond_the_cores(self.runs, self.cores))
         return "\n".join(lines)
@@ -373,19 +411,19 @@ DEFAULT_THREADS_WORDING = {
 
 
 def beyond_the_cores(runs: list[ApplyOverlap], cores: int) -> list[str]:
-    """A note for each run whose median speed-up is above what its cores allow: the excess
-    cannot come from replicas computing at once, so the run says nothing about overlap."""
+    """A note for each run whose rounds sped up beyond what its cores allow in a quarter of
+    the rounds or more (:attr:`ApplyOverlap.disturbed`): the excess cannot come from
+    replicas computing at once, so the run says nothing about overlap."""
     notes = []
     for run in runs:
-        ceiling = min(run.devices, cores)
-        if run.speedup > ceiling:
+        if run.disturbed:
             notes.append(
-                f"Batch {run.batch}, {run.threads or 'default'} intra-op thread(s): a median "
-                f"speed-up of {run.speedup:.2f}x is more than {run.devices} replicas on {cores} "
-                f"cores can give ({ceiling}x). The excess is not overlap: the one-after-another "
-                "run was slowed by something the parallel one escaped (another program, or "
-                "torch's own threads waiting for a busy core), so this row says nothing about "
-                "overlap."
+                f"Batch {run.batch}, {run.threads or 'default'} intra-op thread(s): speed-ups "
+                f"up to {run.speedup_quartiles[1]:.2f}x (the upper quartile) are more than "
+                f"{run.devices} replicas on {cores} cores can give ({run.ceiling}x). The excess "
+                "is not overlap: the one-after-another run was slowed by something the parallel "
+                "one escaped (another program, or torch's own threads waiting for a busy core), "
+                "so this row says nothing about overlap."
             )
     return notes
 
@@ -408,6 +446,26 @@ def start_suspects(
     except (AttributeError, OSError):  # Windows; a system that does not report it
         load = None
     return StartSuspects(thread_start_ms(), python_ms, cores(), runs, empty, load)
+
+
+# A replica's start gap (B) against that of replicas that compute nothing (A), round by round.
+GAP_WORDING = {
+    verdict.Outcome.FASTER: "replicas already running keep the caller waiting for a core, or "
+    "for the GIL between their kernels",
+    verdict.Outcome.SLOWER: "the replicas that compute nothing met a busier machine this time",
+    verdict.Outcome.WITHIN_NOISE: "Python under the GIL paces the starts",
+    verdict.Outcome.TOO_NOISY: "the rounds disagree; another program took cores during some",
+}
+# A gap is a size, not a time to beat: its ratio above 1 reads "further apart".
+GAP_LABELS = {verdict.Outcome.FASTER: "further apart", verdict.Outcome.SLOWER: "closer together"}
+
+
+def start_gaps_compared(run: ApplyOverlap, empty: ApplyOverlap) -> verdict.Verdict:
+    """``run``'s start gap over the gap of replicas that compute nothing (``empty``), round
+    by round (both measured in the same interleaved rounds): above 1 in three rounds of four,
+    the replicas' own work spaces their starts, not the Python that starts them."""
+    rounds = verdict.Rounds.of(run.gap_rounds_ms, empty.gap_rounds_ms)
+    return verdict.conclude(rounds, GAP_WORDING, labels=GAP_LABELS)
 
 
 def gil_comparison(devices: int = 4, repeats: int = 5) -> list[ApplyOverlap]:
@@ -442,6 +500,26 @@ def forward_decides(loop: ApplyOverlap, matmul: ApplyOverlap) -> verdict.Verdict
     # as "times": the ratio A/B is the matmul's speed-up over the loop's
     rounds = verdict.Rounds.of(speedups[1], speedups[0])
     return verdict.conclude(rounds, FORWARD_DECIDES_WORDING)
+
+
+def timeline_trap(result: ApplyOverlap) -> str:
+    """Section 3's trap where this measurement shows it: ``result``'s apply bars add up to
+    more than 1.5 times its speed-up (and than 1), threads that overlap on the timeline while
+    they wait for the GIL. Where they do not, it says so: with other programs on the cores,
+    replicas wait for a core more than for the GIL, and their bars spread out."""
+    overlap = result.busy_over_span
+    if overlap > 1.5 * max(result.speedup, 1):
+        return (
+            f"{result.model}'s bars overlap {overlap:.1f}-fold, yet its speed-up was "
+            f"{result.verdict()}\nA bar that spans the phase may be a thread waiting for the "
+            "GIL. Compare with a serial run, as above, before believing a timeline."
+        )
+    return (
+        f"{result.model}'s bars overlap only {overlap:.1f}-fold this time, about what its "
+        f"speed-up of {result.speedup:.2f}x accounts for: the trap did not show (with other "
+        "programs on the cores, the replicas waited for a core more than for the GIL, and "
+        "their bars spread out). Rerun on a quieter machine to see it."
+    )
 
 
 def overlap_figure(results: list[ApplyOverlap]) -> Figure:
