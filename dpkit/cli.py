@@ -154,6 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
+    except BrokenPipeError:
+        # The reader of the output went away (`dpkit demo | head`): stop quietly, as `cat`
+        # does. Python would complain again when it flushes stdout at exit, so stdout goes
+        # to /dev/null first (the recipe in Python's signal module documentation).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for a command its pipe stopped
     except (ValueError, TypeError, RuntimeError, OSError) as error:
         # torch reports device problems as RuntimeError, and a path the user named that
         # cannot be read or written is an OSError; a learner needs the message, not a

@@ -34,8 +34,8 @@ What changes from a DataParallel script, each marked ``# recipe:`` below:
    pad), train inside ``with Join([ddp]):`` so the ranks that finish early shadow the others'
    all-reduces instead of hanging them (``--uneven`` shows it).
 
-Only torch is needed. ``--trace`` records every rank with dpkit (``pip install dpkit``) and
-writes ``trace.json`` (a track per rank, named with its node) and ``ranks.json``.
+Only torch is needed. ``--trace`` records every rank with dpkit (not on PyPI: the course's
+wheel, or ``pip install "dpkit @ git+COURSE_REPOSITORY"``) and writes ``trace.json`` (a track per rank, named with its node) and ``ranks.json``.
 """
 
 from __future__ import annotations

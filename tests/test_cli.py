@@ -5,7 +5,10 @@ OSError, and the README's list of the commands."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,6 +117,28 @@ def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(monkeypatch, capsys):
     monkeypatch.setenv("DPKIT_DEBUG", "1")  # the traceback, for whoever asks for it
     with pytest.raises(KeyboardInterrupt):
         cli.main(["devices"])
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """``dpkit demo | head``: the command's next print meets a closed pipe. It stops with
+    the shell's status for SIGPIPE (141) and no error message, as ``cat`` does."""
+    endless = (
+        "import sys\n"
+        "from dpkit import cli\n"
+        "def endless(args):\n"
+        "    while True:\n"
+        "        print('a line of output', flush=True)\n"
+        "cli._devices_command = endless\n"
+        "sys.exit(cli.main(['devices']))\n"
+    )
+    command = subprocess.Popen(
+        [sys.executable, "-c", endless], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "DPKIT_DEBUG": ""},
+    )  # fmt: skip
+    assert command.stdout.readline() == b"a line of output\n"
+    command.stdout.close()  # what head does after its lines
+    assert command.wait(timeout=60) == 141
+    assert command.stderr.read() == b""
 
 
 def test_the_readme_lists_every_command():

@@ -507,6 +507,29 @@ def test_edited_graders_are_named_against_the_last_commit(tmp_path):
     assert read_trusted(exercises).modified == ("exercises/graders/test_task1.py",)
 
 
+def test_grading_one_task_warns_of_graders_edited_since_the_last_commit(tmp_path, capsys):
+    """Not only a class: ``dpkit grade 8`` right after an instructor edits task 8's grader."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("no git")
+    exercises = tmp_path / "exercises"
+    shutil.copytree(EXERCISES / "graders", exercises / "graders")
+    shutil.copy(EXERCISES / "task1_scatter.py", exercises)
+    for args in (
+        ["init", "-q"],
+        ["add", "."],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "graders"],
+    ):
+        subprocess.run([git, "-C", str(tmp_path), *args], check=True, capture_output=True)
+    grader = exercises / "graders" / "test_task1.py"
+    grader.write_text(grader.read_text() + "\n# edited\n")
+    grading.grade(1, exercises=exercises, timeout=30)
+    warned = "differ from the last git commit: exercises/graders/test_task1.py"
+    assert warned in capsys.readouterr().err
+    grading.grade_folder(exercises, tasks=[1], exercises=exercises, timeout=30)
+    assert warned in capsys.readouterr().err
+
+
 def test_what_a_submission_prints_stays_off_the_grader_s_terminal(capfd):
     """A student grading their own work (no fork server: the run is a process of its own)."""
     submission = stub_with('print("printed by the submission " * 100)\n')

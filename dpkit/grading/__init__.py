@@ -122,7 +122,9 @@ def grade(
     if file is not None and (why := not_there(file)):
         raise ValueError(f"the file {str(file)!r} {why}: give the path of task {task}'s file")
     source = folder / names[task] if file is None else Path(file)
-    return run_graders([task], folder, {names[task]: source.resolve()}, timeout)
+    trusted = read_trusted(folder)
+    _warn_modified(trusted)  # a grade names the graders it came from: the last commit's
+    return run_graders([task], folder, {names[task]: source.resolve()}, timeout, trusted)
 
 
 def grade_folder(
@@ -146,6 +148,9 @@ def grade_folder(
     submissions = {
         names[task]: submission_file(Path(folder).resolve(), names[task]) for task in tasks
     }
+    if trusted is None:  # a caller that passes its own has warned already
+        trusted = read_trusted(root)
+        _warn_modified(trusted)
     return run_graders(tasks, root, submissions, timeout, trusted)
 
 
