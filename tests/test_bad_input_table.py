@@ -320,6 +320,21 @@ def _(fx):
     return replicas_returning(lambda i, x: {"out": (x, (x, x) if i == 3 else (x,))})
 
 
+@dataclass
+class Prediction:
+    logits: torch.Tensor
+
+
+@case("replicas return a dataclass")
+def _(fx):
+    return replicas_returning(lambda i, x: Prediction(x))
+
+
+@case("replicas return strings")
+def _(fx):
+    return replicas_returning(lambda i, x: "cat")
+
+
 # Arguments
 
 
@@ -417,7 +432,11 @@ def _(fx):
 @case("a `torch.compile`d module (or submodule)")
 def _(fx):
     compiled = OptimizedModule(nn.Linear(2, 2))
-    return python_error(lambda: dpkit.DataParallel(compiled, device_ids=lanes(2)))
+    within = nn.Sequential(nn.Linear(2, 2), compiled)  # the row's "or submodule"
+    nested = python_error(lambda: dpkit.replicate(within, lanes(2))).message
+    whole = python_error(lambda: dpkit.DataParallel(compiled, device_ids=lanes(2)))
+    assert nested == "a submodule of " + whole.message
+    return whole
 
 
 @case("a `chunk_sizes` function returning `None`")
@@ -483,10 +502,11 @@ def course(fx, folder: str) -> Answer:
     return cli_error(fx, "course", folder)
 
 
-def ddp(fx, *argv: str) -> Answer:
+def ddp(fx, *argv: str, started: str = "run_ddp") -> Answer:
+    """``started``: what must not run; "launch_plan" lets run_ddp's own checks answer."""
     from dpkit.ddp import command, nodes, run
 
-    must_not_start(fx, run, "run_ddp")
+    must_not_start(fx, run, started)
     must_not_start(fx, nodes, "train_on_nodes")
     # the doc's machine: 2 cores; and less memory than the 628.8 GB asked, on any machine
     fx.monkeypatch.setattr(command.checks, "cores", lambda: 2)
@@ -506,6 +526,17 @@ def _(fx):
     return course(fx, "")
 
 
+@case("`dpkit course my-course` where `my-course/notebooks` is a file")
+def _(fx):
+    # write_course's own check answers: it runs, and must write nothing
+    folder = fx.tmp_path / "my-course"
+    folder.mkdir()
+    (folder / "notebooks").write_text("")
+    answer = cli_error(fx, "course", "my-course")
+    assert [path.name for path in folder.iterdir()] == ["notebooks"]  # nothing written
+    return answer
+
+
 @case("`dpkit course /proc/foo` (a folder that cannot be made)")
 def _(fx):
     return course(fx, "/proc/foo")
@@ -514,6 +545,22 @@ def _(fx):
 @case("`dpkit ddp --nnodes 3 --nproc 4` on 2 cores")
 def _(fx):
     return ddp(fx, "--nnodes", "3", "--nproc", "4")
+
+
+@case("`dpkit ddp --nproc 4 --backend nccl` with 2 GPUs")
+def _(fx):
+    import torch.distributed as dist
+
+    fx.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fx.monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    fx.monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    return ddp(fx, "--nproc", "4", "--backend", "nccl", started="launch_plan")
+
+
+@case("`dpkit ddp --out notes.txt/runs` (under a file)")
+def _(fx):
+    (fx.tmp_path / "notes.txt").write_text("not a folder")
+    return ddp(fx, "--out", "notes.txt/runs")
 
 
 @case("`dpkit ddp --batch 100000000`")

@@ -511,7 +511,7 @@ def test_a_miss_fails_with_a_hint_naming_the_call_the_exception_and_why():
     with pytest.raises(pytest.fail.Exception) as failed:
         with checks.must_raise(TypeError, "gather(['a', 'b'], lanes[0])", "strings are no tensors"):
             pass
-    assert str(failed.value) == (
+    assert str(failed.value) == (  # exact: the hint is built from must_raise's arguments
         "gather(['a', 'b'], lanes[0]) returned without raising TypeError: strings are no tensors"
     )
     assert failed.value.pytrace is False  # a hint, not a traceback

@@ -177,7 +177,7 @@ def test_a_forbidden_function_refuses_the_student_s_file_alone(library, tmp_path
     for call in ("lib.helper(1)", "plus_one(1)"):
         with pytest.raises(rules.ForbiddenCall) as refused:
             student_call(student, call, lib=lib, plus_one=alias.plus_one)
-        assert str(refused.value) == (
+        assert str(refused.value) == (  # exact: built from the file, line, name and task
             "task1_scatter.py line 3 calls dpkit._rules_lib.helper, which task 1 asks you to "
             "write yourself (the file's docstring says what you may use)"
         )
@@ -235,7 +235,7 @@ def test_install_guards_each_grader_s_names_and_its_own_helpers(library, tmp_pat
         student_call(student, "lib.helper(1)", lib=lib)
     with pytest.raises(rules.ForbiddenCall) as refused:
         student_call(student, "reference_sizes(4)", reference_sizes=grader.reference_sizes)
-    assert str(refused.value) == (
+    assert str(refused.value) == (  # exact: built from the file, line and the grader's name
         "task1_scatter.py line 3 calls the grader's own reference_sizes: the grade is for code "
         "you wrote"
     )

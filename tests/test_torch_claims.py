@@ -32,6 +32,12 @@ def test_torch_gather_of_a_plain_dataclass_says_it_is_not_iterable():
         torch_gather(_two_replicas(Output), "cpu")
 
 
+def test_torch_gather_of_strings_returns_the_text_of_a_map_object():
+    """docs/bad_input.md, "replicas return strings": no error, a string that is no output."""
+    gathered = torch_gather(["cat", "dog"], "cpu")
+    assert gathered.startswith("<map object at 0x")
+
+
 def test_torch_gather_of_an_iterable_dataclass_misses_constructor_arguments():
     """Notebook 04 and pytorch/pytorch#41327: an iterable dataclass (a ModelOutput) is
     rebuilt from one iterable, so its constructor misses the other fields."""
