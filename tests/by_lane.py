@@ -30,3 +30,16 @@ class Returns(nn.Module):
 
     def forward(self, x):
         return self.make(dpkit.current_device().index, x)
+
+
+class Raises(nn.Module):
+    """Returns its input, except on lane 2, where it raises ``exception``."""
+
+    def __init__(self, exception: BaseException) -> None:
+        super().__init__()
+        self.exception = exception
+
+    def forward(self, x):
+        if dpkit.current_device().index == 2:
+            raise self.exception
+        return x

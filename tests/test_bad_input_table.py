@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from by_lane import Returns, StuckOn
+from by_lane import Raises, Returns, StuckOn
 from lanes import lanes
 from torch import nn
 
@@ -159,17 +159,6 @@ def must_not_start(fx, module, name: str) -> None:
         raise AssertionError(f"{module.__name__}.{name} ran before the error")
 
     fx.monkeypatch.setattr(module, name, started)
-
-
-class Raises(nn.Module):
-    def __init__(self, exception: BaseException) -> None:
-        super().__init__()
-        self.exception = exception
-
-    def forward(self, x):
-        if dpkit.current_device().index == 2:
-            raise self.exception
-        return x
 
 
 def replicas_returning(make) -> Answer:

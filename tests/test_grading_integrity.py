@@ -486,29 +486,10 @@ def test_clean_cell_neutralises_every_formula_prefix_and_control():
     assert grading.clean_cell("a\x1b[31mred\x07\u202e") == "a\\x1b[31mred\\x07\\u202e"
 
 
-def test_edited_graders_are_named_against_the_last_commit(tmp_path):
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("no git")
-    exercises = tmp_path / "exercises"
-    shutil.copytree(EXERCISES / "graders", exercises / "graders")
-    shutil.copy(EXERCISES / "task1_scatter.py", exercises)
-
-    def run(*args):
-        return subprocess.run([git, "-C", str(tmp_path), *args], check=True, capture_output=True)  # noqa: E731
-
-    run("init", "-q")
-    run("add", ".")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "graders")
-    from dpkit.grading.sandbox import read_trusted
-
-    assert read_trusted(exercises).modified == ()
-    (exercises / "graders" / "test_task1.py").write_text("def test_x():\n    pass\n")
-    assert read_trusted(exercises).modified == ("exercises/graders/test_task1.py",)
-
-
-def test_grading_one_task_warns_of_graders_edited_since_the_last_commit(tmp_path, capsys):
-    """Not only a class: ``dpkit grade 8`` right after an instructor edits task 8's grader."""
+@pytest.fixture
+def committed_exercises(tmp_path) -> Path:
+    """An exercises/ folder of the graders and task 1's stub, committed to a fresh git
+    repository (the last commit graders are compared with)."""
     git = shutil.which("git")
     if git is None:
         pytest.skip("no git")
@@ -521,6 +502,23 @@ def test_grading_one_task_warns_of_graders_edited_since_the_last_commit(tmp_path
         ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "graders"],
     ):
         subprocess.run([git, "-C", str(tmp_path), *args], check=True, capture_output=True)
+    return exercises
+
+
+def test_edited_graders_are_named_against_the_last_commit(committed_exercises):
+    from dpkit.grading.sandbox import read_trusted
+
+    exercises = committed_exercises
+    assert read_trusted(exercises).modified == ()
+    (exercises / "graders" / "test_task1.py").write_text("def test_x():\n    pass\n")
+    assert read_trusted(exercises).modified == ("exercises/graders/test_task1.py",)
+
+
+def test_grading_one_task_warns_of_graders_edited_since_the_last_commit(
+    committed_exercises, capsys
+):
+    """Not only a class: ``dpkit grade 8`` right after an instructor edits task 8's grader."""
+    exercises = committed_exercises
     grader = exercises / "graders" / "test_task1.py"
     grader.write_text(grader.read_text() + "\n# edited\n")
     grading.grade(1, exercises=exercises, timeout=30)

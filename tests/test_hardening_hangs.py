@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from by_lane import StuckOn
+from by_lane import Raises, StuckOn
 from lanes import lanes
 from torch import nn
 
@@ -143,17 +143,6 @@ def test_ctrl_c_reaches_the_caller_at_once_and_leaves_no_thread_that_blocks_exit
     stuck = [t for t in set(threading.enumerate()) - before if t is not timer]
     assert stuck, "replica 1 should still be waiting"
     assert all(t.daemon for t in stuck), "a stuck worker must not keep the process alive"
-
-
-class Raises(nn.Module):
-    def __init__(self, exception: BaseException) -> None:
-        super().__init__()
-        self.exception = exception
-
-    def forward(self, x):
-        if dpkit.current_device().index == 2:
-            raise self.exception
-        return x
 
 
 def test_system_exit_in_a_replica_is_re_raised_with_its_code_replica_and_device():
