@@ -878,7 +878,11 @@ def test_apply_replica_stores_one_result_and_parallel_apply_keeps_replica_order(
     for tensor in x:
         assert torch.equal(tensor, torch.randn(3, generator=generator))
     right = {"keys": torch.tensor([2]), "first": 2.0 * x[0], "second": -0.5 * x[1] + x[3]}
+    right["third"] = right["second"]  # the same arguments given as a list
     assert outputs.judge_apply_replica(inputs, right) is None
+    assert outputs.judge_apply_replica(inputs, {**right, "third": -0.5 * x[1]}) == (
+        "a list input holds the positional arguments too, as a tuple does: module(*input)"
+    )
     assert outputs.judge_apply_replica(inputs, {**right, "keys": torch.tensor([2, 1])}) == (
         "results should have key 2 only, got [2, 1]"
     )
@@ -1184,16 +1188,25 @@ def test_a_container_is_described_by_its_type_keys_and_where_its_tensors_and_non
 
 
 def scatter_sent(
-    lines: list[str], tensors: list[torch.Tensor], columns: list | None = None
+    lines: list[str],
+    tensors: list[torch.Tensor],
+    columns: list | None = None,
+    tuples: list | None = None,
+    dicts: list | None = None,
 ) -> dict[str, torch.Tensor]:
     """What the grader sends: the lines and tensors of scatter((x, [y, x])) and
-    scatter(OrderedDict(...)), and ``columns``, what scatter([x.T], lanes, dim=1) gave
-    (default: five rows' right answer)."""
+    scatter(OrderedDict(...)), and ``columns``, ``tuples`` and ``dicts``, what
+    scatter([x.T]), scatter((x.T,)) and scatter({'c': x.T}) gave with dim=1 (default: five
+    rows' right answers)."""
     text = torch.tensor(list("\n".join(lines).encode()), dtype=torch.uint8)
-    if columns is None:
-        x, _ = structure.scatter_tensors(5, 17)
-        columns = [[x[0:2].t()], [x[2:4].t()], [x[4:5].t()]]
+    x, _ = structure.scatter_tensors(5, 17)
+    parts = [x[0:2].t(), x[2:4].t(), x[4:5].t()]
+    columns = [[part] for part in parts] if columns is None else columns
+    tuples = [(part,) for part in parts] if tuples is None else tuples
+    dicts = [{"c": part} for part in parts] if dicts is None else dicts
     dim_part = structure.pack(columns, structure.DIM)
+    for prefix, given in zip(structure.DIMS, (tuples, dicts)):
+        dim_part.update(structure.pack(given, prefix))
     return {"text": text, **{f"t{i}": t for i, t in enumerate(tensors)}, **dim_part}
 
 
@@ -1265,6 +1278,35 @@ def test_five_rows_scatter_into_three_tuples_and_three_ordered_dicts():
     wrong_rows = [[a.t()] for a in x.split([1, 2, 2])]  # not torch.chunk's 2, 2, 1
     assert structure.judge_scatter(inputs, scatter_sent([nested] * 3 + [mapping] * 3, tensors,
                                                         wrong_rows)) == dim_hint  # fmt: skip
+    # a tuple's or a plain dict's element scattered without dim (x.T's 2 rows, one per lane)
+    rows_of = list(x.t().chunk(4, 0))
+    lost_in_tuple = scatter_sent([nested] * 3 + [mapping] * 3, tensors,
+                                 tuples=[(row,) for row in rows_of])  # fmt: skip
+    assert structure.judge_scatter(inputs, lost_in_tuple) == (
+        "scatter((x.T,), lanes, dim=1) did not split x.T along dim 1 (2 entries, expected 3): "
+        "pass dim on to every scatter call made for an element, in every branch (tuple, list, "
+        "dict, namedtuple)"
+    )
+    ordered = [OrderedDict(c=a.t()) for a, _ in pieces]  # a plain dict made an OrderedDict
+    got = structure.judge_scatter(
+        inputs, scatter_sent([nested] * 3 + [mapping] * 3, tensors, dicts=ordered)
+    )
+    assert got == (
+        "scatter({'c': x.T}, lanes, dim=1) gave 'collections.OrderedDict{c:T}' on lane 0, "
+        "expected 'builtins.dict{c:T}': a container stays its own type (a plain dict a plain "
+        "dict: type(inputs)(...))"
+    )
+
+
+def gather_sent(lines: list[str], tensors: list[torch.Tensor], columns=None) -> dict:
+    """What the gather check sends: its lines and tensors, and ``columns``, what the dim=1
+    gather of plain dicts gave (default: the right answer for rows [2, 1], seed 23)."""
+    text = torch.tensor(list("\n".join(lines).encode()), dtype=torch.uint8)
+    if columns is None:
+        wide = structure.columns_outputs([2, 1], 23)
+        columns = {"w": torch.cat([o["w"] for o in wide], 1)}
+    dim_part = structure.pack([columns], structure.DIM)
+    return {"text": text, **{f"t{i}": t for i, t in enumerate(tensors)}, **dim_part}
 
 
 def test_two_replicas_gather_into_one_dict_with_their_pieces_concatenated():
@@ -1272,48 +1314,75 @@ def test_two_replicas_gather_into_one_dict_with_their_pieces_concatenated():
     generator = torch.Generator().manual_seed(seed)
     drawn = [
         (torch.randn(n, 1, generator=generator), torch.randn(1, 3, generator=generator),
-         torch.randn((), generator=generator))
+         torch.randn((), generator=generator), torch.randn(n, 2, generator=generator))
         for n in rows
     ]  # fmt: skip
     outs = [structure.replica_outputs(rows, seed, Result)[i] for i in range(2)]
-    for (out, logits, loss), got in zip(drawn, outs):
+    for (out, logits, loss, pair), got in zip(drawn, outs):
         assert torch.equal(got["out"][0], out) and got["out"][1] is None
         assert torch.equal(got["extra"].logits, logits) and torch.equal(got["extra"].loss, loss)
+        assert torch.equal(got["pair"][0], pair) and got["pair"][1] is None
     out = torch.cat([d[0] for d in drawn])  # (3, 1)
     logits = torch.cat([d[1] for d in drawn])  # (2, 3)
     loss = torch.stack([d[2] for d in drawn])  # (2,): scalars gather into a vector
-    line = "collections.OrderedDict{out:builtins.list(T,None),extra:test_task4.Result(T,T)}"
-    assert structure.judge_gather(inputs, scatter_sent([line], [out, logits, loss])) is None
+    pair = torch.cat([d[3] for d in drawn])  # (3, 2)
+    entries = {
+        "out": "out:builtins.list(T,None)",
+        "extra": "extra:test_task4.Result(T,T)",
+        "pair": "pair:builtins.tuple(T,None)",
+    }
+    line = "collections.OrderedDict{" + ",".join(entries.values()) + "}"
+    right = [out, logits, loss, pair]
+    assert structure.judge_gather(inputs, gather_sent([line], right)) is None
     plain = line.replace("collections.OrderedDict", "builtins.dict")
-    assert structure.judge_gather(inputs, scatter_sent([plain], [out, logits, loss])) == (
+    assert structure.judge_gather(inputs, gather_sent([plain], right)) == (
         "gathering OrderedDicts gave a plain dict: a dict gathers into a dict of the same type "
         "(type(first)(...)), with the same keys"
     )
-    swapped = "collections.OrderedDict{extra:test_task4.Result(T,T),out:builtins.list(T,None)}"
-    assert structure.judge_gather(inputs, scatter_sent([swapped], [logits, loss, out])) is None
-    assert structure.judge_gather(inputs, scatter_sent([swapped], [out, logits, loss])) == (
+    # keys in another order, as a set compares: the tensors come in that order
+    swapped = "collections.OrderedDict{" + ",".join(entries[k] for k in ("pair", "extra", "out"))
+    swapped += "}"
+    assert structure.judge_gather(inputs, gather_sent([swapped], [pair, logits, loss, out])) is None
+    assert structure.judge_gather(inputs, gather_sent([swapped], right)) == (
         "the gathered tensors are not the replicas' pieces concatenated (shapes [(3, 1), "
-        "(2, 3), (2,)], expected [(2, 3), (2,), (3, 1)]): scalars gather into a vector"
+        "(2, 3), (2,), (3, 2)], expected [(3, 2), (2, 3), (2,), (3, 1)]): scalars gather into "
+        "a vector"
     )
     flat = torch.cat([d[2].view(1) for d in drawn])
-    assert structure.judge_gather(inputs, scatter_sent([line], [out, logits, flat])) is None
-    assert "shapes [(3, 1), (2, 3), (1,)]" in structure.judge_gather(
-        inputs, scatter_sent([line], [out, logits, loss[:1]])
+    assert structure.judge_gather(inputs, gather_sent([line], [out, logits, flat, pair])) is None
+    assert "shapes [(3, 1), (2, 3), (1,), (3, 2)]" in structure.judge_gather(
+        inputs, gather_sent([line], [out, logits, loss[:1], pair])
     )
-    tuple_line = "collections.OrderedDict{out:builtins.list(T,None),extra:builtins.tuple(T,T)}"
-    assert structure.judge_gather(inputs, scatter_sent([tuple_line], [out, logits, loss])) == (
-        f"gathering dicts of a list (with a None) and a Result namedtuple gave {tuple_line!r}; "
-        "a dict gathers into a dict with the same keys, a list into a list, None into None, "
-        "and a namedtuple must stay a Result"
-    )
-    two = structure.judge_gather(inputs, scatter_sent([line, line], [out, logits, loss]))
-    assert two.startswith(
-        f"gathering dicts of a list (with a None) and a Result namedtuple gave {line!r}"
-    )
+    wrong_kind = "must stay a Result"
+    for mistake in ("extra:builtins.tuple(T,T)", "pair:builtins.list(T,None)"):
+        key = mistake.split(":")[0]
+        changed = line.replace(entries[key], mistake)
+        hint = structure.judge_gather(inputs, gather_sent([changed], right))
+        assert hint == (
+            f"gathering dicts of a list (with a None), a Result namedtuple and a plain tuple "
+            f"gave {changed!r}; a dict gathers into a dict with the same keys, a list into a "
+            f"list, a tuple into a tuple, None into None, and a namedtuple {wrong_kind}"
+        )
+    two = structure.judge_gather(inputs, gather_sent([line, line], right))
+    assert two.startswith(f"gathering dicts of a list (with a None), a Result namedtuple and a "
+                          f"plain tuple gave {line!r}")  # fmt: skip
     assert structure.judge_gather(inputs, {"t0": out}) == NOT_TENSORS
-    empty = structure.judge_gather(inputs, scatter_sent([""], [out, logits, loss]))
+    empty = structure.judge_gather(inputs, gather_sent([""], right))
     assert empty.startswith(
-        "gathering dicts of a list (with a None) and a Result namedtuple gave '';"
+        "gathering dicts of a list (with a None), a Result namedtuple and a plain tuple gave '';"
+    )
+    # the dim=1 gather of plain dicts: along dim 0, or into another type, is named
+    wide = structure.columns_outputs(rows, seed)
+    stacked = {"w": torch.cat([o["w"] for o in wide[::-1]], 1)}  # the pieces out of order
+    dim_hint = (
+        "gather of dicts along dim=1 did not concatenate their tensors along dim 1: pass dim "
+        "on to every gather call made for an element"
+    )
+    assert structure.judge_gather(inputs, gather_sent([line], right, stacked)) == dim_hint
+    ordered = OrderedDict(w=torch.cat([o["w"] for o in wide], 1))
+    assert structure.judge_gather(inputs, gather_sent([line], right, ordered)) == dim_hint
+    assert structure.judge_gather(inputs, {**gather_sent([line], right), "dim_text": out}) == (
+        NOT_TENSORS
     )
 
 

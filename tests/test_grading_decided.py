@@ -544,7 +544,12 @@ def right_outputs(test: str, inputs: list) -> dict[str, torch.Tensor]:
         if test == "test_outputs_in_order":
             return {f"out{i}": f * given for i, (f, given) in enumerate(zip(factors, x))}
         second = factors[1] * x[1] + x[-1]
-        return {"keys": torch.tensor([first]), "first": factors[0] * x[0], "second": second}
+        return {
+            "keys": torch.tensor([first]),
+            "first": factors[0] * x[0],
+            "second": second,
+            "third": second,  # the same arguments given as a list
+        }
     if test.startswith("test_ring_any_size"):
         shape, count, seed = inputs
         total = sum(decided.lane_values(shape, count, seed))
@@ -1016,6 +1021,7 @@ def right_structure(test: str, inputs: list) -> list:
             torch.cat([o["extra"].logits for o in outputs_]),
             torch.stack([o["extra"].loss for o in outputs_]),
         ),
+        pair=(torch.cat([o["pair"][0] for o in outputs_]), None),
     )
     return [gathered]
 
@@ -1031,11 +1037,16 @@ def wrong_structure(test: str, inputs: list) -> list:
 
 
 def packed(test: str, values: list, inputs: list) -> dict:
-    """``values`` as the grader sends them; a scatter adds its dim=1 call's, right."""
+    """``values`` as the grader sends them, with the dim=1 calls' right answers."""
     sent = structure.pack(values)
-    if test == "test_scatter_containers":
+    if test == "test_scatter_containers":  # and its dim=1 calls on a list, tuple and dict
         x, _ = structure.scatter_tensors(*inputs)
         sent |= structure.pack([[a.t()] for a in x.chunk(4)], structure.DIM)
+        sent |= structure.pack([(a.t(),) for a in x.chunk(4)], structure.DIMS[0])
+        sent |= structure.pack([{"c": a.t()} for a in x.chunk(4)], structure.DIMS[1])
+    else:  # and its dim=1 call on plain dicts
+        wide = structure.columns_outputs(*inputs)
+        sent |= structure.pack([{"w": torch.cat([o["w"] for o in wide], 1)}], structure.DIM)
     return sent
 
 

@@ -93,8 +93,8 @@ def kind_name(kind: int) -> str:
 
 
 def threads_inputs(rng: random.Random) -> list[int]:
-    """How many replicas (2 to 4) must meet at the grader's barrier."""
-    return [rng.randint(2, ALL_LANES)]
+    """How many replicas (5 to 8, more than the lanes) must meet at the grader's barrier."""
+    return [rng.randint(ALL_LANES + 1, 2 * ALL_LANES)]
 
 
 def judge_threads(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:

@@ -281,6 +281,11 @@ def judge_apply_replica(inputs: list, values: Mapping[str, torch.Tensor]) -> str
         return f"results[{first}] is not module(input)"
     if two.shape != x[1].shape or not torch.allclose(two, factors[1] * x[1] + x[-1]):
         return "a tuple input holds the positional arguments: call module(*input)"
+    three = values.get("third")
+    if not isinstance(three, torch.Tensor):
+        return NOT_TENSORS
+    if three.shape != x[1].shape or not torch.allclose(three, factors[1] * x[1] + x[-1]):
+        return "a list input holds the positional arguments too, as a tuple does: module(*input)"
     return None
 
 

@@ -11,6 +11,7 @@ compares both. Each function here is one side of a check that
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -131,10 +132,28 @@ def judge_scatter(inputs: list, values: Mapping[str, torch.Tensor]) -> str | Non
             "scatter([x.T], lanes, dim=1) did not split x.T along dim 1: pass dim on to "
             "scatter_tensor and to every scatter call made for an element"
         )
+    for prefix, line, call in zip(DIMS, DIM_LINES, DIM_CALLS):
+        got = _unpack(values, prefix)
+        if got is None:
+            return NOT_TENSORS
+        if len(got[0]) == len(xs) and got[0] != [line] * len(xs):
+            return (
+                f"{call} gave {got[0][0]!r} on lane 0, expected {line!r}: a container stays "
+                "its own type (a plain dict a plain dict: type(inputs)(...))"
+            )
+        if len(got[0]) != len(xs) or not _same(got[1], [a.t() for a in xs]):
+            return (
+                f"{call} did not split x.T along dim 1 ({len(got[0])} entries, expected "
+                f"{len(xs)}): pass dim on to every scatter call "
+                "made for an element, in every branch (tuple, list, dict, namedtuple)"
+            )
     return None
 
 
 DIM = "dim_"  # the prefix of the values test_scatter_containers sends for its dim=1 call
+DIMS = ("tdim_", "ddim_")  # and for its dim=1 tuple and plain dict
+DIM_LINES = ("builtins.tuple(T)", "builtins.dict{c:T}")
+DIM_CALLS = ("scatter((x.T,), lanes, dim=1)", "scatter({'c': x.T}, lanes, dim=1)")
 
 
 # --------------------------------------------------------------------------------------
@@ -157,9 +176,16 @@ def replica_outputs(rows: list[int], seed: int, result: Any) -> list[dict]:
             extra=result(
                 torch.randn(1, 3, generator=generator), torch.randn((), generator=generator)
             ),
+            pair=(torch.randn(count, 2, generator=generator), None),  # a plain tuple
         )
         for count in rows
     ]
+
+
+def columns_outputs(rows: list[int], seed: int) -> list[dict]:
+    """Each replica's output for a gather along dim 1: a plain dict of a (2, rows) tensor."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    return [{"w": torch.randn(2, count, generator=generator)} for count in rows]
 
 
 def judge_gather(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None:
@@ -169,9 +195,16 @@ def judge_gather(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None
         return NOT_TENSORS
     lines, tensors = sent
     outputs = replica_outputs(rows, seed, lambda logits, loss: (logits, loss))
-    out, extra = "out:builtins.list(T,None)", "extra:test_task4.Result(T,T)"
+    entries = {
+        "out": "out:builtins.list(T,None)",
+        "extra": "extra:test_task4.Result(T,T)",
+        "pair": "pair:builtins.tuple(T,None)",
+    }
     kind = "collections.OrderedDict"
-    orders = {f"{kind}{{{out},{extra}}}": 0, f"{kind}{{{extra},{out}}}": 1}
+    orders = {  # keys in any order, as a set compares
+        f"{kind}{{{','.join(entries[key] for key in keys)}}}": keys
+        for keys in itertools.permutations(entries)
+    }
     plain = len(lines) == 1 and lines[0].startswith("builtins.dict{")
     if plain and lines[0].replace("builtins.dict", kind, 1) in orders:
         return (
@@ -180,21 +213,34 @@ def judge_gather(inputs: list, values: Mapping[str, torch.Tensor]) -> str | None
         )
     if len(lines) != 1 or lines[0] not in orders:  # keys in either order, as a set compares
         return (
-            f"gathering dicts of a list (with a None) and a Result namedtuple gave {lines[0]!r}; "
-            "a dict gathers into a dict with the same keys, a list into a list, None into "
-            "None, and a namedtuple must stay a Result"
+            f"gathering dicts of a list (with a None), a Result namedtuple and a plain tuple "
+            f"gave {lines[0]!r}; a dict gathers into a dict with the same keys, a list into a "
+            "list, a tuple into a tuple, None into None, and a namedtuple must stay a Result"
         )
-    want = [
-        torch.cat([o["out"][0] for o in outputs]),
-        torch.cat([o["extra"][0] for o in outputs]),
-        torch.stack([o["extra"][1] for o in outputs]),
-    ]
-    if orders[lines[0]]:
-        want = want[1:] + want[:1]
+    pieces = {
+        "out": [torch.cat([o["out"][0] for o in outputs])],
+        "extra": [
+            torch.cat([o["extra"][0] for o in outputs]),
+            torch.stack([o["extra"][1] for o in outputs]),
+        ],
+        "pair": [torch.cat([o["pair"][0] for o in outputs])],
+    }
+    want = [tensor for key in orders[lines[0]] for tensor in pieces[key]]
     if not _same(tensors, want):
         return (
             f"the gathered tensors are not the replicas' pieces concatenated (shapes "
             f"{[tuple(t.shape) for t in tensors]}, expected {[tuple(t.shape) for t in want]}): "
             "scalars gather into a vector"
+        )
+    columns = _unpack(values, DIM)
+    if columns is None:
+        return NOT_TENSORS
+    wide = columns_outputs(rows, seed)
+    if columns[0] != ["builtins.dict{w:T}"] or not _same(
+        columns[1], [torch.cat([o["w"] for o in wide], 1)]
+    ):
+        return (
+            "gather of dicts along dim=1 did not concatenate their tensors along dim 1: pass dim "
+            "on to every gather call made for an element"
         )
     return None

@@ -162,6 +162,10 @@ def test_scatter_containers(with_reference_scatter_tensor, lanes, request):
     dicts = exercise.scatter(OrderedDict(a=x, b=y), lanes)
     columns = exercise.scatter([x.t()], lanes, dim=1)  # dim, passed on to the list's element
     sent = {**structure.pack([*per_device, *dicts]), **structure.pack(columns, structure.DIM)}
+    # and to a tuple's, a plain dict's and a namedtuple's elements (DataParallel(dim=1)
+    # scatters its inputs as a tuple)
+    for prefix, given in zip(structure.DIMS, ((x.t(),), {"c": x.t()})):
+        sent.update(structure.pack(exercise.scatter(given, lanes, dim=1), prefix))
     decided.answer(nodeid, inputs, sent)
 
 
@@ -199,6 +203,20 @@ def test_scatter_namedtuple_and_shared_objects(with_reference_scatter_tensor, la
             values[f"image{index}"] = image
     values["places"] = torch.tensor(places, dtype=torch.int64).reshape(-1, width)
     decided.answer(nodeid, inputs, values)
+    # dim, passed on to a namedtuple's fields too
+    turned = exercise.scatter(Pair(image=batch.image.t(), label=label), lanes, dim=1)
+    want = [(columns, size) for size in reference_sizes(rows, len(lanes))]
+    got = [tuple(getattr(getattr(entry, "image", None), "shape", ())) for entry in turned]
+    # blamed on the namedtuple only where dim reaches a list's tensors (the containers check
+    # names a dim lost before) and the entries stay Pairs (the parent names a lost type):
+    # one mistake, one check
+    listed = exercise.scatter([batch.image.t()], lanes, dim=1)
+    reached = [tuple(entry[0].shape) for entry in listed if isinstance(entry, list) and entry]
+    pairs = all(type(entry) is type(batch) for entry in turned)
+    assert got == want or reached != want or not pairs, (
+        f"scatter(Pair(image.T, label), lanes, dim=1) gave images of shapes {got}, expected "
+        f"{want}: pass dim on to every scatter call made for a namedtuple's field"
+    )
 
 
 def copied(error: BaseException) -> bool:

@@ -58,10 +58,12 @@ def with_reference_broadcast(exercise, monkeypatch):
     """The student's module, its Broadcast replaced by the reference (made here, so that a
     submission cannot import it)."""
     forward, backward = lent(reference_forward), lent(reference_backward)
+    calls = []
 
     class Broadcast(torch.autograd.Function):
         @staticmethod
         def forward(ctx, devices, *tensors):  # noqa: ANN001, ANN205
+            calls.append(len(tensors))
             return forward(ctx, devices, *tensors)
 
         @staticmethod
@@ -69,7 +71,11 @@ def with_reference_broadcast(exercise, monkeypatch):
             return backward(ctx, *grads)
 
     monkeypatch.setattr(exercise, "Broadcast", Broadcast, raising=False)
+    exercise_calls[id(exercise)] = calls
     return exercise
+
+
+exercise_calls: dict = {}  # the Broadcast.apply calls each replicate made, by module
 
 
 def broadcast(exercise, devices, *tensors):  # noqa: ANN001, ANN201
@@ -179,6 +185,12 @@ def test_replicate_places_replicas(with_reference_broadcast, lanes, request):
         assert resides_on(weight, lanes[index]), (
             f"replica {index}'s weight is not on lane {index}: swap in the Broadcast copies"
         )
+    calls = exercise_calls.get(id(with_reference_broadcast), [])
+    count = len(list(model.parameters()))
+    assert calls == [count], (
+        f"replicate called Broadcast.apply {len(calls)} times, with {calls} tensors; call it "
+        f"once, with all {count} parameters, so that one reduce-add carries every gradient back"
+    )
     assert replicas[0][0].weight.data_ptr() == model[0].weight.data_ptr(), (
         "replica 0 must share storage with the module (copy_to onto lane 0 copies nothing)"
     )
@@ -188,7 +200,7 @@ def test_replicate_gradients(with_reference_broadcast, lanes, request):
     """gradients of every replica add up in the original module"""
     nodeid = request.node.nodeid
     seed, rows, count = inputs = decided.inputs_here(nodeid)
-    model = outputs.seeded_model(seed)
+    model = nn.Sequential(outputs.seeded_model(seed))  # nested: parameters "0.0.weight", ...
     x, _, _ = outputs.seeded_batch(seed, rows)
     replicas = replicate(with_reference_broadcast, model, lanes[:count])
     sum(replica(x).pow(2).sum() for replica in replicas).backward()

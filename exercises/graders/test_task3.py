@@ -115,7 +115,11 @@ def test_apply_replica_stores_output(exercise, lanes, request):
             f"({type(error).__name__}: {error})"
             + ("; a tuple input holds the positional arguments" if index == second else "")
         )
+    listed = {}  # a list input holds the positional arguments too
+    exercise.apply_replica(second, Recorder(factors[1]), [x[1], x[-1]], lanes[second], True, listed)
     values = {"keys": keys, "first": stored, "second": results.get(second, NOTHING)}
+    third = listed.get(second, NOTHING)
+    values["third"] = third if isinstance(third, torch.Tensor) else NOTHING
     decided.answer(nodeid, inputs, values)
 
 
@@ -233,7 +237,7 @@ def test_one_thread_per_replica(exercise, lanes, request):
     barrier = threading.Barrier(count, timeout=3)
     modules = [Recorder(barrier=barrier) for _ in range(count)]
     try:
-        exercise.parallel_apply(modules, ones(count), lanes[:count])
+        exercise.parallel_apply(modules, ones(count), [lanes[i % len(lanes)] for i in range(count)])
     except threading.BrokenBarrierError:
         pytest.fail(
             "the replicas did not all run at the same time: start every thread before joining any",

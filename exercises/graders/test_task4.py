@@ -38,6 +38,11 @@ def on_lanes(tensors, lanes, requires_grad=False):
     ]
 
 
+def on_lanes_nested(outputs, lanes):
+    """Each replica's dict with its tensor moved to the replica's lane."""
+    return [{k: copy_to(t, lane, "setup") for k, t in o.items()} for o, lane in zip(outputs, lanes)]
+
+
 def test_gather_concatenates(exercise, lanes, request):
     """Gather concatenates the pieces in order on the destination"""
     # The grader's parent chose the pieces' sizes and values' seed, and judges the results
@@ -146,7 +151,11 @@ def test_gather_containers(exercise, lanes, request):
     nodeid = request.node.nodeid
     rows, seed = inputs = decided.inputs_here(nodeid)
     gathered = exercise.gather(structure.replica_outputs(rows, seed, Result), lanes[HOME])
-    decided.answer(nodeid, inputs, structure.pack([gathered]))
+    wide = structure.columns_outputs(rows, seed)
+    columns = exercise.gather(on_lanes_nested(wide, lanes), lanes[HOME], dim=1)
+    decided.answer(
+        nodeid, inputs, {**structure.pack([gathered]), **structure.pack([columns], structure.DIM)}
+    )
     with must_raise(
         TypeError,
         f"gather(['a string', 'b'], lanes[{HOME}])",

@@ -5,6 +5,8 @@ outputs, gradients, losses, differences and lanes sent back for a model and batc
 chose (:mod:`dpkit.grading.decided`).
 """
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -16,7 +18,11 @@ from dpkit.lanes import resides_on
 
 pytestmark = pytest.mark.task5
 EXERCISE = "task5_data_parallel.py"
-FORBIDDEN = ("dpkit.data_parallel.DataParallel.__init__", "dpkit.data_parallel.data_parallel")
+FORBIDDEN = (
+    "dpkit.data_parallel.DataParallel.__init__",
+    "dpkit.data_parallel.DataParallel.forward",
+    "dpkit.data_parallel.data_parallel",
+)
 
 
 def lane_of(tensor, lanes) -> int:  # noqa: ANN001
@@ -53,6 +59,24 @@ def test_forward_uses_lanes(exercise, lanes, request):
             lambda *_, into=seen[name]: into.append(dpkit.current_device())
         )
         exercise.data_parallel_forward(module, (outputs.seeded_batch(seed, count)[0],), on)
+        hook.remove()
+    # the replicas run at the same time: each waits at a barrier for all the others
+    chunks = len(torch.empty(rows).chunk(len(lanes)))
+    barrier = threading.Barrier(chunks, timeout=3)
+
+    def meet_the_others(*_):  # noqa: ANN002, ANN202 (a forward hook must return None)
+        barrier.wait()
+
+    hook = module.register_forward_hook(meet_the_others)
+    try:
+        exercise.data_parallel_forward(module, (outputs.seeded_batch(seed, rows)[0],), lanes)
+    except threading.BrokenBarrierError:
+        pytest.fail(
+            "the replicas did not run at the same time: give dpkit.parallel_apply all of "
+            "them in one call",
+            pytrace=False,
+        )
+    finally:
         hook.remove()
     lanes_seen = {
         name: torch.tensor([-1 if d is None else d.index for d in found], dtype=torch.int64)

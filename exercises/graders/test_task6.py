@@ -49,6 +49,12 @@ def test_sizes_are_a_split(exercise, request):
                 f"{call} raised ZeroDivisionError ({error}), not ValueError: {why}, before "
                 "dividing by them"
             ) from error
+    with must_raise(
+        ValueError,
+        "weighted_chunk_sizes(10, [2.0, -1.0])",
+        "a negative speed is not a speed: reject every speed that is not above 0",
+    ):
+        exercise.weighted_chunk_sizes(10, [2.0, -1.0])
 
 
 def test_equal_speeds_balance(exercise, request):
@@ -144,7 +150,21 @@ def test_straggler_report(exercise, request):
     cases = decided.inputs_here(nodeid)
     reports = []
     for batch, speeds, per_row in cases:
-        report = exercise.straggler_report(batch, speeds, per_row)
+        with recorded_sleeps(exercise) as records:
+            report = exercise.straggler_report(batch, speeds, per_row)
+        if isinstance(report, dict) and "weighted_chunks" in report:
+            equal = decided.torch_chunk_sizes_padded(batch, len(speeds))
+            want = sum(
+                r * per_row / s
+                for sizes in (equal, report["weighted_chunks"])
+                for r, s in zip(sizes, speeds)
+            )
+            slept = sum(seconds for _, seconds, _, _ in records)
+            assert abs(slept - want) <= 1e-6 * max(want, 1.0), (
+                f"straggler_report({batch}, {speeds}, {per_row}) slept {slept:.4f} s in all, its "
+                f"two steps take {want:.4f} s of sleep: measure both with measure_step_time, "
+                "not with simulated_step_time or a formula"
+            )
         missing = {"torch_chunks", "weighted_chunks", "torch_seconds", "weighted_seconds"}
         missing = (missing | {"speedup"}) - set(report)
         assert not missing, f"the report lacks {sorted(missing)}"

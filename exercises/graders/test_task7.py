@@ -90,7 +90,7 @@ def test_traffic_per_lane(exercise, lanes, request):
     )
 
 
-def test_ddp_gradients_match_dataparallel(exercise, lanes, request):
+def test_ddp_gradients_match_dataparallel(exercise, lanes, transfers, request):
     """all-reduced replica gradients equal DataParallel's gradients"""
     # The grader's parent chose the model and batch, and compares the replicas' gradients
     # with one device's (which DataParallel's equal) by plain autograd.
@@ -101,7 +101,14 @@ def test_ddp_gradients_match_dataparallel(exercise, lanes, request):
     for replica, xs, ys in zip(replicas, x.chunk(len(lanes)), y.chunk(len(lanes))):
         # each lane's share of the full-batch mean, so the sum is DataParallel's loss
         ((replica(xs) - ys) ** 2).sum().div(y.numel()).backward()
+    transfers.clear()
     exercise.allreduce_gradients_(replicas, lanes)
+    hops = {(t.source.index, t.destination.index) for t in transfers}
+    ring = {(i, (i + 1) % len(lanes)) for i in range(len(lanes))}
+    assert hops == ring, (
+        f"allreduce_gradients_ copied between lanes {sorted(hops)}; the ring copies only "
+        f"{sorted(ring)}: sum each parameter's .grad with ring_allreduce_"
+    )
     grads = [p.grad for replica in replicas for p in replica.parameters()]
     decided.answer(nodeid, inputs, outputs.listed("grad", grads))
 
