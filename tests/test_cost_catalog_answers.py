@@ -112,3 +112,24 @@ def test_the_default_plan_on_the_lanes_predicts_ddp_on_all_of_them(name):
     devices = machine.devices_per_node * machine.nodes
     trace = cost.predict(build_model("mlp", seed=0), sample_input(), 256, devices, machine, "ddp")
     assert trace.device_count == devices
+
+
+def test_the_default_s_stated_accuracy_is_the_recorded_check():
+    """``dpkit predict --hardware this-machine`` prints how close the uncalibrated preset came
+    to measured steps; those numbers are benchmarks/this_machine_preset.py's recorded ones."""
+    recorded = json.loads((ROOT / "benchmarks/results/this_machine_preset.json").read_text())
+    errors = recorded["step_errors"]
+    shipped, calibrated = (
+        errors["preset as shipped (no op curves)"],
+        errors["last calibration, with its op curves"],
+    )
+    stated = re.search(
+        r"median error (\d+) % on the course models, (\d+) % on others "
+        r"\((\d+)-(\d+) % once calibrated",
+        cost.preset("this-machine").source,
+    )
+    assert stated, cost.preset("this-machine").source
+    percent = [round(100 * e["median_abs_error"]) for e in (shipped["course"], shipped["heldout"])]
+    assert [int(stated[1]), int(stated[2])] == percent
+    low, high = sorted(round(100 * e["median_abs_error"]) for e in calibrated.values())
+    assert [int(stated[3]), int(stated[4])] == [low, high]
