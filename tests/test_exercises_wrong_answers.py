@@ -706,6 +706,182 @@ WRONG = [
         ),
         "replica 0 is the model itself, whose parameters replicate swapped for copies",
     ),
+    # the grader audit's submissions (a careless or gaming student: right on the grader's old
+    # inputs, wrong for a user)
+    Wrong(
+        "six",
+        4,
+        "gather that turns a tuple into a list",
+        "        return type(first)(gather(items, destination, dim) for items in zip(*outputs))",
+        "        return [gather(items, destination, dim) for items in zip(*outputs)]",
+        ("gather handles dicts, lists, tuples, namedtuples and None",),
+        "a list into a list, a tuple into a tuple",
+    ),
+    Wrong(
+        "eleven",
+        1,
+        "scatter whose tuple branch drops dim",
+        (
+            "        return [tuple(shares) for shares in zip(*(scatter(x, devices,"
+            " dim) for x in inputs))]"
+        ),
+        "        return [tuple(shares) for shares in zip(*(scatter(x, devices) for x in inputs))]",
+        ("scatter splits tuples, lists and dicts element by element",),
+        "scatter((x.T,), lanes, dim=1) did not split x.T along dim 1",
+    ),
+    Wrong(
+        "nine",
+        3,
+        "apply_replica that unpacks only a tuple input, not a list",
+        "    arguments = input if isinstance(input, (list, tuple)) else (input,)",
+        "    arguments = input if isinstance(input, tuple) else (input,)",
+        ("apply_replica stores the output under the replica's index",),
+        "a list input holds the positional arguments too",
+    ),
+    Wrong(
+        "thirteen",
+        2,
+        "replicate that walks one level of submodules",
+        (
+            "    names = [name for name, _ in module.named_parameters()]\n"
+            "    params = [param for _, param in module.named_parameters()]"
+        ),
+        (
+            '    names = [f"{child}.{p}" for child, sub in module.named_children()'
+            " for p in sub._parameters]\n"
+            "    params = [module.get_parameter(name) for name in names]"
+        ),
+        ("gradients of every replica add up in the original module",),
+        "0.0.weight.grad is None: replica parameters must be outputs of Broadcast",
+    ),
+    Wrong(
+        "four",
+        4,
+        "gather whose dict branch drops dim",
+        "            (key, gather([o[key] for o in outputs], destination, dim)) for key in first",
+        "            (key, gather([o[key] for o in outputs], destination)) for key in first",
+        ("gather handles dicts, lists, tuples, namedtuples and None",),
+        "your code raised RuntimeError at task4_gather.py line",
+    ),
+    Wrong(
+        "twelve",
+        1,
+        "scatter whose namedtuple branch drops dim",
+        (
+            "            type(inputs)(*shares) for shares in zip(*(scatter(x,"
+            " devices, dim) for x in inputs))"
+        ),
+        (
+            "            type(inputs)(*shares) for shares in zip(*(scatter(x,"
+            " devices) for x in inputs))"
+        ),
+        ("scatter keeps namedtuples and shares other objects by reference",),
+        "pass dim on to every scatter call made for a namedtuple's field",
+    ),
+    Wrong(
+        "seven",
+        6,
+        "weighted_chunk_sizes that refuses only a speed of exactly 0",
+        "    if any(speed <= 0 for speed in speeds):",
+        "    if 0 in speeds:",
+        ("weighted_chunk_sizes returns one whole-row size per device, adding up to the batch",),
+        "a negative speed is not a speed",
+    ),
+    Wrong(
+        "eight",
+        6,
+        "straggler_report computed with simulated_step_time, not measured",
+        (
+            "    torch_seconds = measure_step_time(equal, speeds, per_row_seconds)\n"
+            "    weighted_seconds = measure_step_time(weighted, speeds, per_row_seconds)"
+        ),
+        (
+            "    torch_seconds = simulated_step_time(equal, speeds, per_row_seconds)\n"
+            "    weighted_seconds = simulated_step_time(weighted, speeds, per_row_seconds)"
+        ),
+        ("weighted chunks beat torch's equal chunks on unequal devices",),
+        "measure both with measure_step_time",
+    ),
+    Wrong(
+        "nine",
+        5,
+        "the replicas run one parallel_apply call at a time",
+        "    outputs = dpkit.parallel_apply(replicas, chunks, devices=used)",
+        (
+            "    outputs = [\n"
+            "        dpkit.parallel_apply([replica], [chunk], devices=[device])[0]\n"
+            "        for replica, chunk, device in zip(replicas, chunks, used)\n"
+            "    ]"
+        ),
+        ("one replica runs per lane that got a chunk, on that lane",),
+        "the replicas did not run at the same time",
+    ),
+    Wrong(
+        "ten",
+        3,
+        "parallel_apply on a pool of 4 worker threads",
+        (
+            "    threads = [\n"
+            "        threading.Thread(\n"
+            "            target=apply_replica, args=(index, module, input, device,"
+            " grad_enabled, results)\n"
+            "        )\n"
+            "        for index, (module, input, device) in enumerate(zip(modules,"
+            " inputs, devices))\n"
+            "    ]\n"
+            "    for thread in threads:\n"
+            "        thread.start()\n"
+            "    for thread in threads:\n"
+            "        thread.join()"
+        ),
+        (
+            "    from concurrent.futures import ThreadPoolExecutor\n"
+            "\n"
+            "    with ThreadPoolExecutor(max_workers=4) as pool:  # one worker per lane\n"
+            "        for index, (module, input, device) in enumerate(zip(modules,"
+            " inputs, devices)):\n"
+            "            pool.submit(apply_replica, index, module, input, device,"
+            " grad_enabled, results)"
+        ),
+        ("parallel_apply runs every replica at the same time, each in its own thread",),
+        "the replicas did not all run at the same time",
+    ),
+    Wrong(
+        "thirteen",
+        1,
+        "scatter that rebuilds every dict as an OrderedDict",
+        "        return [type(inputs)(zip(keys, shares)) for shares in per_key]",
+        (
+            "        from collections import OrderedDict\n"
+            "        return [OrderedDict(zip(keys, shares)) for shares in per_key]"
+        ),
+        ("scatter splits tuples, lists and dicts element by element",),
+        "a plain dict a plain dict",
+    ),
+    Wrong(
+        "fourteen",
+        2,
+        "replicate that calls Broadcast.apply once per parameter",
+        (
+            "    copies = Broadcast.apply(devices, *params)\n"
+            "    replicas = []\n"
+            "    for position, _ in enumerate(devices):\n"
+            "        replica = copy.deepcopy(module)\n"
+            "        for index, name in enumerate(names):\n"
+            "            swap_parameter(replica, name, copies[position *"
+            " len(params) + index])"
+        ),
+        (
+            "    per_param = [Broadcast.apply(devices, param) for param in params]\n"
+            "    replicas = []\n"
+            "    for position, _ in enumerate(devices):\n"
+            "        replica = copy.deepcopy(module)\n"
+            "        for index, name in enumerate(names):\n"
+            "            swap_parameter(replica, name, per_param[index][position])"
+        ),
+        ("replicate makes one working replica per lane, parameters on that lane",),
+        "call it once, with all 4 parameters",
+    ),
 ]
 
 
