@@ -882,6 +882,17 @@ WRONG = [
         ("replicate makes one working replica per lane, parameters on that lane",),
         "call it once, with all 4 parameters",
     ),
+    Wrong(
+        "ten",
+        7,
+        "DDP's gradients summed in one place, not around the ring",
+        "        ring_allreduce_([param.grad for param in params], devices)",
+        "        total = sum(param.grad for param in params)\n"
+        "        for param in params:\n"
+        "            param.grad.copy_(total)",
+        ("all-reduced replica gradients equal DataParallel's gradients",),
+        "sum each parameter's .grad with ring_allreduce_",
+    ),
 ]
 
 
