@@ -761,7 +761,10 @@ WRONG = [
         "            (key, gather([o[key] for o in outputs], destination, dim)) for key in first",
         "            (key, gather([o[key] for o in outputs], destination)) for key in first",
         ("gather handles dicts, lists, tuples, namedtuples and None",),
-        "your code raised RuntimeError at task4_gather.py line",
+        # pieces of unequal widths make torch.cat along dim 0 raise ("... except in dimension
+        # 0"); equal ones gather wrong values ("did not concatenate ... along dim 1"): the
+        # grader draws both, and each hint names the dimension
+        "dim",
     ),
     Wrong(
         "twelve",
