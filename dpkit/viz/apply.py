@@ -452,7 +452,8 @@ def start_suspects(
 GAP_WORDING = {
     verdict.Outcome.FASTER: "replicas already running keep the caller waiting for a core, or "
     "for the GIL between their kernels",
-    verdict.Outcome.SLOWER: "the replicas that compute nothing met a busier machine this time",
+    verdict.Outcome.SLOWER: "the replicas that compute nothing started the farther apart this "
+    "time, which Python alone does not explain: rerun on a quieter machine",
     verdict.Outcome.WITHIN_NOISE: "Python under the GIL paces the starts",
     verdict.Outcome.TOO_NOISY: "the rounds disagree; another program took cores during some",
 }
@@ -505,8 +506,8 @@ def forward_decides(loop: ApplyOverlap, matmul: ApplyOverlap) -> verdict.Verdict
 def timeline_trap(result: ApplyOverlap) -> str:
     """Section 3's trap where this measurement shows it: ``result``'s apply bars add up to
     more than 1.5 times its speed-up (and than 1), threads that overlap on the timeline while
-    they wait for the GIL. Where they do not, it says so: with other programs on the cores,
-    replicas wait for a core more than for the GIL, and their bars spread out."""
+    they wait for the GIL. Where they do not, it says so, with how busy other programs kept
+    the machine meanwhile (replicas waiting for a core spread their bars out)."""
     overlap = result.busy_over_span
     if overlap > 1.5 * max(result.speedup, 1):
         return (
@@ -514,11 +515,11 @@ def timeline_trap(result: ApplyOverlap) -> str:
             f"{result.verdict()}\nA bar that spans the phase may be a thread waiting for the "
             "GIL. Compare with a serial run, as above, before believing a timeline."
         )
+    load = f" (meanwhile {result.load})" if result.load is not None else ""
     return (
         f"{result.model}'s bars overlap only {overlap:.1f}-fold this time, about what its "
-        f"speed-up of {result.speedup:.2f}x accounts for: the trap did not show (with other "
-        "programs on the cores, the replicas waited for a core more than for the GIL, and "
-        "their bars spread out). Rerun on a quieter machine to see it."
+        f"speed-up of {result.speedup:.2f}x accounts for: the trap did not show{load}. Rerun "
+        "on a quieter machine to see it."
     )
 
 
